@@ -1,0 +1,133 @@
+// Package apierr builds gRPC statuses in the one shape every agentplane API uses: a code, a
+// human message, and an errdetails.ErrorInfo whose Reason is an UPPER_SNAKE constant listed
+// in docs/errors.md, plus BadRequest field violations and RetryInfo where they apply.
+//
+// Each service keeps a single translator from its domain errors to these statuses; this
+// package only builds and reads them, so clients and tests branch on Reason, never on text.
+package apierr
+
+import (
+	"errors"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Domain is the ErrorInfo domain of every agentplane error.
+const Domain = "agentplane.dev"
+
+// Option adds detail to a status built by New.
+type Option func(*details)
+
+type details struct {
+	metadata   map[string]string
+	violations []*errdetails.BadRequest_FieldViolation
+	retryAfter *time.Duration
+}
+
+// Metadata adds a key/value pair to the ErrorInfo metadata. Values must never carry a secret,
+// a raw handle or internal error text: clients see them.
+func Metadata(key, value string) Option {
+	return func(d *details) {
+		if d.metadata == nil {
+			d.metadata = map[string]string{}
+		}
+		d.metadata[key] = value
+	}
+}
+
+// FieldViolation adds one BadRequest field violation; several collect into one BadRequest.
+func FieldViolation(field, description string) Option {
+	return func(d *details) {
+		d.violations = append(d.violations, &errdetails.BadRequest_FieldViolation{Field: field, Description: description})
+	}
+}
+
+// RetryAfter attaches RetryInfo telling the client when a retry may succeed.
+func RetryAfter(delay time.Duration) Option {
+	return func(d *details) { d.retryAfter = &delay }
+}
+
+// New builds a status with an ErrorInfo{Reason, Domain} and the given details. An OK code
+// cannot carry details, so New(codes.OK, ...) returns a plain OK status.
+func New(code codes.Code, reason, message string, opts ...Option) *status.Status {
+	st := status.New(code, message)
+	if code == codes.OK {
+		return st
+	}
+	var d details
+	for _, o := range opts {
+		o(&d)
+	}
+	msgs := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: d.metadata}}
+	if len(d.violations) > 0 {
+		msgs = append(msgs, &errdetails.BadRequest{FieldViolations: d.violations})
+	}
+	if d.retryAfter != nil {
+		msgs = append(msgs, &errdetails.RetryInfo{RetryDelay: durationpb.New(*d.retryAfter)})
+	}
+	withDetails, err := st.WithDetails(msgs...)
+	if err != nil {
+		// Only possible for OK codes or unmarshalable details, both excluded above.
+		return st
+	}
+	return withDetails
+}
+
+// Error is New(...).Err(), for handlers that return errors.
+func Error(code codes.Code, reason, message string, opts ...Option) error {
+	return New(code, reason, message, opts...).Err()
+}
+
+// Info returns the agentplane ErrorInfo carried by err, or nil.
+func Info(err error) *errdetails.ErrorInfo {
+	for _, d := range statusOf(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info
+		}
+	}
+	return nil
+}
+
+// Reason returns the ErrorInfo reason of err, or "" when it carries none.
+func Reason(err error) string {
+	return Info(err).GetReason()
+}
+
+// FieldViolations returns the BadRequest field violations carried by err.
+func FieldViolations(err error) []*errdetails.BadRequest_FieldViolation {
+	var out []*errdetails.BadRequest_FieldViolation
+	for _, d := range statusOf(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			out = append(out, br.GetFieldViolations()...)
+		}
+	}
+	return out
+}
+
+// RetryDelay returns the RetryInfo delay carried by err and whether there was one.
+func RetryDelay(err error) (time.Duration, bool) {
+	for _, d := range statusOf(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
+// statusOf finds a gRPC status anywhere in err's chain; a nil or non-status error yields an
+// empty status (no details).
+func statusOf(err error) *status.Status {
+	if err == nil {
+		return status.New(codes.OK, "")
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus()
+	}
+	return status.New(codes.Unknown, err.Error())
+}
