@@ -1,0 +1,96 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"agentplane.dev/pkg/logging"
+)
+
+// Common is the configuration every service embeds (docs/development.md lists the names).
+type Common struct {
+	RedisURL        string        // REDIS_URL: see Redis for the accepted forms
+	GRPCAddr        string        // GRPC_ADDR: host:port of the gRPC listener
+	MetricsAddr     string        // METRICS_ADDR: host:port of the /metrics HTTP listener; empty disables it
+	InternalToken   string        // INTERNAL_TOKEN: service-to-service bearer token; empty disables the check (dev only)
+	DrainDelay      time.Duration // DRAIN_DELAY: time between NOT_SERVING and stopping, for load balancers to notice
+	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT: bound on GracefulStop before a hard stop
+	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn, error
+	LogFormat       string        // LOG_FORMAT: json or text
+}
+
+// DefaultCommon returns the defaults for a service listening on grpcAddr and metricsAddr.
+func DefaultCommon(grpcAddr, metricsAddr string) Common {
+	return Common{
+		GRPCAddr:        grpcAddr,
+		MetricsAddr:     metricsAddr,
+		DrainDelay:      5 * time.Second,
+		ShutdownTimeout: 20 * time.Second,
+		LogLevel:        slog.LevelInfo,
+		LogFormat:       string(logging.JSON),
+	}
+}
+
+// Bind registers the common settings on l, with c's current values as defaults.
+func (c *Common) Bind(l *Loader) {
+	l.String(&c.RedisURL, "REDIS_URL", c.RedisURL, "Redis URL: redis://, rediss://, unix://, redis+sentinel://, redis+cluster://")
+	l.String(&c.GRPCAddr, "GRPC_ADDR", c.GRPCAddr, "gRPC listen address")
+	l.String(&c.MetricsAddr, "METRICS_ADDR", c.MetricsAddr, "Prometheus /metrics listen address; empty disables it")
+	l.String(&c.InternalToken, "INTERNAL_TOKEN", c.InternalToken, "service-to-service bearer token; empty disables the check (dev only)")
+	l.Duration(&c.DrainDelay, "DRAIN_DELAY", c.DrainDelay, "delay between reporting NOT_SERVING and stopping")
+	l.Duration(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout, "bound on graceful stop before a hard stop")
+	level := c.LogLevel
+	l.TextVar(&c.LogLevel, "LOG_LEVEL", level, "log level: debug, info, warn, error")
+	l.String(&c.LogFormat, "LOG_FORMAT", c.LogFormat, "log format: json or text")
+}
+
+// Validate checks every common setting and returns all problems at once, each naming its
+// variable and flag.
+func (c *Common) Validate() error {
+	var errs []error
+	bad := func(name string, err error) { errs = append(errs, ErrorFor(name, err)) }
+
+	if c.RedisURL == "" {
+		bad("REDIS_URL", errors.New("required"))
+	} else if _, err := parseRedisURL(c.RedisURL); err != nil {
+		bad("REDIS_URL", err)
+	}
+	if err := checkAddr(c.GRPCAddr); err != nil {
+		bad("GRPC_ADDR", err)
+	}
+	if c.MetricsAddr != "" {
+		if err := checkAddr(c.MetricsAddr); err != nil {
+			bad("METRICS_ADDR", err)
+		}
+	}
+	if c.DrainDelay < 0 {
+		bad("DRAIN_DELAY", errors.New("must not be negative"))
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad("SHUTDOWN_TIMEOUT", errors.New("must be positive"))
+	}
+	if _, err := logging.ParseFormat(c.LogFormat); err != nil {
+		bad("LOG_FORMAT", err)
+	}
+	return errors.Join(errs...)
+}
+
+// Logger builds the process logger from LogFormat and LogLevel (call after Validate).
+func (c *Common) Logger() *slog.Logger {
+	f, _ := logging.ParseFormat(c.LogFormat)
+	return logging.New(os.Stderr, f, c.LogLevel)
+}
+
+func checkAddr(addr string) error {
+	if addr == "" {
+		return errors.New("required")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("want host:port: %w", err)
+	}
+	return nil
+}
