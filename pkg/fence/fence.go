@@ -1,0 +1,223 @@
+// Package fence grants leases with fencing tokens on Redis and guards writes
+// with them.
+//
+// A lease alone cannot stop a paused or partitioned former holder from
+// writing: it may wake up after its lease expired and another process took
+// over. Every lease therefore carries a token that is strictly greater than
+// every token granted before for the same resource, and every protected
+// write runs in one Lua script that first checks that its token is still the
+// newest one granted. A stale holder's write is rejected with ErrStaleToken.
+//
+// Tokens are max(previous+1, Redis TIME in microseconds), so they keep
+// increasing even when Redis loses the counter (FLUSHALL, a restart without
+// persistence, a failover to a replica that missed the last write).
+//
+// Keys: fence:{resource}:token (newest token granted, no expiry) and
+// fence:{resource}:lease ("<token>:<owner>", with the lease TTL). Guarded
+// keys of callers must carry the same {resource} hash tag (see Key), so every
+// script touches one hash slot and works on Redis Cluster.
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// ErrLeaseHeld means another owner holds the lease.
+	ErrLeaseHeld = errors.New("fence: lease held by another owner")
+	// ErrLeaseLost means the lease expired, was released, or was taken
+	// over; the caller must stop acting as the holder.
+	ErrLeaseLost = errors.New("fence: lease lost")
+	// ErrStaleToken means a newer token was granted for the resource (or
+	// the token is zero, malformed, or unknown to Redis): the write was not
+	// applied.
+	ErrStaleToken = errors.New("fence: stale fencing token")
+	// ErrInvalid reports a bad argument (resource name, owner, TTL, key).
+	ErrInvalid = errors.New("fence: invalid argument")
+)
+
+// Error strings returned by the scripts; mapped to the errors above.
+const (
+	staleReply = "FENCE_STALE"
+	lostReply  = "FENCE_LOST"
+	heldReply  = "FENCE_HELD"
+)
+
+// TokenKey is the key holding the newest token granted for resource.
+func TokenKey(resource string) string { return "fence:{" + resource + "}:token" }
+
+// LeaseKey is the key holding the current lease of resource.
+func LeaseKey(resource string) string { return "fence:{" + resource + "}:lease" }
+
+// Key builds a key for caller data guarded by resource's token: it carries
+// the {resource} hash tag, so it lands in the same Redis Cluster slot as the
+// token key. Prefix it with the service's own prefix, e.g.
+// "sbx:" + fence.Key(id, "state") = "sbx:{id}:state".
+func Key(resource, suffix string) string { return "{" + resource + "}:" + suffix }
+
+// HashTag returns the part of key Redis Cluster hashes: the text between the
+// first '{' and the next '}' if it is non-empty, else the whole key.
+func HashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return key
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	if end <= 0 {
+		return key
+	}
+	return key[open+1 : open+1+end]
+}
+
+// ValidateResource checks that a resource name can be used as a hash tag.
+func ValidateResource(resource string) error {
+	if resource == "" || strings.ContainsAny(resource, "{}") {
+		return fmt.Errorf("%w: resource %q must be non-empty and contain no braces", ErrInvalid, resource)
+	}
+	return nil
+}
+
+// acquireScript grants the lease if it is free. The token is
+// max(last+1, TIME in µs): the TIME floor keeps tokens increasing when the
+// token key was lost. Lua numbers are doubles, exact up to 2^53 (year 2255 in
+// µs), and '%.0f' keeps the stored form canonical (tostring would print
+// 1.7e+15). KEYS: token, lease. ARGV: owner, ttl ms.
+var acquireScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.error_reply('` + heldReply + `')
+end
+local t = redis.call('TIME')
+local tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[1]))
+if last and last >= tok then tok = last + 1 end
+local s = string.format('%.0f', tok)
+redis.call('SET', KEYS[1], s)
+redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+return s
+`)
+
+// renewScript extends the lease only if it still holds exactly this
+// token:owner; an expired lease is never recreated. KEYS: lease. ARGV:
+// "token:owner", ttl ms.
+var renewScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('` + lostReply + `')
+end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+`)
+
+// releaseScript deletes the lease only if it holds exactly this token:owner.
+// The token key stays: it is the floor for the next grant.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('` + lostReply + `')
+end
+return redis.call('DEL', KEYS[1])
+`)
+
+// guardPrelude is the token check every guarded script starts with. It
+// compares strings: the stored token is canonical decimal, so a zero,
+// malformed, older or unknown (missing key after data loss) token never
+// matches and the script stops before writing. KEYS[1]: token key,
+// ARGV[1]: token.
+const guardPrelude = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('` + staleReply + `')
+end
+`
+
+// mapErr turns script error replies into the package's errors.
+func mapErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		// Redis 7 prefixes error_reply messages with "ERR ".
+		switch msg := strings.TrimPrefix(rerr.Error(), "ERR "); {
+		case strings.HasPrefix(msg, staleReply):
+			return ErrStaleToken
+		case strings.HasPrefix(msg, lostReply):
+			return ErrLeaseLost
+		case strings.HasPrefix(msg, heldReply):
+			return ErrLeaseHeld
+		}
+	}
+	return fmt.Errorf("fence: redis: %w", err)
+}
+
+// Lease is a granted lease. It is a value the holder keeps; the lease in
+// Redis may be lost at any time (check the errors of Renew and Guard).
+type Lease struct {
+	Resource string
+	Owner    string
+	Token    uint64
+	TTL      time.Duration
+	rdb      redis.Scripter
+}
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("%w: ttl %v must be at least 1ms", ErrInvalid, ttl)
+	}
+	return nil
+}
+
+// Acquire grants the lease of resource to owner for ttl if nobody holds it,
+// else returns ErrLeaseHeld. It does not wait or retry. rdb is a
+// *redis.Client, *redis.ClusterClient or any redis.Scripter.
+func Acquire(ctx context.Context, rdb redis.Scripter, resource, owner string, ttl time.Duration) (*Lease, error) {
+	if err := ValidateResource(resource); err != nil {
+		return nil, err
+	}
+	if owner == "" {
+		return nil, fmt.Errorf("%w: empty owner", ErrInvalid)
+	}
+	if err := checkTTL(ttl); err != nil {
+		return nil, err
+	}
+	s, err := acquireScript.Run(ctx, rdb, []string{TokenKey(resource), LeaseKey(resource)},
+		owner, ttl.Milliseconds()).Text()
+	if err != nil {
+		return nil, fmt.Errorf("acquire %s: %w", resource, mapErr(err))
+	}
+	tok, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || tok == 0 {
+		return nil, fmt.Errorf("acquire %s: bad token %q from redis", resource, s)
+	}
+	return &Lease{Resource: resource, Owner: owner, Token: tok, TTL: ttl, rdb: rdb}, nil
+}
+
+func (l *Lease) value() string { return strconv.FormatUint(l.Token, 10) + ":" + l.Owner }
+
+// Renew extends the lease to TTL from now if it is still this owner's with
+// this token; otherwise it returns ErrLeaseLost and changes nothing.
+func (l *Lease) Renew(ctx context.Context) error {
+	err := renewScript.Run(ctx, l.rdb, []string{LeaseKey(l.Resource)}, l.value(), l.TTL.Milliseconds()).Err()
+	if err != nil {
+		return fmt.Errorf("renew %s: %w", l.Resource, mapErr(err))
+	}
+	return nil
+}
+
+// Release gives the lease up. ErrLeaseLost means it was no longer ours (and
+// nothing was changed). The token floor stays, so tokens keep increasing.
+func (l *Lease) Release(ctx context.Context) error {
+	err := releaseScript.Run(ctx, l.rdb, []string{LeaseKey(l.Resource)}, l.value()).Err()
+	if err != nil {
+		return fmt.Errorf("release %s: %w", l.Resource, mapErr(err))
+	}
+	return nil
+}
+
+// Guard runs ops atomically if the lease's token is still the newest one.
+func (l *Lease) Guard(ctx context.Context, ops ...Op) error {
+	return Guard(ctx, l.rdb, l.Resource, l.Token, ops...)
+}

@@ -1,0 +1,409 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"agentplane.dev/pkg/fence"
+	"agentplane.dev/pkg/redistest"
+)
+
+func TestMain(m *testing.M) {
+	// The test binary doubles as the helper process of the multi-process
+	// tests (see process_test.go).
+	if mode := os.Getenv(helperEnv); mode != "" {
+		os.Exit(runHelper(mode))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+var ctx = context.Background()
+
+// waitGone polls until key has expired. The bound only turns a hang into a
+// failure; it asserts nothing about timing.
+func waitGone(t testing.TB, rdb *redis.Client, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.Exists(ctx, key).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not expire", key)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestTokensStrictlyIncrease(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const res = "mono"
+	var last uint64
+	next := func(ttl time.Duration) *fence.Lease {
+		t.Helper()
+		l, err := fence.Acquire(ctx, rdb, res, "a", ttl)
+		require.NoError(t, err)
+		require.Greater(t, l.Token, last)
+		last = l.Token
+		return l
+	}
+
+	for range 20 { // normal acquire and release
+		require.NoError(t, next(time.Minute).Release(ctx))
+	}
+	for range 5 { // lease expiry
+		next(20 * time.Millisecond)
+		waitGone(t, rdb, fence.LeaseKey(res))
+	}
+	for range 5 { // FLUSHALL loses the counter; the TIME floor remains
+		next(time.Minute)
+		require.NoError(t, rdb.FlushAll(ctx).Err())
+	}
+	for range 3 { // restart without persistence
+		next(time.Minute)
+		srv.Restart(t, redistest.DropData)
+	}
+	for range 2 { // restart with persistence keeps the lease
+		l := next(time.Minute)
+		srv.Restart(t, redistest.KeepData)
+		require.NoError(t, l.Renew(ctx))
+		require.NoError(t, l.Release(ctx))
+	}
+	next(time.Minute)
+}
+
+// A token key set far ahead of TIME (e.g. restored from a snapshot taken on
+// a server with a faster clock) still only moves forward.
+func TestTokenCounterAboveTimeFloor(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	future := uint64(time.Now().Add(24*time.Hour).UnixMicro()) + 12345
+	require.NoError(t, rdb.Set(ctx, fence.TokenKey("r"), future, 0).Err())
+	l, err := fence.Acquire(ctx, rdb, "r", "a", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, future+1, l.Token)
+}
+
+func TestConcurrentGoroutinesOneHolderPerPeriod(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	const res, workers, rounds = "race", 16, 30
+	var last uint64
+	for round := range rounds {
+		var wins atomic.Int32
+		var winner *fence.Lease
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				l, err := fence.Acquire(ctx, rdb, res, "w"+strconv.Itoa(w), 100*time.Millisecond)
+				if errors.Is(err, fence.ErrLeaseHeld) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				wins.Add(1)
+				winner = l
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, wins.Load(), "round %d", round)
+		require.Greater(t, winner.Token, last)
+		last = winner.Token
+		if round%2 == 0 {
+			require.NoError(t, winner.Release(ctx))
+		} else {
+			waitGone(t, rdb, fence.LeaseKey(res)) // next period by expiry
+		}
+	}
+}
+
+func TestRenewAndReleaseSemantics(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	lk := fence.LeaseKey("r")
+
+	t.Run("renew extends", func(t *testing.T) {
+		a, err := fence.Acquire(ctx, rdb, "r", "a", 200*time.Millisecond)
+		require.NoError(t, err)
+		a.TTL = time.Minute
+		require.NoError(t, a.Renew(ctx))
+		require.Greater(t, rdb.PTTL(ctx, lk).Val(), 30*time.Second)
+		require.NoError(t, a.Release(ctx))
+		require.Zero(t, rdb.Exists(ctx, lk).Val())
+		require.ErrorIs(t, a.Release(ctx), fence.ErrLeaseLost)
+		require.ErrorIs(t, a.Renew(ctx), fence.ErrLeaseLost)
+		require.Zero(t, rdb.Exists(ctx, lk).Val(), "renew must not recreate a lease")
+	})
+	t.Run("expired lease is never recreated", func(t *testing.T) {
+		a, err := fence.Acquire(ctx, rdb, "r", "a", 20*time.Millisecond)
+		require.NoError(t, err)
+		waitGone(t, rdb, lk)
+		require.ErrorIs(t, a.Renew(ctx), fence.ErrLeaseLost)
+		require.Zero(t, rdb.Exists(ctx, lk).Val())
+		require.ErrorIs(t, a.Release(ctx), fence.ErrLeaseLost)
+	})
+	t.Run("taken over", func(t *testing.T) {
+		a, err := fence.Acquire(ctx, rdb, "r", "a", 20*time.Millisecond)
+		require.NoError(t, err)
+		waitGone(t, rdb, lk)
+		b, err := fence.Acquire(ctx, rdb, "r", "b", time.Minute)
+		require.NoError(t, err)
+		before := rdb.Get(ctx, lk).Val()
+		require.ErrorIs(t, a.Renew(ctx), fence.ErrLeaseLost)
+		require.ErrorIs(t, a.Release(ctx), fence.ErrLeaseLost)
+		require.Equal(t, before, rdb.Get(ctx, lk).Val(), "a must not touch b's lease")
+
+		// Same owner name with an old token, and b's token with another
+		// owner name: neither may release b's lease.
+		old := *a
+		old.Owner = "b"
+		require.ErrorIs(t, old.Release(ctx), fence.ErrLeaseLost)
+		forged := *b
+		forged.Owner = "mallory"
+		require.ErrorIs(t, forged.Release(ctx), fence.ErrLeaseLost)
+		require.ErrorIs(t, forged.Renew(ctx), fence.ErrLeaseLost)
+		require.Equal(t, before, rdb.Get(ctx, lk).Val())
+
+		_, err = fence.Acquire(ctx, rdb, "r", "c", time.Minute)
+		require.ErrorIs(t, err, fence.ErrLeaseHeld)
+		require.NoError(t, b.Release(ctx))
+	})
+}
+
+func TestValidation(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	for _, r := range []string{"", "a{b", "a}b", "{x}"} {
+		_, err := fence.Acquire(ctx, rdb, r, "o", time.Second)
+		require.ErrorIs(t, err, fence.ErrInvalid, r)
+	}
+	_, err := fence.Acquire(ctx, rdb, "r", "", time.Second)
+	require.ErrorIs(t, err, fence.ErrInvalid)
+	_, err = fence.Acquire(ctx, rdb, "r", "o", 0)
+	require.ErrorIs(t, err, fence.ErrInvalid)
+	require.ErrorIs(t, fence.Guard(ctx, rdb, "r", 1, fence.Set("other:{x}:k", "v", 0)), fence.ErrInvalid)
+	require.ErrorIs(t, fence.Guard(ctx, rdb, "r", 1, fence.Set("no-tag", "v", 0)), fence.ErrInvalid)
+	require.ErrorIs(t, fence.Guard(ctx, rdb, "r", 1), fence.ErrInvalid)
+}
+
+// commandCounter is a go-redis hook counting commands sent to Redis
+// (pipelines count each command).
+type commandCounter struct {
+	mu   sync.Mutex
+	cmds []redis.Cmder
+}
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.cmds = append(c.cmds, cmd)
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		c.cmds = append(c.cmds, cmds...)
+		c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+func (c *commandCounter) take() []redis.Cmder {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.cmds
+	c.cmds = nil
+	return out
+}
+
+func TestGuardedWrite(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	const res = "g"
+	k, h := fence.Key(res, "state"), fence.Key(res, "hash")
+
+	a, err := fence.Acquire(ctx, rdb, res, "a", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "a1", 0))) // loads the script
+	counter.take()
+
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "a2", time.Minute), fence.HSet(h, "f", "1", "g", "2")))
+	cmds := counter.take()
+	require.Len(t, cmds, 1, "a guarded write is one round trip")
+	require.Equal(t, "evalsha", cmds[0].Name())
+	require.Equal(t, "a2", rdb.Get(ctx, k).Val())
+	require.Equal(t, map[string]string{"f": "1", "g": "2"}, rdb.HGetAll(ctx, h).Val())
+
+	require.NoError(t, a.Release(ctx))
+	b, err := fence.Acquire(ctx, rdb, res, "b", time.Minute)
+	require.NoError(t, err)
+
+	// a's token is older than b's: rejected, nothing changes.
+	counter.take()
+	err = a.Guard(ctx, fence.Set(k, "stale", 0), fence.Del(h))
+	require.ErrorIs(t, err, fence.ErrStaleToken)
+	require.Len(t, counter.take(), 1)
+	require.Equal(t, "a2", rdb.Get(ctx, k).Val())
+	require.EqualValues(t, 1, rdb.Exists(ctx, h).Val())
+
+	require.NoError(t, b.Guard(ctx, fence.Del(h), fence.PExpire(k, time.Minute)))
+	require.Zero(t, rdb.Exists(ctx, h).Val())
+
+	// Zero token fails closed without a round trip.
+	counter.take()
+	require.ErrorIs(t, fence.Guard(ctx, rdb, res, 0, fence.Set(k, "zero", 0)), fence.ErrStaleToken)
+	require.Empty(t, counter.take())
+	// A token newer than any granted is not accepted either.
+	require.ErrorIs(t, fence.Guard(ctx, rdb, res, b.Token+1, fence.Set(k, "future", 0)), fence.ErrStaleToken)
+
+	// Token key lost (FLUSHALL, restart without persistence): b's token is
+	// unknown, so its writes fail closed.
+	srv.Restart(t, redistest.DropData)
+	require.ErrorIs(t, b.Guard(ctx, fence.Set(k, "after-restart", 0)), fence.ErrStaleToken)
+	require.ErrorIs(t, rdb.Get(ctx, k).Err(), redis.Nil)
+}
+
+func TestGuardedScriptMalformedTokens(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	l, err := fence.Acquire(ctx, rdb, "m", "a", time.Minute)
+	require.NoError(t, err)
+	k := fence.Key("m", "v")
+
+	script := fence.NewGuardedScript(`redis.call('SET', KEYS[2], ARGV[2]); return ARGV[2]`)
+	v, err := script.Run(ctx, rdb, "m", l.Token, []string{k}, "ok").Text()
+	require.NoError(t, err)
+	require.Equal(t, "ok", v)
+
+	// Raw script calls with malformed tokens, bypassing the Go API: the Lua
+	// check itself must fail closed.
+	src := fence.GuardPreludeForTest + `redis.call('SET', KEYS[2], 'bad') return 1`
+	tok := strconv.FormatUint(l.Token, 10)
+	for _, bad := range []string{"", "0", "abc", "0" + tok, tok + ".0", " " + tok, tok + " ", fmt.Sprintf("%e", float64(l.Token)), "-1"} {
+		err := rdb.Eval(ctx, src, []string{fence.TokenKey("m"), k}, bad).Err()
+		require.ErrorContains(t, err, "FENCE_STALE", "token %q", bad)
+	}
+	require.Equal(t, "ok", rdb.Get(ctx, k).Val())
+	// Missing token key.
+	require.NoError(t, rdb.Del(ctx, fence.TokenKey("m")).Err())
+	require.ErrorIs(t, script.Run(ctx, rdb, "m", l.Token, []string{k}, "x").Err(), fence.ErrStaleToken)
+	require.Equal(t, "ok", rdb.Get(ctx, k).Val())
+}
+
+// The paused-holder scenario, in process: A stops renewing ("paused") past
+// its TTL, B acquires and writes, A wakes up and writes: rejected.
+func TestPausedHolderInProcess(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	const iterations = 250
+	accepted := 0
+	for i := range iterations {
+		res := "p" + strconv.Itoa(i%7)
+		k := fence.Key(res, "state")
+		a, err := fence.Acquire(ctx, rdb, res, "A", 10*time.Millisecond)
+		require.NoError(t, err)
+		require.NoError(t, a.Guard(ctx, fence.Set(k, "A", 0)))
+		waitGone(t, rdb, fence.LeaseKey(res)) // A is paused past its TTL
+		b, err := fence.Acquire(ctx, rdb, res, "B", time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, b.Guard(ctx, fence.Set(k, "B", 0)))
+		if err := a.Guard(ctx, fence.Set(k, "A-stale", 0)); !errors.Is(err, fence.ErrStaleToken) {
+			accepted++
+		}
+		require.Equal(t, "B", rdb.Get(ctx, k).Val())
+		require.NoError(t, b.Release(ctx))
+	}
+	require.Zero(t, accepted, "stale writes accepted")
+}
+
+func TestHolderRenewsAndReleases(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	h, err := fence.Hold(ctx, rdb, "h", "a", 90*time.Millisecond)
+	require.NoError(t, err)
+	// Survive several TTLs only by renewing.
+	time.Sleep(400 * time.Millisecond)
+	select {
+	case <-h.Done():
+		t.Fatalf("lease lost: %v", h.Err())
+	default:
+	}
+	renews := 0
+	for _, c := range counter.take() {
+		if c.Name() == "evalsha" || c.Name() == "eval" {
+			renews++
+		}
+	}
+	require.GreaterOrEqual(t, renews, 4, "renewal at ttl/3")
+	require.NoError(t, h.Guard(ctx, fence.Set(fence.Key("h", "s"), "v", 0)))
+	require.NoError(t, h.Release(ctx))
+	<-h.Done()
+	require.NoError(t, h.Err())
+	require.Zero(t, rdb.Exists(ctx, fence.LeaseKey("h")).Val())
+}
+
+func waitDone(t *testing.T, h *fence.Holder) {
+	t.Helper()
+	select {
+	case <-h.Done():
+		require.ErrorIs(t, h.Err(), fence.ErrLeaseLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done did not close")
+	}
+}
+
+func TestHolderDoneOnLoss(t *testing.T) {
+	t.Run("lease deleted", func(t *testing.T) {
+		rdb := redistest.Start(t).Client(t)
+		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
+		require.NoError(t, err)
+		require.NoError(t, rdb.Del(ctx, fence.LeaseKey("h")).Err())
+		waitDone(t, h)
+		require.ErrorIs(t, h.Release(ctx), fence.ErrLeaseLost)
+	})
+	t.Run("taken over after flush", func(t *testing.T) {
+		rdb := redistest.Start(t).Client(t)
+		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
+		require.NoError(t, err)
+		require.NoError(t, rdb.FlushAll(ctx).Err())
+		_, err = fence.Acquire(ctx, rdb, "h", "b", time.Minute)
+		require.NoError(t, err)
+		waitDone(t, h)
+		require.ErrorIs(t, h.Guard(ctx, fence.Set(fence.Key("h", "s"), "v", 0)), fence.ErrStaleToken)
+	})
+	t.Run("redis killed", func(t *testing.T) {
+		srv := redistest.Start(t)
+		rdb := srv.Client(t)
+		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
+		require.NoError(t, err)
+		require.NoError(t, srv.Kill())
+		waitDone(t, h)
+		require.ErrorIs(t, h.Release(ctx), fence.ErrLeaseLost)
+	})
+	t.Run("redis paused", func(t *testing.T) {
+		srv := redistest.Start(t)
+		rdb := srv.Client(t)
+		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
+		require.NoError(t, err)
+		require.NoError(t, srv.Pause())
+		// The renewal hangs; the local deadline must still close Done.
+		waitDone(t, h)
+		require.NoError(t, srv.Resume())
+		require.ErrorIs(t, h.Release(ctx), fence.ErrLeaseLost)
+	})
+}

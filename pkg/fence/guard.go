@@ -1,0 +1,119 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Op is one write of a guarded batch; build it with Set, HSet, Del or
+// PExpire. Every key must carry the resource's hash tag (see Key).
+type Op struct {
+	cmd  string
+	keys []string
+	args []any
+}
+
+// Set is SET key value, with PX ttl when ttl > 0.
+func Set(key string, value any, ttl time.Duration) Op {
+	if ttl > 0 {
+		return Op{cmd: "SET", keys: []string{key}, args: []any{value, "PX", ttl.Milliseconds()}}
+	}
+	return Op{cmd: "SET", keys: []string{key}, args: []any{value}}
+}
+
+// HSet is HSET key field value [field value ...].
+func HSet(key string, fieldValues ...any) Op {
+	return Op{cmd: "HSET", keys: []string{key}, args: fieldValues}
+}
+
+// Del is DEL key [key ...].
+func Del(keys ...string) Op { return Op{cmd: "DEL", keys: keys} }
+
+// PExpire is PEXPIRE key ttl.
+func PExpire(key string, ttl time.Duration) Op {
+	return Op{cmd: "PEXPIRE", keys: []string{key}, args: []any{ttl.Milliseconds()}}
+}
+
+// opsScript applies a list of ops after the token check. ARGV after the
+// token holds, per op: command, number of keys, number of args, args. Keys
+// come in order from KEYS[2..]. Only the constructors above build ops, so
+// the command set is fixed.
+var opsScript = NewGuardedScript(`
+local k, a = 2, 2
+while a <= #ARGV do
+  local argv = {ARGV[a]}
+  local nk, na = tonumber(ARGV[a+1]), tonumber(ARGV[a+2])
+  a = a + 3
+  for _ = 1, nk do argv[#argv+1] = KEYS[k]; k = k + 1 end
+  for _ = 1, na do argv[#argv+1] = ARGV[a]; a = a + 1 end
+  redis.call(unpack(argv))
+end
+return 1
+`)
+
+// Guard applies ops atomically, in one round trip, if token is the newest
+// token granted for resource; otherwise nothing is written and it returns
+// ErrStaleToken. A zero token fails without contacting Redis.
+func Guard(ctx context.Context, rdb redis.Scripter, resource string, token uint64, ops ...Op) error {
+	if len(ops) == 0 {
+		return fmt.Errorf("%w: no ops", ErrInvalid)
+	}
+	var keys []string
+	args := make([]any, 0, 4*len(ops))
+	for _, op := range ops {
+		if op.cmd == "" || len(op.keys) == 0 {
+			return fmt.Errorf("%w: empty op", ErrInvalid)
+		}
+		keys = append(keys, op.keys...)
+		args = append(args, op.cmd, len(op.keys), len(op.args))
+		args = append(args, op.args...)
+	}
+	return opsScript.Run(ctx, rdb, resource, token, keys, args...).Err()
+}
+
+// GuardedScript is a caller's Lua body that runs only after the token check,
+// in the same script and round trip. In the body, KEYS[1] and ARGV[1] are
+// the token key and token; the caller's keys start at KEYS[2] and its args
+// at ARGV[2].
+type GuardedScript struct{ s *redis.Script }
+
+// NewGuardedScript prepends the token check to body.
+func NewGuardedScript(body string) *GuardedScript {
+	return &GuardedScript{s: redis.NewScript(guardPrelude + body)}
+}
+
+// Run runs the script with EVALSHA (falling back to EVAL once if Redis lost
+// its script cache). keys must carry resource's hash tag. A stale, zero or
+// unknown token gives ErrStaleToken in the returned Cmd.
+func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource string, token uint64, keys []string, args ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	if err := ValidateResource(resource); err != nil {
+		cmd.SetErr(err)
+		return cmd
+	}
+	if token == 0 {
+		cmd.SetErr(fmt.Errorf("guarded write %s: %w (zero token)", resource, ErrStaleToken))
+		return cmd
+	}
+	for _, k := range keys {
+		if HashTag(k) != resource {
+			cmd.SetErr(fmt.Errorf("%w: key %q lacks hash tag {%s}", ErrInvalid, k, resource))
+			return cmd
+		}
+	}
+	allKeys := make([]string, 0, len(keys)+1)
+	allKeys = append(allKeys, TokenKey(resource))
+	allKeys = append(allKeys, keys...)
+	allArgs := make([]any, 0, len(args)+1)
+	allArgs = append(allArgs, strconv.FormatUint(token, 10))
+	allArgs = append(allArgs, args...)
+	res := g.s.Run(ctx, rdb, allKeys, allArgs...)
+	if err := res.Err(); err != nil && err != redis.Nil {
+		res.SetErr(fmt.Errorf("guarded write %s: %w", resource, mapErr(err)))
+	}
+	return res
+}
