@@ -1,0 +1,156 @@
+// Package provider is the AgentSandbox seam (DESIGN.md 3.3): the only code of
+// the sandbox service that touches physical sandboxes, processes and disk.
+//
+// Every inspection answers with a typed result in which "could not look"
+// (InspectionFailed) is distinct from "looked and found nothing" (Absent):
+// callers must never read an inspection failure as absence.
+package provider
+
+import (
+	"context"
+	"errors"
+	"os"
+)
+
+// Marker environment variables set on every wrapper at launch. Discovery
+// matches them exactly (never by substring).
+const (
+	EnvSandbox    = "AGENTPLANE_SANDBOX"
+	EnvRuntimeKey = "AGENTPLANE_RUNTIME_KEY"
+	EnvInstance   = "AGENTPLANE_INSTANCE"
+	EnvGeneration = "AGENTPLANE_GENERATION"
+)
+
+// Markers identify one wrapper process.
+type Markers struct {
+	SandboxID  string
+	RuntimeKey string
+	InstanceID string
+	Generation uint64
+}
+
+// LaunchSpec describes a wrapper to start inside a sandbox.
+type LaunchSpec struct {
+	Markers Markers
+	// Path and Args of the wrapper command (Args excludes the program name).
+	Path string
+	Args []string
+	// Env is extra environment (never secrets: environ is readable through /proc).
+	Env []string
+	// ExtraFiles are inherited by the child as fds 3, 4, ... (the launch
+	// credential travels this way so it never appears in environ or cmdline).
+	ExtraFiles []*os.File
+	// Workspace is the worktree directory the wrapper serves (as named by the
+	// route); the provider maps it under the sandbox's workspaces/ tree.
+	Workspace string
+}
+
+// Observed is one wrapper process seen by discovery.
+type Observed struct {
+	PID        int
+	InstanceID string // empty when Unmarked
+	Generation uint64
+	// Unmarked wrappers carry the sandbox and runtime key markers but no
+	// instance marker; they force a stop of their runtime key.
+	Unmarked bool
+}
+
+// DiscoverKind is the outcome of Discover.
+type DiscoverKind int
+
+const (
+	Absent           DiscoverKind = iota + 1 // looked, found no wrapper of the key
+	Present                                  // found wrappers (see Observed)
+	InspectionFailed                         // could not look; never read as absence
+)
+
+// Discovery is the result of Discover.
+type Discovery struct {
+	Kind     DiscoverKind
+	Observed []Observed
+	Err      error // set when Kind is InspectionFailed
+}
+
+// StopKind is the outcome of Stop.
+type StopKind int
+
+const (
+	StopAbsent           StopKind = iota + 1 // verified gone
+	StopStillPresent                         // still running after the kill sequence
+	StopInspectionFailed                     // could not verify; never read as absence
+)
+
+// StopResult is the result of Stop.
+type StopResult struct {
+	Kind StopKind
+	Err  error
+}
+
+// StopTarget selects what Stop stops: every wrapper of the runtime key, or
+// only one instance.
+type StopTarget struct {
+	SandboxID  string
+	RuntimeKey string
+	InstanceID string // empty: every wrapper of the runtime key, marked or not
+}
+
+// CapacityKind is the outcome of Capacity.
+type CapacityKind int
+
+const (
+	CapacityMeasured     CapacityKind = iota + 1 // AvailableBytes is set
+	CapacityUnmeasurable                         // could not measure; never destroys the sandbox
+	CapacityENOSPC                               // explicit ENOSPC evidence
+)
+
+// Capacity is the result of Capacity.
+type Capacity struct {
+	Kind           CapacityKind
+	AvailableBytes uint64
+	Err            error
+}
+
+// DeleteReason says why a sandbox (or part of it) is deleted.
+type DeleteReason int
+
+const (
+	// DeleteWorkspace removes one workspace and its home on a shared sandbox.
+	DeleteWorkspace DeleteReason = iota + 1
+	// DeleteRecovery removes the whole sandbox tree (ENOSPC evidence or a
+	// failed directory setup).
+	DeleteRecovery
+)
+
+// AgentSandbox is the provider seam. Implementations: process (this node's
+// directories and child processes); kubernetes (a pod per sandbox) is planned.
+type AgentSandbox interface {
+	// Create prepares the sandbox (idempotent).
+	Create(ctx context.Context, sandboxID string) error
+	// Launch starts a wrapper with its markers in its own process group.
+	Launch(ctx context.Context, spec LaunchSpec) (Observed, error)
+	// Discover finds the wrappers of a runtime key.
+	Discover(ctx context.Context, sandboxID, runtimeKey string) Discovery
+	// Stop stops the target's wrappers and verifies their absence.
+	Stop(ctx context.Context, target StopTarget) StopResult
+	// KeepAlive extends the sandbox's life (no-op for process).
+	KeepAlive(ctx context.Context, sandboxID string) error
+	// Capacity measures free bytes of the sandbox filesystem.
+	Capacity(ctx context.Context, sandboxID string) Capacity
+	// Delete removes a workspace (and its home) or the whole sandbox.
+	Delete(ctx context.Context, sandboxID, workspace string, reason DeleteReason) error
+}
+
+// Typed errors. errors.Is works on wrapped errors.
+var (
+	ErrCapacityRejected     = errors.New("provider: capacity rejected")
+	ErrCapacityUnmeasurable = errors.New("provider: capacity unmeasurable")
+	ErrENOSPC               = errors.New("provider: no space left on device")
+	ErrFilesystemSetup      = errors.New("provider: filesystem preparation failed")
+)
+
+// DestroysSandbox is the one table of which errors destroy a sandbox
+// (recovery): only explicit ENOSPC evidence and a failed directory setup.
+// Low or unmeasurable capacity never does.
+func DestroysSandbox(err error) bool {
+	return errors.Is(err, ErrENOSPC) || errors.Is(err, ErrFilesystemSetup)
+}
