@@ -9,7 +9,11 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"strings"
+	"syscall"
+	"time"
 )
 
 // Marker environment variables set on every wrapper at launch. Discovery
@@ -53,6 +57,9 @@ type Observed struct {
 	// Unmarked wrappers carry the sandbox and runtime key markers but no
 	// instance marker; they force a stop of their runtime key.
 	Unmarked bool
+	// Workspace is the provider's name of the workspace the wrapper serves
+	// ("" when unknown).
+	Workspace string
 }
 
 // DiscoverKind is the outcome of Discover.
@@ -140,6 +147,29 @@ type AgentSandbox interface {
 	Delete(ctx context.Context, sandboxID, workspace string, reason DeleteReason) error
 }
 
+// Inventory is implemented by providers that can list every wrapper of a
+// sandbox, whatever its runtime key; the reconciler's leak sweep uses it to
+// find wrappers of keys that have no lease at all.
+type Inventory interface {
+	DiscoverSandbox(ctx context.Context, sandboxID string) SandboxDiscovery
+}
+
+// SandboxDiscovery is the result of DiscoverSandbox: the sandbox's wrappers
+// grouped by runtime key ("" for wrappers without a runtime key marker).
+type SandboxDiscovery struct {
+	Kind         DiscoverKind
+	ByRuntimeKey map[string][]Observed
+	Err          error
+}
+
+// WorkspaceDir is one workspace (with its home) of a sandbox, as capacity
+// cleanup sees it.
+type WorkspaceDir struct {
+	Name       string    // provider's name of the workspace
+	ModTime    time.Time // newest mtime of its directories
+	ModTimeErr error     // set when the age cannot be read
+}
+
 // Typed errors. errors.Is works on wrapped errors.
 var (
 	ErrCapacityRejected     = errors.New("provider: capacity rejected")
@@ -148,9 +178,58 @@ var (
 	ErrFilesystemSetup      = errors.New("provider: filesystem preparation failed")
 )
 
+// CapacityRejectedError is CAPACITY_REJECTED: free space stayed below the
+// threshold after conservative cleanup. Retryable; the sandbox is kept.
+type CapacityRejectedError struct {
+	AvailableBytes uint64
+	ThresholdBytes uint64
+	Cleaned        int // directories removed by stale cleanup
+	Skipped        int // directories cleanup kept (current, young, unknown age, live wrapper, listing failed)
+}
+
+func (e *CapacityRejectedError) Error() string {
+	return fmt.Sprintf("provider: capacity rejected: %d bytes free, need %d (cleaned %d, skipped %d)",
+		e.AvailableBytes, e.ThresholdBytes, e.Cleaned, e.Skipped)
+}
+
+// Is makes errors.Is(err, ErrCapacityRejected) true.
+func (e *CapacityRejectedError) Is(target error) bool { return target == ErrCapacityRejected }
+
+// IsENOSPCEvidence reports explicit ENOSPC evidence: the errno in err's
+// chain, or "no space left on device" in err's text or in output (a
+// command's stderr).
+func IsENOSPCEvidence(err error, output string) bool {
+	if err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, ErrENOSPC) || containsENOSPC(err.Error())) {
+		return true
+	}
+	return containsENOSPC(output)
+}
+
+func containsENOSPC(s string) bool {
+	return strings.Contains(strings.ToLower(s), "no space left on device")
+}
+
+// SetupError classifies a failure of directory setup (op names the step):
+// ENOSPC evidence wraps ErrENOSPC, anything else ErrFilesystemSetup. Both
+// destroy the sandbox (see DestroysSandbox).
+func SetupError(op string, err error) error {
+	if IsENOSPCEvidence(err, "") {
+		return fmt.Errorf("%w: %s: %w", ErrENOSPC, op, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrFilesystemSetup, op, err)
+}
+
 // DestroysSandbox is the one table of which errors destroy a sandbox
-// (recovery): only explicit ENOSPC evidence and a failed directory setup.
-// Low or unmeasurable capacity never does.
+// (recovery, provider.Delete with DeleteRecovery):
+//
+//	error                              destroys the sandbox
+//	ErrENOSPC (errno or message)       yes: the disk is full, recreate elsewhere
+//	ErrFilesystemSetup                 yes: its directory tree is unusable
+//	ErrCapacityRejected                no: retryable, the sandbox is kept
+//	ErrCapacityUnmeasurable            no: could not measure is not evidence
+//	inspection failures, anything else no
+//
+// Low or unmeasurable capacity never destroys a sandbox.
 func DestroysSandbox(err error) bool {
-	return errors.Is(err, ErrENOSPC) || errors.Is(err, ErrFilesystemSetup)
+	return err != nil && (IsENOSPCEvidence(err, "") || errors.Is(err, ErrFilesystemSetup))
 }
