@@ -1,0 +1,334 @@
+// Package scripted is the built-in agent runtime for development and tests
+// (`agentplane runtime scripted`). It speaks the JSON-lines stdio protocol of
+// docs/runtime-protocol.md and, per delivered message, plays one realistic
+// turn: progress, a tool call and its result, streamed message deltas, the
+// full message and exactly one outcome. When its route has a proxy URL and a
+// handle it calls the proxy's provider route and reports a digest of the
+// answer (never the handle).
+//
+// Message content steers a turn, so tests can exercise every path:
+// "fail: ..." ends the turn failed (tool_error), "slow: ..." waits for an
+// abort (or 30 s) before answering.
+package scripted
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"agentplane.dev/services/sandbox/internal/runtimeproto"
+)
+
+// Main runs the runtime on stdin/stdout until stdin ends or a shutdown frame
+// arrives. It returns the process exit code.
+func Main(args []string) int {
+	fs := flag.NewFlagSet("scripted", flag.ContinueOnError)
+	ingest := fs.Bool("ingest", os.Getenv("AGENTPLANE_SCRIPTED_INGEST") == "1",
+		"post each turn's history to <proxy>/ingest/v1/items (tolerates 404)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	r := &Runtime{
+		out:    runtimeproto.NewWriter(os.Stdout),
+		ingest: *ingest,
+		http:   &http.Client{Timeout: 30 * time.Second, CheckRedirect: noRedirect},
+		routes: map[string]*route{},
+	}
+	if err := r.Run(os.Stdin); err != nil {
+		fmt.Fprintln(os.Stderr, "scripted runtime:", err)
+		return 1
+	}
+	return 0
+}
+
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// Runtime multiplexes routes (sessions) over one process.
+type Runtime struct {
+	out    *runtimeproto.Writer
+	ingest bool
+	http   *http.Client
+
+	mu     sync.Mutex
+	routes map[string]*route
+	wg     sync.WaitGroup
+}
+
+type route struct {
+	sessionID, runtimeSessionID, directory string
+	handle, proxyURL                       string
+	queue                                  chan runtimeproto.Frame
+	mu                                     sync.Mutex
+	cancel                                 context.CancelFunc // of the running turn
+	turnMessage                            string
+	seq                                    int
+}
+
+// Run reads frames from in until EOF or shutdown.
+func (r *Runtime) Run(in io.Reader) error {
+	defer r.closeAll()
+	sc := runtimeproto.NewScanner(in)
+	for sc.Scan() {
+		f, err := runtimeproto.Parse(sc.Bytes())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scripted runtime: skipping bad frame:", err)
+			continue
+		}
+		switch f.Type {
+		case runtimeproto.TypeShutdown:
+			return nil
+		case runtimeproto.TypeOpenRoute:
+			r.open(f)
+		case runtimeproto.TypeMessage:
+			if rt := r.route(f.SessionID); rt != nil {
+				rt.queue <- f
+			}
+		case runtimeproto.TypeAbort:
+			if rt := r.route(f.SessionID); rt != nil {
+				rt.abort(f.MessageID)
+			}
+		case runtimeproto.TypeCredentials:
+			r.mu.Lock()
+			for _, id := range f.SessionIDs {
+				if rt := r.routes[id]; rt != nil {
+					rt.mu.Lock()
+					rt.handle = f.Handle
+					rt.mu.Unlock()
+				}
+			}
+			r.mu.Unlock()
+		case runtimeproto.TypeCloseRoute:
+			r.mu.Lock()
+			rt := r.routes[f.SessionID]
+			delete(r.routes, f.SessionID)
+			r.mu.Unlock()
+			if rt != nil {
+				rt.abort("")
+				close(rt.queue)
+			}
+		}
+	}
+	return sc.Err()
+}
+
+func (r *Runtime) closeAll() {
+	r.mu.Lock()
+	for id, rt := range r.routes {
+		rt.abort("")
+		close(rt.queue)
+		delete(r.routes, id)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+func (r *Runtime) route(id string) *route {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.routes[id]
+}
+
+func (r *Runtime) open(f runtimeproto.Frame) {
+	r.mu.Lock()
+	if rt, ok := r.routes[f.SessionID]; ok {
+		rt.mu.Lock()
+		rt.handle, rt.proxyURL = f.Handle, f.ProxyURL
+		rt.mu.Unlock()
+		r.mu.Unlock()
+		_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: f.SessionID, RuntimeSessionID: rt.runtimeSessionID})
+		return
+	}
+	rsid := f.RuntimeSessionID
+	if rsid == "" {
+		rsid = "rs_" + randomID()
+	}
+	rt := &route{
+		sessionID: f.SessionID, runtimeSessionID: rsid, directory: f.Directory,
+		handle: f.Handle, proxyURL: f.ProxyURL, queue: make(chan runtimeproto.Frame, 1024),
+	}
+	r.routes[f.SessionID] = rt
+	r.mu.Unlock()
+	_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeProgress, SessionID: f.SessionID, Step: "load_session", Detail: "runtime session " + rsid})
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for m := range rt.queue {
+			r.turn(rt, m)
+		}
+	}()
+	_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: f.SessionID, RuntimeSessionID: rsid})
+}
+
+func (rt *route) abort(messageID string) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.cancel != nil && (messageID == "" || messageID == rt.turnMessage) {
+		rt.cancel()
+	}
+}
+
+// turn plays one turn for message m and emits exactly one outcome.
+func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
+	ctx, cancel := context.WithCancel(context.Background())
+	rt.mu.Lock()
+	rt.cancel, rt.turnMessage = cancel, m.MessageID
+	handle, proxy := rt.handle, rt.proxyURL
+	rt.mu.Unlock()
+	defer func() {
+		cancel()
+		rt.mu.Lock()
+		rt.cancel, rt.turnMessage = nil, ""
+		rt.mu.Unlock()
+	}()
+
+	emit := func(kind, text, tool string, data map[string]any) {
+		rt.seq++
+		_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeEvent, SessionID: rt.sessionID, Event: &runtimeproto.Event{
+			EventID: fmt.Sprintf("%s-%s-%d", rt.runtimeSessionID, m.MessageID, rt.seq), RuntimeSessionID: rt.runtimeSessionID,
+			MessageID: m.MessageID, Kind: kind, Text: text, ToolName: tool, Data: data, Time: time.Now().UTC(),
+		}})
+	}
+	outcome := func(result, reason, summary string) {
+		_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeOutcome, SessionID: rt.sessionID, Outcome: &runtimeproto.Outcome{
+			TurnID: "turn-" + m.MessageID, RuntimeSessionID: rt.runtimeSessionID, LastMessageID: m.MessageID,
+			Result: result, FailureReason: reason, Summary: summary, Time: time.Now().UTC(),
+		}})
+	}
+
+	emit(runtimeproto.KindStatus, "busy", "", nil)
+	emit(runtimeproto.KindProgress, "reading the request", "", nil)
+	entries := listDir(rt.directory)
+	emit(runtimeproto.KindToolCall, "", "list_files", map[string]any{"path": "."})
+	emit(runtimeproto.KindToolResult, "", "list_files", map[string]any{"entries": float64(entries)})
+
+	if strings.HasPrefix(m.Content, "slow:") {
+		select {
+		case <-ctx.Done():
+		case <-time.After(30 * time.Second):
+		}
+	}
+	if ctx.Err() != nil {
+		emit(runtimeproto.KindStatus, "idle", "", nil)
+		outcome(runtimeproto.ResultCancelled, "", "aborted")
+		return
+	}
+	if strings.HasPrefix(m.Content, "fail:") {
+		emit(runtimeproto.KindToolResult, "tool failed", "run_command", map[string]any{"exit_code": float64(1)})
+		emit(runtimeproto.KindStatus, "idle", "", nil)
+		outcome(runtimeproto.ResultFailed, "tool_error", "the scripted tool failed")
+		return
+	}
+	if proxy != "" && handle != "" {
+		emit(runtimeproto.KindToolCall, "", "provider", map[string]any{"route": "provider/v1/chat/completions"})
+		emit(runtimeproto.KindToolResult, "", "provider", r.callProvider(ctx, proxy, handle, m.Content))
+	}
+	reply := "Scripted reply to: " + m.Content
+	for _, w := range chunks(reply, 3) {
+		emit(runtimeproto.KindMessageDelta, w, "", nil)
+	}
+	emit(runtimeproto.KindMessage, reply, "", nil)
+	if r.ingest && proxy != "" && handle != "" {
+		r.postHistory(ctx, proxy, handle, rt, m, reply)
+	}
+	emit(runtimeproto.KindStatus, "idle", "", nil)
+	outcome(runtimeproto.ResultSucceeded, "", fmt.Sprintf("answered %d characters", len(reply)))
+}
+
+// callProvider calls the proxy's OpenAI-compatible route and returns a
+// summary: status, size and digest of the body, and the reply text if any.
+func (r *Runtime) callProvider(ctx context.Context, proxy, handle, content string) map[string]any {
+	body, _ := json.Marshal(map[string]any{
+		"model":    "scripted",
+		"messages": []map[string]string{{"role": "user", "content": content}},
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(proxy, "/")+"/provider/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return map[string]any{"error": "bad proxy url"}
+	}
+	req.Header.Set("Authorization", "Bearer "+handle)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return map[string]any{"error": "proxy unreachable"}
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	sum := sha256.Sum256(data)
+	out := map[string]any{"status": float64(resp.StatusCode), "bytes": float64(len(data)), "sha256": hex.EncodeToString(sum[:])}
+	var parsed struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(data, &parsed) == nil && len(parsed.Choices) > 0 {
+		reply := parsed.Choices[0].Message.Content
+		if len(reply) > 200 {
+			reply = reply[:200]
+		}
+		out["reply"] = reply
+	}
+	return out
+}
+
+// postHistory posts the turn as ingest items; a missing route (404) or any
+// failure is tolerated: history is best effort for the scripted runtime.
+func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *route, m runtimeproto.Frame, reply string) {
+	body, _ := json.Marshal(map[string]any{
+		"runtime_session_id": rt.runtimeSessionID,
+		"items": []map[string]any{
+			{"item_id": "msg-" + m.MessageID, "type": "message", "role": "user", "text": m.Content},
+			{"item_id": "reply-" + m.MessageID, "type": "message", "role": "assistant", "text": reply},
+		},
+	})
+	url := strings.TrimRight(proxy, "/") + "/ingest/v1/runtime-sessions/" + rt.runtimeSessionID + "/items"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	req.Header.Set("Authorization", "Bearer "+handle)
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := r.http.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+func listDir(dir string) int {
+	if dir == "" {
+		return 0
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	return len(entries)
+}
+
+func chunks(s string, words int) []string {
+	fields := strings.SplitAfter(s, " ")
+	var out []string
+	for i := 0; i < len(fields); i += words {
+		end := min(i+words, len(fields))
+		out = append(out, strings.Join(fields[i:end], ""))
+	}
+	return out
+}
+
+func randomID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,550 @@
+// Package wrapper is the process that runs inside a sandbox, one per runtime
+// key (`agentplane wrapper`, `sandbox wrapper`). It authenticates to the
+// sandbox service's WrapperControlService with its launch credential, keeps
+// the control stream alive with heartbeats, supervises ONE runtime process in
+// its own process group, and multiplexes the routes (sessions) of its runtime
+// key over that runtime's JSON-lines stdio (docs/runtime-protocol.md).
+//
+// The launch credential is read from an inherited file descriptor (or a 0600
+// file deleted after reading), never from the environment or command line.
+// Past the reconnect window without the control plane, or on Shutdown, the
+// wrapper stops its runtime's process group and exits.
+package wrapper
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/runtimeproto"
+)
+
+// ProtocolVersion is the wrapper protocol this build speaks.
+const ProtocolVersion = 1
+
+// CapabilityWorktree announces one runtime per directory.
+const CapabilityWorktree = "worktree"
+
+// Exit codes.
+const (
+	ExitOK          = 0 // shutdown requested (including a rejected Hello)
+	ExitUsage       = 2
+	ExitUnreachable = 3 // reconnect window passed without the control plane
+)
+
+// Env names for settings that tests and operators shorten.
+const (
+	EnvControlAddr     = "AGENTPLANE_WRAPPER_CONTROL_ADDR"
+	EnvReconnectWindow = "AGENTPLANE_WRAPPER_RECONNECT_WINDOW"
+)
+
+// Options configure a wrapper.
+type Options struct {
+	ControlAddrs    []string
+	Markers         provider.Markers
+	AllocationID    string
+	FenceToken      uint64
+	Credential      string
+	WorkspaceRoot   string
+	Capabilities    []string
+	Heartbeat       time.Duration
+	ReconnectWindow time.Duration
+	RuntimeCommand  []string
+	Logger          *slog.Logger
+}
+
+// Main parses args, reads the launch credential and runs the wrapper until it
+// is told to shut down or gives up on the control plane.
+func Main(args []string) int {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "wrapper")
+	opts, err := parse(args)
+	if err != nil {
+		log.Error("bad wrapper arguments", "err", err)
+		return ExitUsage
+	}
+	opts.Logger = log.With("sandbox", opts.Markers.SandboxID, "runtime_key", opts.Markers.RuntimeKey, "instance", opts.Markers.InstanceID)
+	return Run(context.Background(), opts)
+}
+
+func parse(args []string) (Options, error) {
+	fs := flag.NewFlagSet("wrapper", flag.ContinueOnError)
+	var (
+		addrs     = fs.String("control-addr", os.Getenv(EnvControlAddr), "sandbox service gRPC address(es), comma separated")
+		alloc     = fs.String("allocation", "", "allocation id the wrapper was launched for")
+		fenceTok  = fs.Uint64("fence-token", 0, "fencing token of the sandbox owner that launched the wrapper")
+		credFD    = fs.Int("credential-fd", -1, "inherited file descriptor holding the launch credential")
+		credFile  = fs.String("credential-file", "", "0600 file holding the launch credential; deleted after reading")
+		root      = fs.String("workspace-root", "", "directory under which route directories are prepared")
+		caps      = fs.String("capabilities", CapabilityWorktree, "comma separated capabilities to announce")
+		heartbeat = fs.Duration("heartbeat", 5*time.Second, "heartbeat interval (HelloAck may change it)")
+		window    = fs.Duration("reconnect-window", envDuration(EnvReconnectWindow, 90*time.Second), "how long to stay disconnected before stopping the runtime and exiting")
+	)
+	if err := fs.Parse(args); err != nil {
+		return Options{}, err
+	}
+	o := Options{
+		ControlAddrs: splitList(*addrs), AllocationID: *alloc, FenceToken: *fenceTok,
+		WorkspaceRoot: *root, Capabilities: splitList(*caps), Heartbeat: *heartbeat, ReconnectWindow: *window,
+		RuntimeCommand: fs.Args(),
+	}
+	gen, _ := strconv.ParseUint(os.Getenv(provider.EnvGeneration), 10, 64)
+	o.Markers = provider.Markers{
+		SandboxID: os.Getenv(provider.EnvSandbox), RuntimeKey: os.Getenv(provider.EnvRuntimeKey),
+		InstanceID: os.Getenv(provider.EnvInstance), Generation: gen,
+	}
+	if len(o.ControlAddrs) == 0 || o.AllocationID == "" || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
+		return Options{}, errors.New("need --control-addr, --allocation and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
+	}
+	if len(o.RuntimeCommand) == 0 {
+		self, err := os.Executable()
+		if err != nil {
+			return Options{}, err
+		}
+		o.RuntimeCommand = []string{self, "runtime", "scripted"}
+	}
+	cred, err := readCredential(*credFD, *credFile)
+	if err != nil {
+		return Options{}, err
+	}
+	o.Credential = cred
+	return o, nil
+}
+
+// readCredential reads the launch credential from an inherited fd or a file
+// that is removed right after reading.
+func readCredential(fd int, file string) (string, error) {
+	var r io.ReadCloser
+	switch {
+	case fd >= 0:
+		f := os.NewFile(uintptr(fd), "launch-credential")
+		if f == nil {
+			return "", fmt.Errorf("credential fd %d is not open", fd)
+		}
+		r = f
+	case file != "":
+		f, err := os.Open(file)
+		if err != nil {
+			return "", fmt.Errorf("open credential file: %w", err)
+		}
+		_ = os.Remove(file)
+		r = f
+	default:
+		return "", errors.New("need --credential-fd or --credential-file")
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, 4096))
+	if err != nil {
+		return "", fmt.Errorf("read launch credential: %w", err)
+	}
+	cred := strings.TrimSpace(string(b))
+	if cred == "" {
+		return "", errors.New("empty launch credential")
+	}
+	return cred, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, ok := os.LookupEnv(name); ok {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+	}
+	return def
+}
+
+// routeState is one session served by this wrapper.
+type routeState struct {
+	directory        string
+	runtimeSessionID string
+	ready            bool
+}
+
+type wrapper struct {
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	routes   map[string]*routeState
+	runtime  *runtimeProc
+	busy     map[string]bool
+	outbox   []*sandboxv1.ConnectRequest // frames waiting for a stream
+	wake     chan struct{}
+	shutdown chan struct{}
+	shutOnce sync.Once
+}
+
+// Run runs the wrapper until shutdown or the reconnect window passes.
+func Run(ctx context.Context, opts Options) int {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = 5 * time.Second
+	}
+	if opts.ReconnectWindow <= 0 {
+		opts.ReconnectWindow = 90 * time.Second
+	}
+	w := &wrapper{
+		opts: opts, log: opts.Logger, routes: map[string]*routeState{}, busy: map[string]bool{},
+		wake: make(chan struct{}, 1), shutdown: make(chan struct{}),
+	}
+	code := w.loop(ctx)
+	w.stopRuntime()
+	return code
+}
+
+// loop connects, serves a stream until it breaks, and reconnects with
+// backoff until shutdown or the reconnect window passes.
+func (w *wrapper) loop(ctx context.Context) int {
+	disconnectedSince := time.Now()
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		addr := w.opts.ControlAddrs[attempt%len(w.opts.ControlAddrs)]
+		connected, shutdown := w.serve(ctx, addr)
+		if shutdown {
+			return ExitOK
+		}
+		if connected {
+			disconnectedSince = time.Now()
+			backoff = 100 * time.Millisecond
+		}
+		if time.Since(disconnectedSince) > w.opts.ReconnectWindow {
+			w.log.Warn("control plane unreachable past the reconnect window; stopping runtime", "window", w.opts.ReconnectWindow.String())
+			return ExitUnreachable
+		}
+		select {
+		case <-ctx.Done():
+			return ExitOK
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second, w.opts.ReconnectWindow/4+time.Millisecond)
+	}
+}
+
+// serve runs one control stream. connected reports whether a HelloAck came;
+// shutdown whether the service told the wrapper to stop.
+func (w *wrapper) serve(ctx context.Context, addr string) (connected, shutdown bool) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false, false
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := sandboxv1.NewWrapperControlServiceClient(conn).Connect(ctx)
+	if err != nil {
+		return false, false
+	}
+	if err := stream.Send(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Hello{Hello: w.hello()}}); err != nil {
+		return false, false
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return false, false
+	}
+	if sd := first.GetShutdown(); sd != nil {
+		w.log.Info("shutdown at hello", "reason", sd.GetReason().String(), "detail", sd.GetDetail())
+		return false, true
+	}
+	ack := first.GetHelloAck()
+	if ack == nil {
+		return false, false
+	}
+	if d := ack.GetHeartbeatInterval().AsDuration(); d > 0 {
+		w.opts.Heartbeat = d
+	}
+	if d := ack.GetReconnectWindow().AsDuration(); d > 0 {
+		w.opts.ReconnectWindow = d
+	}
+	w.log.Info("connected", "addr", addr, "contract", ack.GetContract().String())
+
+	sendErr := make(chan error, 1)
+	go func() { sendErr <- w.sendLoop(ctx, stream) }()
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			cancel()
+			<-sendErr
+			return true, false
+		}
+		if w.handle(msg) {
+			cancel()
+			<-sendErr
+			return true, true
+		}
+	}
+}
+
+func (w *wrapper) hello() *sandboxv1.Hello {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := &sandboxv1.Hello{
+		SandboxId: w.opts.Markers.SandboxID, AllocationId: w.opts.AllocationID, RuntimeKey: w.opts.Markers.RuntimeKey,
+		InstanceId: w.opts.Markers.InstanceID, Generation: w.opts.Markers.Generation, FenceToken: w.opts.FenceToken,
+		LaunchCredential: w.opts.Credential, Capabilities: w.opts.Capabilities, ProtocolVersion: ProtocolVersion,
+	}
+	for id, r := range w.routes {
+		if r.ready {
+			h.Routes = append(h.Routes, &sandboxv1.ActiveRoute{SessionId: id, RuntimeSessionId: r.runtimeSessionID})
+		}
+	}
+	return h
+}
+
+// sendLoop sends heartbeats and queued frames; a frame whose send fails goes
+// back to the head of the outbox for the next stream.
+func (w *wrapper) sendLoop(ctx context.Context, stream sandboxv1.WrapperControlService_ConnectClient) error {
+	tick := time.NewTicker(w.opts.Heartbeat)
+	defer tick.Stop()
+	for {
+		for {
+			w.mu.Lock()
+			if len(w.outbox) == 0 {
+				w.mu.Unlock()
+				break
+			}
+			f := w.outbox[0]
+			w.outbox = w.outbox[1:]
+			w.mu.Unlock()
+			if err := stream.Send(f); err != nil {
+				w.mu.Lock()
+				w.outbox = append([]*sandboxv1.ConnectRequest{f}, w.outbox...)
+				w.mu.Unlock()
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.wake:
+		case <-tick.C:
+			if err := stream.Send(w.heartbeat()); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (w *wrapper) heartbeat() *sandboxv1.ConnectRequest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	hb := &sandboxv1.Heartbeat{Time: timestamppb.Now(), RuntimeRunning: w.runtime != nil}
+	for id := range w.busy {
+		hb.BusySessionIds = append(hb.BusySessionIds, id)
+	}
+	return &sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Heartbeat{Heartbeat: hb}}
+}
+
+// emit queues a frame for the service (kept across reconnects).
+func (w *wrapper) emit(f *sandboxv1.ConnectRequest) {
+	w.mu.Lock()
+	if len(w.outbox) < 10000 {
+		w.outbox = append(w.outbox, f)
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// handle applies one service frame; it returns true on Shutdown.
+func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
+	switch f := msg.GetFrame().(type) {
+	case *sandboxv1.ConnectResponse_Shutdown:
+		w.log.Info("shutdown", "reason", f.Shutdown.GetReason().String())
+		return true
+	case *sandboxv1.ConnectResponse_PrepareRoute:
+		w.prepare(f.PrepareRoute)
+	case *sandboxv1.ConnectResponse_Deliver:
+		for _, m := range f.Deliver.GetMessages() {
+			w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: f.Deliver.GetSessionId(), MessageID: m.GetMessageId(), Content: m.GetContent()})
+		}
+		w.mu.Lock()
+		w.busy[f.Deliver.GetSessionId()] = true
+		w.mu.Unlock()
+	case *sandboxv1.ConnectResponse_Abort:
+		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: f.Abort.GetSessionId(), MessageID: f.Abort.GetMessageId()})
+	case *sandboxv1.ConnectResponse_Credentials:
+		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: f.Credentials.GetSessionIds(), Handle: f.Credentials.GetHandle()})
+	case *sandboxv1.ConnectResponse_ReleaseRoute:
+		id := f.ReleaseRoute.GetSessionId()
+		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeCloseRoute, SessionID: id})
+		w.mu.Lock()
+		delete(w.routes, id)
+		delete(w.busy, id)
+		w.mu.Unlock()
+	}
+	return false
+}
+
+func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
+	id := p.GetSessionId()
+	dir, err := workspaceDir(w.opts.WorkspaceRoot, p.GetDirectory())
+	if err != nil {
+		w.emit(routeFailed(id, "bad_directory", err.Error(), false))
+		return
+	}
+	w.emit(progress(id, "prepare_worktree", "preparing the worktree directory"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		w.emit(routeFailed(id, "worktree_setup_failed", "could not create the worktree directory", true))
+		return
+	}
+	w.mu.Lock()
+	r := w.routes[id]
+	if r == nil {
+		r = &routeState{}
+		w.routes[id] = r
+	}
+	r.directory = dir
+	rsid := r.runtimeSessionID
+	needStart := w.runtime == nil
+	w.mu.Unlock()
+	if needStart {
+		w.emit(progress(id, "start_runtime", "starting the agent runtime"))
+		if err := w.startRuntime(); err != nil {
+			w.emit(routeFailed(id, "runtime_start_failed", "could not start the runtime", true))
+			return
+		}
+	} else {
+		w.emit(progress(id, "reuse_runtime", "joining the running agent runtime"))
+	}
+	w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: id, Directory: dir,
+		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid})
+}
+
+// workspaceDir maps a route's absolute directory under the workspace root,
+// refusing anything that would escape it.
+func workspaceDir(root, dir string) (string, error) {
+	if !strings.HasPrefix(dir, "/") || strings.Contains(dir, "\x00") {
+		return "", errors.New("directory must be absolute")
+	}
+	clean := filepath.Clean(dir)
+	if root == "" {
+		return clean, nil
+	}
+	return filepath.Join(root, clean), nil
+}
+
+func (w *wrapper) startRuntime() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.runtime != nil {
+		return nil
+	}
+	var p *runtimeProc
+	p, err := startRuntime(w.opts.RuntimeCommand, w.opts.Markers.InstanceID, w.fromRuntime, func() { w.runtimeExited(p) })
+	if err != nil {
+		return err
+	}
+	w.runtime = p
+	return nil
+}
+
+// runtimeExited fails the routes of a runtime that died on its own.
+func (w *wrapper) runtimeExited(p *runtimeProc) {
+	w.mu.Lock()
+	if w.runtime != p {
+		w.mu.Unlock()
+		return
+	}
+	w.runtime = nil
+	ids := make([]string, 0, len(w.routes))
+	for id := range w.routes {
+		ids = append(ids, id)
+	}
+	w.routes = map[string]*routeState{}
+	w.busy = map[string]bool{}
+	w.mu.Unlock()
+	for _, id := range ids {
+		w.emit(routeFailed(id, "runtime_exited", "the agent runtime exited", true))
+	}
+}
+
+func (w *wrapper) stopRuntime() {
+	w.mu.Lock()
+	p := w.runtime
+	w.runtime = nil
+	w.mu.Unlock()
+	if p != nil {
+		p.stop()
+	}
+}
+
+func (w *wrapper) toRuntime(f runtimeproto.Frame) {
+	w.mu.Lock()
+	p := w.runtime
+	w.mu.Unlock()
+	if p == nil {
+		if f.Type == runtimeproto.TypeOpenRoute {
+			w.emit(routeFailed(f.SessionID, "runtime_exited", "the agent runtime is not running", true))
+		}
+		return
+	}
+	_ = p.send(f)
+}
+
+// fromRuntime turns a runtime frame into a control-stream frame.
+func (w *wrapper) fromRuntime(f runtimeproto.Frame) {
+	switch f.Type {
+	case runtimeproto.TypeRouteReady:
+		w.mu.Lock()
+		if r := w.routes[f.SessionID]; r != nil {
+			r.ready, r.runtimeSessionID = true, f.RuntimeSessionID
+		}
+		w.mu.Unlock()
+		w.emit(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RouteReady{RouteReady: &sandboxv1.RouteReady{SessionId: f.SessionID, RuntimeSessionId: f.RuntimeSessionID}}})
+	case runtimeproto.TypeRouteFailed:
+		w.mu.Lock()
+		delete(w.routes, f.SessionID)
+		w.mu.Unlock()
+		w.emit(routeFailed(f.SessionID, f.Reason, f.Detail, f.Retryable))
+	case runtimeproto.TypeProgress:
+		w.emit(progress(f.SessionID, f.Step, f.Detail))
+	case runtimeproto.TypeEvent:
+		w.emit(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RuntimeEvents{RuntimeEvents: &sandboxv1.RuntimeEvents{
+			SessionId: f.SessionID, Events: EventToProto(f.Event)}}})
+	case runtimeproto.TypeOutcome:
+		w.mu.Lock()
+		delete(w.busy, f.SessionID)
+		w.mu.Unlock()
+		w.emit(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Outcome{Outcome: &sandboxv1.TurnOutcome{
+			SessionId: f.SessionID, Outcome: OutcomeToProto(f.Outcome)}}})
+	}
+}
+
+func progress(id, step, detail string) *sandboxv1.ConnectRequest {
+	return &sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Progress{Progress: &sandboxv1.RouteProgress{
+		SessionId: id, Progress: progressStep(step, detail)}}}
+}
+
+func routeFailed(id, reason, detail string, retryable bool) *sandboxv1.ConnectRequest {
+	return &sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RouteFailed{RouteFailed: &sandboxv1.RouteFailed{
+		SessionId: id, Reason: reason, Detail: detail, Retryable: retryable}}}
+}
+
