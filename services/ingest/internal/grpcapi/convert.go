@@ -1,0 +1,71 @@
+package grpcapi
+
+import (
+	"regexp"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/services/ingest/internal/history"
+	"agentplane.dev/services/ingest/internal/scope"
+)
+
+func itemsFromProto(pbs []*ingestv1.Item) []history.Item {
+	items := make([]history.Item, len(pbs))
+	for i, pb := range pbs {
+		items[i] = history.Item{
+			ID: pb.GetItemId(), Type: history.Type(pb.GetType()), Version: pb.GetVersion(),
+			ParentID: pb.GetParentId(), Payload: pb.GetPayload(),
+		}
+		if pb.Time != nil {
+			items[i].Time = pb.GetTime().AsTime()
+		}
+	}
+	return items
+}
+
+func itemToProto(it history.Item) *ingestv1.Item {
+	pb := &ingestv1.Item{
+		ItemId: it.ID, Type: ingestv1.ItemType(it.Type), Version: it.Version,
+		ParentId: it.ParentID, Payload: it.Payload,
+	}
+	if !it.Time.IsZero() {
+		pb.Time = timestamppb.New(it.Time)
+	}
+	return pb
+}
+
+func runtimeSessionToProto(rs history.RuntimeSession) *ingestv1.RuntimeSession {
+	return &ingestv1.RuntimeSession{
+		RuntimeSessionId: rs.ID, SessionId: rs.SessionID, SandboxId: rs.SandboxID,
+		Directory: rs.Directory, CreateTime: timestamppb.New(rs.CreateTime),
+	}
+}
+
+// scopeFromProto converts scope metadata and reports the violations of a malformed one.
+func scopeFromProto(pb *ingestv1.ScopeMetadata) (scope.Metadata, []history.Violation) {
+	switch v := pb.GetVersion().(type) {
+	case *ingestv1.ScopeMetadata_V1:
+		return scope.Metadata{V1: &scope.V1{RuntimeSessionID: v.V1.GetRuntimeSessionId()}}, nil
+	case *ingestv1.ScopeMetadata_V2:
+		var vs []history.Violation
+		if v.V2.GetSandboxId() == "" {
+			vs = append(vs, history.Violation{Field: "scope.v2.sandbox_id", Description: "required"})
+		}
+		if v.V2.GetDirectory() == "" {
+			vs = append(vs, history.Violation{Field: "scope.v2.directory", Description: "required"})
+		}
+		vs = append(vs, history.ValidateRuntimeSessionID("scope.v2.resolving_runtime_session_id", v.V2.GetResolvingRuntimeSessionId())...)
+		return scope.Metadata{V2: &scope.V2{
+			SandboxID: v.V2.GetSandboxId(), Directory: v.V2.GetDirectory(),
+			ResolvingRuntimeSessionID: v.V2.GetResolvingRuntimeSessionId(),
+		}}, vs
+	default:
+		return scope.Metadata{}, nil
+	}
+}
+
+// cursorPattern is a stream entry id, the only cursor Tail accepts.
+var cursorPattern = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+
+func validCursor(c string) bool { return c == "" || cursorPattern.MatchString(c) }

@@ -1,0 +1,64 @@
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/services/ingest/internal/history"
+	"agentplane.dev/services/ingest/internal/scope"
+)
+
+// Reasons (ErrorInfo.Reason) of the ingest service; listed in docs/errors.md.
+const (
+	ReasonInvalidRequest          = "INVALID_REQUEST"
+	ReasonLimitExceeded           = "LIMIT_EXCEEDED"
+	ReasonRuntimeSessionNotFound  = "RUNTIME_SESSION_NOT_FOUND"
+	ReasonRuntimeSessionDeleted   = "RUNTIME_SESSION_DELETED"
+	ReasonRuntimeSessionConflict  = "RUNTIME_SESSION_CONFLICT"
+	ReasonScopeMismatch           = "SCOPE_MISMATCH"
+	ReasonScopeCheckUnavailable   = "SCOPE_CHECK_UNAVAILABLE"
+	ReasonInternal                = "INTERNAL"
+	scopeCheckRetryDelay          = time.Second
+)
+
+// toStatus is the service's one translation from domain errors to gRPC statuses. Internal
+// errors are logged here and reach the client without their text.
+func (s *Service) toStatus(ctx context.Context, err error) error {
+	var invalid *history.InvalidError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &invalid):
+		opts := make([]apierr.Option, 0, len(invalid.Violations))
+		for _, v := range invalid.Violations {
+			opts = append(opts, apierr.FieldViolation(v.Field, v.Description))
+		}
+		reason := ReasonInvalidRequest
+		if invalid.HasLimit() {
+			reason = ReasonLimitExceeded
+		}
+		return apierr.Error(codes.InvalidArgument, reason, invalid.Error(), opts...)
+	case errors.Is(err, history.ErrNotFound):
+		return apierr.Error(codes.NotFound, ReasonRuntimeSessionNotFound, "runtime session not found")
+	case errors.Is(err, history.ErrDeleted):
+		return apierr.Error(codes.NotFound, ReasonRuntimeSessionDeleted, "runtime session deleted")
+	case errors.Is(err, history.ErrConflict):
+		return apierr.Error(codes.AlreadyExists, ReasonRuntimeSessionConflict, "runtime session exists with other metadata")
+	case errors.Is(err, scope.ErrMismatch):
+		return apierr.Error(codes.PermissionDenied, ReasonScopeMismatch, "scope does not admit this runtime session")
+	case errors.Is(err, scope.ErrUnavailable):
+		s.log.WarnContext(ctx, "scope membership check failed", "error", err)
+		return apierr.Error(codes.Unavailable, ReasonScopeCheckUnavailable, "scope membership check unavailable", apierr.RetryAfter(scopeCheckRetryDelay))
+	case errors.Is(err, context.Canceled):
+		return apierr.Error(codes.Canceled, ReasonInternal, "request cancelled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return apierr.Error(codes.DeadlineExceeded, ReasonInternal, "deadline exceeded")
+	default:
+		s.log.ErrorContext(ctx, "ingest request failed", "error", err)
+		return apierr.Error(codes.Internal, ReasonInternal, "internal error")
+	}
+}

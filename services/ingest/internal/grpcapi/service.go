@@ -1,0 +1,202 @@
+// Package grpcapi implements agentplane.ingest.v1.IngestService: it converts between protobuf
+// and the history domain, applies the scope rules, and maps errors in one place (errors.go).
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/services/ingest/internal/history"
+	"agentplane.dev/services/ingest/internal/scope"
+	"agentplane.dev/services/ingest/internal/store"
+)
+
+// Service is the IngestService server.
+type Service struct {
+	ingestv1.UnimplementedIngestServiceServer
+	store  *store.Store
+	scopes scope.Admitter
+	log    *slog.Logger
+}
+
+// New returns the service on st, asking members about v2 scope membership.
+func New(st *store.Store, members scope.MemberChecker, log *slog.Logger) *Service {
+	return &Service{store: st, scopes: scope.Admitter{Members: members}, log: log.With("component", "ingest")}
+}
+
+// Register registers s on reg.
+func (s *Service) Register(reg grpc.ServiceRegistrar) { ingestv1.RegisterIngestServiceServer(reg, s) }
+
+// CreateRuntimeSession registers a runtime session; idempotent.
+func (s *Service) CreateRuntimeSession(ctx context.Context, req *ingestv1.CreateRuntimeSessionRequest) (*ingestv1.CreateRuntimeSessionResponse, error) {
+	rs := req.GetRuntimeSession()
+	if err := history.Invalid(history.ValidateRuntimeSessionID("runtime_session.runtime_session_id", rs.GetRuntimeSessionId())); err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	stored, err := s.store.CreateRuntimeSession(ctx, history.RuntimeSession{
+		ID: rs.GetRuntimeSessionId(), SessionID: rs.GetSessionId(), SandboxID: rs.GetSandboxId(), Directory: rs.GetDirectory(),
+	})
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	return &ingestv1.CreateRuntimeSessionResponse{RuntimeSession: runtimeSessionToProto(stored)}, nil
+}
+
+// batch is one validated, admitted batch ready to store.
+type batch struct {
+	runtimeSessionID string
+	md               scope.Metadata
+	items            []history.Item
+}
+
+// checkBatch validates a batch completely: nothing of a batch with any violation is stored.
+func checkBatch(id string, pbScope *ingestv1.ScopeMetadata, pbItems []*ingestv1.Item) (batch, error) {
+	vs := history.ValidateRuntimeSessionID("runtime_session_id", id)
+	md, scopeVs := scopeFromProto(pbScope)
+	vs = append(vs, scopeVs...)
+	items := itemsFromProto(pbItems)
+	vs = append(vs, history.ValidateBatch(items)...)
+	return batch{runtimeSessionID: id, md: md, items: items}, history.Invalid(vs)
+}
+
+// Ingest stores one batch atomically.
+func (s *Service) Ingest(ctx context.Context, req *ingestv1.IngestRequest) (*ingestv1.IngestResponse, error) {
+	b, err := checkBatch(req.GetRuntimeSessionId(), req.GetScope(), req.GetItems())
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	if err := s.scopes.Admit(ctx, b.md, b.runtimeSessionID); err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	res, err := s.store.Ingest(ctx, b.runtimeSessionID, b.items)
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	return &ingestv1.IngestResponse{Applied: int32(res.Applied), Ignored: int32(res.Ignored), Cursor: res.Cursor}, nil
+}
+
+// IngestStream stores each batch of a client stream atomically. A bad batch ends the stream
+// with its error; the batches before it stay stored. Admission is remembered for the
+// stream's lifetime per (scope, target): a stream is one request, and a revocation applies
+// to requests that start after it.
+func (s *Service) IngestStream(stream grpc.ClientStreamingServer[ingestv1.IngestStreamRequest, ingestv1.IngestStreamResponse]) error {
+	ctx := stream.Context()
+	var total ingestv1.IngestStreamResponse
+	type admission struct {
+		md     scope.Metadata
+		target string
+	}
+	var admitted []admission
+	isAdmitted := func(b batch) bool {
+		for _, a := range admitted {
+			if a.target == b.runtimeSessionID && sameScope(a.md, b.md) {
+				return true
+			}
+		}
+		return false
+	}
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return stream.SendAndClose(&total)
+		}
+		if err != nil {
+			return err // the transport's status (cancelled, too large, ...)
+		}
+		b, err := checkBatch(req.GetRuntimeSessionId(), req.GetScope(), req.GetItems())
+		if err != nil {
+			return s.toStatus(ctx, err)
+		}
+		if !isAdmitted(b) {
+			if err := s.scopes.Admit(ctx, b.md, b.runtimeSessionID); err != nil {
+				return s.toStatus(ctx, err)
+			}
+			admitted = append(admitted, admission{b.md, b.runtimeSessionID})
+		}
+		res, err := s.store.Ingest(ctx, b.runtimeSessionID, b.items)
+		if err != nil {
+			return s.toStatus(ctx, err)
+		}
+		total.Applied += int64(res.Applied)
+		total.Ignored += int64(res.Ignored)
+		total.Batches++
+		if res.Cursor != "" {
+			total.Cursor = res.Cursor
+		}
+	}
+}
+
+func sameScope(a, b scope.Metadata) bool {
+	switch {
+	case a.V1 != nil && b.V1 != nil:
+		return *a.V1 == *b.V1
+	case a.V2 != nil && b.V2 != nil:
+		return *a.V2 == *b.V2
+	default:
+		return a.V1 == nil && b.V1 == nil && a.V2 == nil && b.V2 == nil
+	}
+}
+
+// admitRead validates the target and scope of a read and applies the scope rules.
+func (s *Service) admitRead(ctx context.Context, id string, pbScope *ingestv1.ScopeMetadata, extra ...history.Violation) error {
+	vs := history.ValidateRuntimeSessionID("runtime_session_id", id)
+	md, scopeVs := scopeFromProto(pbScope)
+	vs = append(append(vs, scopeVs...), extra...)
+	if err := history.Invalid(vs); err != nil {
+		return err
+	}
+	return s.scopes.Admit(ctx, md, id)
+}
+
+// Export returns the newest version of every item, ordered by item id.
+func (s *Service) Export(ctx context.Context, req *ingestv1.ExportRequest) (*ingestv1.ExportResponse, error) {
+	if err := s.admitRead(ctx, req.GetRuntimeSessionId(), req.GetScope()); err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	items, cursor, err := s.store.Export(ctx, req.GetRuntimeSessionId())
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	resp := &ingestv1.ExportResponse{Items: make([]*ingestv1.Item, len(items)), Cursor: cursor}
+	for i, it := range items {
+		resp.Items[i] = itemToProto(it)
+	}
+	return resp, nil
+}
+
+// Tail streams stored item versions after the request's cursor and follows new ones until
+// the caller goes away or the runtime session is deleted (then NOT_FOUND).
+func (s *Service) Tail(req *ingestv1.TailRequest, stream grpc.ServerStreamingServer[ingestv1.TailResponse]) error {
+	ctx := stream.Context()
+	var extra []history.Violation
+	if !validCursor(req.GetCursor()) {
+		extra = append(extra, history.Violation{Field: "cursor", Description: "must be empty or a cursor returned by this service"})
+	}
+	if err := s.admitRead(ctx, req.GetRuntimeSessionId(), req.GetScope(), extra...); err != nil {
+		return s.toStatus(ctx, err)
+	}
+	err := s.store.Tail(ctx, req.GetRuntimeSessionId(), req.GetCursor(), func(e history.Entry) error {
+		return stream.Send(&ingestv1.TailResponse{Item: itemToProto(e.Item), Cursor: e.Cursor})
+	})
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err() // the caller left; nothing to report
+	}
+	return s.toStatus(ctx, err)
+}
+
+// Delete tombstones a runtime session; internal callers only (the request has no scope).
+func (s *Service) Delete(ctx context.Context, req *ingestv1.DeleteRequest) (*ingestv1.DeleteResponse, error) {
+	if err := history.Invalid(history.ValidateRuntimeSessionID("runtime_session_id", req.GetRuntimeSessionId())); err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	if err := s.store.Delete(ctx, req.GetRuntimeSessionId()); err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	return &ingestv1.DeleteResponse{}, nil
+}

@@ -1,0 +1,33 @@
+// Package membership asks the credential service whether a runtime session is a live member
+// root of a worktree scope; it implements scope.MemberChecker over gRPC.
+package membership
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+)
+
+// Client is a scope.MemberChecker backed by CredentialService.CheckScopeMember.
+type Client struct {
+	credential credentialv1.CredentialServiceClient
+}
+
+// New returns a checker calling the credential service on conn.
+func New(conn grpc.ClientConnInterface) *Client {
+	return &Client{credential: credentialv1.NewCredentialServiceClient(conn)}
+}
+
+// IsLiveMember implements scope.MemberChecker.
+func (c *Client) IsLiveMember(ctx context.Context, sandboxID, directory, runtimeSessionID string) (bool, error) {
+	resp, err := c.credential.CheckScopeMember(ctx, &credentialv1.CheckScopeMemberRequest{
+		Scope:            &credentialv1.Scope{SandboxId: sandboxID, Directory: directory},
+		RuntimeSessionId: runtimeSessionID,
+	})
+	if err != nil {
+		return false, err
+	}
+	return resp.GetLive(), nil
+}

@@ -1,0 +1,138 @@
+// Package server runs the ingest service: configuration, wiring and the serve loop. It is
+// public so that cmd/agentplane can run every service in one process.
+package server
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/pkg/telemetry"
+	"agentplane.dev/services/ingest/internal/grpcapi"
+	"agentplane.dev/services/ingest/internal/membership"
+	"agentplane.dev/services/ingest/internal/store"
+)
+
+// Config is the ingest service's configuration.
+type Config struct {
+	config.Common
+	CredentialAddr string // CREDENTIAL_ADDR: the credential service, asked about v2 scope membership
+}
+
+// DefaultConfig returns the dev defaults (ports of docs/development.md).
+func DefaultConfig() Config {
+	return Config{
+		Common:         config.DefaultCommon("127.0.0.1:7404", "127.0.0.1:9404"),
+		CredentialAddr: "127.0.0.1:7403",
+	}
+}
+
+// Bind registers every setting on l, with c's current values as defaults.
+func (c *Config) Bind(l *config.Loader) {
+	c.Common.Bind(l)
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service gRPC address (v2 scope membership checks)")
+}
+
+// Validate reports every bad setting, naming its variable and flag.
+func (c *Config) Validate() error {
+	errs := []error{c.Common.Validate()}
+	if c.CredentialAddr == "" {
+		errs = append(errs, config.ErrorFor("CREDENTIAL_ADDR", errors.New("required")))
+	} else if _, _, err := net.SplitHostPort(c.CredentialAddr); err != nil {
+		errs = append(errs, config.ErrorFor("CREDENTIAL_ADDR", fmt.Errorf("want host:port: %w", err)))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads the environment and args over the defaults and validates the result.
+func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, error) {
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
+	l := config.NewLoader(fs, lookupEnv)
+	cfg.Bind(l)
+	if err := l.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Run serves the ingest service until ctx ends; nil after a clean drain.
+func Run(ctx context.Context, cfg Config) error {
+	return run(ctx, cfg, nil)
+}
+
+// run is Run on an optional pre-bound listener (tests).
+func run(ctx context.Context, cfg Config, lis net.Listener) error {
+	log := cfg.Logger().With("service", "ingest")
+	tel, err := telemetry.Setup(ctx, "agentplane-ingest")
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	rdb, err := config.Redis(cfg.RedisURL)
+	if err != nil {
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return config.ErrorFor("REDIS_URL", err)
+	}
+	credential, err := DialCredential(cfg.CredentialAddr, cfg.InternalToken)
+	if err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return config.ErrorFor("CREDENTIAL_ADDR", err)
+	}
+	defer func() { _ = credential.Close() }()
+
+	srv, err := grpcserver.New(grpcserver.Options{
+		Name: "ingest", Logger: log, Redis: rdb, Telemetry: tel,
+		Addr: cfg.GRPCAddr, Listener: lis, MetricsAddr: cfg.MetricsAddr,
+		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+	})
+	if err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	Register(srv, rdb, credential, log)
+	return srv.Serve(ctx)
+}
+
+// Register registers the ingest service on reg, storing in rdb and asking the credential
+// service on credential about v2 scope membership. cmd/agentplane composes with it.
+func Register(reg grpc.ServiceRegistrar, rdb redis.UniversalClient, credential grpc.ClientConnInterface, log *slog.Logger) {
+	grpcapi.New(store.New(rdb), membership.New(credential), log).Register(reg)
+}
+
+// DialCredential returns a lazy client connection to the credential service that carries
+// the internal token (when set) and the caller's trace context.
+func DialCredential(addr, internalToken string) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+	}
+	if internalToken != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(internalToken)))
+	}
+	return grpc.NewClient(addr, opts...)
+}
+
+// bearer sends the internal token. Plaintext is allowed: in-cluster traffic, with mTLS as
+// the production option (configured through the transport, not here).
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
