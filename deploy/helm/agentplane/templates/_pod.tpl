@@ -1,0 +1,163 @@
+{{/*
+Pod template shared by the four services. Call with (dict "root" $ "component" "session").
+Every service is the same image and binary; the first argument picks the subcommand.
+*/}}
+{{- define "agentplane.podTemplate" -}}
+{{- $root := .root -}}
+{{- $component := .component -}}
+{{- $c := index $root.Values $component -}}
+{{- $secret := include "agentplane.secretName" $root -}}
+{{- $keys := $root.Values.secrets.keys -}}
+metadata:
+  labels:
+    {{- include "agentplane.labels" . | nindent 4 }}
+    {{- with $c.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/config: {{ include (print $root.Template.BasePath "/configmap.yaml") $root | sha256sum }}
+    {{- if not $root.Values.secrets.existingSecret }}
+    checksum/secret-spec: {{ pick $root.Values.secrets "internalToken" "credentialKey" "attestationKey" | toJson | cat $root.Values.redis.password | sha256sum }}
+    {{- end }}
+    {{- with $c.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "agentplane.serviceAccountName" $root }}
+  automountServiceAccountToken: {{ $root.Values.serviceAccount.automountServiceAccountToken }}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  # The service drains by itself on SIGTERM: health NOT_SERVING, AGENTPLANE_DRAIN_DELAY,
+  # then GracefulStop bounded by AGENTPLANE_SHUTDOWN_TIMEOUT. The grace period covers both
+  # plus a margin, so the kubelet never SIGKILLs a pod that is still within its bounds.
+  terminationGracePeriodSeconds: {{ include "agentplane.terminationGracePeriodSeconds" $root }}
+  securityContext:
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
+  {{- with $c.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $c.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $c.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $c.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: {{ $component }}
+      image: {{ include "agentplane.image" $root | quote }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      args: [{{ $component | quote }}]
+      ports:
+        - name: grpc
+          containerPort: {{ $c.ports.grpc }}
+          protocol: TCP
+        - name: metrics
+          containerPort: {{ $c.ports.metrics }}
+          protocol: TCP
+        {{- if eq $component "credential" }}
+        - name: proxy
+          containerPort: {{ $c.ports.proxy }}
+          protocol: TCP
+        {{- end }}
+      envFrom:
+        - configMapRef:
+            name: {{ include "agentplane.configName" $root }}
+      env:
+        - name: AGENTPLANE_GRPC_ADDR
+          value: {{ printf ":%d" (int $c.ports.grpc) | quote }}
+        - name: AGENTPLANE_METRICS_ADDR
+          value: {{ printf ":%d" (int $c.ports.metrics) | quote }}
+        - name: AGENTPLANE_INTERNAL_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ $secret }}
+              key: {{ $keys.internalToken }}
+        {{- if include "agentplane.redisPasswordEnabled" $root }}
+        - name: AGENTPLANE_REDIS_PASSWORD
+          valueFrom:
+            secretKeyRef:
+              name: {{ $secret }}
+              key: {{ $keys.redisPassword }}
+              optional: true
+        {{- end }}
+        {{- if eq $component "sandbox" }}
+        - name: AGENTPLANE_SANDBOX_ROOT
+          value: {{ $c.root | quote }}
+        - name: AGENTPLANE_WRAPPER_BIN
+          value: {{ $c.wrapperBin | quote }}
+        - name: AGENTPLANE_PROXY_URL
+          value: {{ include "agentplane.proxyURL" $root | quote }}
+        {{- end }}
+        {{- if eq $component "credential" }}
+        - name: AGENTPLANE_PROXY_ADDR
+          value: {{ printf ":%d" (int $c.ports.proxy) | quote }}
+        - name: AGENTPLANE_CREDENTIAL_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ $secret }}
+              key: {{ $keys.credentialKey }}
+        - name: AGENTPLANE_ATTESTATION_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ $secret }}
+              key: {{ $keys.attestationKey }}
+        {{- end }}
+        {{- with $c.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      # Native gRPC probes against grpc.health.v1: the startup and liveness probes ask for the
+      # "liveness" service (the process is up), readiness asks for "" (SERVING only while Redis
+      # answers, NOT_SERVING while draining), so a Redis outage takes pods out of the Service
+      # without restarting them.
+      startupProbe:
+        grpc:
+          port: {{ $c.ports.grpc }}
+          service: liveness
+        periodSeconds: 2
+        timeoutSeconds: 2
+        failureThreshold: 60
+      livenessProbe:
+        grpc:
+          port: {{ $c.ports.grpc }}
+          service: liveness
+        periodSeconds: 10
+        timeoutSeconds: 3
+        failureThreshold: 3
+      readinessProbe:
+        grpc:
+          port: {{ $c.ports.grpc }}
+          service: ""
+        periodSeconds: 5
+        timeoutSeconds: 3
+        failureThreshold: 2
+      resources:
+        {{- toYaml $c.resources | nindent 8 }}
+      securityContext:
+        {{- include "agentplane.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        {{- if eq $component "sandbox" }}
+        - name: sandbox-root
+          mountPath: {{ $c.root }}
+        {{- end }}
+  volumes:
+    # readOnlyRootFilesystem is on; /tmp is the only scratch space besides the sandbox root.
+    - name: tmp
+      emptyDir:
+        sizeLimit: 1Gi
+    {{- if and (eq $component "sandbox") (not $c.persistence.enabled) }}
+    - name: sandbox-root
+      emptyDir:
+        sizeLimit: {{ $c.emptyDirSizeLimit }}
+    {{- end }}
+{{- end -}}
