@@ -92,6 +92,11 @@ type Lease struct {
 	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"` // stop_needed: earliest next attempt (zero: only a Final one)
 	WatchdogAt    time.Time `json:"watchdog_at,omitzero"`     // stopping: the attempt expires then
 	ExhaustedAt   time.Time `json:"exhausted_at,omitzero"`    // when the exhausted sub-state began
+	// FinalAttempt marks a stopping attempt begun with Final; FinalObserved
+	// records that such a final observation of an exhausted lease did not
+	// verify absence (a deletion may then proceed; the lease stays).
+	FinalAttempt  bool `json:"final_attempt,omitempty"`
+	FinalObserved bool `json:"final_observed,omitempty"`
 }
 
 // Event is one input of the transition function.
@@ -260,6 +265,7 @@ func Apply(p Policy, l Lease, ev Event) Lease {
 			return l
 		}
 		l.State = Stopping
+		l.FinalAttempt = e.Final && l.Exhausted
 		l.Attempts++
 		l.LastAttempt = e.Attempt
 		l.WatchdogAt = e.Now.Add(p.Watchdog)
@@ -297,6 +303,10 @@ func (l Lease) owns(instance string) bool {
 func (l Lease) backoff(p Policy, now time.Time) Lease {
 	l.State = StopNeeded
 	l.WatchdogAt = time.Time{}
+	if l.Exhausted && l.FinalAttempt {
+		l.FinalObserved = true
+	}
+	l.FinalAttempt = false
 	if l.Exhausted {
 		return l.recheck(p, now)
 	}
