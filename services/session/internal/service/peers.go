@@ -1,0 +1,41 @@
+package service
+
+import (
+	"context"
+	"time"
+
+	"agentplane.dev/services/session/internal/session"
+)
+
+// Sandbox is what the session service needs of the sandbox service.
+type Sandbox interface {
+	// Prepare asks for the session's route and returns the route view at once.
+	Prepare(ctx context.Context, s *session.Session) (session.RouteView, error)
+	// Deliver writes msgs in order; sent is false when nothing was written.
+	Deliver(ctx context.Context, s *session.Session, msgs []*session.Message) (sent bool, view session.RouteView, err error)
+	// Abort sends a best-effort abort of the running turn.
+	Abort(ctx context.Context, s *session.Session, messageID string) error
+	// ReleaseRoute removes the session from its runtime key.
+	ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason string) (Release, error)
+}
+
+// Release is the sandbox's answer to ReleaseRoute.
+type Release struct {
+	LastMember      bool
+	AbsenceVerified bool
+	RetryAfter      time.Duration
+}
+
+// Credentials is what the session service needs of the credential service.
+// The secret passes through Put only and is never kept.
+type Credentials interface {
+	Put(ctx context.Context, sessionID string, class session.CredentialClass, secret string) (ref string, err error)
+	ReleaseMember(ctx context.Context, sandboxID, directory, sessionID string) error
+	DeleteBacking(ctx context.Context, ref string) error
+}
+
+// History is what the session service needs of the ingest service.
+type History interface {
+	// Delete tombstones a runtime session's history; a missing one is no error.
+	Delete(ctx context.Context, runtimeSessionID string) error
+}

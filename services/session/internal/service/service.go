@@ -1,0 +1,304 @@
+// Package service runs the session service's use cases: it loads and
+// changes sessions through the store, talks to the sandbox, credential and
+// ingest services through small interfaces, and runs the background loops
+// (backstops, retention, deletion reconciliation). It imports no gRPC.
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/services/session/internal/session"
+	"agentplane.dev/services/session/internal/store"
+)
+
+// Config holds the service's timing; every number is configurable.
+type Config struct {
+	Backstops         session.Backstops
+	Retention         time.Duration // idle sessions older than this are deleted
+	SweepInterval     time.Duration // backstops and retention; ≤ 0 disables the loop
+	ReconcileInterval time.Duration // deletion reconciler; ≤ 0 disables the loop
+	DeletionBackoff   session.Backoff
+	DeletionLeaseTTL  time.Duration
+	PeerTimeout       time.Duration // bound on every peer call
+	WatchBlock        time.Duration // XREAD BLOCK per round of a watcher
+	Owner             string        // this replica's name in leases
+	Now               func() time.Time
+}
+
+// Service is the session service.
+type Service struct {
+	store   *store.Store
+	watch   redis.UniversalClient
+	sandbox Sandbox
+	creds   Credentials // nil: skipped
+	history History     // nil: skipped
+	log     *slog.Logger
+	cfg     Config
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	running map[string]bool // sessions with a drain goroutine
+	again   map[string]bool // kicked again while draining
+}
+
+// Deps are the service's collaborators.
+type Deps struct {
+	Store       *store.Store
+	WatchRedis  redis.UniversalClient // client for blocking stream reads
+	Sandbox     Sandbox
+	Credentials Credentials
+	History     History
+	Logger      *slog.Logger
+}
+
+// New builds the service; Start runs its loops and Close stops them.
+func New(d Deps, cfg Config) *Service {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{
+		store: d.Store, watch: d.WatchRedis, sandbox: d.Sandbox, creds: d.Credentials, history: d.History,
+		log: d.Logger, cfg: cfg, ctx: ctx, cancel: cancel,
+		running: map[string]bool{}, again: map[string]bool{},
+	}
+	if s.creds == nil {
+		s.log.Info("credential service not configured: backing credentials are not stored or released (dev only)")
+	}
+	if s.history == nil {
+		s.log.Info("ingest service not configured: runtime history is not deleted with sessions (dev only)")
+	}
+	return s
+}
+
+// Start runs the sweeper and the deletion reconciler until Close.
+func (s *Service) Start() {
+	s.loop(s.cfg.SweepInterval, s.Sweep)
+	s.loop(s.cfg.ReconcileInterval, s.ReconcileDue)
+}
+
+// Close stops the loops and waits for every background goroutine.
+func (s *Service) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+func (s *Service) loop(every time.Duration, fn func(context.Context)) {
+	if every <= 0 {
+		return
+	}
+	s.wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+				fn(s.ctx)
+			}
+		}
+	})
+}
+
+func (s *Service) now() time.Time { return s.cfg.Now() }
+
+func (s *Service) peerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.PeerTimeout)
+}
+
+// update changes a session and then refreshes its schedules.
+func (s *Service) update(ctx context.Context, id string, load store.Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
+	a, err := s.store.Update(ctx, id, load, fn)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.Index(ctx, a, s.cfg.Backstops.NextDeadline(a)); err != nil {
+		// The change is stored; only its schedule lags until the next write.
+		s.log.WarnContext(ctx, "session index not updated", "session_id", id, "error", err)
+	}
+	return a, nil
+}
+
+// CreateInput is a validated CreateSession request.
+type CreateInput struct {
+	ID, UserID, OrgID  string
+	RepoURL, Directory string
+	Class              session.CredentialClass
+	Secret             string
+	SandboxID          string
+	Labels             map[string]string
+}
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "ses-" + hex.EncodeToString(b[:])
+}
+
+// Create stores a session after handing its secret to the credential
+// service. Repeating the same request with the same id returns the session.
+func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session, error) {
+	if in.ID == "" {
+		in.ID = newID()
+	}
+	if in.SandboxID == "" {
+		in.SandboxID = session.SandboxFor(in.OrgID, in.UserID)
+	}
+	digest := session.Digest(in.Secret)
+	same := func(old *session.Session) error {
+		if old.UserID != in.UserID || old.OrgID != in.OrgID || old.Directory != in.Directory ||
+			old.RepoURL != in.RepoURL || old.CredentialClass != in.Class || old.SandboxID != in.SandboxID ||
+			old.SecretDigest != digest {
+			return session.ErrSessionConflict
+		}
+		return nil
+	}
+	if old, err := s.store.Get(ctx, in.ID); err == nil {
+		if err := same(old); err != nil {
+			return nil, err
+		}
+		return old, nil
+	}
+	var ref string
+	if s.creds != nil {
+		pctx, cancel := s.peerCtx(ctx)
+		r, err := s.creds.Put(pctx, in.ID, in.Class, in.Secret)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)
+		}
+		ref = r
+	}
+	now := s.now()
+	sess := &session.Session{
+		ID: in.ID, UserID: in.UserID, OrgID: in.OrgID, RepoURL: in.RepoURL, Directory: in.Directory,
+		CredentialClass: in.Class, CredentialRef: ref, SecretDigest: digest, SandboxID: in.SandboxID,
+		State: session.StateActive, Labels: in.Labels,
+		Route:      session.RouteView{State: session.RouteUnknown, SandboxID: in.SandboxID, UpdateTime: now},
+		CreateTime: now, UpdateTime: now,
+	}
+	stored, _, err := s.store.Create(ctx, sess, same)
+	return stored, err
+}
+
+// Get returns a session (including one being deleted).
+func (s *Service) Get(ctx context.Context, id string) (*session.Session, error) {
+	return s.store.Get(ctx, id)
+}
+
+// List pages sessions of an org (and user), newest first.
+func (s *Service) List(ctx context.Context, org, user, cursor string, size int) ([]*session.Session, string, error) {
+	if cursor != "" && !store.ValidPageCursor(cursor) {
+		return nil, "", session.ErrInvalidPageToken
+	}
+	return s.store.ListSessions(ctx, org, user, cursor, size)
+}
+
+// Send queues a message (idempotent on its id) and kicks delivery.
+func (s *Service) Send(ctx context.Context, id, msgID, content string) (*session.Message, error) {
+	var msg *session.Message
+	var created bool
+	_, err := s.update(ctx, id, store.Load{MessageID: msgID}, func(a *session.Aggregate) error {
+		if a.Intent != nil {
+			return session.ErrSessionNotFound
+		}
+		var err error
+		msg, created, err = a.Send(msgID, content, s.now())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !created {
+		return s.store.GetMessage(ctx, id, msgID)
+	}
+	s.kick(id)
+	return msg, nil
+}
+
+// GetMessage returns a message with its content.
+func (s *Service) GetMessage(ctx context.Context, id, msgID string) (*session.Message, error) {
+	if _, err := s.liveOrDeleting(ctx, id); err != nil {
+		return nil, err
+	}
+	return s.store.GetMessage(ctx, id, msgID)
+}
+
+// ListMessages pages messages in queue order.
+func (s *Service) ListMessages(ctx context.Context, id string, afterSeq uint64, size int) ([]*session.Message, bool, error) {
+	if _, err := s.liveOrDeleting(ctx, id); err != nil {
+		return nil, false, err
+	}
+	return s.store.ListMessages(ctx, id, afterSeq, size)
+}
+
+func (s *Service) liveOrDeleting(ctx context.Context, id string) (*session.Session, error) {
+	return s.store.Get(ctx, id)
+}
+
+// Cancel cancels a queued or accepted message; accepted work also gets a
+// best-effort abort.
+func (s *Service) Cancel(ctx context.Context, id, msgID string) (*session.Message, error) {
+	var msg *session.Message
+	var abort bool
+	a, err := s.update(ctx, id, store.Load{MessageID: msgID}, func(a *session.Aggregate) error {
+		if a.Intent != nil {
+			return session.ErrSessionNotFound
+		}
+		msg, abort = a.Cancel(s.now())
+		if msg == nil {
+			return session.ErrMessageNotFound
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if abort {
+		s.abort(ctx, &a.Session, msgID)
+	}
+	return s.store.GetMessage(ctx, id, msgID)
+}
+
+// Stop cancels queued and accepted work and sends a best-effort abort.
+func (s *Service) Stop(ctx context.Context, id string) (*session.Session, error) {
+	var abort bool
+	a, err := s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
+		if a.Intent != nil {
+			return session.ErrSessionNotFound
+		}
+		abort = a.Stop(s.now())
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if abort {
+		s.abort(ctx, &a.Session, "")
+	}
+	return &a.Session, nil
+}
+
+func (s *Service) abort(ctx context.Context, sess *session.Session, msgID string) {
+	pctx, cancel := s.peerCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := s.sandbox.Abort(pctx, sess, msgID); err != nil {
+		s.log.WarnContext(ctx, "best-effort abort failed", "session_id", sess.ID, "error", err)
+	}
+}
+
+// ErrNotFound reports whether err means the session is gone.
+func ErrNotFound(err error) bool { return errors.Is(err, session.ErrSessionNotFound) }

@@ -1,0 +1,70 @@
+package service
+
+import (
+	"context"
+
+	"agentplane.dev/services/session/internal/session"
+	"agentplane.dev/services/session/internal/store"
+)
+
+const watchBatch = 256
+
+// Watch sends the session's events after cursor ("" = oldest retained,
+// "$" = new events only), replaying stored events first and then waiting
+// for new ones, until ctx ends or the session is deleted. Every event is
+// sent once, in log order; its Cursor resumes right after it.
+func (s *Service) Watch(ctx context.Context, id, cursor string, send func(store.StoredEvent) error) error {
+	live, err := s.store.Live(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !live {
+		return session.ErrSessionNotFound
+	}
+	switch cursor {
+	case "":
+		cursor = "0-0"
+	case "$":
+		if cursor, err = s.store.LastCursor(ctx, id); err != nil {
+			return err
+		}
+	}
+	for {
+		evs, err := s.store.EventsAfter(ctx, id, cursor, watchBatch)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if err := send(e); err != nil {
+				return err
+			}
+			cursor = e.Cursor
+		}
+		if len(evs) < watchBatch {
+			break
+		}
+	}
+	for {
+		evs, err := store.WaitEvents(ctx, s.watch, id, cursor, watchBatch, s.cfg.WatchBlock)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if len(evs) == 0 {
+			if live, err := s.store.Live(ctx, id); err != nil {
+				return err
+			} else if !live {
+				return session.ErrSessionNotFound
+			}
+			continue
+		}
+		for _, e := range evs {
+			if err := send(e); err != nil {
+				return err
+			}
+			cursor = e.Cursor
+		}
+	}
+}

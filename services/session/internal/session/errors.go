@@ -1,0 +1,56 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Domain errors; the API layer maps each to one gRPC code and reason.
+var (
+	ErrSessionNotFound  = errors.New("session not found")
+	ErrMessageNotFound  = errors.New("message not found")
+	ErrMessageConflict  = errors.New("message id already used with other content")
+	ErrSessionConflict  = errors.New("session id already used with another request")
+	ErrPeerUnavailable  = errors.New("a peer service is unavailable")
+	ErrConflictRetries  = errors.New("too many concurrent writers on the session")
+	ErrInvalidPageToken = errors.New("malformed page token")
+)
+
+// Violation is one bad field of a request.
+type Violation struct {
+	Field       string
+	Description string
+}
+
+// InvalidError is a request with bad fields; nothing was applied.
+type InvalidError struct {
+	Violations []Violation
+}
+
+func (e *InvalidError) Error() string {
+	if len(e.Violations) == 0 {
+		return "invalid request"
+	}
+	v := e.Violations[0]
+	return fmt.Sprintf("invalid %s: %s", v.Field, v.Description)
+}
+
+// Invalid returns an *InvalidError for vs, or nil when vs is empty.
+func Invalid(vs []Violation) error {
+	if len(vs) == 0 {
+		return nil
+	}
+	return &InvalidError{Violations: vs}
+}
+
+// DeletionPendingError means a deletion intent is persisted but the absence
+// of the session's processes is not verified yet; the reconciler keeps going.
+type DeletionPendingError struct {
+	RetryAfter time.Duration
+	Step       string // what is pending, for operators (never secret)
+}
+
+func (e *DeletionPendingError) Error() string {
+	return fmt.Sprintf("deletion pending cleanup (%s); retry after %s", e.Step, e.RetryAfter)
+}

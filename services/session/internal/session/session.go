@@ -1,0 +1,131 @@
+// Package session is the session service's domain: sessions, their message
+// queue and message states, the route view, events and the deletion intent
+// (DESIGN.md 2, 3.1 and 3.5). It is pure: no I/O, no gRPC, no generated code.
+// The store loads an Aggregate, a transition mutates it and records what
+// changed, and the store writes exactly those changes.
+package session
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
+
+// State is the lifecycle of a session.
+type State string
+
+const (
+	StateActive   State = "active"
+	StateStopped  State = "stopped"
+	StateDeleting State = "deleting"
+)
+
+// MessageState is the lifecycle of a message: queued → accepted →
+// completed | failed | cancelled. Terminal states are final.
+type MessageState string
+
+const (
+	MessageQueued    MessageState = "queued"
+	MessageAccepted  MessageState = "accepted"
+	MessageCompleted MessageState = "completed"
+	MessageFailed    MessageState = "failed"
+	MessageCancelled MessageState = "cancelled"
+)
+
+// Terminal reports whether no transition leaves s.
+func (s MessageState) Terminal() bool {
+	return s == MessageCompleted || s == MessageFailed || s == MessageCancelled
+}
+
+// RouteState is the session's view of its route.
+type RouteState string
+
+const (
+	RouteUnknown      RouteState = "unknown"
+	RoutePreparing    RouteState = "preparing"
+	RouteReady        RouteState = "ready"
+	RouteReconnecting RouteState = "reconnecting"
+	RouteFailed       RouteState = "failed"
+)
+
+// CredentialClass is the kind of backing credential.
+type CredentialClass string
+
+const (
+	CredentialDelegated CredentialClass = "delegated"
+	CredentialStatic    CredentialClass = "static"
+)
+
+// Failure reasons of messages (lower snake, as the API documents them).
+const (
+	ReasonPreparationTimeout = "preparation_timeout"
+	ReasonNoOutcome          = "no_outcome"
+	ReasonAgentRestarted     = "agent_restarted"
+	ReasonRouteFailed        = "route_failed"
+	ReasonRouteLost          = "route_lost"
+	ReasonTurnFailed         = "turn_failed"
+)
+
+// RouteView is what the session knows of its route.
+type RouteView struct {
+	State            RouteState `json:"state"`
+	Step             string     `json:"step,omitempty"`
+	FailureReason    string     `json:"failure_reason,omitempty"`
+	RuntimeSessionID string     `json:"runtime_session_id,omitempty"`
+	SandboxID        string     `json:"sandbox_id,omitempty"`
+	WrapperInstance  string     `json:"wrapper_instance,omitempty"`
+	UpdateTime       time.Time  `json:"update_time"`
+	// FenceToken is the newest sandbox-owner fencing token seen in a
+	// notification; notifications with an older token come from a deposed
+	// sandbox replica and are dropped.
+	FenceToken uint64 `json:"fence_token,omitempty"`
+}
+
+// Session is one agent conversation of a user on a worktree.
+type Session struct {
+	ID              string            `json:"id"`
+	UserID          string            `json:"user_id"`
+	OrgID           string            `json:"org_id"`
+	RepoURL         string            `json:"repo_url,omitempty"`
+	Directory       string            `json:"directory"`
+	CredentialClass CredentialClass   `json:"credential_class"`
+	CredentialRef   string            `json:"credential_ref,omitempty"`
+	SecretDigest    string            `json:"secret_digest"` // SHA-256 hex; for idempotent create only
+	SandboxID       string            `json:"sandbox_id"`
+	State           State             `json:"state"`
+	Route           RouteView         `json:"route"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	LastSeq         uint64            `json:"last_seq"`
+	CreateTime      time.Time         `json:"create_time"`
+	UpdateTime      time.Time         `json:"update_time"`
+}
+
+// Message is one user message. Content is stored apart from the state so
+// that transitions never load message text.
+type Message struct {
+	SessionID     string       `json:"session_id"`
+	ID            string       `json:"id"`
+	Content       string       `json:"-"`
+	ContentDigest string       `json:"content_digest"`
+	State         MessageState `json:"state"`
+	FailureReason string       `json:"failure_reason,omitempty"`
+	Seq           uint64       `json:"seq"`
+	CreateTime    time.Time    `json:"create_time"`
+	UpdateTime    time.Time    `json:"update_time"`
+	AcceptTime    time.Time    `json:"accept_time,omitzero"`
+}
+
+// Digest is the hex SHA-256 of s (message content, backing secret): enough
+// to compare a retry with the original without keeping the value.
+func Digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// SandboxFor derives the default sandbox of a user: one per (org, user), so
+// every session of the user's worktree directories shares a sandbox and the
+// sessions of one directory share its runtime.
+func SandboxFor(orgID, userID string) string {
+	sum := sha256.Sum256([]byte(orgID + "\x00" + userID))
+	return "sbx-" + hex.EncodeToString(sum[:8])
+}

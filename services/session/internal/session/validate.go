@@ -1,0 +1,132 @@
+package session
+
+import (
+	"fmt"
+	"path"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits of outside input.
+const (
+	MaxIDLen        = 64
+	MaxContentBytes = 256 << 10
+	MaxDirectoryLen = 4096
+	MaxRepoURLLen   = 2048
+	MaxLabels       = 16
+	MaxLabelLen     = 63
+	MaxSecretBytes  = 16 << 10
+	MaxPageSize     = 500
+)
+
+// CheckID checks a client- or server-chosen id: 1 to 64 of [a-zA-Z0-9_-].
+func CheckID(field, v string) []Violation {
+	if v == "" {
+		return []Violation{{field, "required"}}
+	}
+	if len(v) > MaxIDLen {
+		return []Violation{{field, fmt.Sprintf("at most %d characters", MaxIDLen)}}
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return []Violation{{field, "only letters, digits, '_' and '-' are allowed"}}
+		}
+	}
+	return nil
+}
+
+// CheckOptionalID is CheckID for an id that may be empty.
+func CheckOptionalID(field, v string) []Violation {
+	if v == "" {
+		return nil
+	}
+	return CheckID(field, v)
+}
+
+// CheckDirectory checks a worktree directory: absolute, already normalized
+// (no "..", ".", "//" or trailing slash), printable UTF-8.
+func CheckDirectory(field, v string) []Violation {
+	switch {
+	case v == "":
+		return []Violation{{field, "required"}}
+	case len(v) > MaxDirectoryLen:
+		return []Violation{{field, fmt.Sprintf("at most %d bytes", MaxDirectoryLen)}}
+	case !utf8.ValidString(v):
+		return []Violation{{field, "must be valid UTF-8"}}
+	case strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) || r == '\\' }):
+		return []Violation{{field, "must not contain control characters or backslashes"}}
+	case !strings.HasPrefix(v, "/"):
+		return []Violation{{field, "must be an absolute path"}}
+	case path.Clean(v) != v:
+		return []Violation{{field, "must be normalized (no '..', '.', '//' or trailing '/')"}}
+	case v == "/":
+		return []Violation{{field, "must not be the root directory"}}
+	}
+	return nil
+}
+
+// CheckContent checks message text: 1 byte to 256 KiB of UTF-8.
+func CheckContent(field, v string) []Violation {
+	switch {
+	case v == "":
+		return []Violation{{field, "required"}}
+	case len(v) > MaxContentBytes:
+		return []Violation{{field, fmt.Sprintf("at most %d bytes", MaxContentBytes)}}
+	case !utf8.ValidString(v):
+		return []Violation{{field, "must be valid UTF-8"}}
+	}
+	return nil
+}
+
+// CheckRepoURL checks the optional informational repository URL.
+func CheckRepoURL(field, v string) []Violation {
+	switch {
+	case len(v) > MaxRepoURLLen:
+		return []Violation{{field, fmt.Sprintf("at most %d bytes", MaxRepoURLLen)}}
+	case !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl):
+		return []Violation{{field, "must be printable UTF-8"}}
+	}
+	return nil
+}
+
+// CheckSecret checks the backing secret without ever echoing it.
+func CheckSecret(field, v string) []Violation {
+	switch {
+	case v == "":
+		return []Violation{{field, "required"}}
+	case len(v) > MaxSecretBytes:
+		return []Violation{{field, fmt.Sprintf("at most %d bytes", MaxSecretBytes)}}
+	case strings.ContainsFunc(v, unicode.IsControl) || !utf8.ValidString(v):
+		return []Violation{{field, "must be printable UTF-8"}}
+	}
+	return nil
+}
+
+// CheckLabels checks caller labels: at most 16, keys 1 to 63 bytes and
+// values at most 63 bytes of printable UTF-8.
+func CheckLabels(field string, labels map[string]string) []Violation {
+	if len(labels) > MaxLabels {
+		return []Violation{{field, fmt.Sprintf("at most %d labels", MaxLabels)}}
+	}
+	var vs []Violation
+	bad := func(s string) bool { return !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) }
+	for k, v := range labels {
+		switch {
+		case k == "" || len(k) > MaxLabelLen || bad(k):
+			vs = append(vs, Violation{field, "keys must be 1 to 63 bytes of printable UTF-8"})
+		case len(v) > MaxLabelLen || bad(v):
+			vs = append(vs, Violation{field + "[" + k + "]", "values must be at most 63 bytes of printable UTF-8"})
+		}
+	}
+	return vs
+}
+
+// CheckPageSize checks a page size (0 means the default).
+func CheckPageSize(field string, n int32) []Violation {
+	if n < 0 || n > MaxPageSize {
+		return []Violation{{field, fmt.Sprintf("must be 0 to %d", MaxPageSize)}}
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/services/session/internal/session"
+)
+
+// Stream entry fields: k kind, t unix ms, v data (JSON snapshot for domain
+// kinds, the API layer's encoded payload for runtime/outcome/progress).
+func encodeEvent(e session.Event) (map[string]any, error) {
+	var v []byte
+	var err error
+	switch e.Kind {
+	case session.EventRoute:
+		v, err = json.Marshal(e.Route)
+	case session.EventMessage:
+		v, err = json.Marshal(e.Message)
+	case session.EventSession:
+		v, err = json.Marshal(e.Session)
+	default:
+		v = e.Payload
+	}
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"k": string(e.Kind), "t": e.Time.UnixMilli(), "v": v}, nil
+}
+
+// StoredEvent is an event with its cursor (the stream entry id).
+type StoredEvent struct {
+	Cursor string
+	session.Event
+}
+
+func decodeEvent(m redis.XMessage) (StoredEvent, error) {
+	kind, _ := m.Values["k"].(string)
+	ts, _ := m.Values["t"].(string)
+	v, _ := m.Values["v"].(string)
+	ms, _ := strconv.ParseInt(ts, 10, 64)
+	e := StoredEvent{Cursor: m.ID, Event: session.Event{Kind: session.EventKind(kind), Time: time.UnixMilli(ms)}}
+	var err error
+	switch e.Kind {
+	case session.EventRoute:
+		e.Route = new(session.RouteView)
+		err = json.Unmarshal([]byte(v), e.Route)
+	case session.EventMessage:
+		e.Message = new(session.Message)
+		err = json.Unmarshal([]byte(v), e.Message)
+	case session.EventSession:
+		e.Session = new(session.Session)
+		err = json.Unmarshal([]byte(v), e.Session)
+	case session.EventRuntime, session.EventOutcome, session.EventProgress:
+		e.Payload = []byte(v)
+	default:
+		err = fmt.Errorf("unknown event kind %q", kind)
+	}
+	return e, err
+}
+
+// appendRuntime records runtime events whose ids were not seen before, in
+// one script, for a live session only (no record or a deletion intent: the
+// events are dropped, as the notify contract says).
+var appendRuntime = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local n = 0
+for i = 3, #ARGV, 2 do
+  if redis.call('SADD', KEYS[3], ARGV[i]) == 1 then
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[1], '*', 'k', 'runtime', 't', ARGV[2], 'v', ARGV[i+1])
+    n = n + 1
+  end
+end
+return n
+`)
+
+// RuntimeEvent is one runtime event to append: its dedup id and payload.
+type RuntimeEvent struct {
+	ID      string
+	Payload []byte
+}
+
+// AppendRuntime appends new runtime events in order and returns how many
+// were new; ErrSessionNotFound when the session takes no events.
+func (s *Store) AppendRuntime(ctx context.Context, id string, now time.Time, events []RuntimeEvent) (int, error) {
+	args := make([]any, 0, 2+2*len(events))
+	args = append(args, s.eventCap, now.UnixMilli())
+	for _, e := range events {
+		args = append(args, "ev:"+e.ID, e.Payload)
+	}
+	n, err := appendRuntime.Run(ctx, s.rdb,
+		[]string{key(id, "meta"), key(id, "del"), key(id, "seen"), key(id, "events")}, args...).Int()
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		return 0, session.ErrSessionNotFound
+	}
+	return n, nil
+}
+
+// LastCursor is the newest event's cursor ("0-0" for an empty log).
+func (s *Store) LastCursor(ctx context.Context, id string) (string, error) {
+	msgs, err := s.rdb.XRevRangeN(ctx, key(id, "events"), "+", "-", 1).Result()
+	if err != nil || len(msgs) == 0 {
+		return "0-0", err
+	}
+	return msgs[0].ID, nil
+}
+
+// EventsAfter returns up to n events after cursor, oldest first.
+func (s *Store) EventsAfter(ctx context.Context, id, cursor string, n int64) ([]StoredEvent, error) {
+	msgs, err := s.rdb.XRangeN(ctx, key(id, "events"), "("+cursor, "+", n).Result()
+	if err != nil {
+		return nil, err
+	}
+	return decodeAll(msgs)
+}
+
+// WaitEvents blocks on rdb (a client sized for blocking readers) up to block
+// for events after cursor; none is (nil, nil).
+func WaitEvents(ctx context.Context, rdb redis.UniversalClient, id, cursor string, n int64, block time.Duration) ([]StoredEvent, error) {
+	res, err := rdb.XRead(ctx, &redis.XReadArgs{
+		Streams: []string{key(id, "events"), cursor}, Count: n, Block: block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil || len(res) == 0 {
+		return nil, err
+	}
+	return decodeAll(res[0].Messages)
+}
+
+func decodeAll(msgs []redis.XMessage) ([]StoredEvent, error) {
+	out := make([]StoredEvent, 0, len(msgs))
+	for _, m := range msgs {
+		e, err := decodeEvent(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// ValidCursor reports whether c is a stream entry id ("<ms>-<seq>").
+func ValidCursor(c string) bool {
+	ms, seq, ok := cutDash(c)
+	if !ok {
+		return false
+	}
+	_, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return err1 == nil && err2 == nil
+}
+
+func cutDash(c string) (string, string, bool) {
+	for i := 0; i < len(c); i++ {
+		if c[i] == '-' {
+			return c[:i], c[i+1:], i > 0 && i < len(c)-1
+		}
+	}
+	return "", "", false
+}

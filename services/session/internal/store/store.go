@@ -1,0 +1,524 @@
+// Package store keeps sessions in Redis.
+//
+// Keys (every key of one session carries the {session-id} hash tag, so a
+// session's transaction and scripts touch one Redis Cluster slot):
+//
+//	ses:{id}:meta     JSON session record
+//	ses:{id}:msgs     hash message id → JSON message state (no content)
+//	ses:{id}:content  hash message id → message text
+//	ses:{id}:order    zset seq → message id (every message, queue order)
+//	ses:{id}:active   zset seq → message id (queued and accepted only)
+//	ses:{id}:events   stream: the event log (MAXLEN ~ EventCap)
+//	ses:{id}:seen     set of recorded runtime event ids and turn ids
+//	ses:{id}:del      JSON deletion intent
+//	ses:wipe:{id}     wipe locator left after deletion
+//
+// Indexes (derived, written after the session's transaction; readers
+// tolerate stale entries): ses:idx:org:<org> and ses:idx:user:<org>:<user>
+// (lexicographic, newest first), ses:idx:active (score: next backstop
+// deadline), ses:idx:updated (score: last update), ses:idx:deleting (score:
+// next deletion attempt).
+//
+// Single-writer safety: every change of a session's state is a
+// read-modify-write under WATCH on the session's state keys followed by one
+// MULTI/EXEC (optimistic concurrency, retried on conflict), so two replicas
+// never interleave writes of one session and a transition always sees the
+// state it replaces. Runtime events are appended by one Lua script. The
+// deletion reconciler, which does slow peer I/O between writes, holds a
+// pkg/fence lease on the session and fences every write it makes (intent
+// updates, the wipe) with the lease's token, so a paused former reconciler
+// cannot write after another took over.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/services/session/internal/session"
+)
+
+const (
+	idxActive   = "ses:idx:active"
+	idxUpdated  = "ses:idx:updated"
+	idxDeleting = "ses:idx:deleting"
+	maxRetries  = 100
+)
+
+func key(id, suffix string) string { return "ses:{" + id + "}:" + suffix }
+
+// WipeLocatorKey is the key left behind by a wiped session.
+func WipeLocatorKey(id string) string { return "ses:wipe:{" + id + "}" }
+
+func orgIndex(org string) string        { return "ses:idx:org:" + org }
+func userIndex(org, user string) string { return "ses:idx:user:" + org + ":" + user }
+
+// indexMember sorts newest first under ZRANGEBYLEX.
+func indexMember(created time.Time, id string) string {
+	return fmt.Sprintf("%016x:%s", uint64(math.MaxInt64-created.UnixNano()), id)
+}
+
+// Store is the session service's Redis access.
+type Store struct {
+	rdb      redis.UniversalClient
+	eventCap int64
+}
+
+// New returns a store; eventCap bounds each session's event log (approximate trim).
+func New(rdb redis.UniversalClient, eventCap int64) *Store {
+	return &Store{rdb: rdb, eventCap: eventCap}
+}
+
+// Load says what Update loads besides the session and its active messages.
+type Load struct {
+	MessageID string   // load this message into Aggregate.Lookup
+	SeenIDs   []string // report which of these dedup ids are recorded
+}
+
+// Update loads the session's aggregate, runs fn and writes what fn changed,
+// atomically. fn may run more than once (on a concurrent write it is retried
+// with fresh state), so it must not do I/O. A missing session is
+// session.ErrSessionNotFound.
+func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
+	var out *session.Aggregate
+	watched := []string{key(id, "meta"), key(id, "del"), key(id, "active")}
+	if load.MessageID != "" {
+		watched = append(watched, key(id, "order"))
+	}
+	for range maxRetries {
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			a, err := s.load(ctx, tx, id, load)
+			if err != nil {
+				return err
+			}
+			if err := fn(a); err != nil {
+				return err
+			}
+			out = a
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				return s.write(ctx, p, a)
+			})
+			return err
+		}, watched...)
+		if errors.Is(err, redis.TxFailedErr) {
+			continue
+		}
+		return out, err
+	}
+	return nil, session.ErrConflictRetries
+}
+
+func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load) (*session.Aggregate, error) {
+	pipe := tx.Pipeline()
+	metaCmd := pipe.Get(ctx, key(id, "meta"))
+	delCmd := pipe.Get(ctx, key(id, "del"))
+	activeCmd := pipe.ZRange(ctx, key(id, "active"), 0, -1)
+	var lookupCmd *redis.StringCmd
+	if load.MessageID != "" {
+		lookupCmd = pipe.HGet(ctx, key(id, "msgs"), load.MessageID)
+	}
+	var seenCmd *redis.BoolSliceCmd
+	if len(load.SeenIDs) > 0 {
+		members := make([]any, len(load.SeenIDs))
+		for i, v := range load.SeenIDs {
+			members[i] = v
+		}
+		seenCmd = pipe.SMIsMember(ctx, key(id, "seen"), members...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	raw, err := metaCmd.Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, session.ErrSessionNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	a := &session.Aggregate{Seen: map[string]bool{}}
+	if err := json.Unmarshal(raw, &a.Session); err != nil {
+		return nil, fmt.Errorf("session %s: corrupt record: %w", id, err)
+	}
+	if raw, err := delCmd.Bytes(); err == nil {
+		a.Intent = new(session.DeletionIntent)
+		if err := json.Unmarshal(raw, a.Intent); err != nil {
+			return nil, fmt.Errorf("session %s: corrupt deletion intent: %w", id, err)
+		}
+	} else if !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	if ids := activeCmd.Val(); len(ids) > 0 {
+		vals, err := tx.HMGet(ctx, key(id, "msgs"), ids...).Result()
+		if err != nil {
+			return nil, err
+		}
+		for i, v := range vals {
+			str, ok := v.(string)
+			if !ok {
+				return nil, fmt.Errorf("session %s: active message %s has no record", id, ids[i])
+			}
+			m := new(session.Message)
+			if err := json.Unmarshal([]byte(str), m); err != nil {
+				return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
+			}
+			a.Active = append(a.Active, m)
+		}
+	}
+	if lookupCmd != nil {
+		if raw, err := lookupCmd.Bytes(); err == nil {
+			a.Lookup = new(session.Message)
+			if err := json.Unmarshal(raw, a.Lookup); err != nil {
+				return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
+			}
+		}
+	}
+	if seenCmd != nil {
+		for i, ok := range seenCmd.Val() {
+			if ok {
+				a.Seen[load.SeenIDs[i]] = true
+			}
+		}
+	}
+	return a, nil
+}
+
+func (s *Store) write(ctx context.Context, p redis.Pipeliner, a *session.Aggregate) error {
+	id := a.Session.ID
+	if a.SessionChanged() {
+		raw, err := json.Marshal(&a.Session)
+		if err != nil {
+			return err
+		}
+		p.Set(ctx, key(id, "meta"), raw, 0)
+	}
+	if a.IntentChanged() {
+		raw, err := json.Marshal(a.Intent)
+		if err != nil {
+			return err
+		}
+		p.Set(ctx, key(id, "del"), raw, 0)
+	}
+	for _, m := range a.Changed() {
+		raw, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		p.HSet(ctx, key(id, "msgs"), m.ID, raw)
+		if m.Content != "" {
+			p.HSet(ctx, key(id, "content"), m.ID, m.Content)
+			p.ZAdd(ctx, key(id, "order"), redis.Z{Score: float64(m.Seq), Member: m.ID})
+		}
+		if m.State.Terminal() {
+			p.ZRem(ctx, key(id, "active"), m.ID)
+		} else {
+			p.ZAdd(ctx, key(id, "active"), redis.Z{Score: float64(m.Seq), Member: m.ID})
+		}
+	}
+	if ids := a.SeenAdded(); len(ids) > 0 {
+		members := make([]any, len(ids))
+		for i, v := range ids {
+			members[i] = v
+		}
+		p.SAdd(ctx, key(id, "seen"), members...)
+	}
+	for _, e := range a.Events() {
+		vals, err := encodeEvent(e)
+		if err != nil {
+			return err
+		}
+		p.XAdd(ctx, &redis.XAddArgs{Stream: key(id, "events"), MaxLen: s.eventCap, Approx: true, Values: vals})
+	}
+	return nil
+}
+
+// Read loads the session's aggregate without changing it.
+func (s *Store) Read(ctx context.Context, id string, load Load) (*session.Aggregate, error) {
+	return s.load(ctx, s.rdb, id, load)
+}
+
+// Create stores a new session, or calls same with the stored one when the id
+// exists (same request → nil, else an error). A session under deletion is
+// session.ErrSessionNotFound... reported as pending deletion by the caller.
+func (s *Store) Create(ctx context.Context, sess *session.Session, same func(*session.Session) error) (*session.Session, bool, error) {
+	id := sess.ID
+	var stored *session.Session
+	created := false
+	for range maxRetries {
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			if n, err := tx.Exists(ctx, key(id, "del")).Result(); err != nil {
+				return err
+			} else if n > 0 {
+				return &session.DeletionPendingError{RetryAfter: time.Second, Step: "deleting"}
+			}
+			raw, err := tx.Get(ctx, key(id, "meta")).Bytes()
+			if err == nil {
+				stored = new(session.Session)
+				if err := json.Unmarshal(raw, stored); err != nil {
+					return err
+				}
+				return same(stored)
+			} else if !errors.Is(err, redis.Nil) {
+				return err
+			}
+			raw, err = json.Marshal(sess)
+			if err != nil {
+				return err
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Set(ctx, key(id, "meta"), raw, 0)
+				return nil
+			})
+			stored, created = sess, true
+			return err
+		}, key(id, "meta"), key(id, "del"))
+		if errors.Is(err, redis.TxFailedErr) {
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		if created {
+			member := indexMember(sess.CreateTime, id)
+			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.ZAdd(ctx, orgIndex(sess.OrgID), redis.Z{Member: member})
+				p.ZAdd(ctx, userIndex(sess.OrgID, sess.UserID), redis.Z{Member: member})
+				p.ZAdd(ctx, idxUpdated, redis.Z{Score: float64(sess.UpdateTime.UnixMilli()), Member: id})
+				return nil
+			})
+		}
+		return stored, created, err
+	}
+	return nil, false, session.ErrConflictRetries
+}
+
+// Get returns a session.
+func (s *Store) Get(ctx context.Context, id string) (*session.Session, error) {
+	raw, err := s.rdb.Get(ctx, key(id, "meta")).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, session.ErrSessionNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	sess := new(session.Session)
+	return sess, json.Unmarshal(raw, sess)
+}
+
+// Exists reports whether the session record exists and takes work (no
+// deletion intent).
+func (s *Store) Live(ctx context.Context, id string) (bool, error) {
+	var meta, del *redis.IntCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		meta = p.Exists(ctx, key(id, "meta"))
+		del = p.Exists(ctx, key(id, "del"))
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return meta.Val() == 1 && del.Val() == 0, nil
+}
+
+// GetMessage returns a message with its content.
+func (s *Store) GetMessage(ctx context.Context, id, msgID string) (*session.Message, error) {
+	var state, content *redis.StringCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		state = p.HGet(ctx, key(id, "msgs"), msgID)
+		content = p.HGet(ctx, key(id, "content"), msgID)
+		return nil
+	})
+	if errors.Is(err, redis.Nil) {
+		return nil, session.ErrMessageNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	m := new(session.Message)
+	if err := json.Unmarshal([]byte(state.Val()), m); err != nil {
+		return nil, err
+	}
+	m.Content = content.Val()
+	return m, nil
+}
+
+// Contents fills in the text of msgs.
+func (s *Store) Contents(ctx context.Context, id string, msgs []*session.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	vals, err := s.rdb.HMGet(ctx, key(id, "content"), ids...).Result()
+	if err != nil {
+		return err
+	}
+	for i, v := range vals {
+		if str, ok := v.(string); ok {
+			msgs[i].Content = str
+		}
+	}
+	return nil
+}
+
+// ListMessages returns up to n messages after queue position afterSeq, with
+// content, and whether more follow.
+func (s *Store) ListMessages(ctx context.Context, id string, afterSeq uint64, n int) ([]*session.Message, bool, error) {
+	ids, err := s.rdb.ZRangeByScore(ctx, key(id, "order"), &redis.ZRangeBy{
+		Min: "(" + strconv.FormatUint(afterSeq, 10), Max: "+inf", Count: int64(n + 1),
+	}).Result()
+	if err != nil || len(ids) == 0 {
+		return nil, false, err
+	}
+	more := len(ids) > n
+	ids = ids[:min(n, len(ids))]
+	var states, contents *redis.SliceCmd
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		states = p.HMGet(ctx, key(id, "msgs"), ids...)
+		contents = p.HMGet(ctx, key(id, "content"), ids...)
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	out := make([]*session.Message, 0, len(ids))
+	for i, v := range states.Val() {
+		str, ok := v.(string)
+		if !ok {
+			continue
+		}
+		m := new(session.Message)
+		if err := json.Unmarshal([]byte(str), m); err != nil {
+			return nil, false, err
+		}
+		m.Content, _ = contents.Val()[i].(string)
+		out = append(out, m)
+	}
+	return out, more, nil
+}
+
+// ListSessions returns up to n sessions of org (and user when set), newest
+// first, after the page cursor (an index member), plus the next cursor.
+func (s *Store) ListSessions(ctx context.Context, org, user, after string, n int) ([]*session.Session, string, error) {
+	idx := orgIndex(org)
+	if user != "" {
+		idx = userIndex(org, user)
+	}
+	min := "-"
+	if after != "" {
+		min = "(" + after
+	}
+	var out []*session.Session
+	for len(out) < n {
+		members, err := s.rdb.ZRangeByLex(ctx, idx, &redis.ZRangeBy{Min: min, Max: "+", Count: int64(n - len(out))}).Result()
+		if err != nil {
+			return nil, "", err
+		}
+		if len(members) == 0 {
+			return out, "", nil
+		}
+		cmds := make([]*redis.StringCmd, len(members))
+		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, m := range members {
+				cmds[i] = p.Get(ctx, key(memberID(m), "meta"))
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, "", err
+		}
+		for _, c := range cmds {
+			raw, err := c.Bytes()
+			if err != nil {
+				continue // wiped after indexing
+			}
+			sess := new(session.Session)
+			if err := json.Unmarshal(raw, sess); err != nil {
+				return nil, "", err
+			}
+			out = append(out, sess)
+		}
+		min = "(" + members[len(members)-1]
+	}
+	// One look ahead decides whether a next page exists.
+	more, err := s.rdb.ZRangeByLex(ctx, idx, &redis.ZRangeBy{Min: min, Max: "+", Count: 1}).Result()
+	if err != nil || len(more) == 0 {
+		return out, "", err
+	}
+	return out, min[1:], nil
+}
+
+func memberID(m string) string {
+	if len(m) > 17 {
+		return m[17:]
+	}
+	return m
+}
+
+// ValidPageCursor reports whether c can be a ListSessions cursor.
+func ValidPageCursor(c string) bool {
+	if len(c) < 18 || c[16] != ':' {
+		return false
+	}
+	if _, err := strconv.ParseUint(c[:16], 16, 64); err != nil {
+		return false
+	}
+	return len(session.CheckID("id", c[17:])) == 0
+}
+
+// Index records a session's schedule after a change: its backstop deadline
+// (zero: no active work) and its last update for retention.
+func (s *Store) Index(ctx context.Context, a *session.Aggregate, nextDeadline time.Time) error {
+	id := a.Session.ID
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if nextDeadline.IsZero() {
+			p.ZRem(ctx, idxActive, id)
+		} else {
+			p.ZAdd(ctx, idxActive, redis.Z{Score: float64(nextDeadline.UnixMilli()), Member: id})
+		}
+		if a.SessionChanged() {
+			p.ZAdd(ctx, idxUpdated, redis.Z{Score: float64(a.Session.UpdateTime.UnixMilli()), Member: id})
+		}
+		if a.IntentChanged() {
+			p.ZAdd(ctx, idxDeleting, redis.Z{Score: float64(a.Intent.NextAttempt.UnixMilli()), Member: id})
+		}
+		return nil
+	})
+	return err
+}
+
+// DueActive returns up to n sessions whose backstop deadline is ≤ now.
+func (s *Store) DueActive(ctx context.Context, now time.Time, n int) ([]string, error) {
+	return s.due(ctx, idxActive, now, n)
+}
+
+// DueDeletions returns up to n deletions whose next attempt is ≤ now.
+func (s *Store) DueDeletions(ctx context.Context, now time.Time, n int) ([]string, error) {
+	return s.due(ctx, idxDeleting, now, n)
+}
+
+// Idle returns up to n sessions not updated since before.
+func (s *Store) Idle(ctx context.Context, before time.Time, n int) ([]string, error) {
+	return s.due(ctx, idxUpdated, before, n)
+}
+
+func (s *Store) due(ctx context.Context, idx string, t time.Time, n int) ([]string, error) {
+	return s.rdb.ZRangeByScore(ctx, idx, &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(t.UnixMilli(), 10), Count: int64(n),
+	}).Result()
+}
+
+// Unindex drops a session from the backstop and retention schedules (its
+// record is gone or it is being deleted).
+func (s *Store) Unindex(ctx context.Context, id string) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, idxActive, id)
+		p.ZRem(ctx, idxUpdated, id)
+		return nil
+	})
+	return err
+}
