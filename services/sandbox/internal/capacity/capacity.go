@@ -1,0 +1,174 @@
+// Package capacity is cold-workspace capacity admission (DESIGN.md 3.4).
+//
+// A warm workspace (already prepared) is admitted without a check. A cold
+// one measures the free bytes of the sandbox filesystem once; at or above
+// the threshold it is admitted and nothing is cleaned. Below it, a
+// conservative stale cleanup runs and the free bytes are measured again;
+// still low → provider.CapacityRejectedError (CAPACITY_REJECTED, retryable,
+// the sandbox is kept). Cleanup removes only workspace/home directories that
+// are not the current route's, are older than StaleAge by mtime, and have no
+// live wrapper; a directory of unknown age is skipped, and a failed process
+// listing skips everything. Unmeasurable capacity returns
+// provider.ErrCapacityUnmeasurable and never destroys the sandbox; only
+// provider.DestroysSandbox errors (ENOSPC evidence, failed setup) lead to
+// Recover.
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"agentplane.dev/services/sandbox/internal/provider"
+)
+
+// Disk is what admission needs from a provider (the process provider
+// implements it).
+type Disk interface {
+	Capacity(ctx context.Context, sandboxID string) provider.Capacity
+	// Workspaces lists workspace directories with their ages.
+	Workspaces(ctx context.Context, sandboxID string) ([]provider.WorkspaceDir, error)
+	// LiveWorkspaces names the workspaces served by a live process; an
+	// error means the process listing failed.
+	LiveWorkspaces(ctx context.Context, sandboxID string) (map[string]bool, error)
+	RemoveWorkspace(ctx context.Context, sandboxID, name string) error
+}
+
+// Config of admission. Zero values take the DESIGN.md defaults.
+type Config struct {
+	ThresholdBytes uint64        // default 2 GiB
+	StaleAge       time.Duration // default 20 min
+	Now            func() time.Time
+	Logger         *slog.Logger
+}
+
+// DefaultThreshold is 2 GiB.
+const DefaultThreshold = 2 << 30
+
+// Admission admits cold workspaces.
+type Admission struct {
+	disk Disk
+	cfg  Config
+}
+
+// New builds an Admission.
+func New(disk Disk, cfg Config) *Admission {
+	if cfg.ThresholdBytes == 0 {
+		cfg.ThresholdBytes = DefaultThreshold
+	}
+	if cfg.StaleAge == 0 {
+		cfg.StaleAge = 20 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Admission{disk: disk, cfg: cfg}
+}
+
+// Report says what admission did.
+type Report struct {
+	Measurements   int // 0 for a warm workspace
+	AvailableBytes uint64
+	Cleaned        int
+	Skipped        int
+}
+
+// Admit admits a workspace of the sandbox. current is the provider's name
+// of the route's workspace (never cleaned); warm skips the check.
+func (a *Admission) Admit(ctx context.Context, sandboxID, current string, warm bool) (Report, error) {
+	var rep Report
+	if warm {
+		return rep, nil
+	}
+	avail, err := a.measure(ctx, sandboxID, &rep)
+	if err != nil || avail >= a.cfg.ThresholdBytes {
+		return rep, err
+	}
+	rep.Cleaned, rep.Skipped = a.cleanup(ctx, sandboxID, current)
+	if avail, err = a.measure(ctx, sandboxID, &rep); err != nil {
+		return rep, err
+	}
+	if avail >= a.cfg.ThresholdBytes {
+		return rep, nil
+	}
+	return rep, &provider.CapacityRejectedError{
+		AvailableBytes: avail, ThresholdBytes: a.cfg.ThresholdBytes,
+		Cleaned: rep.Cleaned, Skipped: rep.Skipped,
+	}
+}
+
+func (a *Admission) measure(ctx context.Context, sandboxID string, rep *Report) (uint64, error) {
+	rep.Measurements++
+	c := a.disk.Capacity(ctx, sandboxID)
+	switch c.Kind {
+	case provider.CapacityMeasured:
+		rep.AvailableBytes = c.AvailableBytes
+		return c.AvailableBytes, nil
+	case provider.CapacityENOSPC:
+		return 0, fmt.Errorf("%w: %w", provider.ErrENOSPC, c.Err)
+	default:
+		return 0, fmt.Errorf("%w: %w", provider.ErrCapacityUnmeasurable, c.Err)
+	}
+}
+
+// cleanup removes stale directories and counts what it removed and kept.
+func (a *Admission) cleanup(ctx context.Context, sandboxID, current string) (cleaned, skipped int) {
+	dirs, err := a.disk.Workspaces(ctx, sandboxID)
+	if err != nil {
+		a.cfg.Logger.Warn("capacity cleanup: cannot list workspaces", "sandbox", sandboxID, "err", err)
+		return 0, 0
+	}
+	live, err := a.disk.LiveWorkspaces(ctx, sandboxID)
+	if err != nil {
+		a.cfg.Logger.Warn("capacity cleanup: process listing failed, cleaning nothing", "sandbox", sandboxID, "err", err)
+		return 0, len(dirs)
+	}
+	now := a.cfg.Now()
+	for _, d := range dirs {
+		if !a.stale(d, current, live, now) {
+			skipped++
+			continue
+		}
+		if err := a.disk.RemoveWorkspace(ctx, sandboxID, d.Name); err != nil {
+			a.cfg.Logger.Warn("capacity cleanup: remove failed", "sandbox", sandboxID, "workspace", d.Name, "err", err)
+			skipped++
+			continue
+		}
+		cleaned++
+	}
+	a.cfg.Logger.Info("capacity cleanup", "sandbox", sandboxID, "cleaned", cleaned, "skipped", skipped)
+	return cleaned, skipped
+}
+
+func (a *Admission) stale(d provider.WorkspaceDir, current string, live map[string]bool, now time.Time) bool {
+	switch {
+	case d.Name == current, live[d.Name]:
+		return false
+	case d.ModTimeErr != nil, d.ModTime.IsZero(), d.ModTime.After(now):
+		return false // unknown age (unreadable, or from the future)
+	}
+	return now.Sub(d.ModTime) > a.cfg.StaleAge
+}
+
+// Deleter removes a whole sandbox (provider.AgentSandbox satisfies it).
+type Deleter interface {
+	Delete(ctx context.Context, sandboxID, workspace string, reason provider.DeleteReason) error
+}
+
+// Recover destroys the sandbox only when err is in provider.DestroysSandbox's
+// table (ENOSPC evidence, failed directory setup) and reports whether it
+// did. Stop the sandbox's wrappers before calling it.
+func Recover(ctx context.Context, d Deleter, sandboxID string, err error) (bool, error) {
+	if !provider.DestroysSandbox(err) {
+		return false, nil
+	}
+	if derr := d.Delete(ctx, sandboxID, "", provider.DeleteRecovery); derr != nil {
+		return false, errors.Join(err, derr)
+	}
+	return true, nil
+}
