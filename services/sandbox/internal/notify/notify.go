@@ -1,0 +1,183 @@
+// Package notify sends route changes, runtime events and turn outcomes to the
+// session service (SessionNotifyService). Notifications go out in the order
+// they were raised, one at a time, each retried with backoff while the
+// session service is unavailable; every call is idempotent on the receiver.
+// Without a session address the notifier only logs.
+package notify
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+// Ref identifies the route of a notification.
+type Ref struct {
+	SessionID, SandboxID, AllocationID string
+	FenceToken                         uint64
+}
+
+func (r Ref) proto() *sessionv1.RouteRef {
+	return &sessionv1.RouteRef{SessionId: r.SessionID, SandboxId: r.SandboxID, AllocationId: r.AllocationID,
+		FenceToken: r.FenceToken, ObserveTime: timestamppb.Now()}
+}
+
+type job struct {
+	kind string
+	ref  Ref
+	call func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error
+}
+
+// Notifier queues notifications for one worker.
+type Notifier struct {
+	client  sessionv1.SessionNotifyServiceClient // nil: log only
+	log     *slog.Logger
+	giveUp  time.Duration
+	mu      sync.Mutex
+	queue   []job
+	wake    chan struct{}
+	pending sync.WaitGroup
+}
+
+// New builds a notifier; client may be nil. A notification still failing
+// after giveUp is dropped (the session service's backstops take over).
+func New(client sessionv1.SessionNotifyServiceClient, log *slog.Logger, giveUp time.Duration) *Notifier {
+	if giveUp <= 0 {
+		giveUp = 5 * time.Minute
+	}
+	return &Notifier{client: client, log: log, giveUp: giveUp, wake: make(chan struct{}, 1)}
+}
+
+// Run sends queued notifications until ctx ends.
+func (n *Notifier) Run(ctx context.Context) {
+	for {
+		n.mu.Lock()
+		if len(n.queue) == 0 {
+			n.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-n.wake:
+				continue
+			}
+		}
+		j := n.queue[0]
+		n.queue = n.queue[1:]
+		n.mu.Unlock()
+		n.send(ctx, j)
+		n.pending.Done()
+	}
+}
+
+// Flush waits until every queued notification was sent or dropped (tests).
+func (n *Notifier) Flush() { n.pending.Wait() }
+
+func (n *Notifier) send(ctx context.Context, j job) {
+	n.log.Info("route notification", "kind", j.kind, "session", j.ref.SessionID, "sandbox", j.ref.SandboxID)
+	if n.client == nil {
+		return
+	}
+	deadline := time.Now().Add(n.giveUp)
+	backoff := 100 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := j.call(cctx, n.client)
+		cancel()
+		if err == nil {
+			return
+		}
+		if !retryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			n.log.Warn("notification dropped", "kind", j.kind, "session", j.ref.SessionID, "code", status.Code(err).String())
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+func (n *Notifier) enqueue(kind string, ref Ref, call func(context.Context, sessionv1.SessionNotifyServiceClient) error) {
+	n.pending.Add(1)
+	n.mu.Lock()
+	n.queue = append(n.queue, job{kind: kind, ref: ref, call: call})
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Progress reports a preparation step.
+func (n *Notifier) Progress(ref Ref, step *runtimev1.ProgressStep) {
+	n.enqueue("progress", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyRouteProgress(ctx, &sessionv1.NotifyRouteProgressRequest{Route: ref.proto(), Progress: step})
+		return err
+	})
+}
+
+// Ready reports a ready route served by wrapper instance.
+func (n *Notifier) Ready(ref Ref, runtimeSessionID, instance string) {
+	n.enqueue("ready", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyRouteReady(ctx, &sessionv1.NotifyRouteReadyRequest{Route: ref.proto(), RuntimeSessionId: runtimeSessionID, WrapperInstance: instance})
+		return err
+	})
+}
+
+// Reconnecting reports a dropped control stream.
+func (n *Notifier) Reconnecting(ref Ref) {
+	n.enqueue("reconnecting", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyRouteReconnecting(ctx, &sessionv1.NotifyRouteReconnectingRequest{Route: ref.proto()})
+		return err
+	})
+}
+
+// Failed reports a failed preparation.
+func (n *Notifier) Failed(ref Ref, reason string, retry bool) {
+	n.enqueue("failed", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyRouteFailed(ctx, &sessionv1.NotifyRouteFailedRequest{Route: ref.proto(), Reason: reason, Retryable: retry})
+		return err
+	})
+}
+
+// Lost reports a route whose wrapper is gone.
+func (n *Notifier) Lost(ref Ref, reason string) {
+	n.enqueue("lost", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyRouteLost(ctx, &sessionv1.NotifyRouteLostRequest{Route: ref.proto(), Reason: reason})
+		return err
+	})
+}
+
+// Events forwards runtime events.
+func (n *Notifier) Events(ref Ref, events []*runtimev1.RuntimeEvent) {
+	n.enqueue("events", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyRuntimeEvents(ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: ref.proto(), Events: events})
+		return err
+	})
+}
+
+// Outcome forwards a turn outcome.
+func (n *Notifier) Outcome(ref Ref, o *runtimev1.TurnOutcome) {
+	n.enqueue("outcome", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
+		_, err := c.NotifyTurnOutcome(ctx, &sessionv1.NotifyTurnOutcomeRequest{Route: ref.proto(), Outcome: o})
+		return err
+	})
+}

@@ -1,0 +1,69 @@
+// Package ownership keeps the owner lease of a sandbox: one sandbox-service
+// replica drives a sandbox at a time. The lease is a pkg/fence lease on the
+// resource named by the sandbox id, so every guarded write of sandbox state
+// (keys sbx:{sandbox-id}:...) is checked against the owner's fencing token in
+// the same Redis script. When Done closes the replica must stop driving the
+// sandbox; another replica takes it over once the lease expires.
+package ownership
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/pkg/fence"
+)
+
+// ErrHeld means another replica owns the sandbox.
+var ErrHeld = fence.ErrLeaseHeld
+
+// Owner is this replica's hold on one sandbox.
+type Owner struct {
+	SandboxID string
+	h         *fence.Holder
+}
+
+// Acquire takes the owner lease of sandboxID for replica, renewed every
+// ttl/3 until ctx ends, Release, or loss.
+func Acquire(ctx context.Context, rdb redis.UniversalClient, sandboxID, replica string, ttl time.Duration) (*Owner, error) {
+	h, err := fence.Hold(ctx, rdb, sandboxID, replica, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &Owner{SandboxID: sandboxID, h: h}, nil
+}
+
+// Token is the fencing token every write of this owner carries.
+func (o *Owner) Token() uint64 { return o.h.Token() }
+
+// Done closes when the lease is lost or released.
+func (o *Owner) Done() <-chan struct{} { return o.h.Done() }
+
+// Guard runs a guarded write under the owner's token.
+func (o *Owner) Guard(ctx context.Context, ops ...fence.Op) error { return o.h.Guard(ctx, ops...) }
+
+// Release gives the sandbox up.
+func (o *Owner) Release(ctx context.Context) error { return o.h.Release(ctx) }
+
+// Current reads who owns sandboxID now ("" when nobody) and the newest token.
+func Current(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (string, uint64, error) {
+	v, err := rdb.Get(ctx, fence.LeaseKey(sandboxID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	tok, owner, _ := strings.Cut(v, ":")
+	t, _ := strconv.ParseUint(tok, 10, 64)
+	return owner, t, nil
+}
+
+// IsStale reports a write rejected because a newer owner holds the sandbox.
+func IsStale(err error) bool {
+	return errors.Is(err, fence.ErrStaleToken) || errors.Is(err, fence.ErrLeaseLost)
+}

@@ -1,0 +1,196 @@
+// Package store keeps sandbox state in Redis. Every key of a sandbox carries
+// the {sandbox-id} hash tag, the same tag as its owner lease's fence keys, so
+// each write is one guarded script on one slot: nothing is written unless the
+// writer still holds the newest owner token.
+//
+//	sbx:{id}:meta      hash: allocation_id
+//	sbx:{id}:routes    hash: session id → Route JSON
+//	sbx:{id}:scopes    hash: directory → scope.Scope JSON
+//	sbx:{id}:wrappers  hash: instance id → Wrapper JSON (launch credential digest only)
+//	sbx:{id}:slots     hash: runtime key → Slot JSON (allocation state)
+//	sbx:index          set of sandbox ids with state (scanned for takeover; not fenced)
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/pkg/fence"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/scope"
+)
+
+// IndexKey lists sandboxes that may need an owner.
+const IndexKey = "sbx:index"
+
+// Key returns a sandbox key.
+func Key(sandboxID, suffix string) string { return "sbx:" + fence.Key(sandboxID, suffix) }
+
+// Route states.
+const (
+	RouteUnknown      = "unknown"
+	RoutePreparing    = "preparing"
+	RouteReady        = "ready"
+	RouteReconnecting = "reconnecting"
+	RouteFailed       = "failed"
+	RouteReleased     = "released" // kept until the runtime key's absence is verified
+)
+
+// Route is the sandbox's view of one session's route.
+type Route struct {
+	SessionID        string         `json:"session_id"`
+	Directory        string         `json:"directory"`
+	RepoURL          string         `json:"repo_url,omitempty"`
+	UserID           string         `json:"user_id,omitempty"`
+	OrgID            string         `json:"org_id,omitempty"`
+	CredentialRef    string         `json:"credential_ref,omitempty"`
+	CredentialClass  string         `json:"credential_class,omitempty"`
+	State            string         `json:"state"`
+	Step             string         `json:"step,omitempty"`
+	FailureReason    string         `json:"failure_reason,omitempty"`
+	Retryable        bool           `json:"retryable,omitempty"`
+	RuntimeSessionID string         `json:"runtime_session_id,omitempty"`
+	RuntimeKey       string         `json:"runtime_key,omitempty"`
+	Contract         scope.Contract `json:"contract,omitempty"`
+	WrapperInstance  string         `json:"wrapper_instance,omitempty"`
+	Updated          time.Time      `json:"updated"`
+}
+
+// Wrapper is one launched wrapper; the launch credential is kept as its
+// SHA-256 digest, bound to the sandbox and the allocation.
+type Wrapper struct {
+	Instance   string `json:"instance"`
+	RuntimeKey string `json:"runtime_key"`
+	Allocation string `json:"allocation"`
+	Generation uint64 `json:"generation"`
+	FenceToken uint64 `json:"fence_token"`
+	CredDigest []byte `json:"cred_digest"`
+}
+
+// Slot is the allocation of one runtime key.
+type Slot struct {
+	RuntimeKey string                `json:"runtime_key"`
+	Directory  string                `json:"directory"`
+	Alloc      allocation.Allocation `json:"alloc"`
+}
+
+// Snapshot is everything stored of a sandbox.
+type Snapshot struct {
+	AllocationID string
+	Routes       map[string]*Route
+	Scopes       map[string]*scope.Scope
+	Wrappers     map[string]*Wrapper
+	Slots        map[string]*Slot
+}
+
+// Writer runs guarded writes (the sandbox's Owner).
+type Writer interface {
+	Guard(ctx context.Context, ops ...fence.Op) error
+	Token() uint64
+}
+
+// Load reads a sandbox. A record that does not parse is skipped (its route
+// is re-prepared by the session service; a wrapper it described can no
+// longer authenticate and is stopped by its lease).
+func Load(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (Snapshot, error) {
+	s := Snapshot{Routes: map[string]*Route{}, Scopes: map[string]*scope.Scope{}, Wrappers: map[string]*Wrapper{}, Slots: map[string]*Slot{}}
+	alloc, err := rdb.HGet(ctx, Key(sandboxID, "meta"), "allocation_id").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return s, err
+	}
+	s.AllocationID = alloc
+	if err := loadHash(ctx, rdb, Key(sandboxID, "routes"), s.Routes); err != nil {
+		return s, err
+	}
+	if err := loadHash(ctx, rdb, Key(sandboxID, "scopes"), s.Scopes); err != nil {
+		return s, err
+	}
+	if err := loadHash(ctx, rdb, Key(sandboxID, "wrappers"), s.Wrappers); err != nil {
+		return s, err
+	}
+	return s, loadHash(ctx, rdb, Key(sandboxID, "slots"), s.Slots)
+}
+
+func loadHash[T any](ctx context.Context, rdb redis.UniversalClient, key string, into map[string]*T) error {
+	m, err := rdb.HGetAll(ctx, key).Result()
+	if err != nil {
+		return err
+	}
+	for k, v := range m {
+		var t T
+		if json.Unmarshal([]byte(v), &t) == nil {
+			into[k] = &t
+		}
+	}
+	return nil
+}
+
+// Index records that sandboxID has state (an owner must drive it).
+func Index(ctx context.Context, rdb redis.UniversalClient, sandboxID string) error {
+	return rdb.SAdd(ctx, IndexKey, sandboxID).Err()
+}
+
+// Indexed lists sandboxes with state.
+func Indexed(ctx context.Context, rdb redis.UniversalClient) ([]string, error) {
+	return rdb.SMembers(ctx, IndexKey).Result()
+}
+
+// PutMeta writes the allocation id.
+func PutMeta(ctx context.Context, w Writer, sandboxID, allocationID string) error {
+	return w.Guard(ctx, fence.HSet(Key(sandboxID, "meta"), "allocation_id", allocationID, "owner_token", w.Token()))
+}
+
+// PutRoute writes a route.
+func PutRoute(ctx context.Context, w Writer, sandboxID string, r *Route) error {
+	return putJSON(ctx, w, Key(sandboxID, "routes"), r.SessionID, r)
+}
+
+// PutScope writes a scope.
+func PutScope(ctx context.Context, w Writer, sc *scope.Scope) error {
+	return putJSON(ctx, w, Key(sc.SandboxID, "scopes"), sc.Directory, sc)
+}
+
+// PutWrapper writes a wrapper record (before its launch).
+func PutWrapper(ctx context.Context, w Writer, sandboxID string, wr *Wrapper) error {
+	return putJSON(ctx, w, Key(sandboxID, "wrappers"), wr.Instance, wr)
+}
+
+// PutSlot writes a runtime key's allocation.
+func PutSlot(ctx context.Context, w Writer, sandboxID string, s *Slot) error {
+	return putJSON(ctx, w, Key(sandboxID, "slots"), s.RuntimeKey, s)
+}
+
+// PutSlots writes several slots in one guarded write.
+func PutSlots(ctx context.Context, w Writer, sandboxID string, slots []*Slot) error {
+	if len(slots) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 2*len(slots))
+	for _, s := range slots {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		args = append(args, s.RuntimeKey, b)
+	}
+	return w.Guard(ctx, fence.HSet(Key(sandboxID, "slots"), args...))
+}
+
+// DeleteRoute removes a route record.
+func DeleteRoute(ctx context.Context, w Writer, rdb redis.Scripter, sandboxID, sessionID string) error {
+	return hdel.Run(ctx, rdb, sandboxID, w.Token(), []string{Key(sandboxID, "routes")}, sessionID).Err()
+}
+
+var hdel = fence.NewGuardedScript(`return redis.call('HDEL', KEYS[2], ARGV[2])`)
+
+func putJSON(ctx context.Context, w Writer, key, field string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return w.Guard(ctx, fence.HSet(key, field, b))
+}
