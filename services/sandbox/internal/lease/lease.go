@@ -323,15 +323,19 @@ func (l Lease) exhaust(p Policy, now time.Time) Lease {
 	return l.recheck(p, now)
 }
 
-// recheck schedules the next observation of an exhausted lease, or none
-// once the recheck window is over (then only a Final attempt runs).
+// recheck schedules the next observation of an exhausted lease on a fixed
+// grid (ExhaustedAt + k·RecheckEvery, up to RecheckFor), so a slow
+// observation does not push the schedule; after the window only a Final
+// attempt runs.
 func (l Lease) recheck(p Policy, now time.Time) Lease {
-	next := now.Add(p.RecheckEvery)
-	if l.ExhaustedAt.IsZero() || next.After(l.ExhaustedAt.Add(p.RecheckFor)) {
-		l.NextAttemptAt = time.Time{}
+	l.NextAttemptAt = time.Time{}
+	if p.RecheckEvery <= 0 || l.ExhaustedAt.IsZero() {
 		return l
 	}
-	l.NextAttemptAt = next
+	k := now.Sub(l.ExhaustedAt)/p.RecheckEvery + 1
+	if next := l.ExhaustedAt.Add(k * p.RecheckEvery); !next.After(l.ExhaustedAt.Add(p.RecheckFor)) {
+		l.NextAttemptAt = next
+	}
 	return l
 }
 
