@@ -1,0 +1,26 @@
+// Command credential runs the credential service and its HTTP proxy.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"agentplane.dev/services/credential/server"
+)
+
+func main() {
+	cfg, err := server.LoadConfig(os.Args[1:], os.LookupEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "credential:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := server.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "credential:", err)
+		os.Exit(1)
+	}
+}

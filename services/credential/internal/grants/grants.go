@@ -1,0 +1,308 @@
+// Package grants runs the credential lifecycle: it stores backing
+// credentials sealed, issues handles, applies the scope rules under the
+// sandbox owner's fencing token, and resolves handles for the proxy with a
+// cache that is checked against the scope's version on every request, so a
+// revocation holds for every request that starts after it returned.
+package grants
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/pkg/fence"
+	"agentplane.dev/services/credential/internal/handle"
+	"agentplane.dev/services/credential/internal/scope"
+	"agentplane.dev/services/credential/internal/sealer"
+	"agentplane.dev/services/credential/internal/store"
+)
+
+// Errors of the service besides the scope rules' and the store's.
+var (
+	ErrCredentialNotFound = errors.New("backing credential not found")
+	ErrClassMismatch      = errors.New("credential class does not match the stored credential")
+	ErrBusy               = errors.New("scope kept changing; retry")
+	ErrStaleFence         = errors.New("fencing token older than the scope's newest")
+	ErrMalformedHandle    = handle.ErrMalformed
+)
+
+// maxAttempts bounds compare-and-set retries of one scope write.
+const maxAttempts = 32
+
+// Options configure a Service.
+type Options struct {
+	Policy scope.Policy
+	Now    func() time.Time // injected in tests; time.Now otherwise
+}
+
+// Service is the credential lifecycle.
+type Service struct {
+	store  *store.Store
+	sealer *sealer.Sealer
+	policy scope.Policy
+	now    func() time.Time
+	cache  resolutionCache
+}
+
+// New builds a service on rdb with the at-rest key.
+func New(rdb redis.UniversalClient, key []byte, opts Options) (*Service, error) {
+	sl, err := sealer.New(key)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Service{store: store.New(rdb), sealer: sl, policy: opts.Policy, now: opts.Now,
+		cache: resolutionCache{m: map[handle.Digest]*Resolved{}}}, nil
+}
+
+// Grant describes a handle without revealing it.
+type Grant struct {
+	Digest   string
+	Kind     handle.Kind
+	Scope    scope.Scope
+	Issuer   string
+	Class    scope.Class
+	Members  []scope.Member
+	ExpireAt time.Time
+	Fence    uint64
+}
+
+func grantOf(st *scope.State, e scope.Entry) Grant {
+	return Grant{Digest: e.Digest, Kind: e.Kind, Scope: st.Scope, Issuer: e.Issuer, Class: st.Class,
+		Members: append([]scope.Member(nil), st.Members...), ExpireAt: e.ExpireAt, Fence: e.AcceptedFence}
+}
+
+// SecretDigest is the hex SHA-256 of a backing secret.
+func SecretDigest(secret []byte) string {
+	sum := sha256.Sum256(secret)
+	return hex.EncodeToString(sum[:])
+}
+
+func newRef() string {
+	var b [18]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "cr_" + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// PutCredential stores secret sealed and returns its reference and digest.
+func (s *Service) PutCredential(ctx context.Context, sessionID string, class scope.Class, secret []byte) (ref, digest string, err error) {
+	ref, digest = newRef(), SecretDigest(secret)
+	c := store.Credential{Class: class, SessionID: sessionID, SecretDigest: digest, Sealed: s.sealer.Seal(secret, "credential:"+ref)}
+	if err := s.store.PutCredential(ctx, ref, c); err != nil {
+		return "", "", err
+	}
+	return ref, digest, nil
+}
+
+// DeleteCredential deletes a backing credential; cached resolutions using it
+// stop on their next request (the freshness check sees it gone).
+func (s *Service) DeleteCredential(ctx context.Context, ref string) error {
+	return s.store.DeleteCredential(ctx, ref)
+}
+
+func (s *Service) checkCredential(ctx context.Context, ref string, class scope.Class) error {
+	c, err := s.store.GetCredential(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return ErrCredentialNotFound
+	}
+	if err != nil {
+		return err
+	}
+	if c.Class != class {
+		return ErrClassMismatch
+	}
+	return nil
+}
+
+func (s *Service) candidate(kind handle.Kind, sc scope.Scope) (string, scope.Candidate, error) {
+	raw, err := handle.New(kind)
+	if err != nil {
+		return "", scope.Candidate{}, err
+	}
+	d := handle.DigestOf(raw).String()
+	return raw, scope.Candidate{Digest: d, Sealed: s.sealer.Seal([]byte(raw), handleContext(sc, d))}, nil
+}
+
+func handleContext(sc scope.Scope, digest string) string { return "handle:" + sc.ID() + ":" + digest }
+
+// rawOf opens the sealed raw handle of an entry for re-delivery.
+func (s *Service) rawOf(sc scope.Scope, e scope.Entry) (string, error) {
+	raw, err := s.sealer.Open(e.Sealed, handleContext(sc, e.Digest))
+	if err != nil {
+		return "", fmt.Errorf("open sealed handle: %w", err)
+	}
+	return string(raw), nil
+}
+
+// update applies fn to the scope's state under token: it records the token
+// as the scope's newest (refusing older ones), then reads, applies and
+// compare-and-sets until no concurrent write interferes. fn's error writes
+// nothing.
+func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, fn func(st *scope.State) error) (*scope.State, error) {
+	id := sc.ID()
+	if err := s.store.ObserveFence(ctx, id, token); err != nil {
+		return nil, mapStoreErr(err)
+	}
+	for range maxAttempts {
+		st, version, err := s.store.LoadScope(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if st == nil {
+			st = &scope.State{Scope: sc}
+		}
+		if err := fn(st); err != nil {
+			return nil, err
+		}
+		_, err = s.store.SaveScope(ctx, id, token, version, st)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, mapStoreErr(err)
+		}
+		s.cache.dropScope(id)
+		return st, nil
+	}
+	return nil, ErrBusy
+}
+
+func (s *Service) index(ctx context.Context, sc scope.Scope, e scope.Entry) error {
+	ttl := e.ExpireAt.Sub(s.now()) + s.policy.OverlapWindow + time.Minute
+	return s.store.IndexDigest(ctx, e.Digest, sc.ID(), ttl)
+}
+
+// Mint returns the scope's handle for the joining member (see scope.Mint).
+func (s *Service) Mint(ctx context.Context, sc scope.Scope, j scope.Join) (string, Grant, bool, error) {
+	if err := s.checkCredential(ctx, j.Member.CredentialRef, j.Class); err != nil {
+		return "", Grant{}, false, err
+	}
+	kind := handle.Worktree
+	if j.Contract == scope.PerSession {
+		kind = handle.PerSession
+	}
+	raw, cand, err := s.candidate(kind, sc)
+	if err != nil {
+		return "", Grant{}, false, err
+	}
+	var res scope.Result
+	st, err := s.update(ctx, sc, j.Fence, func(st *scope.State) error {
+		var err error
+		res, err = st.Mint(j, cand, s.now(), s.policy)
+		return err
+	})
+	if err != nil {
+		return "", Grant{}, false, err
+	}
+	if !res.Minted {
+		if raw, err = s.rawOf(sc, res.Entry); err != nil {
+			return "", Grant{}, false, err
+		}
+	}
+	if err := s.index(ctx, sc, res.Entry); err != nil {
+		return "", Grant{}, false, err
+	}
+	return raw, grantOf(st, res.Entry), res.Adopted, nil
+}
+
+// Adopt gives a joining sibling the accepted canonical handle.
+func (s *Service) Adopt(ctx context.Context, sc scope.Scope, j scope.Join) (string, Grant, error) {
+	if err := s.checkCredential(ctx, j.Member.CredentialRef, j.Class); err != nil {
+		return "", Grant{}, err
+	}
+	var res scope.Result
+	st, err := s.update(ctx, sc, j.Fence, func(st *scope.State) error {
+		var err error
+		res, err = st.Adopt(j, s.now(), s.policy)
+		return err
+	})
+	if err != nil {
+		return "", Grant{}, err
+	}
+	raw, err := s.rawOf(sc, res.Entry)
+	if err != nil {
+		return "", Grant{}, err
+	}
+	if err := s.index(ctx, sc, res.Entry); err != nil {
+		return "", Grant{}, err
+	}
+	return raw, grantOf(st, res.Entry), nil
+}
+
+// Rotate replaces the scope's canonical handle for every member at once.
+func (s *Service) Rotate(ctx context.Context, sc scope.Scope, token uint64) (string, Grant, time.Time, error) {
+	raw, cand, err := s.candidate(handle.Worktree, sc)
+	if err != nil {
+		return "", Grant{}, time.Time{}, err
+	}
+	var e scope.Entry
+	var until time.Time
+	st, err := s.update(ctx, sc, token, func(st *scope.State) error {
+		var err error
+		e, until, err = st.Rotate(token, cand, s.now(), s.policy)
+		return err
+	})
+	if err != nil {
+		return "", Grant{}, time.Time{}, err
+	}
+	if err := s.index(ctx, sc, e); err != nil {
+		return "", Grant{}, time.Time{}, err
+	}
+	return raw, grantOf(st, e), until, nil
+}
+
+// Release removes a member; the last one retires the scope.
+func (s *Service) Release(ctx context.Context, sc scope.Scope, sessionID string, token uint64) (bool, int, error) {
+	var retired bool
+	var remaining int
+	_, err := s.update(ctx, sc, token, func(st *scope.State) error {
+		retired, remaining = st.Release(sessionID)
+		return nil
+	})
+	return retired, remaining, err
+}
+
+// Retire drops every accepted handle of the scope; lastMember drops the
+// members too.
+func (s *Service) Retire(ctx context.Context, sc scope.Scope, lastMember bool, token uint64) (int, error) {
+	var n int
+	_, err := s.update(ctx, sc, token, func(st *scope.State) error {
+		n = st.Retire(lastMember)
+		return nil
+	})
+	return n, err
+}
+
+// CheckMember tells whether rsid is a live member root of the scope.
+func (s *Service) CheckMember(ctx context.Context, sc scope.Scope, rsid string) (scope.Member, bool, error) {
+	st, _, err := s.store.LoadScope(ctx, sc.ID())
+	if err != nil || st == nil {
+		return scope.Member{}, false, err
+	}
+	m, ok := st.MemberByRoot(rsid)
+	return m, ok, nil
+}
+
+// State returns a scope's stored state (nil if none), for inspection.
+func (s *Service) State(ctx context.Context, sc scope.Scope) (*scope.State, error) {
+	st, _, err := s.store.LoadScope(ctx, sc.ID())
+	return st, err
+}
+
+func mapStoreErr(err error) error {
+	if err != nil && errors.Is(err, fence.ErrStaleToken) {
+		return ErrStaleFence
+	}
+	return err
+}

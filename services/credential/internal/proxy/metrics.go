@@ -1,0 +1,29 @@
+package proxy
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	denials        *prometheus.CounterVec
+	upstreamErrors prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentplane_credential_proxy_denials_total",
+			Help: "Proxy requests refused, by reason (bad_path, unknown_route, missing_handle, invalid_handle, unknown_handle, no_live_member, sandbox_mismatch, policy, unavailable).",
+		}, []string{"reason"}),
+		upstreamErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentplane_credential_proxy_upstream_errors_total",
+			Help: "Proxy requests whose upstream could not be reached.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.denials, m.upstreamErrors} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,224 @@
+// Package proxy is the HTTP credential proxy runtimes call instead of their
+// upstreams: /s/<sandbox-id>/{provider,backend,ingest}/... with
+// "Authorization: Bearer <handle>". It resolves the handle (bound to the
+// sandbox in the URL), strips everything the caller said about credentials
+// and identity, sets the backing credential and a short-lived attestation,
+// and forwards without following redirects.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/services/credential/attestation"
+	"agentplane.dev/services/credential/internal/grants"
+	"agentplane.dev/services/credential/internal/scope"
+)
+
+// Resolver resolves a handle for a request under a sandbox's URL.
+type Resolver interface {
+	Resolve(ctx context.Context, raw, sandboxID string) (*grants.Resolved, error)
+}
+
+// Config configures the proxy.
+type Config struct {
+	Resolver         Resolver
+	ProviderUpstream *url.URL // nil: the provider route answers 404
+	BackendUpstream  *url.URL // nil: the backend route answers 404
+	Ingest           ingestv1.IngestServiceClient
+	AttestationKey   []byte
+	Registerer       prometheus.Registerer // proxy denial metrics; nil: not registered
+	Logger           *slog.Logger
+	Now              func() time.Time
+}
+
+// Proxy is the http.Handler.
+type Proxy struct {
+	cfg     Config
+	rp      *httputil.ReverseProxy
+	metrics *metrics
+}
+
+type ctxKey struct{}
+
+// forward is what Rewrite needs about one request.
+type forward struct {
+	upstream *url.URL
+	target   Target
+	res      *grants.Resolved
+}
+
+// New builds the proxy.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{cfg: cfg, metrics: m}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      newTransport(),
+		FlushInterval:  -1, // stream completions as they come
+		ModifyResponse: func(r *http.Response) error { FilterResponse(r.Header); return nil },
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.metrics.upstreamErrors.Inc()
+			cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", r.Context().Value(ctxKey{}).(*forward).target.Route, "error", err.Error())
+			writeError(w, http.StatusBadGateway, "upstream unavailable")
+		},
+	}
+	return p, nil
+}
+
+// newTransport never uses HTTP_PROXY from the environment and, being a bare
+// RoundTripper, never follows redirects: a 3xx goes back to the caller.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 512,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+	}
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t, err := ParseTarget(r.RequestURI)
+	switch {
+	case errors.Is(err, ErrBadPath):
+		p.deny(w, "bad_path", http.StatusBadRequest, "refused path")
+		return
+	case err != nil:
+		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
+		return
+	}
+	upstream := p.upstreamOf(t.Route)
+	if t.Route != RouteIngest && upstream == nil {
+		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
+		return
+	}
+	raw, ok := bearer(r.Header)
+	if !ok {
+		p.deny(w, "missing_handle", http.StatusUnauthorized, "bearer handle required")
+		return
+	}
+	res, err := p.cfg.Resolver.Resolve(r.Context(), raw, t.SandboxID)
+	if err != nil {
+		p.denyResolve(w, r, err)
+		return
+	}
+	if t.Route == RouteIngest {
+		p.serveIngest(w, r, t, res)
+		return
+	}
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, &forward{upstream: upstream, target: t, res: res})))
+}
+
+func (p *Proxy) upstreamOf(r Route) *url.URL {
+	switch r {
+	case RouteProvider:
+		return p.cfg.ProviderUpstream
+	case RouteBackend:
+		return p.cfg.BackendUpstream
+	}
+	return nil
+}
+
+// bearer returns the handle of exactly one "Authorization: Bearer" header.
+func bearer(h http.Header) (string, bool) {
+	var vals []string
+	for k, v := range h {
+		if strings.EqualFold(k, "authorization") {
+			vals = append(vals, v...)
+		}
+	}
+	if len(vals) != 1 {
+		return "", false
+	}
+	scheme, tok, ok := strings.Cut(vals[0], " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") || tok == "" {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
+func (p *Proxy) denyResolve(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, grants.ErrMalformedHandle):
+		p.deny(w, "invalid_handle", http.StatusUnauthorized, "invalid handle")
+	case errors.Is(err, scope.ErrUnknownHandle):
+		p.deny(w, "unknown_handle", http.StatusUnauthorized, "invalid handle")
+	case errors.Is(err, scope.ErrNoLiveMember):
+		p.deny(w, "no_live_member", http.StatusUnauthorized, "invalid handle")
+	case errors.Is(err, scope.ErrSandboxMismatch):
+		p.deny(w, "sandbox_mismatch", http.StatusForbidden, "handle not valid for this sandbox")
+	default:
+		p.cfg.Logger.ErrorContext(r.Context(), "proxy resolve failed", "error", err.Error())
+		p.deny(w, "unavailable", http.StatusServiceUnavailable, "credential store unavailable")
+	}
+}
+
+func (p *Proxy) deny(w http.ResponseWriter, reason string, code int, msg string) {
+	p.metrics.denials.WithLabelValues(reason).Inc()
+	writeError(w, code, msg)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(`{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + msg + `"}}`))
+}
+
+func (p *Proxy) attestation(res *grants.Resolved) (string, error) {
+	return attestation.Sign(p.cfg.AttestationKey, attestation.Claims{
+		UserID: res.Member.UserID, OrgID: res.Member.OrgID,
+		SandboxID: res.Grant.Scope.SandboxID, Directory: res.Grant.Scope.Directory,
+		SessionID: res.Member.SessionID, RuntimeSessionID: res.Member.RuntimeSessionID,
+		HandleKind: res.Grant.Kind.String(), SecretDigest: res.SecretDigest,
+	}, p.cfg.Now(), attestation.MaxLifetime)
+}
+
+// rewrite builds the upstream request: the checked path under the upstream
+// base, the caller's query, the filtered headers, the backing credential and
+// the attestation.
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	f := pr.In.Context().Value(ctxKey{}).(*forward)
+	u := *f.upstream
+	base := strings.TrimSuffix(u.EscapedPath(), "/")
+	esc := make([]string, len(f.target.Rest))
+	for i, s := range f.target.Rest {
+		esc[i] = url.PathEscape(s)
+	}
+	u.RawPath = base + "/" + strings.Join(esc, "/")
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + strings.Join(f.target.Rest, "/")
+	u.RawQuery = f.target.RawQuery
+	pr.Out.URL = &u
+	pr.Out.Host = ""
+	FilterRequest(pr.Out.Header)
+	pr.Out.Header.Set("Authorization", "Bearer "+string(f.res.Secret))
+	if att, err := p.attestation(f.res); err == nil {
+		pr.Out.Header.Set(attestation.Header, att)
+	}
+	if _, ok := pr.Out.Header["User-Agent"]; !ok {
+		pr.Out.Header.Set("User-Agent", "") // no Go default identifying the proxy
+	}
+}

@@ -1,0 +1,271 @@
+// Package server runs the credential service: the gRPC CredentialService and
+// the HTTP credential proxy, from one Config. cmd/credential and
+// cmd/agentplane both start it through Run.
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"agentplane.dev/pkg/config"
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/services/credential/attestation"
+	"agentplane.dev/services/credential/internal/grants"
+	"agentplane.dev/services/credential/internal/grpcapi"
+	"agentplane.dev/services/credential/internal/proxy"
+	"agentplane.dev/services/credential/internal/scope"
+	"agentplane.dev/services/credential/internal/sealer"
+)
+
+// Config is the credential service's configuration.
+type Config struct {
+	config.Common
+	CredentialKey    string        // CREDENTIAL_KEY: base64 32-byte AES-256-GCM key for secrets at rest; empty: random per process (dev)
+	AttestationKey   string        // ATTESTATION_KEY: base64 HMAC key (≥ 32 bytes) shared with upstreams; empty: random per process (dev)
+	ProxyAddr        string        // PROXY_ADDR: HTTP listen address of the credential proxy
+	ProviderUpstream string        // PROVIDER_UPSTREAM: base URL of the OpenAI-compatible provider; empty disables the route
+	BackendUpstream  string        // BACKEND_UPSTREAM: base URL of the backend; empty disables the route
+	IngestAddr       string        // INGEST_ADDR: gRPC address of the ingest service
+	OverlapWindow    time.Duration // OVERLAP_WINDOW: how long a rotated-out handle still resolves
+	GrantTTL         time.Duration // GRANT_TTL: lifetime of a grant
+	ReissueBelow     time.Duration // GRANT_REISSUE_BELOW: re-issue on delivery when less remains
+}
+
+// DefaultConfig returns the dev defaults (ports from docs/development.md).
+func DefaultConfig() Config {
+	return Config{
+		Common:        config.DefaultCommon("127.0.0.1:7403", "127.0.0.1:9403"),
+		ProxyAddr:     "127.0.0.1:7405",
+		IngestAddr:    "127.0.0.1:7404",
+		OverlapWindow: 5 * time.Minute,
+		GrantTTL:      4 * time.Hour,
+		ReissueBelow:  time.Hour,
+	}
+}
+
+// Bind registers every setting on l with c's values as defaults.
+func (c *Config) Bind(l *config.Loader) {
+	c.Common.Bind(l)
+	l.String(&c.CredentialKey, "CREDENTIAL_KEY", c.CredentialKey, "base64 32-byte key encrypting backing credentials at rest; empty: a random key per process (dev only)")
+	l.String(&c.AttestationKey, "ATTESTATION_KEY", c.AttestationKey, "base64 HMAC key (at least 32 bytes) for proxy attestations; empty: a random key per process (dev only)")
+	l.String(&c.ProxyAddr, "PROXY_ADDR", c.ProxyAddr, "credential proxy HTTP listen address")
+	l.String(&c.ProviderUpstream, "PROVIDER_UPSTREAM", c.ProviderUpstream, "OpenAI-compatible provider base URL for the provider/* route; empty disables it")
+	l.String(&c.BackendUpstream, "BACKEND_UPSTREAM", c.BackendUpstream, "backend base URL for the backend/* route; empty disables it")
+	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route")
+	l.Duration(&c.OverlapWindow, "OVERLAP_WINDOW", c.OverlapWindow, "how long a rotated-out handle still resolves")
+	l.Duration(&c.GrantTTL, "GRANT_TTL", c.GrantTTL, "lifetime of a handle grant")
+	l.Duration(&c.ReissueBelow, "GRANT_REISSUE_BELOW", c.ReissueBelow, "re-issue a grant on delivery when less than this remains")
+}
+
+// Validate checks every setting and names the variable and flag of each bad one.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := c.Common.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	bad := func(name string, err error) { errs = append(errs, config.ErrorFor(name, err)) }
+	if c.CredentialKey != "" {
+		if _, err := sealer.ParseKey(c.CredentialKey); err != nil {
+			bad("CREDENTIAL_KEY", err)
+		}
+	}
+	if c.AttestationKey != "" {
+		if _, err := parseAttestationKey(c.AttestationKey); err != nil {
+			bad("ATTESTATION_KEY", err)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.ProxyAddr); err != nil {
+		bad("PROXY_ADDR", fmt.Errorf("want host:port: %w", err))
+	}
+	for name, v := range map[string]string{"PROVIDER_UPSTREAM": c.ProviderUpstream, "BACKEND_UPSTREAM": c.BackendUpstream} {
+		if _, err := parseUpstream(v); err != nil {
+			bad(name, err)
+		}
+	}
+	if c.IngestAddr == "" {
+		bad("INGEST_ADDR", errors.New("required"))
+	}
+	if c.OverlapWindow < 0 {
+		bad("OVERLAP_WINDOW", errors.New("must not be negative"))
+	}
+	if c.GrantTTL <= 0 {
+		bad("GRANT_TTL", errors.New("must be positive"))
+	}
+	if c.ReissueBelow < 0 || c.ReissueBelow >= c.GrantTTL {
+		bad("GRANT_REISSUE_BELOW", errors.New("must be at least 0 and below GRANT_TTL"))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads flags and AGENTPLANE_* variables over the defaults.
+func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, error) {
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("credential", flag.ContinueOnError)
+	l := config.NewLoader(fs, lookupEnv)
+	cfg.Bind(l)
+	if err := l.Parse(args); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+func parseAttestationKey(s string) ([]byte, error) {
+	for _, e := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if k, err := e.DecodeString(s); err == nil {
+			if len(k) < attestation.MinKeySize {
+				return nil, fmt.Errorf("key is %d bytes, want at least %d", len(k), attestation.MinKeySize)
+			}
+			return k, nil
+		}
+	}
+	return nil, errors.New("key is not base64")
+}
+
+func parseUpstream(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, errors.New("want an absolute http(s) URL without credentials, query or fragment")
+	}
+	return u, nil
+}
+
+// Listeners lets a caller (tests, agentplane dev) pass bound listeners;
+// nil fields listen on the configured addresses.
+type Listeners struct {
+	GRPC, Proxy, Metrics net.Listener
+}
+
+// Run serves until ctx ends; nil after a clean drain.
+func Run(ctx context.Context, cfg Config) error { return RunWith(ctx, cfg, Listeners{}) }
+
+// RunWith is Run on given listeners.
+func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := cfg.Logger().With("service", "credential")
+	credKey, attKey, err := keys(cfg, log)
+	if err != nil {
+		return err
+	}
+	rdb, err := config.Redis(cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	svc, err := grants.New(rdb, credKey, grants.Options{Policy: scope.Policy{
+		GrantTTL: cfg.GrantTTL, ReissueBelow: cfg.ReissueBelow, OverlapWindow: cfg.OverlapWindow,
+	}})
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	srv, err := grpcserver.New(grpcserver.Options{
+		Name: "credential", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
+		MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics, InternalToken: cfg.InternalToken,
+		DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+	})
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	credentialv1.RegisterCredentialServiceServer(srv, grpcapi.New(svc, log))
+
+	conn, err := grpc.NewClient(cfg.IngestAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(internalToken(cfg.InternalToken)))
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("ingest client: %w", err)
+	}
+	defer conn.Close()
+	provider, _ := parseUpstream(cfg.ProviderUpstream)
+	backend, _ := parseUpstream(cfg.BackendUpstream)
+	px, err := proxy.New(proxy.Config{
+		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend,
+		Ingest: ingestv1.NewIngestServiceClient(conn), AttestationKey: attKey,
+		Registerer: srv.Registry(), Logger: log,
+	})
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	pl := ls.Proxy
+	if pl == nil {
+		if pl, err = net.Listen("tcp", cfg.ProxyAddr); err != nil {
+			_ = rdb.Close()
+			return fmt.Errorf("proxy listen: %w", err)
+		}
+	}
+	hs := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	proxyDone := make(chan error, 1)
+	go func() {
+		err := hs.Serve(pl)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		proxyDone <- err
+	}()
+	// The proxy stops taking requests when shutdown begins, in step with the
+	// gRPC drain, and finishes before Serve closes Redis.
+	stopProxy := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-stopProxy:
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			_ = hs.Close()
+		}
+	}()
+	log.Info("credential proxy listening", "addr", pl.Addr().String())
+	serveErr := srv.Serve(ctx)
+	close(stopProxy)
+	proxyErr := <-proxyDone
+	return errors.Join(serveErr, proxyErr)
+}
+
+func keys(cfg Config, log *slog.Logger) (credKey, attKey []byte, err error) {
+	if cfg.CredentialKey == "" {
+		log.Warn("AGENTPLANE_CREDENTIAL_KEY is not set: using a random key for this process; stored credentials will not survive a restart (dev only)")
+		credKey = sealer.RandomKey()
+	} else if credKey, err = sealer.ParseKey(cfg.CredentialKey); err != nil {
+		return nil, nil, err
+	}
+	if cfg.AttestationKey == "" {
+		log.Warn("AGENTPLANE_ATTESTATION_KEY is not set: using a random key for this process; upstreams cannot verify attestations (dev only)")
+		attKey = sealer.RandomKey()
+	} else if attKey, err = parseAttestationKey(cfg.AttestationKey); err != nil {
+		return nil, nil, err
+	}
+	return credKey, attKey, nil
+}
+
+// internalToken sends the service-to-service bearer token to ingest.
+type internalToken string
+
+func (t internalToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	if t == "" {
+		return nil, nil
+	}
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+func (internalToken) RequireTransportSecurity() bool { return false }
