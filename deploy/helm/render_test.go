@@ -299,6 +299,7 @@ func checkWorkloads(t *testing.T, r *rendered, v chartutil.Values) {
 				t.Errorf("sandbox: AGENTPLANE_SANDBOX_ROOT %q is not a writable volume mount", root)
 			}
 		}
+		checkRedisEnv(t, w.component, c)
 		if w.pod.Spec.SecurityContext == nil || w.pod.Spec.SecurityContext.RunAsNonRoot == nil || !*w.pod.Spec.SecurityContext.RunAsNonRoot {
 			t.Errorf("%s: pod must run as non-root", w.component)
 		}
@@ -310,6 +311,33 @@ func checkWorkloads(t *testing.T, r *rendered, v chartutil.Values) {
 		if !seen[comp] {
 			t.Errorf("no workload for %s", comp)
 		}
+	}
+}
+
+// checkRedisEnv: AGENTPLANE_REDIS_URL is set, and a $(REDIS_PASSWORD) reference in it is
+// defined earlier in the list (the kubelet only expands variables defined before).
+func checkRedisEnv(t *testing.T, component string, c corev1.Container) {
+	t.Helper()
+	url, urlAt, pwAt := "", -1, -1
+	for i, e := range c.Env {
+		switch e.Name {
+		case "AGENTPLANE_REDIS_URL":
+			url, urlAt = e.Value, i
+		case "REDIS_PASSWORD":
+			pwAt = i
+			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+				t.Errorf("%s: REDIS_PASSWORD does not come from a Secret", component)
+			}
+		}
+	}
+	if url == "" || !strings.Contains(url, "://") {
+		t.Errorf("%s: AGENTPLANE_REDIS_URL = %q", component, url)
+	}
+	if strings.Contains(url, "$(REDIS_PASSWORD)") && (pwAt < 0 || pwAt > urlAt) {
+		t.Errorf("%s: AGENTPLANE_REDIS_URL uses $(REDIS_PASSWORD) but it is not defined before it", component)
+	}
+	if pwAt >= 0 && !strings.Contains(url, "$(REDIS_PASSWORD)") && !strings.Contains(url, "@") {
+		t.Errorf("%s: REDIS_PASSWORD is set but AGENTPLANE_REDIS_URL %q does not use it", component, url)
 	}
 }
 
@@ -641,7 +669,7 @@ func checkReferences(t *testing.T, r *rendered, v chartutil.Values) {
 		t.Errorf("secrets.existingSecret is set but the chart renders %d Secrets", len(r.secrets))
 	}
 	cfg := configData(t, r)
-	for _, k := range []string{"AGENTPLANE_REDIS_URL", "AGENTPLANE_SESSION_ADDR", "AGENTPLANE_SANDBOX_ADDR", "AGENTPLANE_CREDENTIAL_ADDR", "AGENTPLANE_INGEST_ADDR", "AGENTPLANE_LOG_LEVEL", "AGENTPLANE_LOG_FORMAT"} {
+	for _, k := range []string{"AGENTPLANE_SESSION_ADDR", "AGENTPLANE_SANDBOX_ADDR", "AGENTPLANE_CREDENTIAL_ADDR", "AGENTPLANE_INGEST_ADDR", "AGENTPLANE_LOG_LEVEL", "AGENTPLANE_LOG_FORMAT"} {
 		if cfg[k] == "" {
 			t.Errorf("ConfigMap lacks %s", k)
 		}

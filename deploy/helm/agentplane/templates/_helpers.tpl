@@ -74,9 +74,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* True ("true") when the services get AGENTPLANE_REDIS_PASSWORD from the Secret. */}}
+{{/* "true" when the Redis password comes from the Secret (key secrets.keys.redisPassword). */}}
 {{- define "agentplane.redisPasswordEnabled" -}}
-{{- if or .Values.secrets.existingSecret .Values.redis.password .Values.redis.bundled.enabled -}}true{{- end -}}
+{{- if or .Values.redis.usePassword .Values.redis.password .Values.redis.bundled.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/* The Redis URL the services use. Fails when no Redis is configured. */}}
@@ -87,6 +87,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "redis://%s-redis.%s.svc:6379/0" (include "agentplane.fullname" .) .Release.Namespace -}}
 {{- else -}}
 {{- fail "agentplane: no Redis configured: set redis.url to an external Redis (redis://, rediss://, redis+sentinel://, redis+cluster://, unix://) or redis.bundled.enabled=true to try the chart" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Redis URL as the containers see it. With a password from the Secret, the URL gets
+":$(REDIS_PASSWORD)@" as its userinfo, which the kubelet expands from the REDIS_PASSWORD env
+var defined just before it (AGENTPLANE_REDIS_URL is the only Redis setting the services read).
+A URL that already carries userinfo is left alone.
+*/}}
+{{- define "agentplane.redisURLForPods" -}}
+{{- $url := include "agentplane.redisURL" . -}}
+{{- $scheme := (splitList "://" $url | first) -}}
+{{- $rest := trimPrefix (printf "%s://" $scheme) $url -}}
+{{- $authority := regexReplaceAll "[/?].*$" $rest "" -}}
+{{- if and (include "agentplane.redisPasswordEnabled" .) (not (contains "@" $authority)) -}}
+{{- printf "%s://:$(REDIS_PASSWORD)@%s" $scheme $rest -}}
+{{- else -}}
+{{- $url -}}
 {{- end -}}
 {{- end -}}
 

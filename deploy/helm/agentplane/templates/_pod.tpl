@@ -82,13 +82,16 @@ spec:
               name: {{ $secret }}
               key: {{ $keys.internalToken }}
         {{- if include "agentplane.redisPasswordEnabled" $root }}
-        - name: AGENTPLANE_REDIS_PASSWORD
+        # Not an agentplane setting: only expanded into AGENTPLANE_REDIS_URL below. The
+        # password must be URL-safe (percent-encode it in the Secret otherwise).
+        - name: REDIS_PASSWORD
           valueFrom:
             secretKeyRef:
               name: {{ $secret }}
               key: {{ $keys.redisPassword }}
-              optional: true
         {{- end }}
+        - name: AGENTPLANE_REDIS_URL
+          value: {{ include "agentplane.redisURLForPods" $root | quote }}
         {{- if eq $component "sandbox" }}
         - name: AGENTPLANE_SANDBOX_ROOT
           value: {{ $c.root | quote }}
