@@ -14,15 +14,15 @@ import (
 
 // Reasons (ErrorInfo.Reason) of the ingest service; listed in docs/errors.md.
 const (
-	ReasonInvalidRequest          = "INVALID_REQUEST"
-	ReasonLimitExceeded           = "LIMIT_EXCEEDED"
-	ReasonRuntimeSessionNotFound  = "RUNTIME_SESSION_NOT_FOUND"
-	ReasonRuntimeSessionDeleted   = "RUNTIME_SESSION_DELETED"
-	ReasonRuntimeSessionConflict  = "RUNTIME_SESSION_CONFLICT"
-	ReasonScopeMismatch           = "SCOPE_MISMATCH"
-	ReasonScopeCheckUnavailable   = "SCOPE_CHECK_UNAVAILABLE"
-	ReasonInternal                = "INTERNAL"
-	scopeCheckRetryDelay          = time.Second
+	ReasonInvalidRequest         = "INVALID_REQUEST"
+	ReasonLimitExceeded          = "LIMIT_EXCEEDED"
+	ReasonRuntimeSessionNotFound = "RUNTIME_SESSION_NOT_FOUND"
+	ReasonRuntimeSessionDeleted  = "RUNTIME_SESSION_DELETED"
+	ReasonRuntimeSessionConflict = "RUNTIME_SESSION_CONFLICT"
+	ReasonScopeMismatch          = "SCOPE_MISMATCH"
+	ReasonScopeCheckUnavailable  = "SCOPE_CHECK_UNAVAILABLE"
+	ReasonInternal               = "INTERNAL"
+	scopeCheckRetryDelay         = time.Second
 )
 
 // toStatus is the service's one translation from domain errors to gRPC statuses. Internal
