@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Redis returns a client for rawURL. Accepted forms:
@@ -22,7 +23,9 @@ import (
 //	rediss+sentinel://, rediss+cluster://              the same over TLS
 //
 // Options are go-redis' snake_case query parameters (dial_timeout=3s, max_retries=5, ...).
-// The client is created without I/O; readiness is the gRPC health check's business.
+// The client is created without I/O; readiness is the gRPC health check's business. Every
+// client honours context deadlines on the socket (ContextTimeoutEnabled), so a caller's
+// bound holds even when Redis is paused rather than down.
 func Redis(rawURL string) (redis.UniversalClient, error) {
 	newClient, err := parseRedisURL(rawURL)
 	if err != nil {
@@ -42,6 +45,8 @@ func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
+		o.ContextTimeoutEnabled = true
+		o.MaintNotificationsConfig = noMaintNotifications()
 		return func() redis.UniversalClient { return redis.NewClient(o) }, nil
 
 	case "redis+sentinel", "rediss+sentinel":
@@ -65,6 +70,7 @@ func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
 		// and sending AUTH to a sentinel that has none fails the connection.
 		o.Username, o.Password = o.SentinelUsername, o.SentinelPassword
 		o.SentinelUsername, o.SentinelPassword = "", ""
+		o.ContextTimeoutEnabled = true // (go-redis keeps maintenance notifications off for Sentinel)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(o) }, nil
 
 	case "redis+cluster", "rediss+cluster":
@@ -79,6 +85,8 @@ func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
+		o.ContextTimeoutEnabled = true
+		o.MaintNotificationsConfig = noMaintNotifications()
 		return func() redis.UniversalClient { return redis.NewClusterClient(o) }, nil
 
 	default:
@@ -119,4 +127,11 @@ func multiHostURL(scheme, rest string) (*url.URL, string, error) {
 	path := u.Path
 	u.Path = ""
 	return u, path, nil
+}
+
+// noMaintNotifications turns off go-redis' maintenance notifications, a Redis Enterprise/Cloud
+// feature the supported deployments (standalone, Sentinel, Cluster) do not send; left on
+// ("auto"), it also starts a background goroutine that Close does not stop.
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }

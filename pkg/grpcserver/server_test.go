@@ -1,0 +1,386 @@
+package grpcserver_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/pkg/logging"
+	"agentplane.dev/pkg/logging/logtest"
+	"agentplane.dev/pkg/redistest"
+)
+
+func TestMain(m *testing.M) {
+	srv, stop := redistest.StartMain()
+	redisSrv = srv
+	code := m.Run()
+	stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var redisSrv *redistest.Server
+
+// echoRequest is a StringValue that validates itself: "" is invalid.
+type echoRequest struct{ *wrapperspb.StringValue }
+
+func (r echoRequest) Validate() error {
+	if r.GetValue() == "" {
+		return errors.New("value must not be empty")
+	}
+	return nil
+}
+
+// testService is a hand-written service so these tests need no generated code.
+type testService struct{ blocking chan struct{} }
+
+func unary(name string, h func(ctx context.Context, s *testService, req echoRequest) (any, error)) grpc.MethodDesc {
+	return grpc.MethodDesc{
+		MethodName: name,
+		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+			req := echoRequest{&wrapperspb.StringValue{}}
+			if err := dec(&req); err != nil {
+				return nil, err
+			}
+			call := func(ctx context.Context, r any) (any, error) { return h(ctx, srv.(*testService), r.(echoRequest)) }
+			return icpt(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/test.Echo/" + name}, call)
+		},
+	}
+}
+
+var testDesc = grpc.ServiceDesc{
+	ServiceName: "test.Echo",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{
+		unary("Echo", func(_ context.Context, _ *testService, r echoRequest) (any, error) {
+			return wrapperspb.String(r.GetValue()), nil
+		}),
+		unary("Panic", func(context.Context, *testService, echoRequest) (any, error) {
+			panic("secret internal state: password=hunter2")
+		}),
+		unary("Exempt", func(_ context.Context, _ *testService, r echoRequest) (any, error) {
+			return wrapperspb.String(r.GetValue()), nil
+		}),
+		unary("Block", func(ctx context.Context, s *testService, _ echoRequest) (any, error) {
+			close(s.blocking)
+			<-ctx.Done() // only a hard stop ends this call
+			return nil, ctx.Err()
+		}),
+	},
+}
+
+type harness struct {
+	srv     *grpcserver.Server
+	conn    *grpc.ClientConn
+	rdb     redis.UniversalClient
+	metrics string // http://host:port/metrics
+	svc     *testService
+	logs    *syncBuffer
+	done    chan error
+	cancel  context.CancelFunc
+}
+
+// start runs a server on real loopback listeners against the package's redis-server.
+func start(t *testing.T, mutate func(*grpcserver.Options)) *harness {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	mlis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	rdb, err := config.Redis(redisSrv.URL())
+	require.NoError(t, err)
+
+	h := &harness{rdb: rdb, svc: &testService{blocking: make(chan struct{})}, logs: &syncBuffer{}, done: make(chan error, 1)}
+	h.metrics = "http://" + mlis.Addr().String() + "/metrics"
+	// Logs go to the test output and to a buffer the tests can search.
+	logger := slog.New(logging.WithTraceIDs(slog.NewTextHandler(io.MultiWriter(h.logs, t.Output()), &slog.HandlerOptions{Level: slog.LevelDebug})))
+	opts := grpcserver.Options{
+		Name:            "test",
+		Logger:          logger,
+		Redis:           rdb,
+		Listener:        lis,
+		MetricsListener: mlis,
+		HealthInterval:  20 * time.Millisecond,
+		ShutdownTimeout: time.Minute, // generous: tests that want a hard stop lower it
+	}
+	if mutate != nil {
+		mutate(&opts)
+	}
+	h.srv, err = grpcserver.New(opts)
+	require.NoError(t, err)
+	h.srv.RegisterService(&testDesc, h.svc)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- h.srv.Serve(ctx) }()
+
+	h.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { h.stop(t) })
+	return h
+}
+
+// stop ends Serve and waits for it; idempotent.
+func (h *harness) stop(t *testing.T) {
+	t.Helper()
+	if h.cancel == nil {
+		return
+	}
+	_ = h.conn.Close() // an open client stream would otherwise hold GracefulStop
+	h.cancel()
+	h.cancel = nil
+	require.NoError(t, <-h.done)
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func (h *harness) call(ctx context.Context, method, value string) (string, error) {
+	out := &wrapperspb.StringValue{}
+	err := h.conn.Invoke(ctx, "/test.Echo/"+method, wrapperspb.String(value), out)
+	return out.GetValue(), err
+}
+
+// waitStatus watches service until it reports want.
+func (h *harness) waitStatus(t *testing.T, service string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a liveness bound, not a timing assertion
+	defer cancel()
+	w, err := healthpb.NewHealthClient(h.conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	require.NoError(t, err)
+	for {
+		resp, err := w.Recv()
+		require.NoError(t, err, "waiting for %q to become %v", service, want)
+		if resp.GetStatus() == want {
+			return
+		}
+	}
+}
+
+func (h *harness) check(t *testing.T, service string) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	resp, err := healthpb.NewHealthClient(h.conn).Check(t.Context(), &healthpb.HealthCheckRequest{Service: service})
+	require.NoError(t, err)
+	return resp.GetStatus()
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestPanicBecomesInternalWithoutItsText(t *testing.T) {
+	h := start(t, nil)
+	_, err := h.call(t.Context(), "Panic", "x")
+
+	st := status.Convert(err)
+	require.Equal(t, codes.Internal, st.Code())
+	require.Equal(t, "internal error", st.Message())
+	require.Equal(t, grpcserver.ReasonInternal, apierr.Reason(err))
+	wire, err := proto.Marshal(st.Proto()) // nothing of the panic anywhere in the status
+	require.NoError(t, err)
+	require.NotContains(t, string(wire), "hunter2")
+	require.NotContains(t, string(wire), "secret")
+
+	// The panic and its stack are in the server log, and the server keeps serving.
+	require.Contains(t, h.logs.String(), "password=hunter2")
+	require.Contains(t, h.logs.String(), "stack=")
+	got, err := h.call(t.Context(), "Echo", "still up")
+	require.NoError(t, err)
+	require.Equal(t, "still up", got)
+}
+
+func TestHealthFollowsRedis(t *testing.T) {
+	own := redistest.Start(t) // its own redis-server: this test kills it
+	h := start(t, func(o *grpcserver.Options) {
+		rdb, err := config.Redis(own.URL())
+		require.NoError(t, err)
+		o.Redis = rdb
+	})
+
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, h.check(t, "test.Echo"), "registered services mirror readiness")
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, h.check(t, grpcserver.LivenessService))
+
+	require.NoError(t, own.Kill())
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_NOT_SERVING)
+	h.waitStatus(t, "test.Echo", healthpb.HealthCheckResponse_NOT_SERVING)
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, h.check(t, grpcserver.LivenessService), "liveness does not depend on Redis")
+
+	own.Start(t)
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
+	h.waitStatus(t, "test.Echo", healthpb.HealthCheckResponse_SERVING)
+}
+
+func TestAuth(t *testing.T) {
+	h := start(t, func(o *grpcserver.Options) {
+		o.InternalToken = "s3cret-token"
+		o.AuthExempt = func(m string) bool { return m == "/test.Echo/Exempt" }
+	})
+	withToken := func(tok string) context.Context {
+		return metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+tok)
+	}
+
+	_, err := h.call(t.Context(), "Echo", "x")
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
+	require.Equal(t, grpcserver.ReasonMissingCredentials, apierr.Reason(err))
+
+	_, err = h.call(withToken("wrong"), "Echo", "x")
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
+	require.Equal(t, grpcserver.ReasonInvalidCredentials, apierr.Reason(err))
+
+	_, err = h.call(withToken("s3cret-token"), "Echo", "x")
+	require.NoError(t, err)
+
+	_, err = h.call(t.Context(), "Exempt", "x")
+	require.NoError(t, err, "an exempt method authenticates its callers itself")
+
+	// Health and reflection need no token.
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
+	rc, err := reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+	resp, err := rc.Recv()
+	require.NoError(t, err)
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	require.Contains(t, names, "test.Echo")
+	require.Contains(t, names, "grpc.health.v1.Health")
+	require.NoError(t, rc.CloseSend())
+	_, err = rc.Recv()
+	require.ErrorIs(t, err, io.EOF)
+
+	// Rejected calls are still logged; health checks are not.
+	require.Contains(t, h.logs.String(), "grpc.code=Unauthenticated")
+	require.NotContains(t, h.logs.String(), "grpc.health.v1")
+}
+
+func TestValidation(t *testing.T) {
+	h := start(t, nil)
+	_, err := h.call(t.Context(), "Echo", "")
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	require.Equal(t, grpcserver.ReasonInvalidRequest, apierr.Reason(err))
+	require.Contains(t, status.Convert(err).Message(), "must not be empty")
+}
+
+func TestShutdownOrder(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		steps []grpcserver.ShutdownStep
+		h     *harness
+	)
+	seen := map[grpcserver.ShutdownStep]healthpb.HealthCheckResponse_ServingStatus{}
+	h = start(t, func(o *grpcserver.Options) {
+		o.DrainDelay = time.Millisecond
+		o.OnShutdownStep = func(s grpcserver.ShutdownStep) {
+			mu.Lock()
+			steps = append(steps, s)
+			mu.Unlock()
+			if s == grpcserver.StepDrain {
+				// Still accepting calls while draining, but reporting NOT_SERVING everywhere.
+				seen[s] = h.check(t, "")
+				seen["liveness@drain"] = h.check(t, grpcserver.LivenessService)
+				seen["echo@drain"] = h.check(t, "test.Echo")
+			}
+		}
+	})
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
+	_, err := h.call(t.Context(), "Echo", "x")
+	require.NoError(t, err)
+
+	resp, err := http.Get(h.metrics)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.Contains(t, string(body), `grpc_server_handled_total{grpc_code="OK",grpc_method="Echo"`)
+
+	// Shut down with the client still connected, so the drain-step checks can run.
+	h.cancel()
+	require.NoError(t, <-h.done)
+	h.cancel = nil
+	_ = h.conn.Close()
+	http.DefaultClient.CloseIdleConnections()
+
+	require.Equal(t, []grpcserver.ShutdownStep{
+		grpcserver.StepNotServing, grpcserver.StepDrain, grpcserver.StepGracefulStop,
+		grpcserver.StepCloseRedis, grpcserver.StepFlushTelemetry, grpcserver.StepStopMetrics,
+	}, steps)
+	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, seen[grpcserver.StepDrain])
+	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, seen["liveness@drain"])
+	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, seen["echo@drain"])
+
+	require.ErrorIs(t, h.rdb.Ping(context.Background()).Err(), redis.ErrClosed, "redis is closed")
+	_, err = http.Get(h.metrics)
+	require.Error(t, err, "metrics server is stopped")
+}
+
+func TestShutdownHardStopsAfterBound(t *testing.T) {
+	var steps []grpcserver.ShutdownStep
+	h := start(t, func(o *grpcserver.Options) {
+		o.ShutdownTimeout = 10 * time.Millisecond
+		o.OnShutdownStep = func(s grpcserver.ShutdownStep) { steps = append(steps, s) }
+	})
+	callErr := make(chan error, 1)
+	go func() { _, err := h.call(context.Background(), "Block", "x"); callErr <- err }()
+	<-h.svc.blocking // the call is in flight and will not finish by itself
+
+	h.cancel()
+	require.NoError(t, <-h.done)
+	h.cancel = nil
+	require.Error(t, <-callErr)
+	_ = h.conn.Close()
+
+	require.Equal(t, []grpcserver.ShutdownStep{
+		grpcserver.StepNotServing, grpcserver.StepDrain, grpcserver.StepGracefulStop, grpcserver.StepHardStop,
+		grpcserver.StepCloseRedis, grpcserver.StepFlushTelemetry, grpcserver.StepStopMetrics,
+	}, steps)
+}
+
+func TestNewRejectsMissingOptions(t *testing.T) {
+	_, err := grpcserver.New(grpcserver.Options{Addr: ":0", Logger: logtest.New(t)})
+	require.ErrorContains(t, err, "Redis")
+	_, err = grpcserver.New(grpcserver.Options{Addr: ":0"})
+	require.ErrorContains(t, err, "Logger")
+}
