@@ -68,8 +68,10 @@ type lout struct {
 	value   string // read
 }
 
-func (s lstate) valid(client int, tok uint64) bool { return s.holder == client && s.token == tok && tok != 0 }
-func (s lstate) writable(tok uint64) bool       { return s.tokenKey && !s.lastUnknown && tok == s.last }
+func (s lstate) valid(client int, tok uint64) bool {
+	return s.holder == client && s.token == tok && tok != 0
+}
+func (s lstate) writable(tok uint64) bool { return s.tokenKey && !s.lastUnknown && tok == s.last }
 
 func stepLease(st, in, out any) []any {
 	s, i, o := st.(lstate), in.(lin), out.(lout)
