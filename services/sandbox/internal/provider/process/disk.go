@@ -56,7 +56,7 @@ func (p *Provider) Workspaces(_ context.Context, sandboxID string) ([]provider.W
 // of the sandbox. A failed listing, or a sandbox process that does not say
 // which workspace it serves, is an error: the caller then cleans nothing.
 func (p *Provider) LiveWorkspaces(_ context.Context, sandboxID string) (map[string]bool, error) {
-	procs, err := scan(p.cfg.ProcRoot, sandboxID)
+	procs, err := scan(p.cfg.ProcRoot, sandboxID, p.self)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ type procEntry struct {
 // sandbox marker with exactly sandboxID. Any failure to look (the listing,
 // or an environ/stat that exists but cannot be read) is an error: the
 // caller reports inspection_failed, never absent.
-func scan(procRoot, sandboxID string) ([]procEntry, error) {
+func scan(procRoot, sandboxID string, self identity) ([]procEntry, error) {
 	ents, err := os.ReadDir(procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", procRoot, err)
@@ -51,6 +51,10 @@ func scan(procRoot, sandboxID string) ([]procEntry, error) {
 			continue
 		}
 		if err != nil {
+			foreign, ferr := provablyForeign(filepath.Join(procRoot, e.Name(), "status"), self)
+			if vanished(ferr) || ferr == nil && foreign {
+				continue
+			}
 			return nil, fmt.Errorf("read environ of pid %d: %w", pid, err)
 		}
 		vars := parseEnviron(env)
@@ -123,4 +127,64 @@ func readStat(path string) (byte, int, error) {
 		return 0, 0, fmt.Errorf("malformed %s: %w", path, err)
 	}
 	return f[0][0], pgid, nil
+}
+
+// identity is what a process launched by this service inherits from it.
+type identity struct {
+	uid    uint64
+	capPrm uint64
+}
+
+// selfIdentity reads this process's uid and permitted capabilities. If they
+// cannot be read, nothing is provably foreign.
+func selfIdentity() identity {
+	id, err := readIdentity("/proc/self/status")
+	if err != nil {
+		return identity{uid: uint64(os.Geteuid()), capPrm: ^uint64(0)}
+	}
+	return id
+}
+
+// provablyForeign reports whether a process whose environ we cannot read
+// cannot be a wrapper of ours: it holds capabilities we do not have, or
+// (when we are not root) runs as another user. Our wrappers inherit our uid
+// and at most our capabilities, so such a process carries no markers of
+// ours. Every other unreadable process is an inspection failure.
+func provablyForeign(statusPath string, self identity) (bool, error) {
+	id, err := readIdentity(statusPath)
+	if err != nil {
+		return false, err
+	}
+	if id.capPrm&^self.capPrm != 0 {
+		return true, nil
+	}
+	return self.uid != 0 && id.uid != self.uid, nil
+}
+
+func readIdentity(path string) (identity, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return identity{}, err
+	}
+	var id identity
+	var haveUID, haveCap bool
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		switch {
+		case k == "Uid" && len(f) >= 2: // effective uid
+			id.uid, err = strconv.ParseUint(f[1], 10, 32)
+			haveUID = err == nil
+		case k == "CapPrm" && len(f) == 1:
+			id.capPrm, err = strconv.ParseUint(f[0], 16, 64)
+			haveCap = err == nil
+		}
+	}
+	if !haveUID || !haveCap {
+		return identity{}, fmt.Errorf("malformed %s", path)
+	}
+	return id, nil
 }

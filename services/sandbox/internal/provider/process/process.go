@@ -58,6 +58,7 @@ var (
 // Provider is the process provider.
 type Provider struct {
 	cfg     Config
+	self    identity
 	reapers sync.WaitGroup
 }
 
@@ -86,7 +87,7 @@ func New(cfg Config) (*Provider, error) {
 	if err := os.MkdirAll(cfg.Root, 0o755); err != nil {
 		return nil, provider.SetupError("create root", err)
 	}
-	return &Provider{cfg: cfg}, nil
+	return &Provider{cfg: cfg, self: selfIdentity()}, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -233,7 +234,7 @@ func (p *Provider) Wait() { p.reapers.Wait() }
 // Discover finds the live wrappers whose sandbox and runtime key markers
 // equal sandboxID and runtimeKey exactly.
 func (p *Provider) Discover(_ context.Context, sandboxID, runtimeKey string) provider.Discovery {
-	procs, err := scan(p.cfg.ProcRoot, sandboxID)
+	procs, err := scan(p.cfg.ProcRoot, sandboxID, p.self)
 	if err != nil {
 		return provider.Discovery{Kind: provider.InspectionFailed, Err: err}
 	}
@@ -252,7 +253,7 @@ func (p *Provider) Discover(_ context.Context, sandboxID, runtimeKey string) pro
 // DiscoverSandbox finds every live process carrying the sandbox's marker,
 // grouped by runtime key (a missing key marker groups under "").
 func (p *Provider) DiscoverSandbox(_ context.Context, sandboxID string) provider.SandboxDiscovery {
-	procs, err := scan(p.cfg.ProcRoot, sandboxID)
+	procs, err := scan(p.cfg.ProcRoot, sandboxID, p.self)
 	if err != nil {
 		return provider.SandboxDiscovery{Kind: provider.InspectionFailed, Err: err}
 	}

@@ -1,0 +1,269 @@
+package process
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/services/sandbox/internal/provider"
+)
+
+func newProvider(t *testing.T) *Provider {
+	t.Helper()
+	p, err := New(Config{Root: t.TempDir()})
+	require.NoError(t, err)
+	return p
+}
+
+func launch(t *testing.T, p *Provider, sb, key, inst, mode, workspace string) provider.Observed {
+	t.Helper()
+	o, err := p.Launch(context.Background(), provider.LaunchSpec{
+		Markers:   provider.Markers{SandboxID: sb, RuntimeKey: key, InstanceID: inst, Generation: 7},
+		Path:      os.Args[0],
+		Env:       []string{"HELPER_MODE=" + mode, provider.EnvSandbox + "=forged"},
+		Workspace: workspace,
+	})
+	require.NoError(t, err)
+	ready := filepath.Join(p.WorkspaceDir(sb, workspace), "ready")
+	require.Eventually(t, func() bool { _, err := os.Stat(ready); return err == nil }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, os.Remove(ready))
+	return o
+}
+
+// sandboxID is unique per test run, so processes of other runs never
+// match; cleanup stops whatever a failed test left behind.
+func sandboxID(t *testing.T, p *Provider) string {
+	t.Helper()
+	sb := "t" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		for _, id := range []string{sb, sb + "0"} {
+			if sd := p.DiscoverSandbox(context.Background(), id); sd.Kind == provider.Present {
+				for k := range sd.ByRuntimeKey {
+					p.Stop(context.Background(), provider.StopTarget{SandboxID: id, RuntimeKey: k})
+				}
+			}
+		}
+		p.Wait()
+	})
+	return sb
+}
+
+// alive checks /proc directly: a pid is alive unless missing or a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	return !strings.HasPrefix(strings.TrimSpace(s[strings.LastIndexByte(s, ')')+1:]), "Z")
+}
+
+func TestLaunchDiscoverStopExactKeys(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	ctx := context.Background()
+	a1 := launch(t, p, sb, "a", "i1", "sleep", "/work/repo")
+	a2 := launch(t, p, sb, "a2", "i2", "sleep", "/work/repo2")
+	other := launch(t, p, sb+"0", "a", "i3", "sleep", "/work/repo")
+
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(a1.PID) + "/environ")
+	require.NoError(t, err)
+	vars := parseEnviron(env)
+	require.Equal(t, sb, vars[provider.EnvSandbox], "launch markers win over spec.Env")
+	require.Equal(t, "a", vars[provider.EnvRuntimeKey])
+	require.Equal(t, "i1", vars[provider.EnvInstance])
+	require.Equal(t, "7", vars[provider.EnvGeneration])
+	require.Equal(t, p.HomeDir(sb, "/work/repo"), vars["HOME"])
+	cwd, err := os.Readlink("/proc/" + strconv.Itoa(a1.PID) + "/cwd")
+	require.NoError(t, err)
+	require.Equal(t, p.WorkspaceDir(sb, "/work/repo"), cwd)
+	pgid, err := syscall.Getpgid(a1.PID)
+	require.NoError(t, err)
+	require.Equal(t, a1.PID, pgid, "own process group")
+
+	d := p.Discover(ctx, sb, "a")
+	require.Equal(t, provider.Present, d.Kind)
+	require.Len(t, d.Observed, 1, "key a never matches a2, sandbox sb1 never matches sb10")
+	require.Equal(t, a1.PID, d.Observed[0].PID)
+	require.Equal(t, "i1", d.Observed[0].InstanceID)
+	require.Equal(t, uint64(7), d.Observed[0].Generation)
+	require.Equal(t, provider.Absent, p.Discover(ctx, sb, "").Kind)
+	require.Equal(t, provider.Absent, p.Discover(ctx, sb[:len(sb)-1], "a").Kind)
+
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "a", InstanceID: "other"}).Kind)
+	require.True(t, alive(a1.PID), "instance-targeted stop leaves other instances")
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "a"}).Kind)
+	require.False(t, alive(a1.PID))
+	require.True(t, alive(a2.PID))
+	require.True(t, alive(other.PID))
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "a2"}).Kind)
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb+"0", RuntimeKey: "a"}).Kind)
+	require.False(t, alive(a2.PID) || alive(other.PID))
+	p.Wait()
+}
+
+func TestStopEscalatesToSIGKILL(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	var mu sync.Mutex
+	var waits []time.Duration
+	p.cfg.Sleep = func(ctx context.Context, d time.Duration) error {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		return sleep(ctx, d)
+	}
+	o := launch(t, p, sb, "k", "i", "ignore-term", "/w")
+	res := p.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"})
+	require.Equal(t, provider.StopAbsent, res.Kind, "%v", res.Err)
+	require.False(t, alive(o.PID))
+	require.Equal(t, []time.Duration{100 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, KillSettle}, waits,
+		"observed at 100 ms, 500 ms, 1 s after SIGTERM, then once after SIGKILL")
+	p.Wait()
+}
+
+func TestUnmarkedWrapperIsFound(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	require.NoError(t, p.Create(context.Background(), sb))
+	cmd := exec.Command(os.Args[0])
+	cmd.Dir = t.TempDir()
+	cmd.Env = []string{"HELPER_MODE=sleep", provider.EnvSandbox + "="+sb, provider.EnvRuntimeKey + "=k"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	require.Eventually(t, func() bool { _, err := os.Stat(filepath.Join(cmd.Dir, "ready")); return err == nil }, 20*time.Second, 10*time.Millisecond)
+
+	d := p.Discover(context.Background(), sb, "k")
+	require.Equal(t, provider.Present, d.Kind)
+	require.Len(t, d.Observed, 1)
+	require.True(t, d.Observed[0].Unmarked)
+	sd := p.DiscoverSandbox(context.Background(), sb)
+	require.Equal(t, provider.Present, sd.Kind)
+	require.Len(t, sd.ByRuntimeKey["k"], 1)
+	require.Equal(t, provider.StopAbsent, p.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+	<-done
+}
+
+// fakeProc builds a /proc-like tree: pid → environ (nil: no environ file,
+// i.e. the process vanished) and state.
+func fakeProc(t *testing.T, procs map[int][2]string) string {
+	root := t.TempDir()
+	for pid, p := range procs {
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		if p[0] == "<dir>" {
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "environ"), 0o755)) // reading fails with EISDIR
+		} else if p[0] != "" {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "environ"), []byte(p[0]), 0o644))
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), []byte(strconv.Itoa(pid)+" (x y) "+p[1]+" 1 "+strconv.Itoa(pid)+" 0"), 0o644))
+		status := "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t0000000000000000\n"
+		if p[1] == "foreign" { // holds a capability nobody has
+			status = "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t8000000000000000\n"
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644))
+	}
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "self"), 0o755))
+	return root
+}
+
+func markersEnv(sb, key, inst string) string {
+	return provider.EnvSandbox + "=" + sb + "\x00" + provider.EnvRuntimeKey + "=" + key + "\x00" + provider.EnvInstance + "=" + inst + "\x00" + provider.EnvGeneration + "=1\x00"
+}
+
+func TestInspectionFailureIsNeverAbsence(t *testing.T) {
+	ctx := context.Background()
+	cases := map[string]struct {
+		proc string
+		want provider.DiscoverKind
+	}{
+		"unreadable environ": {fakeProc(t, map[int][2]string{10: {markersEnv("sb", "k", "i"), "S"}, 11: {"<dir>", "S"}}), provider.InspectionFailed},
+		"failed listing":     {filepath.Join(t.TempDir(), "missing"), provider.InspectionFailed},
+		"vanished process":   {fakeProc(t, map[int][2]string{11: {"", "S"}}), provider.Absent},
+		"unreadable foreign": {fakeProc(t, map[int][2]string{11: {"<dir>", "foreign"}}), provider.Absent},
+		"zombie is gone":     {fakeProc(t, map[int][2]string{12: {markersEnv("sb", "k", "i"), "Z"}}), provider.Absent},
+		"live marked":        {fakeProc(t, map[int][2]string{13: {markersEnv("sb", "k", "i"), "S"}}), provider.Present},
+		"substring key":      {fakeProc(t, map[int][2]string{14: {markersEnv("sb", "k2", "i"), "S"}, 15: {markersEnv("sb2", "k", "i"), "S"}}), provider.Absent},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			p, err := New(Config{Root: t.TempDir(), ProcRoot: c.proc, Sleep: func(context.Context, time.Duration) error { return nil }})
+			require.NoError(t, err)
+			d := p.Discover(ctx, "sb", "k")
+			require.Equal(t, c.want, d.Kind, "%v", d.Err)
+			if c.want == provider.InspectionFailed {
+				require.Error(t, d.Err)
+				require.Equal(t, provider.StopInspectionFailed, p.Stop(ctx, provider.StopTarget{SandboxID: "sb", RuntimeKey: "k"}).Kind)
+				require.Equal(t, provider.InspectionFailed, p.DiscoverSandbox(ctx, "sb").Kind)
+				_, err := p.LiveWorkspaces(ctx, "sb")
+				require.Error(t, err)
+			}
+		})
+	}
+}
+
+func TestDeleteWorkspaceAndRecovery(t *testing.T) {
+	p := newProvider(t)
+	ctx := context.Background()
+	for _, ws := range []string{"/a", "/b"} {
+		warm, err := p.PrepareWorkspace(ctx, "sb", ws)
+		require.NoError(t, err)
+		require.False(t, warm)
+	}
+	warm, err := p.PrepareWorkspace(ctx, "sb", "/a")
+	require.NoError(t, err)
+	require.True(t, warm)
+	require.NoError(t, p.Delete(ctx, "sb", "/a", provider.DeleteWorkspace))
+	require.NoDirExists(t, p.WorkspaceDir("sb", "/a"))
+	require.NoDirExists(t, p.HomeDir("sb", "/a"))
+	require.DirExists(t, p.WorkspaceDir("sb", "/b"))
+	require.NoError(t, p.Delete(ctx, "sb", "", provider.DeleteRecovery))
+	require.NoDirExists(t, p.SandboxDir("sb"))
+	require.Error(t, p.Create(ctx, "../x"))
+	require.Error(t, p.RemoveWorkspace(ctx, "sb", ".."))
+}
+
+func TestWorkspaceName(t *testing.T) {
+	require.NotEqual(t, WorkspaceName("/a/repo"), WorkspaceName("/b/repo"))
+	require.True(t, strings.HasPrefix(WorkspaceName("/a/repo"), "repo-"))
+	for _, s := range []string{"", "/", "..", "../..", ".hidden", "a/../../b", "x\x00y"} {
+		n := WorkspaceName(s)
+		require.Equal(t, filepath.Base(n), n)
+		require.False(t, strings.HasPrefix(n, "."), n)
+	}
+}
+
+func FuzzWorkspaceName(f *testing.F) {
+	for _, s := range []string{"/home/u/repo", "..", "", "a/b/../c", "\xff\xfe"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n := WorkspaceName(s)
+		if n == "" || n == "." || n == ".." || strings.ContainsAny(n, "/\\\x00") || strings.HasPrefix(n, ".") || len(n) > 80 {
+			t.Fatalf("unsafe name %q for %q", n, s)
+		}
+	})
+}
+
+func FuzzParseEnviron(f *testing.F) {
+	f.Add([]byte(markersEnv("sb", "k", "i")))
+	f.Add([]byte("A=1\x00A=2\x00=x\x00noeq\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for k := range parseEnviron(b) {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				t.Fatalf("bad key %q", k)
+			}
+		}
+	})
+}
