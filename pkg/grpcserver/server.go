@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -178,7 +179,12 @@ func New(opts Options) (*Server, error) {
 	unary = append(unary, validateUnary)
 	stream = append(stream, validateStream)
 
-	otelOpts := []otelgrpc.Option{otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return !isProbe(info.FullMethodName) })}
+	otelOpts := []otelgrpc.Option{
+		otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return !isProbe(info.FullMethodName) }),
+		// W3C trace context even when telemetry.Setup was not called (tests, embedding), so
+		// the caller's trace id still reaches the logs.
+		otelgrpc.WithPropagators(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
+	}
 	if opts.Telemetry != nil {
 		otelOpts = append(otelOpts, otelgrpc.WithTracerProvider(opts.Telemetry.TracerProvider()))
 	}

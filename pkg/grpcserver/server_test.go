@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -383,4 +384,27 @@ func TestNewRejectsMissingOptions(t *testing.T) {
 	require.ErrorContains(t, err, "Redis")
 	_, err = grpcserver.New(grpcserver.Options{Addr: ":0"})
 	require.ErrorContains(t, err, "Logger")
+}
+
+func TestLogLinesCarryTheCallersTraceID(t *testing.T) {
+	h := start(t, nil)
+	const traceID = "0af7651916cd43dd8448eb211c80319c"
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "traceparent", "00-"+traceID+"-b7ad6b7169203331-01")
+	_, err := h.call(ctx, "Echo", "x")
+	require.NoError(t, err)
+	_, err = h.call(ctx, "Panic", "x")
+	require.Error(t, err)
+	h.stop(t) // Serve returns only after every line is written
+
+	var lines []string
+	for line := range strings.SplitSeq(h.logs.String(), "\n") {
+		if strings.Contains(line, "grpc.method=Echo") || strings.Contains(line, "panic in gRPC handler") {
+			lines = append(lines, line)
+		}
+	}
+	require.Len(t, lines, 2)
+	for _, line := range lines {
+		require.Contains(t, line, "trace_id="+traceID)
+		require.Contains(t, line, "span_id=")
+	}
 }
