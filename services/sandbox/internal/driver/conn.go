@@ -1,0 +1,288 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/scope"
+	"agentplane.dev/services/sandbox/internal/store"
+)
+
+// HelloResult is the answer to a Hello: a Conn to serve, or a Shutdown
+// frame to send before closing the stream.
+type HelloResult struct {
+	Conn     *Conn
+	Ack      *sandboxv1.ConnectResponse
+	Shutdown *sandboxv1.ConnectResponse
+}
+
+// Hello authenticates a wrapper: its allocation must be current, its launch
+// credential must match the digest stored for its instance (constant-time),
+// its fence token must not be older than the one it was launched under nor
+// newer than the owner's, and it must still be its runtime key's wrapper.
+func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, error) {
+	sb, err := d.own(ctx, h.GetSandboxId())
+	if err != nil {
+		return HelloResult{}, err
+	}
+	shutdown := func(r sandboxv1.ShutdownReason, detail string) (HelloResult, error) {
+		d.log.Warn("wrapper hello rejected", "sandbox", sb.id, "instance", h.GetInstanceId(), "reason", r.String())
+		return HelloResult{Shutdown: Shutdown(r, detail)}, nil
+	}
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	if sb.allocationID == "" || h.GetAllocationId() != sb.allocationID {
+		sb.mu.Unlock()
+		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current")
+	}
+	w := sb.wrappers[h.GetInstanceId()]
+	got := digest(h.GetLaunchCredential())
+	var want []byte
+	if w != nil {
+		want = w.CredDigest
+	} else {
+		want = make([]byte, len(got)) // compare anyway: same work for unknown instances
+	}
+	if !constantTimeEqual(got, want) || w == nil || w.Allocation != sb.allocationID ||
+		w.RuntimeKey != h.GetRuntimeKey() || w.Generation != h.GetGeneration() {
+		sb.mu.Unlock()
+		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_BAD_CREDENTIAL, "the launch credential did not verify")
+	}
+	if h.GetFenceToken() < w.FenceToken || h.GetFenceToken() > sb.owner.Token() {
+		sb.mu.Unlock()
+		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_FENCE, "the fencing token is stale")
+	}
+	key := w.RuntimeKey
+	slot := sb.slots[key]
+	if slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
+		sb.mu.Unlock()
+		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_LEASE_LOST, "another wrapper owns the runtime key")
+	}
+	sc := sb.scopeLocked(slot.Directory)
+	contract, pin, err := scope.Negotiate(sc.Contract, scope.Offered(h.GetCapabilities(), h.GetProtocolVersion()))
+	if err != nil {
+		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "runtime_contract_downgrade"})
+		d.persistSlots(sb, []*store.Slot{slot})
+		failed := sb.routesOfLocked(key, store.RoutePreparing)
+		sb.mu.Unlock()
+		for _, id := range failed {
+			d.failRoute(sb, id, "runtime_contract_downgrade", false)
+		}
+		go d.stopKey(sb, key, "runtime_contract_downgrade")
+		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, "RUNTIME_CONTRACT_DOWNGRADE: the directory is pinned to the worktree contract")
+	}
+	if pin {
+		sc.Contract = contract
+		d.persistScope(sb, sc)
+	}
+	if contract == scope.PerSession && key == slot.Directory {
+		// The directory's first wrapper was keyed by directory before the
+		// contract was known; under per_session each session gets its own
+		// runtime key, so this wrapper goes and the routes are prepared again.
+		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "per_session_contract"})
+		d.persistSlots(sb, []*store.Slot{slot})
+		pending := sb.routesOfLocked(key, store.RoutePreparing)
+		sb.mu.Unlock()
+		go func() {
+			d.stopKey(sb, key, "per_session_contract")
+			for _, id := range pending {
+				d.kick(sb, id)
+			}
+		}()
+		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, "the directory uses the per_session contract")
+	}
+	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: now, Instance: w.Instance})
+	d.persistSlots(sb, []*store.Slot{slot})
+	if old := sb.conns[key]; old != nil {
+		old.close()
+	}
+	c := &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance,
+		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{})}
+	sb.conns[key] = c
+	active := map[string]string{}
+	for _, a := range h.GetRoutes() {
+		active[a.GetSessionId()] = a.GetRuntimeSessionId()
+	}
+	var resumed, prepare []string
+	for id, r := range sb.routes {
+		if r.RuntimeKey != key {
+			continue
+		}
+		rsid, kept := active[id]
+		switch {
+		case kept && r.WrapperInstance == w.Instance && (r.State == store.RouteReconnecting || r.State == store.RouteReady):
+			r.State, r.RuntimeSessionID = store.RouteReady, rsid
+			d.persistRoute(sb, r)
+			resumed = append(resumed, id)
+		case r.State == store.RoutePreparing || r.State == store.RouteReconnecting:
+			r.State, r.Step = store.RoutePreparing, "prepare_route"
+			d.persistRoute(sb, r)
+			prepare = append(prepare, id)
+		}
+	}
+	sb.mu.Unlock()
+	_ = d.cfg.Wrappers.StartupVerified(ctx, sb.id, key, w.Instance)
+	for _, id := range resumed {
+		sb.mu.Lock()
+		rsid := sb.routes[id].RuntimeSessionID
+		sb.mu.Unlock()
+		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, w.Instance)
+	}
+	for _, id := range prepare {
+		go d.sendPrepare(sb, c, id)
+	}
+	d.log.Info("wrapper connected", "sandbox", sb.id, "runtime_key", key, "instance", w.Instance, "contract", string(contract))
+	return HelloResult{Conn: c, Ack: d.helloAck(contract)}, nil
+}
+
+func (sb *sandbox) routesOfLocked(key string, states ...string) []string {
+	var ids []string
+	for id, r := range sb.routes {
+		if r.RuntimeKey != key {
+			continue
+		}
+		for _, s := range states {
+			if r.State == s {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// stopKey requests a stop of every wrapper of the runtime key.
+func (d *Driver) stopKey(sb *sandbox, key, reason string) {
+	sb.mu.Lock()
+	c := sb.conns[key]
+	sb.mu.Unlock()
+	if c != nil {
+		c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+	}
+	if err := d.cfg.Wrappers.RequestStop(sb.ctx, sb.id, key, reason); err != nil {
+		d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
+	}
+}
+
+// Frame applies one frame of an authenticated wrapper.
+func (d *Driver) Frame(c *Conn, f *sandboxv1.ConnectRequest) {
+	d.mu.Lock()
+	sb := d.sandboxes[c.SandboxID]
+	d.mu.Unlock()
+	if sb == nil {
+		c.close()
+		return
+	}
+	now := d.cfg.Now()
+	switch x := f.GetFrame().(type) {
+	case *sandboxv1.ConnectRequest_Heartbeat:
+		sb.mu.Lock()
+		if s := sb.slots[c.RuntimeKey]; s != nil && s.Alloc.Instance == c.Instance {
+			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Heartbeat{Now: now})
+			if len(x.Heartbeat.GetBusySessionIds()) > 0 {
+				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
+			}
+		}
+		sb.mu.Unlock()
+	case *sandboxv1.ConnectRequest_Progress:
+		if d.routeOf(sb, c, x.Progress.GetSessionId()) {
+			d.cfg.Notifier.Progress(d.ref(sb, x.Progress.GetSessionId()), x.Progress.GetProgress())
+		}
+	case *sandboxv1.ConnectRequest_RouteReady:
+		id := x.RouteReady.GetSessionId()
+		sb.mu.Lock()
+		r := sb.routes[id]
+		if r == nil || r.RuntimeKey != c.RuntimeKey || r.State == store.RouteReleased {
+			sb.mu.Unlock()
+			return
+		}
+		r.State, r.Step, r.FailureReason = store.RouteReady, "", ""
+		r.RuntimeSessionID, r.WrapperInstance = x.RouteReady.GetRuntimeSessionId(), c.Instance
+		d.persistRoute(sb, r)
+		sc := sb.scopeLocked(r.Directory)
+		sc.Join(id, r.RuntimeSessionID, r.CredentialClass)
+		d.persistScope(sb, sc)
+		if s := sb.slots[c.RuntimeKey]; s != nil {
+			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
+		}
+		sb.mu.Unlock()
+		d.cfg.Notifier.Ready(d.ref(sb, id), x.RouteReady.GetRuntimeSessionId(), c.Instance)
+	case *sandboxv1.ConnectRequest_RouteFailed:
+		if d.routeOf(sb, c, x.RouteFailed.GetSessionId()) {
+			d.failRoute(sb, x.RouteFailed.GetSessionId(), x.RouteFailed.GetReason(), x.RouteFailed.GetRetryable())
+		}
+	case *sandboxv1.ConnectRequest_RuntimeEvents:
+		if d.routeOf(sb, c, x.RuntimeEvents.GetSessionId()) && len(x.RuntimeEvents.GetEvents()) > 0 {
+			d.cfg.Notifier.Events(d.ref(sb, x.RuntimeEvents.GetSessionId()), x.RuntimeEvents.GetEvents())
+		}
+	case *sandboxv1.ConnectRequest_Outcome:
+		if d.routeOf(sb, c, x.Outcome.GetSessionId()) {
+			d.cfg.Notifier.Outcome(d.ref(sb, x.Outcome.GetSessionId()), x.Outcome.GetOutcome())
+			d.activity(sb, c.RuntimeKey)
+			_ = d.cfg.Wrappers.RetainWarm(sb.ctx, sb.id, c.RuntimeKey, c.Instance, now.Add(keepWarm))
+		}
+	}
+}
+
+// keepWarm is how long a wrapper is kept after a turn (DESIGN.md 3.2).
+const keepWarm = 5 * time.Minute
+
+func (d *Driver) routeOf(sb *sandbox, c *Conn, sessionID string) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	r := sb.routes[sessionID]
+	return r != nil && r.RuntimeKey == c.RuntimeKey && r.State != store.RouteReleased
+}
+
+// Disconnected records that a wrapper's stream ended.
+func (d *Driver) Disconnected(c *Conn) {
+	c.close()
+	d.mu.Lock()
+	sb := d.sandboxes[c.SandboxID]
+	d.mu.Unlock()
+	if sb == nil {
+		return
+	}
+	sb.mu.Lock()
+	if sb.conns[c.RuntimeKey] != c {
+		sb.mu.Unlock()
+		return
+	}
+	delete(sb.conns, c.RuntimeKey)
+	s := sb.slots[c.RuntimeKey]
+	if s == nil {
+		sb.mu.Unlock()
+		return
+	}
+	s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StreamClosed{Now: d.cfg.Now(), Instance: c.Instance})
+	d.persistSlots(sb, []*store.Slot{s})
+	ids := d.reconnectingLocked(sb, c.RuntimeKey)
+	sb.mu.Unlock()
+	for _, id := range ids {
+		d.cfg.Notifier.Reconnecting(d.ref(sb, id))
+	}
+}
+
+func (d *Driver) reconnectingLocked(sb *sandbox, key string) []string {
+	ids := sb.routesOfLocked(key, store.RouteReady)
+	for _, id := range ids {
+		r := sb.routes[id]
+		r.State = store.RouteReconnecting
+		d.persistRoute(sb, r)
+	}
+	return ids
+}
+
+func errCode(err error) string {
+	if s, ok := status.FromError(err); ok {
+		return s.Code().String()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "DeadlineExceeded"
+	}
+	return "Unknown"
+}

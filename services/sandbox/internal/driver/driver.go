@@ -1,0 +1,502 @@
+// Package driver drives the sandboxes this replica owns: it takes owner
+// leases, brings runtime keys' wrappers up through the reconciler's
+// launch-or-reuse rule, authenticates wrapper Hellos, routes sessions onto
+// their runtime key's wrapper, watches heartbeats and reconnect windows, and
+// reports every route change to the session service.
+//
+// All state of a sandbox lives in memory under the sandbox's mutex and is
+// written through to Redis with guarded writes under the owner's fencing
+// token; a rejected write means another replica took the sandbox, and this
+// replica stops driving it at once.
+package driver
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/lease"
+	"agentplane.dev/services/sandbox/internal/notify"
+	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/scope"
+	"agentplane.dev/services/sandbox/internal/store"
+)
+
+// Wrappers is the physical wrapper-lease layer (internal/reconciler).
+type Wrappers interface {
+	Adopt(ctx context.Context, sandboxID string, f reconciler.Fence) error
+	Forget(sandboxID string)
+	EnsureWrapper(ctx context.Context, sandboxID, runtimeKey string, launch reconciler.LaunchFunc) (reconciler.Decision, error)
+	StartupVerified(ctx context.Context, sandboxID, runtimeKey, instance string) error
+	DeliveryAccepted(ctx context.Context, sandboxID, runtimeKey, instance string) error
+	RetainWarm(ctx context.Context, sandboxID, runtimeKey, instance string, until time.Time) error
+	WrapperGone(ctx context.Context, sandboxID, runtimeKey, instance string) error
+	RequestStop(ctx context.Context, sandboxID, runtimeKey, reason string) error
+	AbsenceVerified(ctx context.Context, sandboxID, runtimeKey string) (bool, time.Duration, error)
+	Lease(ctx context.Context, sandboxID, runtimeKey string) (lease.Lease, error)
+}
+
+// Config of a Driver.
+type Config struct {
+	Redis       redis.UniversalClient
+	Provider    provider.AgentSandbox
+	Wrappers    Wrappers
+	Notifier    *notify.Notifier
+	Credentials credentialv1.CredentialServiceClient // nil: routes get no handle
+	ReplicaID   string
+	OwnerTTL    time.Duration
+	Timers      allocation.Timers
+	// WrapperCommand is the wrapper program and its leading args.
+	WrapperCommand []string
+	// ControlAddrs are the sandbox-service addresses wrappers dial.
+	ControlAddrs []string
+	ProxyURL     string
+	Logger       *slog.Logger
+	Now          func() time.Time
+}
+
+// Domain errors (grpcapi maps them).
+var (
+	ErrOwnedElsewhere = errors.New("sandbox is driven by another replica")
+	ErrRouteNotFound  = errors.New("route not found")
+	ErrDirectoryMoved = errors.New("route exists with another directory")
+	ErrClassMixed     = scope.ErrClassMixed
+	ErrScopeNotFound  = errors.New("scope not found")
+)
+
+// Metrics the service exports.
+type Metrics struct {
+	StaleTokenRejections atomic.Int64
+	LeaseLosses          atomic.Int64
+	Takeovers            atomic.Int64
+}
+
+// Driver drives owned sandboxes.
+type Driver struct {
+	cfg     Config
+	log     *slog.Logger
+	ctx     context.Context
+	Metrics Metrics
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+	acquiring map[string]chan struct{}
+}
+
+// New builds a driver; Run starts its loops.
+func New(cfg Config) *Driver {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Driver{cfg: cfg, log: cfg.Logger, ctx: context.Background(), sandboxes: map[string]*sandbox{}, acquiring: map[string]chan struct{}{}}
+}
+
+// sandbox is one owned sandbox.
+type sandbox struct {
+	id    string
+	owner *ownership.Owner
+	stop  context.CancelFunc
+	ctx   context.Context
+
+	mu           sync.Mutex
+	dropped      bool
+	allocationID string
+	routes       map[string]*store.Route
+	scopes       map[string]*scope.Scope
+	wrappers     map[string]*store.Wrapper
+	slots        map[string]*store.Slot
+	conns        map[string]*Conn // runtime key → connected wrapper
+	handles      map[string]string
+	driving      map[string]bool
+}
+
+// Conn is one authenticated wrapper stream.
+type Conn struct {
+	SandboxID, RuntimeKey, Instance string
+	Send                            chan *sandboxv1.ConnectResponse
+	Closed                          chan struct{}
+	closeOnce                       sync.Once
+}
+
+func (c *Conn) close() { c.closeOnce.Do(func() { close(c.Closed) }) }
+
+func (c *Conn) send(m *sandboxv1.ConnectResponse) bool {
+	select {
+	case <-c.Closed:
+		return false
+	case c.Send <- m:
+		return true
+	default:
+		// A wrapper that cannot keep up loses its stream and reconnects.
+		c.close()
+		return false
+	}
+}
+
+// Run scans for sandboxes without an owner and ticks timers until ctx ends.
+func (d *Driver) Run(ctx context.Context) {
+	d.ctx = ctx
+	tick := time.NewTicker(d.tickEvery())
+	defer tick.Stop()
+	scan := time.NewTicker(max(d.cfg.OwnerTTL/3, 50*time.Millisecond))
+	defer scan.Stop()
+	d.takeover(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			d.dropAll()
+			return
+		case <-tick.C:
+			d.tick(ctx)
+		case <-scan.C:
+			d.takeover(ctx)
+		}
+	}
+}
+
+func (d *Driver) tickEvery() time.Duration {
+	t := d.cfg.Timers.Heartbeat / 2
+	return min(max(t, 50*time.Millisecond), time.Second)
+}
+
+// takeover acquires sandboxes whose owner died.
+func (d *Driver) takeover(ctx context.Context) {
+	ids, err := store.Indexed(ctx, d.cfg.Redis)
+	if err != nil {
+		return
+	}
+	for _, id := range ids {
+		d.mu.Lock()
+		_, owned := d.sandboxes[id]
+		d.mu.Unlock()
+		if owned {
+			continue
+		}
+		if owner, _, err := ownership.Current(ctx, d.cfg.Redis, id); err != nil || owner != "" {
+			continue
+		}
+		if _, err := d.own(ctx, id); err == nil {
+			d.Metrics.Takeovers.Add(1)
+			d.log.Info("took over sandbox", "sandbox", id)
+		}
+	}
+}
+
+// own returns the owned sandbox, acquiring its owner lease if free.
+func (d *Driver) own(ctx context.Context, id string) (*sandbox, error) {
+	for {
+		d.mu.Lock()
+		if sb, ok := d.sandboxes[id]; ok {
+			d.mu.Unlock()
+			return sb, nil
+		}
+		if wait, ok := d.acquiring[id]; ok {
+			d.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		d.acquiring[id] = done
+		d.mu.Unlock()
+		sb, err := d.acquire(id)
+		d.mu.Lock()
+		delete(d.acquiring, id)
+		if sb != nil {
+			d.sandboxes[id] = sb
+		}
+		close(done)
+		d.mu.Unlock()
+		if sb != nil {
+			d.resume(sb)
+		}
+		return sb, err
+	}
+}
+
+func (d *Driver) acquire(id string) (*sandbox, error) {
+	sctx, cancel := context.WithCancel(d.ctx)
+	o, err := ownership.Acquire(sctx, d.cfg.Redis, id, d.cfg.ReplicaID, d.cfg.OwnerTTL)
+	if err != nil {
+		cancel()
+		if errors.Is(err, ownership.ErrHeld) {
+			return nil, ErrOwnedElsewhere
+		}
+		return nil, err
+	}
+	snap, err := store.Load(sctx, d.cfg.Redis, id)
+	if err != nil {
+		_ = o.Release(context.Background())
+		cancel()
+		return nil, err
+	}
+	if err := store.Index(sctx, d.cfg.Redis, id); err != nil {
+		_ = o.Release(context.Background())
+		cancel()
+		return nil, err
+	}
+	if err := d.cfg.Wrappers.Adopt(sctx, id, reconciler.Fence{Resource: id, Token: o.Token()}); err != nil {
+		d.log.Warn("reconciler adopt failed", "sandbox", id, "err", err)
+	}
+	sb := &sandbox{
+		id: id, owner: o, stop: cancel, ctx: sctx, allocationID: snap.AllocationID,
+		routes: snap.Routes, scopes: snap.Scopes, wrappers: snap.Wrappers, slots: snap.Slots,
+		conns: map[string]*Conn{}, handles: map[string]string{}, driving: map[string]bool{},
+	}
+	go d.watchOwner(sb)
+	return sb, nil
+}
+
+// resume re-drives what a previous owner left: live slots wait for their
+// wrappers to reconnect, routes in preparation are prepared again.
+func (d *Driver) resume(sb *sandbox) {
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	var changed []*store.Slot
+	for _, s := range sb.slots {
+		if s.Alloc.Phase == allocation.Connected {
+			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StreamClosed{Now: now, Instance: s.Alloc.Instance})
+			changed = append(changed, s)
+		}
+	}
+	var pending []string
+	for id, r := range sb.routes {
+		switch r.State {
+		case store.RoutePreparing:
+			pending = append(pending, id)
+		case store.RouteReady:
+			r.State = store.RouteReconnecting
+			d.cfg.Notifier.Reconnecting(d.ref(sb, id))
+		}
+	}
+	d.persistSlots(sb, changed)
+	sb.mu.Unlock()
+	for _, id := range pending {
+		d.kick(sb, id)
+	}
+}
+
+// watchOwner stops driving the sandbox when its owner lease is lost.
+func (d *Driver) watchOwner(sb *sandbox) {
+	select {
+	case <-sb.owner.Done():
+	case <-sb.ctx.Done():
+		return
+	}
+	d.Metrics.LeaseLosses.Add(1)
+	// Persist the last observation with a guarded write: if another replica
+	// took the sandbox the fence rejects it, which is how a paused replica
+	// learns for certain that it is no longer the owner.
+	sb.mu.Lock()
+	slots := make([]*store.Slot, 0, len(sb.slots))
+	for _, s := range sb.slots {
+		slots = append(slots, s)
+	}
+	sb.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := store.PutSlots(ctx, sb.owner, sb.id, slots)
+	cancel()
+	if err != nil {
+		d.staleWrite(sb, err)
+	}
+	d.drop(sb, "owner lease lost")
+}
+
+func (d *Driver) staleWrite(sb *sandbox, err error) {
+	if ownership.IsStale(err) {
+		d.Metrics.StaleTokenRejections.Add(1)
+		d.log.Warn("fenced write rejected: stale fencing token, another replica owns the sandbox", "sandbox", sb.id, "token", sb.owner.Token())
+		go d.drop(sb, "stale fencing token")
+		return
+	}
+	d.log.Warn("sandbox state write failed", "sandbox", sb.id, "err", err)
+}
+
+// drop stops driving sb: wrapper streams close (the wrappers reconnect to the
+// new owner) and the reconciler forgets the sandbox.
+func (d *Driver) drop(sb *sandbox, why string) {
+	d.mu.Lock()
+	if d.sandboxes[sb.id] == sb {
+		delete(d.sandboxes, sb.id)
+	}
+	d.mu.Unlock()
+	sb.mu.Lock()
+	if sb.dropped {
+		sb.mu.Unlock()
+		return
+	}
+	sb.dropped = true
+	for _, c := range sb.conns {
+		c.close()
+	}
+	sb.mu.Unlock()
+	d.cfg.Wrappers.Forget(sb.id)
+	sb.stop()
+	d.log.Info("stopped driving sandbox", "sandbox", sb.id, "why", why)
+}
+
+func (d *Driver) dropAll() {
+	d.mu.Lock()
+	all := make([]*sandbox, 0, len(d.sandboxes))
+	for _, sb := range d.sandboxes {
+		all = append(all, sb)
+	}
+	d.mu.Unlock()
+	for _, sb := range all {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = sb.owner.Release(ctx)
+		cancel()
+		d.drop(sb, "shutdown")
+	}
+}
+
+func (d *Driver) ref(sb *sandbox, sessionID string) notify.Ref {
+	return notify.Ref{SessionID: sessionID, SandboxID: sb.id, AllocationID: sb.allocationID, FenceToken: sb.owner.Token()}
+}
+
+// persist helpers run under sb.mu.
+func (d *Driver) persistRoute(sb *sandbox, r *store.Route) {
+	r.Updated = d.cfg.Now()
+	if err := store.PutRoute(sb.ctx, sb.owner, sb.id, r); err != nil {
+		d.staleWrite(sb, err)
+	}
+}
+
+func (d *Driver) persistSlots(sb *sandbox, slots []*store.Slot) {
+	if err := store.PutSlots(sb.ctx, sb.owner, sb.id, slots); err != nil {
+		d.staleWrite(sb, err)
+	}
+}
+
+func (d *Driver) persistScope(sb *sandbox, sc *scope.Scope) {
+	if err := store.PutScope(sb.ctx, sb.owner, sc); err != nil {
+		d.staleWrite(sb, err)
+	}
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func digest(secret string) []byte {
+	s := sha256.Sum256([]byte(secret))
+	return s[:]
+}
+
+// launch starts a wrapper for the runtime key with markers m. The launch
+// credential is recorded as a digest before the process exists, and reaches
+// the wrapper through an inherited pipe (fd 3), never environ or argv.
+func (d *Driver) launch(sb *sandbox, key, directory string) reconciler.LaunchFunc {
+	return func(ctx context.Context, m provider.Markers) error {
+		raw := make([]byte, 32)
+		if _, err := rand.Read(raw); err != nil {
+			return err
+		}
+		cred := "aplc_" + base64.RawURLEncoding.EncodeToString(raw)
+		sb.mu.Lock()
+		w := &store.Wrapper{Instance: m.InstanceID, RuntimeKey: key, Allocation: sb.allocationID,
+			Generation: m.Generation, FenceToken: sb.owner.Token(), CredDigest: digest(cred)}
+		if err := store.PutWrapper(ctx, sb.owner, sb.id, w); err != nil {
+			sb.mu.Unlock()
+			d.staleWrite(sb, err)
+			return err
+		}
+		sb.wrappers[m.InstanceID] = w
+		slot := sb.slots[key]
+		if slot == nil {
+			slot = &store.Slot{RuntimeKey: key, Directory: directory}
+			sb.slots[key] = slot
+		}
+		slot.Directory = directory
+		slot.Alloc = allocation.Apply(d.cfg.Timers, allocation.Allocation{}, allocation.Launched{Now: d.cfg.Now(), Instance: m.InstanceID})
+		d.persistSlots(sb, []*store.Slot{slot})
+		alloc := sb.allocationID
+		token := sb.owner.Token()
+		sb.mu.Unlock()
+
+		r, wp, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		_, werr := wp.WriteString(cred)
+		_ = wp.Close()
+		if werr != nil {
+			_ = r.Close()
+			return werr
+		}
+		args := append([]string{}, d.cfg.WrapperCommand[1:]...)
+		args = append(args,
+			"--control-addr", strings.Join(d.cfg.ControlAddrs, ","),
+			"--allocation", alloc,
+			"--fence-token", strconv.FormatUint(token, 10),
+			"--credential-fd", "3",
+			"--heartbeat", d.cfg.Timers.Heartbeat.String(),
+			"--reconnect-window", d.cfg.Timers.ReconnectWindow.String(),
+		)
+		_, err = d.cfg.Provider.Launch(ctx, provider.LaunchSpec{
+			Markers: m, Path: d.cfg.WrapperCommand[0], Args: args, ExtraFiles: []*os.File{r}, Workspace: directory,
+		})
+		_ = r.Close()
+		return err
+	}
+}
+
+// helloAck builds the ack for a contract.
+func (d *Driver) helloAck(c scope.Contract) *sandboxv1.ConnectResponse {
+	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_HelloAck{HelloAck: &sandboxv1.HelloAck{
+		HeartbeatInterval: durationpb.New(d.cfg.Timers.Heartbeat),
+		ReconnectWindow:   durationpb.New(d.cfg.Timers.ReconnectWindow),
+		Contract:          ContractProto(c),
+	}}}
+}
+
+// Shutdown builds a Shutdown frame.
+func Shutdown(reason sandboxv1.ShutdownReason, detail string) *sandboxv1.ConnectResponse {
+	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Shutdown{Shutdown: &sandboxv1.Shutdown{Reason: reason, Detail: detail}}}
+}
+
+// ContractProto converts a contract.
+func ContractProto(c scope.Contract) sandboxv1.RuntimeContract {
+	switch c {
+	case scope.Worktree:
+		return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
+	case scope.PerSession:
+		return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION
+	}
+	return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_UNSPECIFIED
+}
+
+func progressStep(step, detail string) *runtimev1.ProgressStep {
+	return &runtimev1.ProgressStep{Step: step, Detail: detail, Time: timestamppb.Now()}
+}
+
+func constantTimeEqual(a, b []byte) bool { return subtle.ConstantTimeCompare(a, b) == 1 }

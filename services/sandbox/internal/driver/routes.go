@@ -1,0 +1,444 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/lease"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/scope"
+	"agentplane.dev/services/sandbox/internal/store"
+)
+
+// RouteSpec is what Prepare asks for.
+type RouteSpec struct {
+	SessionID, SandboxID, Directory, RepoURL, UserID, OrgID, CredentialRef, CredentialClass string
+}
+
+// Prepare is idempotent and returns at once with the current route view,
+// starting preparation when the route is not ready.
+func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, error) {
+	sb, err := d.own(ctx, spec.SandboxID)
+	if err != nil {
+		return store.Route{}, err
+	}
+	sb.mu.Lock()
+	r := sb.routes[spec.SessionID]
+	if r != nil && r.State != store.RouteReleased && r.Directory != spec.Directory {
+		sb.mu.Unlock()
+		return store.Route{}, ErrDirectoryMoved
+	}
+	if r != nil && (r.State == store.RouteReady || r.State == store.RoutePreparing || r.State == store.RouteReconnecting) {
+		view := *r
+		driving := sb.driving[spec.SessionID]
+		sb.mu.Unlock()
+		if r.State == store.RoutePreparing && !driving {
+			d.kick(sb, spec.SessionID)
+		}
+		return view, nil
+	}
+	sc := sb.scopeLocked(spec.Directory)
+	if err := sc.Admit(spec.SessionID, spec.CredentialClass); err != nil {
+		sb.mu.Unlock()
+		return store.Route{}, err
+	}
+	r = &store.Route{
+		SessionID: spec.SessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, UserID: spec.UserID, OrgID: spec.OrgID,
+		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, State: store.RoutePreparing, Step: "allocate",
+		Contract: sc.Contract,
+	}
+	sb.routes[spec.SessionID] = r
+	d.persistRoute(sb, r)
+	view := *r
+	sb.mu.Unlock()
+	d.kick(sb, spec.SessionID)
+	return view, nil
+}
+
+func (sb *sandbox) scopeLocked(dir string) *scope.Scope {
+	sc := sb.scopes[dir]
+	if sc == nil {
+		sc = &scope.Scope{SandboxID: sb.id, Directory: dir}
+		sb.scopes[dir] = sc
+	}
+	return sc
+}
+
+// kick starts preparing a route in the background (once at a time).
+func (d *Driver) kick(sb *sandbox, sessionID string) {
+	sb.mu.Lock()
+	if sb.driving[sessionID] || sb.dropped {
+		sb.mu.Unlock()
+		return
+	}
+	sb.driving[sessionID] = true
+	sb.mu.Unlock()
+	go func() {
+		retry := d.prepare(sb, sessionID)
+		sb.mu.Lock()
+		delete(sb.driving, sessionID)
+		sb.mu.Unlock()
+		if retry > 0 {
+			select {
+			case <-sb.ctx.Done():
+			case <-time.After(retry):
+				d.kick(sb, sessionID)
+			}
+		}
+	}()
+}
+
+// prepare drives one route toward its wrapper; it returns a delay after which
+// to try again (0: nothing more to do here, the wrapper's Hello continues).
+func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
+	ctx := sb.ctx
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil || r.State != store.RoutePreparing || sb.dropped {
+		sb.mu.Unlock()
+		return 0
+	}
+	if sb.allocationID == "" {
+		sb.allocationID = newID("alloc_")
+		if err := store.PutMeta(ctx, sb.owner, sb.id, sb.allocationID); err != nil {
+			sb.mu.Unlock()
+			d.staleWrite(sb, err)
+			return 0
+		}
+	}
+	sc := sb.scopeLocked(r.Directory)
+	key := scope.RuntimeKey(sc.Contract, r.Directory, sessionID)
+	r.RuntimeKey, r.Contract = key, sc.Contract
+	if c := sb.conns[key]; c != nil {
+		d.persistRoute(sb, r)
+		sb.mu.Unlock()
+		d.sendPrepare(sb, c, sessionID)
+		return 0
+	}
+	if s := sb.slots[key]; s != nil && (s.Alloc.Phase == allocation.Starting || s.Alloc.Phase == allocation.Disconnected) {
+		// Its wrapper is coming (back); the Hello sends the route.
+		r.Step = "wait_for_wrapper"
+		d.persistRoute(sb, r)
+		sb.mu.Unlock()
+		return 0
+	}
+	r.Step = "create_sandbox"
+	d.persistRoute(sb, r)
+	dir := r.Directory
+	sb.mu.Unlock()
+	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("create_sandbox", "preparing the sandbox"))
+
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timers.Create)
+	err := d.cfg.Provider.Create(cctx, sb.id)
+	cancel()
+	if err != nil {
+		if provider.DestroysSandbox(err) {
+			_ = d.cfg.Provider.Delete(ctx, sb.id, "", provider.DeleteRecovery)
+		}
+		d.failRoute(sb, sessionID, "sandbox_create_failed", true)
+		return 0
+	}
+	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("start_wrapper", "starting the wrapper"))
+	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir))
+	switch {
+	case errors.Is(err, reconciler.ErrRefused):
+		d.setStep(sb, sessionID, "wait_for_cleanup")
+		return max(dec.RetryAfter, time.Second)
+	case errors.Is(err, provider.ErrCapacityRejected):
+		d.failRoute(sb, sessionID, "capacity_rejected", true)
+		return 0
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0
+		}
+		d.log.Warn("ensure wrapper failed", "sandbox", sb.id, "runtime_key", key, "err", err)
+		d.setStep(sb, sessionID, "wait_for_cleanup")
+		return time.Second
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch dec.Action {
+	case reconciler.Reused:
+		s := sb.slots[key]
+		if c := sb.conns[key]; c != nil {
+			go d.sendPrepare(sb, c, sessionID)
+		} else if s == nil || !s.Alloc.Live() {
+			// The lease's wrapper runs but we have no allocation for it
+			// (its stream never came): wait for its Hello.
+			if s == nil {
+				s = &store.Slot{RuntimeKey: key, Directory: dir}
+				sb.slots[key] = s
+			}
+			s.Alloc = allocation.Apply(d.cfg.Timers, allocation.Allocation{}, allocation.Launched{Now: d.cfg.Now(), Instance: dec.Markers.InstanceID})
+			d.persistSlots(sb, []*store.Slot{s})
+		}
+	case reconciler.Launched:
+		if r := sb.routes[sessionID]; r != nil && r.State == store.RoutePreparing {
+			r.Step = "wait_for_wrapper"
+			d.persistRoute(sb, r)
+		}
+	}
+	return 0
+}
+
+func (d *Driver) setStep(sb *sandbox, sessionID, step string) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if r := sb.routes[sessionID]; r != nil && r.State == store.RoutePreparing {
+		r.Step = step
+		d.persistRoute(sb, r)
+	}
+}
+
+func (d *Driver) failRoute(sb *sandbox, sessionID, reason string, retryable bool) {
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil || r.State == store.RouteReleased {
+		sb.mu.Unlock()
+		return
+	}
+	r.State, r.FailureReason, r.Retryable, r.Step = store.RouteFailed, reason, retryable, ""
+	d.persistRoute(sb, r)
+	sb.mu.Unlock()
+	d.cfg.Notifier.Failed(d.ref(sb, sessionID), reason, retryable)
+}
+
+// sendPrepare mints or adopts the route's handle (when a credential service
+// is configured) and sends PrepareRoute on the wrapper's stream.
+func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil || sb.dropped {
+		sb.mu.Unlock()
+		return
+	}
+	r.Step = "prepare_route"
+	d.persistRoute(sb, r)
+	spec := *r
+	sb.mu.Unlock()
+	handle := ""
+	if d.cfg.Credentials != nil {
+		h, err := d.mint(sb, spec)
+		if err != nil {
+			d.log.Warn("handle mint failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
+			d.failRoute(sb, sessionID, "credential_unavailable", true)
+			return
+		}
+		handle = h
+		sb.mu.Lock()
+		sb.handles[sessionID] = h
+		sb.mu.Unlock()
+	}
+	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{
+		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
+		ProxyUrl: d.cfg.ProxyURL, Contract: ContractProto(spec.Contract),
+	}}})
+}
+
+func (d *Driver) mint(sb *sandbox, r store.Route) (string, error) {
+	ctx, cancel := context.WithTimeout(sb.ctx, 10*time.Second)
+	defer cancel()
+	contract := credentialv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION
+	if r.Contract == scope.Worktree {
+		contract = credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
+	}
+	resp, err := d.cfg.Credentials.MintHandle(ctx, &credentialv1.MintHandleRequest{
+		Scope:         &credentialv1.Scope{SandboxId: sb.id, Directory: r.Directory},
+		Member:        &credentialv1.Member{SessionId: r.SessionID, RuntimeSessionId: r.RuntimeSessionID, UserId: r.UserID, OrgId: r.OrgID},
+		CredentialRef: r.CredentialRef, CredentialClass: credentialClass(r.CredentialClass), Contract: contract,
+		FenceToken: sb.owner.Token(), AllocationId: sb.allocationID,
+	})
+	if err != nil {
+		return "", err
+	}
+	return resp.GetHandle(), nil
+}
+
+func credentialClass(c string) credentialv1.CredentialClass {
+	switch c {
+	case "delegated":
+		return credentialv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED
+	case "static":
+		return credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC
+	}
+	return credentialv1.CredentialClass_CREDENTIAL_CLASS_UNSPECIFIED
+}
+
+// Message is one message to deliver.
+type Message struct{ ID, Content string }
+
+// Deliver writes messages to the route's wrapper; false means NOT_READY and
+// nothing was written.
+func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs []Message) (bool, store.Route, error) {
+	sb, err := d.own(ctx, sandboxID)
+	if err != nil {
+		return false, store.Route{}, err
+	}
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil || r.State == store.RouteReleased {
+		sb.mu.Unlock()
+		return false, store.Route{}, ErrRouteNotFound
+	}
+	view := *r
+	c := sb.conns[r.RuntimeKey]
+	sb.mu.Unlock()
+	if r.State != store.RouteReady || c == nil {
+		return false, view, nil
+	}
+	l, err := d.cfg.Wrappers.Lease(ctx, sb.id, view.RuntimeKey)
+	if err != nil || l.HoldsDelivery() || (l.State == lease.OwnsWrapper && l.Instance != c.Instance) {
+		return false, view, nil
+	}
+	frame := &sandboxv1.Deliver{SessionId: sessionID}
+	for _, m := range msgs {
+		frame.Messages = append(frame.Messages, &sandboxv1.DeliveryMessage{MessageId: m.ID, Content: m.Content})
+	}
+	if !c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Deliver{Deliver: frame}}) {
+		return false, view, nil
+	}
+	_ = d.cfg.Wrappers.DeliveryAccepted(ctx, sb.id, view.RuntimeKey, c.Instance)
+	d.activity(sb, view.RuntimeKey)
+	return true, view, nil
+}
+
+func (d *Driver) activity(sb *sandbox, key string) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if s := sb.slots[key]; s != nil {
+		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: d.cfg.Now()})
+	}
+}
+
+// Abort sends a best-effort abort; it reports whether a frame was written.
+func (d *Driver) Abort(ctx context.Context, sandboxID, sessionID, messageID string) (bool, error) {
+	sb, err := d.own(ctx, sandboxID)
+	if err != nil {
+		return false, err
+	}
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	var c *Conn
+	if r != nil {
+		c = sb.conns[r.RuntimeKey]
+	}
+	sb.mu.Unlock()
+	if r == nil {
+		return false, ErrRouteNotFound
+	}
+	if c == nil {
+		return false, nil
+	}
+	return c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Abort{Abort: &sandboxv1.Abort{SessionId: sessionID, MessageId: messageID}}}), nil
+}
+
+// Release is the result of ReleaseRoute.
+type Release struct {
+	LastMember, AbsenceVerified bool
+	Lease                       lease.State
+	RetryAfter                  time.Duration
+}
+
+// ReleaseRoute removes the session from its runtime key; the last member
+// requests a stop and reports whether absence is verified. Repeating the call
+// keeps reporting until it is.
+func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason string) (Release, error) {
+	sb, err := d.own(ctx, sandboxID)
+	if err != nil {
+		return Release{}, err
+	}
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil {
+		sb.mu.Unlock()
+		return Release{LastMember: false, AbsenceVerified: true, Lease: lease.None}, nil
+	}
+	key, dir := r.RuntimeKey, r.Directory
+	first := r.State != store.RouteReleased
+	last := true
+	for id, o := range sb.routes {
+		if id != sessionID && o.RuntimeKey == key && o.State != store.RouteReleased && o.State != store.RouteFailed {
+			last = false
+		}
+	}
+	c := sb.conns[key]
+	if first {
+		r.State, r.Step = store.RouteReleased, ""
+		d.persistRoute(sb, r)
+		if sc := sb.scopes[dir]; sc != nil {
+			sc.Leave(sessionID)
+			d.persistScope(sb, sc)
+		}
+		delete(sb.handles, sessionID)
+		if last {
+			if s := sb.slots[key]; s != nil {
+				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: d.cfg.Now(), Reason: reason})
+				d.persistSlots(sb, []*store.Slot{s})
+			}
+		}
+	}
+	sb.mu.Unlock()
+	if c != nil && first {
+		c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_ReleaseRoute{ReleaseRoute: &sandboxv1.ReleaseRoute{SessionId: sessionID}}})
+	}
+	if first && d.cfg.Credentials != nil {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := d.cfg.Credentials.ReleaseMember(cctx, &credentialv1.ReleaseMemberRequest{
+			Scope: &credentialv1.Scope{SandboxId: sb.id, Directory: dir}, SessionId: sessionID, FenceToken: sb.owner.Token()})
+		cancel()
+		if err != nil {
+			d.log.Warn("credential member release failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
+		}
+	}
+	if !last || key == "" {
+		d.forgetRoute(sb, sessionID)
+		return Release{LastMember: last, AbsenceVerified: true, Lease: lease.OwnsWrapper}, nil
+	}
+	if first {
+		if c != nil {
+			c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+		}
+		if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
+			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
+		}
+	}
+	ok, retry, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key)
+	if err != nil {
+		ok = false
+	}
+	l, _ := d.cfg.Wrappers.Lease(ctx, sb.id, key)
+	if ok {
+		d.forgetRoute(sb, sessionID)
+	}
+	return Release{LastMember: true, AbsenceVerified: ok, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+}
+
+func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if r := sb.routes[sessionID]; r != nil && r.State == store.RouteReleased {
+		delete(sb.routes, sessionID)
+		if err := store.DeleteRoute(sb.ctx, sb.owner, d.cfg.Redis, sb.id, sessionID); err != nil {
+			d.staleWrite(sb, err)
+		}
+	}
+}
+
+// Route returns a route's view (for Status).
+func (d *Driver) Route(ctx context.Context, sandboxID, sessionID string) (store.Route, bool, error) {
+	sb, err := d.own(ctx, sandboxID)
+	if err != nil {
+		return store.Route{}, false, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if r := sb.routes[sessionID]; r != nil {
+		return *r, true, nil
+	}
+	return store.Route{}, false, nil
+}

@@ -1,0 +1,111 @@
+package driver
+
+import (
+	"context"
+	"sort"
+
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/lease"
+	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/scope"
+	"agentplane.dev/services/sandbox/internal/store"
+)
+
+// KeyStatus describes one runtime key.
+type KeyStatus struct {
+	RuntimeKey string
+	Lease      lease.Lease
+	Members    []string
+	Instance   string
+	Alloc      allocation.Allocation
+}
+
+// SandboxStatus describes a sandbox.
+type SandboxStatus struct {
+	SandboxID    string
+	Owner        string
+	FenceToken   uint64
+	AllocationID string
+	Phase        allocation.Phase
+	Keys         []KeyStatus
+	Route        *store.Route
+}
+
+// Status reads a sandbox without taking it over: from memory when this
+// replica owns it, else from Redis.
+func (d *Driver) Status(ctx context.Context, sandboxID, sessionID string) (SandboxStatus, error) {
+	owner, token, err := ownership.Current(ctx, d.cfg.Redis, sandboxID)
+	if err != nil {
+		return SandboxStatus{}, err
+	}
+	var snap store.Snapshot
+	d.mu.Lock()
+	sb := d.sandboxes[sandboxID]
+	d.mu.Unlock()
+	if sb != nil {
+		sb.mu.Lock()
+		snap = store.Snapshot{AllocationID: sb.allocationID, Routes: map[string]*store.Route{}, Slots: map[string]*store.Slot{}}
+		for id, r := range sb.routes {
+			c := *r
+			snap.Routes[id] = &c
+		}
+		for k, s := range sb.slots {
+			c := *s
+			snap.Slots[k] = &c
+		}
+		sb.mu.Unlock()
+	} else if snap, err = store.Load(ctx, d.cfg.Redis, sandboxID); err != nil {
+		return SandboxStatus{}, err
+	}
+	st := SandboxStatus{SandboxID: sandboxID, Owner: owner, FenceToken: token, AllocationID: snap.AllocationID, Phase: allocation.Stopped}
+	rank := map[allocation.Phase]int{allocation.Stopped: 0, allocation.Stopping: 1, allocation.Creating: 2, allocation.Starting: 3, allocation.Disconnected: 4, allocation.Connected: 5}
+	for key, s := range snap.Slots {
+		ks := KeyStatus{RuntimeKey: key, Instance: s.Alloc.Instance, Alloc: s.Alloc}
+		if l, err := d.cfg.Wrappers.Lease(ctx, sandboxID, key); err == nil {
+			ks.Lease = l
+		}
+		for id, r := range snap.Routes {
+			if r.RuntimeKey == key && r.State != store.RouteReleased {
+				ks.Members = append(ks.Members, id)
+			}
+		}
+		sort.Strings(ks.Members)
+		st.Keys = append(st.Keys, ks)
+		if rank[s.Alloc.Phase] > rank[st.Phase] {
+			st.Phase = s.Alloc.Phase
+		}
+	}
+	sort.Slice(st.Keys, func(i, j int) bool { return st.Keys[i].RuntimeKey < st.Keys[j].RuntimeKey })
+	if r := snap.Routes[sessionID]; sessionID != "" && r != nil {
+		st.Route = r
+	}
+	return st, nil
+}
+
+// Scope returns a worktree scope (memory when owned, else Redis).
+func (d *Driver) Scope(ctx context.Context, sandboxID, directory string) (*scope.Scope, error) {
+	d.mu.Lock()
+	sb := d.sandboxes[sandboxID]
+	d.mu.Unlock()
+	if sb != nil {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		if sc := sb.scopes[directory]; sc != nil {
+			c := *sc
+			c.Members = map[string]string{}
+			for k, v := range sc.Members {
+				c.Members[k] = v
+			}
+			return &c, nil
+		}
+		return nil, ErrScopeNotFound
+	}
+	snap, err := store.Load(ctx, d.cfg.Redis, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if sc := snap.Scopes[directory]; sc != nil {
+		return sc, nil
+	}
+	return nil, ErrScopeNotFound
+}

@@ -1,0 +1,193 @@
+package driver
+
+import (
+	"context"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/store"
+)
+
+// tick applies the allocation timers of every owned sandbox.
+func (d *Driver) tick(ctx context.Context) {
+	d.mu.Lock()
+	all := make([]*sandbox, 0, len(d.sandboxes))
+	for _, sb := range d.sandboxes {
+		all = append(all, sb)
+	}
+	d.mu.Unlock()
+	for _, sb := range all {
+		d.tickSandbox(ctx, sb)
+	}
+}
+
+type keyChange struct {
+	key, instance string
+	from, to      allocation.Allocation
+	conn          *Conn
+}
+
+func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	if sb.dropped {
+		sb.mu.Unlock()
+		return
+	}
+	var changes []keyChange
+	var changed []*store.Slot
+	var disconnected []string
+	for key, s := range sb.slots {
+		before := s.Alloc
+		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Tick{Now: now})
+		if s.Alloc.Phase == allocation.Disconnected {
+			disconnected = append(disconnected, key)
+		}
+		if s.Alloc.Phase != before.Phase {
+			changes = append(changes, keyChange{key: key, instance: before.Instance, from: before, to: s.Alloc, conn: sb.conns[key]})
+			changed = append(changed, s)
+		}
+	}
+	if len(changed) > 0 {
+		d.persistSlots(sb, changed)
+	}
+	sb.mu.Unlock()
+
+	for _, ch := range changes {
+		switch {
+		case ch.to.Phase == allocation.Disconnected:
+			// Heartbeats stopped: the stream is dead even if TCP says otherwise.
+			if ch.conn != nil {
+				d.Disconnected(ch.conn)
+			}
+		case ch.to.Phase == allocation.Stopping:
+			d.stopping(ctx, sb, ch)
+		}
+	}
+	// A disconnected wrapper that verifiably no longer runs is lost now;
+	// waiting out the reconnect window would only delay the session.
+	for _, key := range disconnected {
+		d.checkGone(ctx, sb, key)
+	}
+	d.checkStopped(ctx, sb)
+}
+
+// stopping handles a timer-driven stop: routes of the key are lost (or fail
+// when they never became ready) and the wrapper lease is asked to stop.
+func (d *Driver) stopping(ctx context.Context, sb *sandbox, ch keyChange) {
+	reason := ch.to.Reason
+	sb.mu.Lock()
+	var lost, failed []string
+	for id, r := range sb.routes {
+		if r.RuntimeKey != ch.key {
+			continue
+		}
+		switch r.State {
+		case store.RouteReady, store.RouteReconnecting:
+			r.State, r.Step = store.RouteUnknown, ""
+			d.persistRoute(sb, r)
+			lost = append(lost, id)
+		case store.RoutePreparing:
+			failed = append(failed, id)
+		}
+	}
+	sb.mu.Unlock()
+	if ch.conn != nil {
+		ch.conn.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+	}
+	if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, ch.key, reason); err != nil {
+		d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", ch.key, "err", err)
+	}
+	for _, id := range lost {
+		d.cfg.Notifier.Lost(d.ref(sb, id), reason)
+	}
+	for _, id := range failed {
+		d.failRoute(sb, id, reason, true)
+	}
+}
+
+// checkGone declares a disconnected wrapper lost once discovery shows its
+// instance is not running (never on an inspection failure).
+func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
+	sb.mu.Lock()
+	s := sb.slots[key]
+	if s == nil || s.Alloc.Phase != allocation.Disconnected {
+		sb.mu.Unlock()
+		return
+	}
+	instance := s.Alloc.Instance
+	sb.mu.Unlock()
+	disc := d.cfg.Provider.Discover(ctx, sb.id, key)
+	if disc.Kind == provider.InspectionFailed {
+		return
+	}
+	for _, o := range disc.Observed {
+		if o.InstanceID == instance {
+			return
+		}
+	}
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	if s.Alloc.Phase != allocation.Disconnected || s.Alloc.Instance != instance {
+		sb.mu.Unlock()
+		return
+	}
+	reason := s.Alloc.Reason
+	if reason == allocation.ReasonStreamClosed {
+		reason = "wrapper_exited"
+	}
+	s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: now, Reason: reason})
+	d.persistSlots(sb, []*store.Slot{s})
+	var lost []string
+	for id, r := range sb.routes {
+		if r.RuntimeKey == key && (r.State == store.RouteReconnecting || r.State == store.RouteReady) {
+			r.State, r.Step = store.RouteUnknown, ""
+			d.persistRoute(sb, r)
+			lost = append(lost, id)
+		}
+	}
+	sb.mu.Unlock()
+	if err := d.cfg.Wrappers.WrapperGone(ctx, sb.id, key, instance); err != nil {
+		d.log.Warn("wrapper gone not recorded", "sandbox", sb.id, "runtime_key", key, "err", err)
+	}
+	for _, id := range lost {
+		d.cfg.Notifier.Lost(d.ref(sb, id), reason)
+	}
+}
+
+// checkStopped moves stopping slots to stopped once the lease reports the
+// runtime key's absence.
+func (d *Driver) checkStopped(ctx context.Context, sb *sandbox) {
+	sb.mu.Lock()
+	var keys []string
+	for key, s := range sb.slots {
+		if s.Alloc.Phase == allocation.Stopping {
+			keys = append(keys, key)
+		}
+	}
+	sb.mu.Unlock()
+	for _, key := range keys {
+		ok, _, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key)
+		if err != nil || !ok {
+			continue
+		}
+		sb.mu.Lock()
+		if s := sb.slots[key]; s != nil && s.Alloc.Phase == allocation.Stopping {
+			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StopVerified{Now: d.cfg.Now()})
+			d.persistSlots(sb, []*store.Slot{s})
+			var pending []string
+			for id, r := range sb.routes {
+				if r.State == store.RoutePreparing && !sb.driving[id] {
+					pending = append(pending, id)
+				}
+			}
+			sb.mu.Unlock()
+			for _, id := range pending {
+				d.kick(sb, id)
+			}
+			continue
+		}
+		sb.mu.Unlock()
+	}
+}
