@@ -14,6 +14,11 @@ const watchBatch = 256
 // for new ones, until ctx ends or the session is deleted. Every event is
 // sent once, in log order; its Cursor resumes right after it.
 func (s *Service) Watch(ctx context.Context, id, cursor string, send func(store.StoredEvent) error) error {
+	// Watchers end with the service (shutdown), not only with their client.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
 	live, err := s.store.Live(ctx, id)
 	if err != nil {
 		return err

@@ -1,0 +1,77 @@
+// Package grpcapi serves the session service's gRPC contracts: it validates
+// requests, converts between protobuf and the domain, and maps domain errors
+// to statuses in one place (toStatus).
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+
+	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/services/session/internal/session"
+)
+
+// Reasons (ErrorInfo.Reason) of the session service; docs/errors.md lists them.
+const (
+	ReasonInvalidRequest         = "INVALID_REQUEST"
+	ReasonSessionNotFound        = "SESSION_NOT_FOUND"
+	ReasonMessageNotFound        = "MESSAGE_NOT_FOUND"
+	ReasonMessageIDConflict      = "MESSAGE_ID_CONFLICT"
+	ReasonSessionIDConflict      = "SESSION_ID_CONFLICT"
+	ReasonDeletionPendingCleanup = "DELETION_PENDING_CLEANUP"
+	ReasonPeerUnavailable        = "PEER_UNAVAILABLE"
+	ReasonSessionBusy            = "SESSION_BUSY"
+	ReasonInternal               = "INTERNAL"
+)
+
+// toStatus is the service's one error translator. Internal errors are
+// logged here and reach clients without their text.
+func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	var invalid *session.InvalidError
+	var pending *session.DeletionPendingError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &invalid):
+		opts := make([]apierr.Option, 0, len(invalid.Violations))
+		for _, v := range invalid.Violations {
+			opts = append(opts, apierr.FieldViolation(v.Field, v.Description))
+		}
+		return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, invalid.Error(), opts...)
+	case errors.Is(err, session.ErrInvalidPageToken):
+		return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, "malformed page token",
+			apierr.FieldViolation("page_token", "not a token from a previous response"))
+	case errors.Is(err, session.ErrSessionNotFound):
+		return apierr.Error(codes.NotFound, ReasonSessionNotFound, "session not found",
+			apierr.FieldViolation("session_id", "no such session"))
+	case errors.Is(err, session.ErrMessageNotFound):
+		return apierr.Error(codes.NotFound, ReasonMessageNotFound, "message not found",
+			apierr.FieldViolation("message_id", "no such message in the session"))
+	case errors.Is(err, session.ErrMessageConflict):
+		return apierr.Error(codes.AlreadyExists, ReasonMessageIDConflict,
+			"message_id was already used with other content",
+			apierr.FieldViolation("message_id", "already used with other content"))
+	case errors.Is(err, session.ErrSessionConflict):
+		return apierr.Error(codes.AlreadyExists, ReasonSessionIDConflict,
+			"session_id was already used with another request",
+			apierr.FieldViolation("session_id", "already used with another request"))
+	case errors.As(err, &pending):
+		return apierr.Error(codes.FailedPrecondition, ReasonDeletionPendingCleanup,
+			"deletion is persisted; cleanup is not verified yet and continues in the background",
+			apierr.RetryAfter(pending.RetryAfter), apierr.Metadata("pending_step", pending.Step))
+	case errors.Is(err, session.ErrPeerUnavailable):
+		log.WarnContext(ctx, "peer unavailable", "error", err)
+		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
+	case errors.Is(err, session.ErrConflictRetries):
+		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
+	case errors.Is(err, context.Canceled):
+		return apierr.Error(codes.Canceled, ReasonInternal, "canceled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return apierr.Error(codes.DeadlineExceeded, ReasonInternal, "deadline exceeded")
+	}
+	log.ErrorContext(ctx, "internal error", "error", err)
+	return apierr.Error(codes.Internal, ReasonInternal, "internal error")
+}

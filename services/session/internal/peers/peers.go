@@ -1,0 +1,177 @@
+// Package peers adapts the sandbox, credential and ingest gRPC clients to the
+// session service's small peer interfaces, converting between their
+// contracts and the session domain.
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/session/internal/service"
+	"agentplane.dev/services/session/internal/session"
+)
+
+// Dial connects to a peer with the internal token on every call and trace
+// propagation. Extra options (e.g. TLS) are appended.
+func Dial(addr, token string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	base := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+	}
+	if token != "" {
+		base = append(base,
+			grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				return invoker(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), method, req, reply, cc, opts...)
+			}))
+	}
+	return grpc.NewClient(addr, append(base, opts...)...)
+}
+
+// Sandbox is service.Sandbox over SandboxService.
+type Sandbox struct {
+	C sandboxv1.SandboxServiceClient
+}
+
+var _ service.Sandbox = Sandbox{}
+
+func routeSpec(s *session.Session) *sandboxv1.RouteSpec {
+	class := sandboxv1.CredentialClass_CREDENTIAL_CLASS_STATIC
+	if s.CredentialClass == session.CredentialDelegated {
+		class = sandboxv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED
+	}
+	return &sandboxv1.RouteSpec{
+		SessionId: s.ID, SandboxId: s.SandboxID, Directory: s.Directory, RepoUrl: s.RepoURL,
+		UserId: s.UserID, OrgId: s.OrgID, CredentialRef: s.CredentialRef, CredentialClass: class,
+	}
+}
+
+func routeView(v *sandboxv1.RouteView) session.RouteView {
+	out := session.RouteView{
+		Step: v.GetStep(), FailureReason: v.GetFailureReason(),
+		RuntimeSessionID: v.GetRuntimeSessionId(), WrapperInstance: v.GetWrapperInstance(),
+	}
+	switch v.GetState() {
+	case sandboxv1.RouteState_ROUTE_STATE_PREPARING:
+		out.State = session.RoutePreparing
+	case sandboxv1.RouteState_ROUTE_STATE_READY:
+		out.State = session.RouteReady
+	case sandboxv1.RouteState_ROUTE_STATE_RECONNECTING:
+		out.State = session.RouteReconnecting
+	case sandboxv1.RouteState_ROUTE_STATE_FAILED:
+		out.State = session.RouteFailed
+	default:
+		out.State = session.RouteUnknown
+	}
+	return out
+}
+
+func (p Sandbox) Prepare(ctx context.Context, s *session.Session) (session.RouteView, error) {
+	resp, err := p.C.Prepare(ctx, &sandboxv1.PrepareRequest{Route: routeSpec(s)})
+	if err != nil {
+		return session.RouteView{}, err
+	}
+	return routeView(resp.GetRoute()), nil
+}
+
+func (p Sandbox) Deliver(ctx context.Context, s *session.Session, msgs []*session.Message) (bool, session.RouteView, error) {
+	req := &sandboxv1.DeliverRequest{SessionId: s.ID, SandboxId: s.SandboxID}
+	for _, m := range msgs {
+		req.Messages = append(req.Messages, &sandboxv1.DeliveryMessage{MessageId: m.ID, Content: m.Content})
+	}
+	resp, err := p.C.Deliver(ctx, req)
+	if err != nil {
+		return false, session.RouteView{}, err
+	}
+	switch resp.GetResult() {
+	case sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT:
+		return true, routeView(resp.GetRoute()), nil
+	case sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY:
+		return false, routeView(resp.GetRoute()), nil
+	}
+	return false, session.RouteView{}, fmt.Errorf("deliver: unexpected result %v", resp.GetResult())
+}
+
+func (p Sandbox) Abort(ctx context.Context, s *session.Session, messageID string) error {
+	_, err := p.C.Abort(ctx, &sandboxv1.AbortRequest{SessionId: s.ID, SandboxId: s.SandboxID, MessageId: messageID})
+	return err
+}
+
+func (p Sandbox) ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason string) (service.Release, error) {
+	resp, err := p.C.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SessionId: sessionID, SandboxId: sandboxID, Reason: reason})
+	if err != nil {
+		return service.Release{}, err
+	}
+	return service.Release{
+		LastMember: resp.GetLastMember(), AbsenceVerified: resp.GetAbsenceVerified(),
+		RetryAfter: resp.GetRetryAfter().AsDuration(),
+	}, nil
+}
+
+// Credentials is service.Credentials over CredentialService.
+type Credentials struct {
+	C credentialv1.CredentialServiceClient
+}
+
+var _ service.Credentials = Credentials{}
+
+func (p Credentials) Put(ctx context.Context, sessionID string, class session.CredentialClass, secret string) (string, error) {
+	c := credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC
+	if class == session.CredentialDelegated {
+		c = credentialv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED
+	}
+	resp, err := p.C.PutBackingCredential(ctx, &credentialv1.PutBackingCredentialRequest{
+		SessionId: sessionID, CredentialClass: c, Secret: secret,
+	})
+	if err != nil {
+		return "", scrub(err)
+	}
+	return resp.GetCredentialRef(), nil
+}
+
+func (p Credentials) ReleaseMember(ctx context.Context, sandboxID, directory, sessionID string) error {
+	_, err := p.C.ReleaseMember(ctx, &credentialv1.ReleaseMemberRequest{
+		Scope: &credentialv1.Scope{SandboxId: sandboxID, Directory: directory}, SessionId: sessionID,
+	})
+	if status.Code(err) == codes.NotFound {
+		return nil // no scope or no membership: nothing to release
+	}
+	return err
+}
+
+func (p Credentials) DeleteBacking(ctx context.Context, ref string) error {
+	_, err := p.C.DeleteBackingCredential(ctx, &credentialv1.DeleteBackingCredentialRequest{CredentialRef: ref})
+	if status.Code(err) == codes.NotFound {
+		return nil
+	}
+	return err
+}
+
+// scrub keeps only the code of a credential-service error: its text is
+// never needed here and must not reach logs next to a secret-bearing call.
+func scrub(err error) error {
+	return errors.New("credential service: " + status.Code(err).String())
+}
+
+// History is service.History over IngestService.
+type History struct{ C ingestv1.IngestServiceClient }
+
+var _ service.History = History{}
+
+func (p History) Delete(ctx context.Context, runtimeSessionID string) error {
+	_, err := p.C.Delete(ctx, &ingestv1.DeleteRequest{RuntimeSessionId: runtimeSessionID})
+	if status.Code(err) == codes.NotFound {
+		return nil // already tombstoned or never created
+	}
+	return err
+}

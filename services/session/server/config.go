@@ -1,0 +1,143 @@
+// Package server is the session service's public entry: its configuration
+// and Run, used by cmd/session and by cmd/agentplane (all services in one
+// process).
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"agentplane.dev/pkg/config"
+)
+
+// Config is the session service's configuration.
+type Config struct {
+	config.Common
+
+	SandboxAddr    string // SANDBOX_ADDR: required (routes)
+	CredentialAddr string // CREDENTIAL_ADDR: empty skips credential storage and release (dev/test)
+	IngestAddr     string // INGEST_ADDR: empty skips history deletion (dev/test)
+
+	QueuedTimeout     time.Duration // SESSION_QUEUED_TIMEOUT: queued longer → failed(preparation_timeout)
+	AcceptedTimeout   time.Duration // SESSION_ACCEPTED_TIMEOUT: accepted longer → failed(no_outcome)
+	Retention         time.Duration // SESSION_RETENTION: idle sessions older than this are deleted
+	SweepInterval     time.Duration // SESSION_SWEEP_INTERVAL
+	ReconcileInterval time.Duration // SESSION_RECONCILE_INTERVAL
+	DeleteBackoffBase time.Duration // SESSION_DELETE_BACKOFF_BASE
+	DeleteBackoffMax  time.Duration // SESSION_DELETE_BACKOFF_MAX
+	DeleteLeaseTTL    time.Duration // SESSION_DELETE_LEASE_TTL
+	PeerTimeout       time.Duration // SESSION_PEER_TIMEOUT
+	EventCap          int           // SESSION_EVENT_CAP: events kept per session (approximate)
+	WatchPoolSize     int           // SESSION_WATCH_POOL_SIZE: Redis connections for WatchSession readers
+	WatchBlock        time.Duration // SESSION_WATCH_BLOCK
+	ReplicaID         string        // SESSION_REPLICA: this replica's name in leases
+}
+
+// DefaultConfig returns the dev defaults (ports from docs/development.md).
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Common:         config.DefaultCommon("127.0.0.1:7401", "127.0.0.1:9401"),
+		SandboxAddr:    "127.0.0.1:7402",
+		CredentialAddr: "127.0.0.1:7403",
+		IngestAddr:     "127.0.0.1:7404",
+
+		QueuedTimeout:     16*time.Minute + 30*time.Second,
+		AcceptedTimeout:   125 * time.Minute,
+		Retention:         90 * 24 * time.Hour,
+		SweepInterval:     10 * time.Second,
+		ReconcileInterval: 2 * time.Second,
+		DeleteBackoffBase: time.Second,
+		DeleteBackoffMax:  time.Minute,
+		DeleteLeaseTTL:    30 * time.Second,
+		PeerTimeout:       5 * time.Second,
+		EventCap:          100_000,
+		WatchPoolSize:     1024,
+		WatchBlock:        5 * time.Second,
+		ReplicaID:         fmt.Sprintf("%s-%d", host, os.Getpid()),
+	}
+}
+
+// Bind registers every setting on l with c's values as defaults.
+func (c *Config) Bind(l *config.Loader) {
+	c.Common.Bind(l)
+	l.String(&c.SandboxAddr, "SANDBOX_ADDR", c.SandboxAddr, "sandbox service address (required)")
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service address; empty skips credential steps (dev only)")
+	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service address; empty skips history deletion (dev only)")
+	l.Duration(&c.QueuedTimeout, "SESSION_QUEUED_TIMEOUT", c.QueuedTimeout, "queued messages older than this fail with preparation_timeout")
+	l.Duration(&c.AcceptedTimeout, "SESSION_ACCEPTED_TIMEOUT", c.AcceptedTimeout, "accepted messages older than this fail with no_outcome")
+	l.Duration(&c.Retention, "SESSION_RETENTION", c.Retention, "sessions idle this long are deleted")
+	l.Duration(&c.SweepInterval, "SESSION_SWEEP_INTERVAL", c.SweepInterval, "how often backstops and retention run")
+	l.Duration(&c.ReconcileInterval, "SESSION_RECONCILE_INTERVAL", c.ReconcileInterval, "how often pending deletions are driven")
+	l.Duration(&c.DeleteBackoffBase, "SESSION_DELETE_BACKOFF_BASE", c.DeleteBackoffBase, "first retry delay of a pending deletion")
+	l.Duration(&c.DeleteBackoffMax, "SESSION_DELETE_BACKOFF_MAX", c.DeleteBackoffMax, "largest retry delay of a pending deletion")
+	l.Duration(&c.DeleteLeaseTTL, "SESSION_DELETE_LEASE_TTL", c.DeleteLeaseTTL, "lease of one deletion attempt")
+	l.Duration(&c.PeerTimeout, "SESSION_PEER_TIMEOUT", c.PeerTimeout, "bound on every call to a peer service")
+	l.Int(&c.EventCap, "SESSION_EVENT_CAP", c.EventCap, "events kept per session (approximate trim)")
+	l.Int(&c.WatchPoolSize, "SESSION_WATCH_POOL_SIZE", c.WatchPoolSize, "Redis connections reserved for WatchSession readers")
+	l.Duration(&c.WatchBlock, "SESSION_WATCH_BLOCK", c.WatchBlock, "how long one WatchSession read blocks")
+	l.String(&c.ReplicaID, "SESSION_REPLICA", c.ReplicaID, "this replica's name in deletion leases")
+}
+
+// Validate checks every setting and names the variable and flag of each bad one.
+func (c *Config) Validate() error {
+	errs := []error{c.Common.Validate()}
+	bad := func(name string, err error) { errs = append(errs, config.ErrorFor(name, err)) }
+	addr := func(name, v string, required bool) {
+		if v == "" {
+			if required {
+				bad(name, errors.New("required"))
+			}
+			return
+		}
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad(name, fmt.Errorf("want host:port: %w", err))
+		}
+	}
+	addr("SANDBOX_ADDR", c.SandboxAddr, true)
+	addr("CREDENTIAL_ADDR", c.CredentialAddr, false)
+	addr("INGEST_ADDR", c.IngestAddr, false)
+	positive := map[string]time.Duration{
+		"SESSION_QUEUED_TIMEOUT": c.QueuedTimeout, "SESSION_ACCEPTED_TIMEOUT": c.AcceptedTimeout,
+		"SESSION_RETENTION": c.Retention, "SESSION_SWEEP_INTERVAL": c.SweepInterval,
+		"SESSION_RECONCILE_INTERVAL": c.ReconcileInterval, "SESSION_DELETE_BACKOFF_BASE": c.DeleteBackoffBase,
+		"SESSION_DELETE_BACKOFF_MAX": c.DeleteBackoffMax, "SESSION_DELETE_LEASE_TTL": c.DeleteLeaseTTL,
+		"SESSION_PEER_TIMEOUT": c.PeerTimeout, "SESSION_WATCH_BLOCK": c.WatchBlock,
+	}
+	for _, name := range []string{"SESSION_QUEUED_TIMEOUT", "SESSION_ACCEPTED_TIMEOUT", "SESSION_RETENTION",
+		"SESSION_SWEEP_INTERVAL", "SESSION_RECONCILE_INTERVAL", "SESSION_DELETE_BACKOFF_BASE",
+		"SESSION_DELETE_BACKOFF_MAX", "SESSION_DELETE_LEASE_TTL", "SESSION_PEER_TIMEOUT", "SESSION_WATCH_BLOCK"} {
+		if positive[name] <= 0 {
+			bad(name, errors.New("must be positive"))
+		}
+	}
+	if c.DeleteBackoffMax < c.DeleteBackoffBase {
+		bad("SESSION_DELETE_BACKOFF_MAX", errors.New("must not be below SESSION_DELETE_BACKOFF_BASE"))
+	}
+	if c.EventCap < 1000 {
+		bad("SESSION_EVENT_CAP", errors.New("must be at least 1000"))
+	}
+	if c.WatchPoolSize < 1 {
+		bad("SESSION_WATCH_POOL_SIZE", errors.New("must be positive"))
+	}
+	if c.ReplicaID == "" {
+		bad("SESSION_REPLICA", errors.New("required"))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads the configuration from args and the environment and validates it.
+func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, error) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("session", flag.ContinueOnError)
+	l := config.NewLoader(fs, lookupEnv)
+	c.Bind(l)
+	if err := l.Parse(args); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}

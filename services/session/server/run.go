@@ -1,0 +1,138 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"agentplane.dev/pkg/config"
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/services/session/internal/grpcapi"
+	"agentplane.dev/services/session/internal/peers"
+	"agentplane.dev/services/session/internal/service"
+	"agentplane.dev/services/session/internal/session"
+	"agentplane.dev/services/session/internal/store"
+)
+
+// Run serves the session service until ctx ends; nil after a clean drain.
+func Run(ctx context.Context, cfg Config) error { return run(ctx, cfg, hooks{}) }
+
+// hooks let tests in this package serve on a listener, inject a clock and
+// reach the service's sweeper.
+type hooks struct {
+	listener net.Listener
+	now      func() time.Time
+	started  func(*service.Service)
+}
+
+func run(ctx context.Context, cfg Config, h hooks) error {
+	log := cfg.Logger().With("service", "session")
+	rdb, err := config.Redis(cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	watch, err := config.Redis(withPoolSize(cfg.RedisURL, cfg.WatchPoolSize))
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	defer watch.Close()
+
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		c, err := peers.Dial(addr, cfg.InternalToken)
+		if err == nil {
+			conns = append(conns, c)
+		}
+		return c, err
+	}
+	sbxConn, err := dial(cfg.SandboxAddr)
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("sandbox client: %w", err)
+	}
+	deps := service.Deps{
+		Store: store.New(rdb, int64(cfg.EventCap)), WatchRedis: watch, Logger: log,
+		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
+	}
+	if cfg.CredentialAddr != "" {
+		c, err := dial(cfg.CredentialAddr)
+		if err != nil {
+			_ = rdb.Close()
+			return fmt.Errorf("credential client: %w", err)
+		}
+		deps.Credentials = peers.Credentials{C: credentialv1.NewCredentialServiceClient(c)}
+	}
+	if cfg.IngestAddr != "" {
+		c, err := dial(cfg.IngestAddr)
+		if err != nil {
+			_ = rdb.Close()
+			return fmt.Errorf("ingest client: %w", err)
+		}
+		deps.History = peers.History{C: ingestv1.NewIngestServiceClient(c)}
+	}
+	svc := service.New(deps, service.Config{
+		Backstops:         session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout},
+		Retention:         cfg.Retention,
+		SweepInterval:     cfg.SweepInterval,
+		ReconcileInterval: cfg.ReconcileInterval,
+		DeletionBackoff:   session.Backoff{Base: cfg.DeleteBackoffBase, Max: cfg.DeleteBackoffMax},
+		DeletionLeaseTTL:  cfg.DeleteLeaseTTL,
+		PeerTimeout:       cfg.PeerTimeout,
+		WatchBlock:        cfg.WatchBlock,
+		Owner:             cfg.ReplicaID,
+		Now:               h.now,
+	})
+	srv, err := grpcserver.New(grpcserver.Options{
+		Name: "session", Logger: log, Redis: rdb,
+		Addr: cfg.GRPCAddr, Listener: h.listener, MetricsAddr: cfg.MetricsAddr,
+		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+	})
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	sessionv1.RegisterSessionServiceServer(srv, grpcapi.NewSessionAPI(svc, log))
+	sessionv1.RegisterSessionNotifyServiceServer(srv, grpcapi.NewNotifyAPI(svc, log))
+	svc.Start()
+	if h.started != nil {
+		h.started(svc)
+	}
+	// The service's loops and watchers stop as soon as shutdown begins, while
+	// Redis is still open; Serve then drains the remaining unary calls.
+	sctx, cancel := context.WithCancel(ctx)
+	closed := make(chan struct{})
+	go func() {
+		<-sctx.Done()
+		svc.Close()
+		close(closed)
+	}()
+	err = srv.Serve(sctx)
+	cancel()
+	<-closed
+	return err
+}
+
+// withPoolSize gives WatchSession readers their own, larger pool: each
+// reader holds a connection in XREAD BLOCK, which must not starve the
+// request path.
+func withPoolSize(url string, n int) string {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return fmt.Sprintf("%s%spool_size=%d", url, sep, n)
+}
