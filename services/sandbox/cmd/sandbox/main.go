@@ -1,0 +1,37 @@
+// Command sandbox runs the sandbox service; `sandbox wrapper ...` runs the
+// wrapper and `sandbox runtime scripted` the scripted runtime, so the
+// service can launch its own binary for both.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"agentplane.dev/services/sandbox/runtime/scripted"
+	"agentplane.dev/services/sandbox/server"
+	"agentplane.dev/services/sandbox/wrapper"
+)
+
+func main() {
+	args := os.Args[1:]
+	switch {
+	case len(args) > 0 && args[0] == "wrapper":
+		os.Exit(wrapper.Main(args[1:]))
+	case len(args) > 1 && args[0] == "runtime" && args[1] == "scripted":
+		os.Exit(scripted.Main(args[2:]))
+	}
+	cfg, err := server.LoadConfig(args, os.LookupEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := server.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,57 @@
+// Package grpcapi serves SandboxService and WrapperControlService: it
+// converts proto ↔ driver types and maps domain errors to statuses in one
+// place (toStatus).
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/services/sandbox/internal/driver"
+	"agentplane.dev/services/sandbox/internal/provider"
+)
+
+// Reasons returned by the sandbox service (docs/errors.md).
+const (
+	ReasonInvalidRoute      = "INVALID_ROUTE"
+	ReasonRouteNotFound     = "ROUTE_NOT_FOUND"
+	ReasonScopeNotFound     = "SCOPE_NOT_FOUND"
+	ReasonDirectoryConflict = "ROUTE_DIRECTORY_CONFLICT"
+	ReasonClassMixed        = "CREDENTIAL_CLASS_MIXED"
+	ReasonOwnedElsewhere    = "SANDBOX_OWNED_ELSEWHERE"
+	ReasonCapacityRejected  = "CAPACITY_REJECTED"
+	ReasonHelloRequired     = "HELLO_REQUIRED"
+	ReasonUnavailable       = "SANDBOX_UNAVAILABLE"
+	ReasonContractDowngrade = "RUNTIME_CONTRACT_DOWNGRADE"
+)
+
+// toStatus is the service's one error translator.
+func toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, driver.ErrRouteNotFound):
+		return apierr.Error(codes.NotFound, ReasonRouteNotFound, "no route for this session in this sandbox")
+	case errors.Is(err, driver.ErrScopeNotFound):
+		return apierr.Error(codes.NotFound, ReasonScopeNotFound, "no worktree scope for this directory")
+	case errors.Is(err, driver.ErrDirectoryMoved):
+		return apierr.Error(codes.FailedPrecondition, ReasonDirectoryConflict, "the session's route uses another directory",
+			apierr.FieldViolation("route.directory", "differs from the session's existing route"))
+	case errors.Is(err, driver.ErrClassMixed):
+		return apierr.Error(codes.FailedPrecondition, ReasonClassMixed, "the directory already holds another credential class",
+			apierr.FieldViolation("route.credential_class", "differs from the directory's class"))
+	case errors.Is(err, driver.ErrOwnedElsewhere):
+		return apierr.Error(codes.Unavailable, ReasonOwnedElsewhere, "another sandbox-service replica drives this sandbox",
+			apierr.RetryAfter(time.Second))
+	case errors.Is(err, provider.ErrCapacityRejected):
+		return apierr.Error(codes.ResourceExhausted, ReasonCapacityRejected, "not enough free space for a cold workspace",
+			apierr.RetryAfter(30*time.Second))
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return apierr.Error(codes.DeadlineExceeded, ReasonUnavailable, "the request ended before the sandbox answered")
+	}
+	return apierr.Error(codes.Unavailable, ReasonUnavailable, "the sandbox state store is unavailable", apierr.RetryAfter(time.Second))
+}

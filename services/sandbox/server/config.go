@@ -1,0 +1,162 @@
+// Package server is the sandbox service's public entry: its configuration and
+// Run, used by cmd/sandbox and by cmd/agentplane (all services in one
+// process).
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"agentplane.dev/pkg/config"
+	"agentplane.dev/services/sandbox/internal/allocation"
+)
+
+// Config is the sandbox service's configuration.
+type Config struct {
+	config.Common
+
+	SandboxRoot string // SANDBOX_ROOT: process-provider root (one directory per sandbox)
+	// WrapperCommand is the wrapper program and its leading args; default
+	// [os.Executable(), "wrapper"]. Set from WRAPPER_BIN and WRAPPER_ARGS.
+	WrapperCommand []string
+	WrapperBin     string // WRAPPER_BIN: binary whose `wrapper` subcommand is the wrapper; empty: this binary
+	WrapperArgs    string // WRAPPER_ARGS: extra wrapper flags, space separated (e.g. --capabilities=)
+
+	SessionAddr    string // SESSION_ADDR: SessionNotifyService; empty logs notifications only
+	CredentialAddr string // CREDENTIAL_ADDR: empty gives routes no handle (dev/test)
+	ProxyURL       string // SANDBOX_PROXY_URL: credential proxy base URL handed to runtimes
+	ControlAddrs   string // SANDBOX_CONTROL_ADDRS: addresses wrappers dial, comma separated; empty: GRPC_ADDR
+
+	ReplicaID string        // SANDBOX_REPLICA: this replica's name in owner leases
+	OwnerTTL  time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
+
+	Timers allocation.Timers // SANDBOX_CREATE_TIMEOUT, _HELLO_TIMEOUT, _HEARTBEAT, _DEAD_AFTER, _RECONNECT_WINDOW, _IDLE_STOP
+
+	// Listener, when set, is used instead of GRPCAddr (tests, agentplane dev).
+	Listener net.Listener
+}
+
+// DefaultConfig returns the dev defaults (ports from docs/development.md).
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Common:      config.DefaultCommon("127.0.0.1:7402", "127.0.0.1:9402"),
+		SandboxRoot: filepath.Join(os.TempDir(), "agentplane", "sandboxes"),
+		SessionAddr: "127.0.0.1:7401",
+		ProxyURL:    "http://127.0.0.1:7405",
+		ReplicaID:   fmt.Sprintf("%s-%d", host, os.Getpid()),
+		OwnerTTL:    15 * time.Second,
+		Timers:      allocation.DefaultTimers(),
+	}
+}
+
+// Bind registers every setting on l with c's values as defaults.
+func (c *Config) Bind(l *config.Loader) {
+	c.Common.Bind(l)
+	l.String(&c.SandboxRoot, "SANDBOX_ROOT", c.SandboxRoot, "process-provider root directory (absolute)")
+	l.String(&c.WrapperBin, "WRAPPER_BIN", c.WrapperBin, "binary whose `wrapper` subcommand runs the wrapper; empty: this binary")
+	l.String(&c.WrapperArgs, "WRAPPER_ARGS", c.WrapperArgs, "extra wrapper flags, space separated")
+	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service (SessionNotifyService); empty only logs notifications")
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only)")
+	l.String(&c.ProxyURL, "SANDBOX_PROXY_URL", c.ProxyURL, "credential proxy base URL handed to runtimes")
+	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial, comma separated; empty: GRPC_ADDR")
+	l.String(&c.ReplicaID, "SANDBOX_REPLICA", c.ReplicaID, "this replica's name in owner leases")
+	l.Duration(&c.OwnerTTL, "SANDBOX_OWNER_TTL", c.OwnerTTL, "owner lease TTL of a sandbox")
+	l.Duration(&c.Timers.Create, "SANDBOX_CREATE_TIMEOUT", c.Timers.Create, "bound on creating a sandbox")
+	l.Duration(&c.Timers.FirstHello, "SANDBOX_HELLO_TIMEOUT", c.Timers.FirstHello, "launch → first Hello bound")
+	l.Duration(&c.Timers.Heartbeat, "SANDBOX_HEARTBEAT", c.Timers.Heartbeat, "wrapper heartbeat interval")
+	l.Duration(&c.Timers.DeadAfter, "SANDBOX_DEAD_AFTER", c.Timers.DeadAfter, "a wrapper without heartbeat this long is disconnected")
+	l.Duration(&c.Timers.ReconnectWindow, "SANDBOX_RECONNECT_WINDOW", c.Timers.ReconnectWindow, "how long a disconnected wrapper may reconnect")
+	l.Duration(&c.Timers.IdleStop, "SANDBOX_IDLE_STOP", c.Timers.IdleStop, "stop a wrapper after this long without activity")
+}
+
+// Validate checks every setting and names the variable and flag of each bad one.
+func (c *Config) Validate() error {
+	errs := []error{c.Common.Validate()}
+	bad := func(name string, err error) { errs = append(errs, config.ErrorFor(name, err)) }
+	if !filepath.IsAbs(c.SandboxRoot) {
+		bad("SANDBOX_ROOT", errors.New("must be an absolute path"))
+	}
+	for name, v := range map[string]string{"SESSION_ADDR": c.SessionAddr, "CREDENTIAL_ADDR": c.CredentialAddr} {
+		if v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad(name, fmt.Errorf("want host:port: %w", err))
+		}
+	}
+	for _, a := range splitList(c.ControlAddrs) {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("want host:port[,host:port]: %w", err))
+		}
+	}
+	if c.ProxyURL != "" {
+		if u, err := url.Parse(c.ProxyURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("SANDBOX_PROXY_URL", errors.New("want an http(s) URL"))
+		}
+	}
+	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ": ") {
+		bad("SANDBOX_REPLICA", errors.New("required, without ':' or spaces"))
+	}
+	if c.OwnerTTL < 30*time.Millisecond {
+		bad("SANDBOX_OWNER_TTL", errors.New("must be at least 30ms"))
+	}
+	for name, d := range map[string]time.Duration{
+		"SANDBOX_CREATE_TIMEOUT": c.Timers.Create, "SANDBOX_HELLO_TIMEOUT": c.Timers.FirstHello,
+		"SANDBOX_HEARTBEAT": c.Timers.Heartbeat, "SANDBOX_DEAD_AFTER": c.Timers.DeadAfter,
+		"SANDBOX_RECONNECT_WINDOW": c.Timers.ReconnectWindow, "SANDBOX_IDLE_STOP": c.Timers.IdleStop,
+	} {
+		if d <= 0 {
+			bad(name, errors.New("must be positive"))
+		}
+	}
+	if c.Timers.DeadAfter <= c.Timers.Heartbeat {
+		bad("SANDBOX_DEAD_AFTER", errors.New("must exceed SANDBOX_HEARTBEAT"))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads the configuration from args and the environment and validates it.
+func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, error) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("sandbox", flag.ContinueOnError)
+	l := config.NewLoader(fs, lookupEnv)
+	c.Bind(l)
+	if err := l.Parse(args); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// wrapperCommand resolves the wrapper command.
+func (c *Config) wrapperCommand() ([]string, error) {
+	if len(c.WrapperCommand) > 0 {
+		return c.WrapperCommand, nil
+	}
+	bin := c.WrapperBin
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		bin = self
+	}
+	return append([]string{bin, "wrapper"}, strings.Fields(c.WrapperArgs)...), nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,144 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"agentplane.dev/pkg/config"
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/services/sandbox/internal/driver"
+	"agentplane.dev/services/sandbox/internal/grpcapi"
+	"agentplane.dev/services/sandbox/internal/notify"
+	"agentplane.dev/services/sandbox/internal/provider/process"
+	"agentplane.dev/services/sandbox/internal/reconciler"
+)
+
+// Run connects Redis, builds the gRPC server, drives owned sandboxes and
+// serves until ctx ends; nil after a clean drain.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger().With("service", "sandbox", "replica", cfg.ReplicaID)
+	rdb, err := config.Redis(cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	wrapperCmd, err := cfg.wrapperCommand()
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("wrapper command: %w", err)
+	}
+	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider")})
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	rec := reconciler.New(reconciler.Config{Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler")})
+
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(bearer(cfg.InternalToken)))
+		if err == nil {
+			conns = append(conns, c)
+		}
+		return c, err
+	}
+	var notifyClient sessionv1.SessionNotifyServiceClient
+	if cfg.SessionAddr != "" {
+		c, err := dial(cfg.SessionAddr)
+		if err != nil {
+			_ = rdb.Close()
+			return err
+		}
+		notifyClient = sessionv1.NewSessionNotifyServiceClient(c)
+	}
+	var credClient credentialv1.CredentialServiceClient
+	if cfg.CredentialAddr != "" {
+		c, err := dial(cfg.CredentialAddr)
+		if err != nil {
+			_ = rdb.Close()
+			return err
+		}
+		credClient = credentialv1.NewCredentialServiceClient(c)
+	}
+	notifier := notify.New(notifyClient, log.With("component", "notify"), 0)
+	control := splitList(cfg.ControlAddrs)
+	if len(control) == 0 {
+		control = []string{cfg.GRPCAddr}
+		if cfg.Listener != nil {
+			control = []string{cfg.Listener.Addr().String()}
+		}
+	}
+	drv := driver.New(driver.Config{
+		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
+		ReplicaID: cfg.ReplicaID, OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
+		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"),
+	})
+
+	srv, err := grpcserver.New(grpcserver.Options{
+		Name: "sandbox", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
+		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+		AuthExempt: func(m string) bool { return m == grpcapi.ConnectMethod },
+		// Wrappers heartbeat every few seconds; allow client pings that often.
+		KeepaliveMinTime: time.Second,
+	})
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	registerMetrics(srv.Registry(), drv)
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv})
+	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv})
+
+	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{}, 3)
+	go func() { notifier.Run(loops); done <- struct{}{} }()
+	go func() { _ = rec.Run(loops); done <- struct{}{} }()
+	go func() { drv.Run(loops); done <- struct{}{} }()
+	err = srv.Serve(ctx)
+	stopLoops()
+	for range 3 {
+		<-done
+	}
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
+	counter := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
+	}
+	counter("sandbox_stale_token_rejections_total", "Sandbox state writes rejected by the owner fence.",
+		func() float64 { return float64(d.Metrics.StaleTokenRejections.Load()) })
+	counter("sandbox_owner_lease_losses_total", "Owner leases of sandboxes this replica lost.",
+		func() float64 { return float64(d.Metrics.LeaseLosses.Load()) })
+	counter("sandbox_takeovers_total", "Sandboxes this replica took over from a dead owner.",
+		func() float64 { return float64(d.Metrics.Takeovers.Load()) })
+}
+
+// bearer adds the internal token to outgoing calls.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	if b == "" {
+		return nil, nil
+	}
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
