@@ -239,6 +239,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	serveErr := srv.Serve(ctx)
 	close(stopProxy)
 	proxyErr := <-proxyDone
+	px.Close()
 	return errors.Join(serveErr, proxyErr)
 }
 

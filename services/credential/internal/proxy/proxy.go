@@ -222,3 +222,6 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header.Set("User-Agent", "") // no Go default identifying the proxy
 	}
 }
+
+// Close drops idle upstream connections (after the HTTP server stopped).
+func (p *Proxy) Close() { p.rp.Transport.(*http.Transport).CloseIdleConnections() }
