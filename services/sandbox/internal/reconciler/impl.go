@@ -423,6 +423,11 @@ func (r *Reconciler) attempt(ctx context.Context, k keyRef, e leasestore.Entry, 
 	if err := ctx.Err(); err != nil {
 		return claimed, err // the watchdog takes over
 	}
+	if !r.cfg.Now().Before(claimed.Lease.WatchdogAt) {
+		// Too late: a successor may already run the next attempt. Never
+		// overlap it; AttemptExpired ends this one.
+		return claimed, nil
+	}
 	// The attempt must end before its watchdog, or a successor may start.
 	sctx, cancel := context.WithDeadline(ctx, time.Now().Add(claimed.Lease.WatchdogAt.Sub(r.cfg.Now())))
 	res := r.cfg.Provider.Stop(sctx, provider.StopTarget{SandboxID: k.sandbox, RuntimeKey: k.key, InstanceID: claimed.Lease.StopInstance})
