@@ -27,6 +27,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -249,7 +250,11 @@ func (w *wrapper) loop(ctx context.Context) int {
 // serve runs one control stream. connected reports whether a HelloAck came;
 // shutdown whether the service told the wrapper to stop.
 func (w *wrapper) serve(ctx context.Context, addr string) (connected, shutdown bool) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Keepalive pings notice a control plane that stopped answering (a
+	// paused or partitioned replica) even though TCP stays open.
+	ka := max(2*w.opts.Heartbeat, 2*time.Second)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: ka, Timeout: ka, PermitWithoutStream: true}))
 	if err != nil {
 		return false, false
 	}
