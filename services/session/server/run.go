@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/pkg/logging"
 	"agentplane.dev/services/session/internal/grpcapi"
 	"agentplane.dev/services/session/internal/peers"
 	"agentplane.dev/services/session/internal/service"
@@ -28,13 +30,18 @@ func Run(ctx context.Context, cfg Config) error { return run(ctx, cfg, hooks{}) 
 // hooks let tests in this package serve on a listener, inject a clock and
 // reach the service's sweeper.
 type hooks struct {
-	listener net.Listener
-	now      func() time.Time
-	started  func(*service.Service)
+	listener  net.Listener
+	now       func() time.Time
+	started   func(*service.Service)
+	logOutput io.Writer
 }
 
 func run(ctx context.Context, cfg Config, h hooks) error {
-	log := cfg.Logger().With("service", "session")
+	log := cfg.Logger()
+	if h.logOutput != nil {
+		log = logging.New(h.logOutput, logging.JSON, cfg.LogLevel)
+	}
+	log = log.With("service", "session")
 	rdb, err := config.Redis(cfg.RedisURL)
 	if err != nil {
 		return err

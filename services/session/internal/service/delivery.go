@@ -87,16 +87,20 @@ func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*s
 	for i, m := range queued {
 		ids[i] = m.ID
 	}
+	snap := a.Session.Route
 	_, err = s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
 		if sent {
 			a.Accept(ids, s.now())
 			return nil
 		}
-		// NOT_READY: nothing was written; take the sandbox's view and go on.
+		// NOT_READY: nothing was written; take the sandbox's view unless a
+		// notification changed the route meanwhile (it is newer).
 		if view.State == session.RouteReady {
 			view.State = session.RouteUnknown
 		}
-		s.applyView(a, view)
+		if sameRoute(a.Session.Route, snap) {
+			s.applyView(a, view)
+		}
 		return nil
 	})
 	if err != nil {
@@ -116,8 +120,12 @@ func (s *Service) prepare(ctx context.Context, sess *session.Session) bool {
 		s.log.WarnContext(ctx, "prepare failed", "session_id", sess.ID, "error", err)
 		return false
 	}
+	snap := sess.Route
+	changed := false
 	a, err := s.update(ctx, sess.ID, store.Load{}, func(a *session.Aggregate) error {
-		if a.Intent == nil {
+		// A notification that arrived while Prepare ran is newer than its answer.
+		changed = !sameRoute(a.Session.Route, snap)
+		if a.Intent == nil && !changed {
 			s.applyView(a, view)
 		}
 		return nil
@@ -125,7 +133,11 @@ func (s *Service) prepare(ctx context.Context, sess *session.Session) bool {
 	if err != nil {
 		return false
 	}
-	return a.Session.Route.State == session.RouteReady
+	return changed || a.Session.Route.State == session.RouteReady
+}
+
+func sameRoute(a, b session.RouteView) bool {
+	return a.State == b.State && a.UpdateTime.Equal(b.UpdateTime) && a.WrapperInstance == b.WrapperInstance
 }
 
 // applyView takes a route view the sandbox returned synchronously.

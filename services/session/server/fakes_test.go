@@ -1,0 +1,178 @@
+package server
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+)
+
+// Small fake peers behind real gRPC listeners, implementing the sandbox,
+// credential and ingest contracts as far as the session service uses them.
+
+func serveFake(t testing.TB, register func(*grpc.Server)) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	register(s)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(lis) }()
+	t.Cleanup(func() { s.Stop(); <-done })
+	return lis.Addr().String()
+}
+
+type fakeSandbox struct {
+	sandboxv1.UnimplementedSandboxServiceServer
+	// readyOnPrepare makes Prepare answer READY (a warm route).
+	readyOnPrepare atomic.Bool
+	// inspectionFails makes ReleaseRoute report absence not verified.
+	inspectionFails atomic.Bool
+	// deliverNotReady makes Deliver answer NOT_READY.
+	deliverNotReady atomic.Bool
+
+	mu        sync.Mutex
+	prepares  map[string]int
+	delivered map[string][]string // session → message ids in delivery order
+	aborts    map[string]int
+	releases  map[string]int
+	released  map[string]bool // absence verified for the session
+}
+
+func newFakeSandbox() *fakeSandbox {
+	return &fakeSandbox{prepares: map[string]int{}, delivered: map[string][]string{},
+		aborts: map[string]int{}, releases: map[string]int{}, released: map[string]bool{}}
+}
+
+func (f *fakeSandbox) Prepare(_ context.Context, r *sandboxv1.PrepareRequest) (*sandboxv1.PrepareResponse, error) {
+	f.mu.Lock()
+	f.prepares[r.GetRoute().GetSessionId()]++
+	f.mu.Unlock()
+	v := &sandboxv1.RouteView{SessionId: r.GetRoute().GetSessionId(), State: sandboxv1.RouteState_ROUTE_STATE_PREPARING, Step: "create_sandbox"}
+	if f.readyOnPrepare.Load() {
+		v = &sandboxv1.RouteView{SessionId: r.GetRoute().GetSessionId(), State: sandboxv1.RouteState_ROUTE_STATE_READY,
+			RuntimeSessionId: "rt-" + r.GetRoute().GetSessionId(), WrapperInstance: "w1"}
+	}
+	return &sandboxv1.PrepareResponse{Route: v}, nil
+}
+
+func (f *fakeSandbox) Deliver(_ context.Context, r *sandboxv1.DeliverRequest) (*sandboxv1.DeliverResponse, error) {
+	if f.deliverNotReady.Load() {
+		return &sandboxv1.DeliverResponse{Result: sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY,
+			Route: &sandboxv1.RouteView{State: sandboxv1.RouteState_ROUTE_STATE_PREPARING, Step: "launch_wrapper"}}, nil
+	}
+	f.mu.Lock()
+	for _, m := range r.GetMessages() {
+		f.delivered[r.GetSessionId()] = append(f.delivered[r.GetSessionId()], m.GetMessageId())
+	}
+	f.mu.Unlock()
+	return &sandboxv1.DeliverResponse{Result: sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT}, nil
+}
+
+func (f *fakeSandbox) Abort(_ context.Context, r *sandboxv1.AbortRequest) (*sandboxv1.AbortResponse, error) {
+	f.mu.Lock()
+	f.aborts[r.GetSessionId()]++
+	f.mu.Unlock()
+	return &sandboxv1.AbortResponse{Sent: true}, nil
+}
+
+func (f *fakeSandbox) ReleaseRoute(_ context.Context, r *sandboxv1.ReleaseRouteRequest) (*sandboxv1.ReleaseRouteResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.releases[r.GetSessionId()]++
+	if f.inspectionFails.Load() {
+		// The provider could not inspect: a stop is requested, absence unknown.
+		return &sandboxv1.ReleaseRouteResponse{LastMember: true, AbsenceVerified: false,
+			LeaseState: sandboxv1.LeaseState_LEASE_STATE_STOP_NEEDED, RetryAfter: durationpb.New(20 * time.Millisecond)}, nil
+	}
+	f.released[r.GetSessionId()] = true
+	return &sandboxv1.ReleaseRouteResponse{LastMember: true, AbsenceVerified: true, LeaseState: sandboxv1.LeaseState_LEASE_STATE_NONE}, nil
+}
+
+func (f *fakeSandbox) count(m map[string]int, id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m[id]
+}
+
+func (f *fakeSandbox) deliveredTo(id string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.delivered[id]...)
+}
+
+type fakeCredential struct {
+	credentialv1.UnimplementedCredentialServiceServer
+	mu      sync.Mutex
+	secrets map[string]string // ref → secret
+	members map[string]bool   // released session ids
+}
+
+func newFakeCredential() *fakeCredential {
+	return &fakeCredential{secrets: map[string]string{}, members: map[string]bool{}}
+}
+
+func (f *fakeCredential) PutBackingCredential(_ context.Context, r *credentialv1.PutBackingCredentialRequest) (*credentialv1.PutBackingCredentialResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ref := "cref-" + r.GetSessionId()
+	f.secrets[ref] = r.GetSecret()
+	return &credentialv1.PutBackingCredentialResponse{CredentialRef: ref}, nil
+}
+
+func (f *fakeCredential) DeleteBackingCredential(_ context.Context, r *credentialv1.DeleteBackingCredentialRequest) (*credentialv1.DeleteBackingCredentialResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.secrets, r.GetCredentialRef())
+	return &credentialv1.DeleteBackingCredentialResponse{}, nil
+}
+
+func (f *fakeCredential) ReleaseMember(_ context.Context, r *credentialv1.ReleaseMemberRequest) (*credentialv1.ReleaseMemberResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.members[r.GetSessionId()] = true
+	return &credentialv1.ReleaseMemberResponse{ScopeRetired: true}, nil
+}
+
+func (f *fakeCredential) secret(ref string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.secrets[ref]
+	return s, ok
+}
+
+func (f *fakeCredential) releasedMember(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.members[id]
+}
+
+type fakeIngest struct {
+	ingestv1.UnimplementedIngestServiceServer
+	mu      sync.Mutex
+	deleted map[string]bool
+}
+
+func (f *fakeIngest) Delete(_ context.Context, r *ingestv1.DeleteRequest) (*ingestv1.DeleteResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted[r.GetRuntimeSessionId()] = true
+	return &ingestv1.DeleteResponse{}, nil
+}
+
+func (f *fakeIngest) wasDeleted(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.deleted[id]
+}
