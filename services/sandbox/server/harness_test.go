@@ -181,6 +181,11 @@ type service struct {
 
 func startService(t *testing.T, notifyAddr string, mutate func(*server.Config)) *service {
 	t.Helper()
+	return startServiceCtx(t, context.Background(), notifyAddr, mutate, nil)
+}
+
+func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mutate func(*server.Config), stopped chan struct{}) *service {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	cfg := server.DefaultConfig()
@@ -200,12 +205,24 @@ func startService(t *testing.T, notifyAddr string, mutate func(*server.Config)) 
 		mutate(&cfg)
 	}
 	require.NoError(t, cfg.Validate())
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan error, 1)
-	go func() { done <- server.Run(ctx, cfg) }()
+	go func() {
+		done <- server.Run(ctx, cfg)
+		if stopped != nil {
+			close(stopped)
+		}
+	}()
+	var once sync.Once
+	var runErr error
+	wait := func() { once.Do(func() { runErr = <-done }) }
+	if stopped != nil {
+		go wait()
+	}
 	t.Cleanup(func() {
 		cancel()
-		require.NoError(t, <-done)
+		wait()
+		require.NoError(t, runErr)
 	})
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -331,3 +348,16 @@ func deliver(t *testing.T, svc *service, sandbox, session, id, content string) s
 	require.NoError(t, err)
 	return resp.GetResult()
 }
+
+// startStoppableService is startService whose stop the test calls itself.
+func startStoppableService(t *testing.T, ctx context.Context, notifyAddr string, mutate func(*server.Config)) (*service, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	var svc *service
+	stopped := make(chan struct{})
+	svc = startServiceCtx(t, ctx, notifyAddr, mutate, stopped)
+	var once sync.Once
+	return svc, func() { once.Do(func() { cancel(); <-stopped }) }
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
