@@ -3,7 +3,6 @@
 package history
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -146,7 +145,7 @@ func ValidateItem(prefix string, it Item) []Violation {
 	switch {
 	case len(it.Payload) > MaxItemPayloadBytes:
 		vs = append(vs, Violation{prefix + ".payload", fmt.Sprintf("is %d bytes, more than the limit of %d", len(it.Payload), MaxItemPayloadBytes), true})
-	case !json.Valid(it.Payload):
+	case !validJSON(it.Payload):
 		bad("payload", "must be valid JSON")
 	}
 	return vs

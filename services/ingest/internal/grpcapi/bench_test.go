@@ -1,0 +1,135 @@
+package grpcapi_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/services/ingest/internal/grpcapi"
+	"agentplane.dev/services/ingest/internal/membership"
+	"agentplane.dev/services/ingest/internal/store"
+)
+
+const (
+	benchBatch   = 128  // items per batch, the service's limit
+	benchStreams = 4    // concurrent IngestStreams / raw pipelines
+	benchPayload = 1024 // bytes of JSON per item
+)
+
+// BenchmarkIngest1KiB measures items/s of 1 KiB items stored over gRPC (IngestStream, batches
+// of 128, several concurrent streams, a real TCP listener and the full grpcserver chain)
+// against its reference in the same run: raw pipelined XADD of the same payloads, 128 per
+// round trip, from as many goroutines, to the same private redis-server. One op is one
+// batch of 128 items; the items/s metric is what docs/benchmarks.md records.
+func BenchmarkIngest1KiB(b *testing.B) {
+	redisSrv := redistest.Start(b)
+	rdb := redisSrv.Client(b)
+	payload := []byte(`{"text":"` + strings.Repeat("x", benchPayload-11) + `"}`)
+	if len(payload) != benchPayload {
+		b.Fatalf("payload is %d bytes", len(payload))
+	}
+
+	b.Run("path=grpc-stream", func(b *testing.B) {
+		client := startBenchServer(b, redisSrv)
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+internalToken)
+		run := uniqueRun()
+		b.ResetTimer()
+		parallelBatches(b, func(worker int, batches func() bool) {
+			stream, err := client.IngestStream(ctx)
+			require.NoError(b, err)
+			rs := fmt.Sprintf("bench-%s-%d", run, worker)
+			for n := 0; batches(); n++ {
+				items := make([]*ingestv1.Item, benchBatch)
+				for i := range items {
+					items[i] = &ingestv1.Item{ItemId: fmt.Sprintf("i%d.%d", n, i), Type: ingestv1.ItemType_ITEM_TYPE_PART, Version: 1, Payload: payload}
+				}
+				require.NoError(b, stream.Send(&ingestv1.IngestStreamRequest{RuntimeSessionId: rs, Items: items}))
+			}
+			_, err = stream.CloseAndRecv()
+			require.NoError(b, err)
+		})
+		reportItems(b)
+		b.StopTimer()
+		require.NoError(b, rdb.FlushAll(context.Background()).Err())
+	})
+
+	b.Run("path=raw-xadd", func(b *testing.B) {
+		run := uniqueRun()
+		b.ResetTimer()
+		parallelBatches(b, func(worker int, batches func() bool) {
+			key := fmt.Sprintf("raw:{bench-%s-%d}:stream", run, worker)
+			for batches() {
+				_, err := rdb.Pipelined(context.Background(), func(p redis.Pipeliner) error {
+					for range benchBatch {
+						p.XAdd(context.Background(), &redis.XAddArgs{Stream: key, Values: []any{"b", payload}})
+					}
+					return nil
+				})
+				require.NoError(b, err)
+			}
+		})
+		reportItems(b)
+		b.StopTimer()
+		require.NoError(b, rdb.FlushAll(context.Background()).Err())
+	})
+}
+
+var runs atomic.Int64
+
+func uniqueRun() string { return fmt.Sprint(runs.Add(1)) }
+
+// parallelBatches shares b.N batches among benchStreams workers.
+func parallelBatches(b *testing.B, worker func(worker int, batches func() bool)) {
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	next := func() bool { return left.Add(-1) >= 0 }
+	var wg sync.WaitGroup
+	for w := range benchStreams {
+		wg.Go(func() { worker(w, next) })
+	}
+	wg.Wait()
+}
+
+func reportItems(b *testing.B) {
+	b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "items/s")
+}
+
+// startBenchServer runs the service on a real TCP listener; the credential service is never
+// asked (no scope metadata), so its address needs no server.
+func startBenchServer(b *testing.B, redisSrv *redistest.Server) ingestv1.IngestServiceClient {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	serverRedis := redis.NewClient(redisSrv.Options())
+	log := slog.New(slog.DiscardHandler)
+	srv, err := grpcserver.New(grpcserver.Options{Name: "ingest", Logger: log, Redis: serverRedis, Listener: lis, InternalToken: internalToken})
+	require.NoError(b, err)
+	credConn, err := grpc.NewClient("passthrough:///unused", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(b, err)
+	grpcapi.New(store.New(serverRedis), membership.New(credConn), log).Register(srv)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(b, err)
+	b.Cleanup(func() {
+		_ = conn.Close()
+		cancel()
+		require.NoError(b, <-served)
+		_ = credConn.Close()
+	})
+	return ingestv1.NewIngestServiceClient(conn)
+}
