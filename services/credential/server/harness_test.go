@@ -2,10 +2,10 @@ package server
 
 import (
 	"bufio"
-	"log/slog"
 	"context"
 	"encoding/base64"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -37,9 +37,13 @@ type upstream struct {
 	hit map[string]int
 }
 
-func newUpstream(t *testing.T) *upstream {
+func newUpstream(t testing.TB) *upstream {
 	u := &upstream{hit: map[string]int{}}
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/base/bench" {
+			_, _ = io.WriteString(w, `{"ok":true}`)
+			return
+		}
 		u.mu.Lock()
 		u.got = append(u.got, r.Clone(context.Background()))
 		u.hit[r.URL.Path]++
@@ -113,13 +117,13 @@ type harness struct {
 	rdb      *redistest.Server
 }
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	return l
 }
 
-func startHarness(t *testing.T) *harness {
+func startHarness(t testing.TB) *harness {
 	h := &harness{up: newUpstream(t), ingest: &fakeIngest{}, rdb: redistest.Start(t)}
 	il := listen(t)
 	gs := grpc.NewServer()
@@ -175,7 +179,7 @@ type minted struct {
 	grant  *credentialv1.Grant
 }
 
-func (h *harness) put(t *testing.T, session, secret string, class credentialv1.CredentialClass) string {
+func (h *harness) put(t testing.TB, session, secret string, class credentialv1.CredentialClass) string {
 	var resp *credentialv1.PutBackingCredentialResponse
 	require.Eventually(t, func() bool {
 		var err error
@@ -189,7 +193,7 @@ func member(session string) *credentialv1.Member {
 	return &credentialv1.Member{SessionId: session, RuntimeSessionId: "rs-" + session, UserId: "user-" + session, OrgId: "org"}
 }
 
-func (h *harness) mint(t *testing.T, sandbox, dir, session, secret string, contract credentialv1.RuntimeContract, fence uint64) minted {
+func (h *harness) mint(t testing.TB, sandbox, dir, session, secret string, contract credentialv1.RuntimeContract, fence uint64) minted {
 	ref := h.put(t, session, secret, credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC)
 	resp, err := h.client.MintHandle(bg, &credentialv1.MintHandleRequest{
 		Scope: &credentialv1.Scope{SandboxId: sandbox, Directory: dir}, Member: member(session), CredentialRef: ref,

@@ -411,4 +411,3 @@ func TestMintIdempotentSameFence(t *testing.T) {
 	_, _, _, err = e.svc.Mint(ctx, sc, scope.Join{Member: scope.Member{SessionID: "x", CredentialRef: "cr_missing"}, Class: scope.Static, Fence: 100})
 	require.ErrorIs(t, err, ErrCredentialNotFound)
 }
-

@@ -74,8 +74,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, metrics: m}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      newTransport(),
-		FlushInterval:  -1, // stream completions as they come
+		Transport:      newTransport(), // FlushInterval 0: streaming (SSE, unknown length) responses still flush at once
 		ModifyResponse: func(r *http.Response) error { FilterResponse(r.Header); return nil },
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			p.metrics.upstreamErrors.Inc()
