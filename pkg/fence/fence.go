@@ -86,20 +86,34 @@ func ValidateResource(resource string) error {
 
 // acquireScript grants the lease if it is free. The token is
 // max(last+1, TIME in µs): the TIME floor keeps tokens increasing when the
-// token key was lost. Lua numbers are doubles, exact up to 2^53 (year 2255 in
+// token key was lost. It does the fewest calls for the common case: it
+// claims the lease with SET NX PX using the TIME token, then swaps the
+// token in with SET GET; only if the old token was not below TIME (more
+// than one grant per µs, a clock step back, a token restored from a faster
+// clock) does it rewrite both with last+1. A held lease costs TIME and one
+// SET and changes nothing; a token key of the wrong type undoes the claim,
+// so a failed acquire leaves nothing behind. A malformed stored token
+// counts as absent, as a missing one does. Lua numbers are doubles, exact up to 2^53 (year 2255 in
 // µs), and '%.0f' keeps the stored form canonical (tostring would print
 // 1.7e+15). KEYS: token, lease. ARGV: owner, ttl ms.
 var acquireScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return redis.error_reply('` + heldReply + `')
-end
 local t = redis.call('TIME')
 local tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[1]))
-if last and last >= tok then tok = last + 1 end
 local s = string.format('%.0f', tok)
-redis.call('SET', KEYS[1], s)
-redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+if not redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.error_reply('` + heldReply + `')
+end
+local last = redis.pcall('SET', KEYS[1], s, 'GET')
+if type(last) == 'table' then -- token key of another type: undo the claim
+  redis.call('DEL', KEYS[2])
+  return last
+end
+last = last and tonumber(last)
+if last and last >= tok then
+  s = string.format('%.0f', last + 1)
+  redis.call('SET', KEYS[1], s)
+  redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+end
 return s
 `)
 

@@ -240,11 +240,20 @@ func TestGuardedWrite(t *testing.T) {
 
 	a, err := fence.Acquire(ctx, rdb, res, "a", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, a.Guard(ctx, fence.Set(k, "a1", 0))) // loads the script
+	// Load both scripts (one op, several ops).
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "a0", 0)))
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "a0", 0), fence.HSet(h, "f", "0")))
+	counter.take()
+
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "a1", 0)))
+	cmds := counter.take()
+	require.Len(t, cmds, 1, "a guarded write is one round trip")
+	require.Equal(t, "evalsha", cmds[0].Name())
+	require.Equal(t, "a1", rdb.Get(ctx, k).Val())
 	counter.take()
 
 	require.NoError(t, a.Guard(ctx, fence.Set(k, "a2", time.Minute), fence.HSet(h, "f", "1", "g", "2")))
-	cmds := counter.take()
+	cmds = counter.take()
 	require.Len(t, cmds, 1, "a guarded write is one round trip")
 	require.Equal(t, "evalsha", cmds[0].Name())
 	require.Equal(t, "a2", rdb.Get(ctx, k).Val())
@@ -277,6 +286,49 @@ func TestGuardedWrite(t *testing.T) {
 	srv.Restart(t, redistest.DropData)
 	require.ErrorIs(t, b.Guard(ctx, fence.Set(k, "after-restart", 0)), fence.ErrStaleToken)
 	require.ErrorIs(t, rdb.Get(ctx, k).Err(), redis.Nil)
+}
+
+// Each single op takes the one-op script; a stale token still writes
+// nothing, whatever the op.
+func TestGuardedSingleOps(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	const res = "one"
+	k, h := fence.Key(res, "k"), fence.Key(res, "h")
+	a, err := fence.Acquire(ctx, rdb, res, "a", time.Minute)
+	require.NoError(t, err)
+
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "v1", time.Minute)))
+	require.Equal(t, "v1", rdb.Get(ctx, k).Val())
+	require.Positive(t, rdb.PTTL(ctx, k).Val())
+	require.NoError(t, a.Guard(ctx, fence.Set(k, "v2", 0)))
+	require.Equal(t, time.Duration(-1), rdb.PTTL(ctx, k).Val(), "SET without PX clears the TTL")
+	require.NoError(t, a.Guard(ctx, fence.HSet(h, "f", "1", "g", "2")))
+	require.Equal(t, map[string]string{"f": "1", "g": "2"}, rdb.HGetAll(ctx, h).Val())
+	require.NoError(t, a.Guard(ctx, fence.PExpire(h, time.Minute)))
+	require.Positive(t, rdb.PTTL(ctx, h).Val())
+
+	require.NoError(t, a.Release(ctx))
+	b, err := fence.Acquire(ctx, rdb, res, "b", time.Minute)
+	require.NoError(t, err)
+	for _, op := range []fence.Op{fence.Set(k, "stale", 0), fence.HSet(h, "f", "stale"), fence.Del(k), fence.PExpire(h, time.Millisecond)} {
+		require.ErrorIs(t, a.Guard(ctx, op), fence.ErrStaleToken)
+	}
+	require.Equal(t, "v2", rdb.Get(ctx, k).Val())
+	require.Equal(t, "1", rdb.HGet(ctx, h, "f").Val())
+	require.Greater(t, rdb.PTTL(ctx, h).Val(), time.Second)
+
+	require.NoError(t, b.Guard(ctx, fence.Del(k)))
+	require.Zero(t, rdb.Exists(ctx, k).Val())
+}
+
+// A token key of the wrong type makes acquire fail without leaving a lease
+// behind.
+func TestAcquireTokenKeyWrongType(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	require.NoError(t, rdb.HSet(ctx, fence.TokenKey("w"), "f", "1").Err())
+	_, err := fence.Acquire(ctx, rdb, "w", "a", time.Minute)
+	require.ErrorContains(t, err, "WRONGTYPE")
+	require.Zero(t, rdb.Exists(ctx, fence.LeaseKey("w")).Val())
 }
 
 func TestGuardedScriptMalformedTokens(t *testing.T) {

@@ -55,6 +55,14 @@ end
 return 1
 `)
 
+// oneOpScript applies a single one-key op after the token check: the
+// common guarded write, without the op loop. ARGV after the token: command,
+// args. It does two calls: the GET of the check and the write.
+var oneOpScript = NewGuardedScript(`
+redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
+return 1
+`)
+
 // Guard applies ops atomically, in one round trip, if token is the newest
 // token granted for resource; otherwise nothing is written and it returns
 // ErrStaleToken. A zero token fails without contacting Redis.
@@ -62,12 +70,21 @@ func Guard(ctx context.Context, rdb redis.Scripter, resource string, token uint6
 	if len(ops) == 0 {
 		return fmt.Errorf("%w: no ops", ErrInvalid)
 	}
-	var keys []string
-	args := make([]any, 0, 4*len(ops))
 	for _, op := range ops {
 		if op.cmd == "" || len(op.keys) == 0 {
 			return fmt.Errorf("%w: empty op", ErrInvalid)
 		}
+	}
+	if len(ops) == 1 && len(ops[0].keys) == 1 {
+		op := ops[0]
+		args := make([]any, 0, 1+len(op.args))
+		args = append(args, op.cmd)
+		args = append(args, op.args...)
+		return oneOpScript.Run(ctx, rdb, resource, token, op.keys, args...).Err()
+	}
+	var keys []string
+	args := make([]any, 0, 4*len(ops))
+	for _, op := range ops {
 		keys = append(keys, op.keys...)
 		args = append(args, op.cmd, len(op.keys), len(op.args))
 		args = append(args, op.args...)
@@ -90,19 +107,15 @@ func NewGuardedScript(body string) *GuardedScript {
 // its script cache). keys must carry resource's hash tag. A stale, zero or
 // unknown token gives ErrStaleToken in the returned Cmd.
 func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource string, token uint64, keys []string, args ...any) *redis.Cmd {
-	cmd := redis.NewCmd(ctx)
 	if err := ValidateResource(resource); err != nil {
-		cmd.SetErr(err)
-		return cmd
+		return failedCmd(ctx, err)
 	}
 	if token == 0 {
-		cmd.SetErr(fmt.Errorf("guarded write %s: %w (zero token)", resource, ErrStaleToken))
-		return cmd
+		return failedCmd(ctx, fmt.Errorf("guarded write %s: %w (zero token)", resource, ErrStaleToken))
 	}
 	for _, k := range keys {
 		if HashTag(k) != resource {
-			cmd.SetErr(fmt.Errorf("%w: key %q lacks hash tag {%s}", ErrInvalid, k, resource))
-			return cmd
+			return failedCmd(ctx, fmt.Errorf("%w: key %q lacks hash tag {%s}", ErrInvalid, k, resource))
 		}
 	}
 	allKeys := make([]string, 0, len(keys)+1)
@@ -116,4 +129,10 @@ func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource st
 		res.SetErr(fmt.Errorf("guarded write %s: %w", resource, mapErr(err)))
 	}
 	return res
+}
+
+func failedCmd(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
 }

@@ -48,6 +48,7 @@ func TestAllScriptKeysShareOneSlot(t *testing.T) {
 			fence.HSet(fence.Key(res, "b"), "f", 1),
 			fence.PExpire(fence.Key(res, "b"), time.Minute),
 			fence.Del(fence.Key(res, "c"), "ses:"+fence.Key(res, "d"))))
+		require.NoError(t, l.Guard(ctx, fence.HSet(fence.Key(res, "b"), "g", 2))) // one-op script
 		_, err = fence.NewGuardedScript(`return 1`).Run(ctx, rdb, res, l.Token, []string{fence.Key(res, "e")}).Result()
 		require.NoError(t, err)
 		require.NoError(t, l.Release(ctx))
@@ -76,6 +77,7 @@ func TestAllScriptKeysShareOneSlot(t *testing.T) {
 		checked++
 	}
 	require.Positive(t, checked)
-	// acquire, renew, release, the ops script and the custom script.
-	require.Len(t, scripts, 5)
+	// acquire, renew, release, the one-op and ops scripts and the custom
+	// script.
+	require.Len(t, scripts, 6)
 }
