@@ -1,0 +1,172 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+)
+
+// syncBuffer collects a child's stderr.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// replica is a sandbox-service replica running as its own process.
+type replica struct {
+	name   string
+	addr   string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	client sandboxv1.SandboxServiceClient
+	done   chan struct{}
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+const failoverTTL = time.Second
+
+func startReplica(t *testing.T, name, addr, peers, root, notifyAddr string) *replica {
+	cmd := exec.Command(binPath)
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"AGENTPLANE_REDIS_URL=" + redisSrv.URL(),
+		"AGENTPLANE_GRPC_ADDR=" + addr,
+		"AGENTPLANE_METRICS_ADDR=",
+		"AGENTPLANE_DRAIN_DELAY=0s",
+		"AGENTPLANE_SANDBOX_ROOT=" + root,
+		"AGENTPLANE_SESSION_ADDR=" + notifyAddr,
+		"AGENTPLANE_SANDBOX_PROXY_URL=",
+		"AGENTPLANE_SANDBOX_CONTROL_ADDRS=" + peers,
+		"AGENTPLANE_SANDBOX_REPLICA=" + name,
+		"AGENTPLANE_SANDBOX_OWNER_TTL=" + failoverTTL.String(),
+		"AGENTPLANE_SANDBOX_HEARTBEAT=200ms",
+		"AGENTPLANE_SANDBOX_DEAD_AFTER=3s",
+		"AGENTPLANE_SANDBOX_RECONNECT_WINDOW=20s",
+		"AGENTPLANE_LOG_FORMAT=text",
+	}
+	r := &replica{name: name, addr: addr, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = r.stderr
+	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); close(r.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-r.done
+		if t.Failed() {
+			t.Logf("replica %s stderr:\n%s", name, r.stderr.String())
+		}
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	r.client = sandboxv1.NewSandboxServiceClient(conn)
+	require.Eventually(t, func() bool {
+		_, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond, "replica %s never answered", name)
+	return r
+}
+
+func (r *replica) owner(t *testing.T, sb string) (string, uint64) {
+	st, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sb})
+	if err != nil {
+		return "", 0
+	}
+	return st.GetSandbox().GetOwner(), st.GetSandbox().GetFenceToken()
+}
+
+// Two replicas on one Redis: the owner paused with SIGSTOP loses the sandbox
+// to the other, and its write after SIGCONT is rejected by the fence; the
+// owner killed with -9 is replaced by the other. The wrapper follows the
+// owner each time (reconnect keeping its route).
+func TestOwnerFailoverBetweenReplicas(t *testing.T) {
+	n := startNotify(t)
+	root := t.TempDir()
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	peers := addrA + "," + addrB
+	a := startReplica(t, "replica-a", addrA, peers, root, n.addr)
+	b := startReplica(t, "replica-b", addrB, peers, root, n.addr)
+	sb := uniqueSandbox(t)
+
+	_, err := a.client.Prepare(context.Background(), route(sb, "s1", "/repo/f"))
+	require.NoError(t, err)
+	ready, i := n.wait(t, 0, "ready", "s1")
+	owner, tokA := b.owner(t, sb)
+	require.Equal(t, "replica-a", owner)
+	require.Equal(t, tokA, ready.FenceToken)
+
+	// Pause the owner: B takes the sandbox once A's lease expires.
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	paused := time.Now()
+	var tokB uint64
+	require.Eventually(t, func() bool {
+		owner, tokB = b.owner(t, sb)
+		return owner == "replica-b"
+	}, 20*time.Second, 20*time.Millisecond)
+	t.Logf("takeover after pause observed in %v (owner TTL %v, renewal every %v)", time.Since(paused), failoverTTL, failoverTTL/3)
+	require.Greater(t, tokB, tokA)
+
+	// The wrapper reconnects to B with its route: ready again, same wrapper,
+	// reported under B's token.
+	again, i := n.wait(t, i+1, "ready", "s1")
+	for again.FenceToken != tokB {
+		again, i = n.wait(t, i+1, "ready", "s1")
+	}
+	require.Equal(t, ready.Instance, again.Instance, "the same wrapper kept its route")
+
+	// Resume A: its next write carries the old token and the fence rejects it.
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "stale fencing token") }, 20*time.Second, 20*time.Millisecond)
+	owner, tok := b.owner(t, sb)
+	require.Equal(t, "replica-b", owner)
+	require.Equal(t, tokB, tok)
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, &service{client: b.client}, sb, "s1", "m1", "via b"))
+	n.wait(t, i, "outcome", "s1")
+
+	// Kill B with -9: A takes the sandbox back.
+	require.NoError(t, b.cmd.Process.Kill())
+	killed := time.Now()
+	var tokA2 uint64
+	require.Eventually(t, func() bool {
+		owner, tokA2 = a.owner(t, sb)
+		return owner == "replica-a"
+	}, 20*time.Second, 20*time.Millisecond)
+	t.Logf("takeover after kill -9 observed in %v (owner TTL %v, renewal every %v)", time.Since(killed), failoverTTL, failoverTTL/3)
+	require.Greater(t, tokA2, tokB)
+	back, _ := n.wait(t, i+1, "ready", "s1")
+	for back.FenceToken != tokA2 {
+		back, i = n.wait(t, i+1, "ready", "s1")
+	}
+	require.Equal(t, ready.Instance, back.Instance)
+}
