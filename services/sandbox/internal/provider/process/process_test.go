@@ -106,7 +106,7 @@ func TestLaunchDiscoverStopExactKeys(t *testing.T) {
 	require.True(t, alive(a2.PID))
 	require.True(t, alive(other.PID))
 	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "a2"}).Kind)
-	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb+"0", RuntimeKey: "a"}).Kind)
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb + "0", RuntimeKey: "a"}).Kind)
 	require.False(t, alive(a2.PID) || alive(other.PID))
 	p.Wait()
 }
@@ -137,7 +137,7 @@ func TestUnmarkedWrapperIsFound(t *testing.T) {
 	require.NoError(t, p.Create(context.Background(), sb))
 	cmd := exec.Command(os.Args[0])
 	cmd.Dir = t.TempDir()
-	cmd.Env = []string{"HELPER_MODE=sleep", provider.EnvSandbox + "="+sb, provider.EnvRuntimeKey + "=k"}
+	cmd.Env = []string{"HELPER_MODE=sleep", provider.EnvSandbox + "=" + sb, provider.EnvRuntimeKey + "=k"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(t, cmd.Start())
 	done := make(chan struct{})
