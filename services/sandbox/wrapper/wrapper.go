@@ -90,7 +90,7 @@ func parse(args []string) (Options, error) {
 		fenceTok  = fs.Uint64("fence-token", 0, "fencing token of the sandbox owner that launched the wrapper")
 		credFD    = fs.Int("credential-fd", -1, "inherited file descriptor holding the launch credential")
 		credFile  = fs.String("credential-file", "", "0600 file holding the launch credential; deleted after reading")
-		root      = fs.String("workspace-root", "", "directory under which route directories are prepared")
+		root      = fs.String("workspace-root", "", "directory under which route directories are mapped; empty: the working directory the provider prepared")
 		caps      = fs.String("capabilities", CapabilityWorktree, "comma separated capabilities to announce")
 		heartbeat = fs.Duration("heartbeat", 5*time.Second, "heartbeat interval (HelloAck may change it)")
 		window    = fs.Duration("reconnect-window", envDuration(EnvReconnectWindow, 90*time.Second), "how long to stay disconnected before stopping the runtime and exiting")
@@ -449,11 +449,12 @@ func workspaceDir(root, dir string) (string, error) {
 	if !strings.HasPrefix(dir, "/") || strings.Contains(dir, "\x00") {
 		return "", errors.New("directory must be absolute")
 	}
-	clean := filepath.Clean(dir)
 	if root == "" {
-		return clean, nil
+		// The provider starts the wrapper in the workspace of its directory;
+		// every route of a wrapper shares that directory.
+		return os.Getwd()
 	}
-	return filepath.Join(root, clean), nil
+	return filepath.Join(root, filepath.Clean(dir)), nil
 }
 
 func (w *wrapper) startRuntime() error {
