@@ -553,4 +553,3 @@ func routeFailed(id, reason, detail string, retryable bool) *sandboxv1.ConnectRe
 	return &sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RouteFailed{RouteFailed: &sandboxv1.RouteFailed{
 		SessionId: id, Reason: reason, Detail: detail, Retryable: retryable}}}
 }
-

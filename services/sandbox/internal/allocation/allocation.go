@@ -52,9 +52,9 @@ type Allocation struct {
 
 // Events.
 type (
-	Create       struct{ Now time.Time }
-	Created      struct{ Now time.Time }
-	Launched     struct {
+	Create   struct{ Now time.Time }
+	Created  struct{ Now time.Time }
+	Launched struct {
 		Now      time.Time
 		Instance string
 	}
