@@ -1,0 +1,76 @@
+package session
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func agg() *Aggregate {
+	return &Aggregate{Session: Session{ID: "s", SandboxID: "sbx", State: StateActive, Route: RouteView{State: RouteUnknown}}}
+}
+
+func TestTerminalStatesAreFinal(t *testing.T) {
+	for _, st := range []MessageState{MessageCompleted, MessageFailed, MessageCancelled} {
+		a := agg()
+		m := &Message{ID: "m", State: st, Seq: 1}
+		a.Active = []*Message{m}
+		a.Failed(Notice{}, "x", t0)
+		a.Stop(t0)
+		Backstops{QueuedFor: time.Second, AcceptedFor: time.Second}.Apply(a, t0.Add(time.Hour))
+		require.Equal(t, st, m.State)
+		require.Empty(t, a.Changed())
+	}
+}
+
+func TestOutcomeSettlesUpToLastMessage(t *testing.T) {
+	a := agg()
+	m1 := &Message{ID: "m1", State: MessageAccepted, Seq: 1}
+	m2 := &Message{ID: "m2", State: MessageAccepted, Seq: 2}
+	m3 := &Message{ID: "m3", State: MessageAccepted, Seq: 3}
+	a.Active = []*Message{m1, m2, m3}
+	a.Lookup = m2
+	a.Seen = map[string]bool{}
+	a.Outcome("t1", "m2", TurnFailed, "", nil, t0)
+	require.Equal(t, MessageFailed, m1.State)
+	require.Equal(t, ReasonTurnFailed, m2.FailureReason)
+	require.Equal(t, MessageAccepted, m3.State)
+
+	a.Seen["t2"] = true // a repeated turn id settles nothing
+	a.Lookup = m3
+	a.Outcome("t2", "m3", TurnSucceeded, "", nil, t0)
+	require.Equal(t, MessageAccepted, m3.State)
+}
+
+func TestNoticesFromOtherSandboxesOrOlderTokensAreDropped(t *testing.T) {
+	a := agg()
+	a.Session.Route.FenceToken = 7
+	require.False(t, a.Accepts(Notice{SandboxID: "other"}))
+	require.False(t, a.Accepts(Notice{FenceToken: 6}))
+	require.True(t, a.Accepts(Notice{FenceToken: 7}))
+	require.True(t, a.Accepts(Notice{SandboxID: "sbx"}))
+	a.Session.State = StateDeleting
+	require.False(t, a.Accepts(Notice{}))
+}
+
+func TestBackoffGrowsAndHonoursPeer(t *testing.T) {
+	b := Backoff{Base: time.Second, Max: 10 * time.Second}
+	require.Equal(t, time.Second, b.Delay(1, 0))
+	require.Equal(t, 4*time.Second, b.Delay(3, 0))
+	require.Equal(t, 10*time.Second, b.Delay(9, 0))
+	require.Equal(t, 30*time.Second, b.Delay(1, 30*time.Second))
+	var in DeletionIntent
+	d := in.Postpone(b, "verify_absence", 0, t0)
+	require.Equal(t, 1, in.Attempts)
+	require.Equal(t, t0.Add(d), in.NextAttempt)
+}
+
+func TestSandboxForIsDeterministicPerUser(t *testing.T) {
+	require.Equal(t, SandboxFor("o", "u"), SandboxFor("o", "u"))
+	require.NotEqual(t, SandboxFor("o", "u"), SandboxFor("o", "u2"))
+	require.NotEqual(t, SandboxFor("ou", ""), SandboxFor("o", "u"))
+	require.Empty(t, CheckID("sandbox_id", SandboxFor("o", "u")))
+}
