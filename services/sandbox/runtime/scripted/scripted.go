@@ -72,6 +72,7 @@ type route struct {
 	mu                                     sync.Mutex
 	cancel                                 context.CancelFunc // of the running turn
 	turnMessage                            string
+	aborted                                map[string]bool // queued messages aborted before their turn
 	seq                                    int
 }
 
@@ -175,6 +176,14 @@ func (rt *route) abort(messageID string) {
 	defer rt.mu.Unlock()
 	if rt.cancel != nil && (messageID == "" || messageID == rt.turnMessage) {
 		rt.cancel()
+		return
+	}
+	if messageID != "" {
+		// Not started yet: its turn ends cancelled as soon as it starts.
+		if rt.aborted == nil {
+			rt.aborted = map[string]bool{}
+		}
+		rt.aborted[messageID] = true
 	}
 }
 
@@ -183,6 +192,10 @@ func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
 	ctx, cancel := context.WithCancel(context.Background())
 	rt.mu.Lock()
 	rt.cancel, rt.turnMessage = cancel, m.MessageID
+	if rt.aborted[m.MessageID] {
+		delete(rt.aborted, m.MessageID)
+		cancel()
+	}
 	handle, proxy := rt.handle, rt.proxyURL
 	rt.mu.Unlock()
 	defer func() {

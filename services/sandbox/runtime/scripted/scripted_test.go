@@ -1,0 +1,155 @@
+package scripted
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"agentplane.dev/services/sandbox/internal/runtimeproto"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const handle = "aph_test-handle-value"
+
+// A real HTTP proxy stand-in: the provider route answers, ingest is 404.
+func newProxy(t *testing.T) (*httptest.Server, func() []string) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		if r.URL.Path != "/provider/v1/chat/completions" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"upstream says hi"}}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), seen...) }
+}
+
+type session struct {
+	in   *io.PipeWriter
+	out  chan runtimeproto.Frame
+	raw  *strings.Builder
+	done chan error
+}
+
+func start(t *testing.T) *session {
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	r := &Runtime{out: runtimeproto.NewWriter(outW), ingest: true, http: &http.Client{Timeout: 5 * time.Second, CheckRedirect: noRedirect}, routes: map[string]*route{}}
+	s := &session{in: inW, out: make(chan runtimeproto.Frame, 1000), raw: &strings.Builder{}, done: make(chan error, 1)}
+	go func() { s.done <- r.Run(inR); _ = outW.Close() }()
+	var rawMu sync.Mutex
+	go func() {
+		sc := bufio.NewScanner(outR)
+		for sc.Scan() {
+			rawMu.Lock()
+			s.raw.WriteString(sc.Text() + "\n")
+			rawMu.Unlock()
+			f, err := runtimeproto.Parse(sc.Bytes())
+			if err == nil {
+				s.out <- f
+			}
+		}
+		close(s.out)
+	}()
+	return s
+}
+
+func (s *session) send(t *testing.T, f runtimeproto.Frame) {
+	b, err := json.Marshal(f)
+	require.NoError(t, err)
+	_, err = s.in.Write(append(b, '\n'))
+	require.NoError(t, err)
+}
+
+// next returns frames until an outcome for session arrives.
+func (s *session) untilOutcome(t *testing.T, sessionID string) []runtimeproto.Frame {
+	var got []runtimeproto.Frame
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case f, ok := <-s.out:
+			require.True(t, ok, "runtime output ended")
+			got = append(got, f)
+			if f.Type == runtimeproto.TypeOutcome && f.SessionID == sessionID {
+				return got
+			}
+		case <-timeout:
+			t.Fatalf("no outcome for %s; got %+v", sessionID, got)
+		}
+	}
+}
+
+func TestTurnCallsProviderAndNeverEchoesHandle(t *testing.T) {
+	proxy, seen := newProxy(t)
+	s := start(t)
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(), Handle: handle, ProxyURL: proxy.URL})
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m1", Content: "hello"})
+	frames := s.untilOutcome(t, "s1")
+
+	var kinds []string
+	var providerResult map[string]any
+	outcomes := 0
+	for _, f := range frames {
+		switch f.Type {
+		case runtimeproto.TypeEvent:
+			kinds = append(kinds, f.Event.Kind)
+			if f.Event.ToolName == "provider" && f.Event.Kind == runtimeproto.KindToolResult {
+				providerResult = f.Event.Data
+			}
+		case runtimeproto.TypeOutcome:
+			outcomes++
+			require.Equal(t, runtimeproto.ResultSucceeded, f.Outcome.Result)
+			require.Equal(t, "m1", f.Outcome.LastMessageID)
+		}
+	}
+	require.Equal(t, 1, outcomes)
+	require.Subset(t, kinds, []string{"progress", "tool_call", "tool_result", "message_delta", "message"})
+	require.NotNil(t, providerResult)
+	require.EqualValues(t, 200, providerResult["status"])
+	require.Equal(t, "upstream says hi", providerResult["reply"])
+	require.Len(t, providerResult["sha256"], 64)
+	require.Contains(t, seen(), "POST /provider/v1/chat/completions Bearer "+handle)
+	// The ingest post went out and its 404 was tolerated.
+	require.Eventually(t, func() bool {
+		for _, l := range seen() {
+			if strings.HasPrefix(l, "POST /ingest/v1/runtime-sessions/") {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond)
+
+	// Fail and abort paths, each with exactly one outcome.
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m2", Content: "fail: please"})
+	out := s.untilOutcome(t, "s1")
+	last := out[len(out)-1]
+	require.Equal(t, runtimeproto.ResultFailed, last.Outcome.Result)
+	require.Equal(t, "tool_error", last.Outcome.FailureReason)
+
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m3", Content: "slow: think"})
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: "s1", MessageID: "m3"})
+	out = s.untilOutcome(t, "s1")
+	require.Equal(t, runtimeproto.ResultCancelled, out[len(out)-1].Outcome.Result)
+
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeShutdown})
+	require.NoError(t, <-s.done)
+	_ = s.in.Close()
+	for range s.out {
+	}
+	require.NotContains(t, s.raw.String(), handle, "the handle never leaves stdin")
+}
