@@ -65,7 +65,7 @@ func scopeFromProto(pb *ingestv1.ScopeMetadata) (scope.Metadata, []history.Viola
 	}
 }
 
-// cursorPattern is a stream entry id, the only cursor Tail accepts.
-var cursorPattern = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+// cursorPattern is an item cursor (stream entry id and index), the only cursor Tail accepts.
+var cursorPattern = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}-[0-9]{1,9}$`)
 
 func validCursor(c string) bool { return c == "" || cursorPattern.MatchString(c) }

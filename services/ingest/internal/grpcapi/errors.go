@@ -10,6 +10,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	"agentplane.dev/services/ingest/internal/history"
 	"agentplane.dev/services/ingest/internal/scope"
+	"agentplane.dev/services/ingest/internal/store"
 )
 
 // Reasons (ErrorInfo.Reason) of the ingest service; listed in docs/errors.md.
@@ -42,6 +43,9 @@ func (s *Service) toStatus(ctx context.Context, err error) error {
 			reason = ReasonLimitExceeded
 		}
 		return apierr.Error(codes.InvalidArgument, reason, invalid.Error(), opts...)
+	case errors.Is(err, store.ErrBadCursor):
+		return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, "malformed cursor",
+			apierr.FieldViolation("cursor", "must be empty or a cursor returned by this service"))
 	case errors.Is(err, history.ErrNotFound):
 		return apierr.Error(codes.NotFound, ReasonRuntimeSessionNotFound, "runtime session not found")
 	case errors.Is(err, history.ErrDeleted):

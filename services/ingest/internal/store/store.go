@@ -3,13 +3,21 @@
 // Keys of one runtime session share the hash tag {<runtime-session-id>}, so every script
 // touches one slot and the layout works on Redis Cluster:
 //
-//	ing:{id}:meta    hash: state (live|deleted), session_id, sandbox_id, directory, create_time
-//	ing:{id}:stream  stream: one entry per applied item version, field "b" = the encoded item;
-//	                 gives order, resume cursors (entry ids) and blocking reads for Tail
-//	ing:{id}:latest  hash: item id → 20-digit zero-padded version + entry id of that version;
+//	ing:{id}:meta    hash: state (live|deleted), session_id, sandbox_id, directory, create_time,
+//	                 cursor (of the newest item version written)
+//	ing:{id}:stream  stream: one entry per batch, whose field "b" holds the batch's applied
+//	                 item versions in order, encoded as the items of an ExportResponse
+//	                 (so the script builds it by concatenation); gives order, resume
+//	                 cursors and blocking reads for Tail
+//	ing:{id}:latest  hash: item id → 20-digit zero-padded version + cursor of that version;
 //	                 the newest version of every item, for Export and the version compare
 //
-// A batch is one Lua script: the tombstone check, every version compare and every XADD run
+// A cursor names one item version: "<entry id>-<index in the entry>", e.g. "1700000000000-0-5".
+// One single-field entry per batch rather than an entry (or a field) per item keeps the
+// Redis work of a batch at four commands and one linear copy of its bytes, whatever its
+// size: a field per item made XADD grow the entry's listpack item by item.
+//
+// A batch is one Lua script: the tombstone check, every version compare and the XADD run
 // in one step, so a batch is all-or-nothing (the service validates it completely before)
 // and a replayed batch changes nothing. Versions are compared as fixed-width decimal
 // strings because Lua numbers are doubles and would round versions above 2^53.
@@ -22,12 +30,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -126,23 +136,43 @@ func stateErr(state string) error {
 	}
 }
 
+// ingestScript reads every stored version with one HMGET, appends the applied versions as
+// one stream entry and records them with one HSET.
 var ingestScript = redis.NewScript(`
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'deleted' then return {'deleted'} end
 if not state then redis.call('HSET', KEYS[1], 'state', 'live', 'create_time', ARGV[1]) end
-local applied, ignored, cursor = 0, 0, ''
-for i = 2, #ARGV, 3 do
-  local id, version = ARGV[i], ARGV[i + 1]
-  local cur = redis.call('HGET', KEYS[3], id)
-  if cur and string.sub(cur, 1, 20) >= version then
-    ignored = ignored + 1
-  else
-    cursor = redis.call('XADD', KEYS[2], '*', 'b', ARGV[i + 2])
-    redis.call('HSET', KEYS[3], id, version .. cursor)
-    applied = applied + 1
+local n = (#ARGV - 1) / 3
+local ids = {}
+for k = 1, n do ids[k] = ARGV[3 * k - 1] end
+local stored = redis.call('HMGET', KEYS[3], unpack(ids))
+local newest = {}
+for k = 1, n do
+  if stored[k] then newest[ids[k]] = string.sub(stored[k], 1, 20) end
+end
+local parts, applied = {}, {} -- applied: positions k of the items that go into the entry
+for k = 1, n do
+  local id, version = ids[k], ARGV[3 * k]
+  local have = newest[id]
+  if not (have and have >= version) then
+    newest[id] = version
+    parts[#parts + 1] = ARGV[3 * k + 1]
+    applied[#applied + 1] = k
   end
 end
-return {'ok', applied, ignored, cursor}
+if #applied == 0 then return {'ok', 0, n, ''} end
+local entry = redis.call('XADD', KEYS[2], '*', 'b', table.concat(parts))
+local latest = {}
+for i, k in ipairs(applied) do
+  -- A later duplicate of the same id in this batch overwrites the earlier pair: HSET keeps
+  -- the last value given for a field.
+  latest[#latest + 1] = ids[k]
+  latest[#latest + 1] = ARGV[3 * k] .. entry .. '-' .. (i - 1)
+end
+redis.call('HSET', KEYS[3], unpack(latest))
+local cursor = entry .. '-' .. (#applied - 1)
+redis.call('HSET', KEYS[1], 'cursor', cursor)
+return {'ok', #applied, n - #applied, cursor}
 `)
 
 // Ingest stores one validated batch atomically: each item whose version is newer than the
@@ -181,41 +211,41 @@ func paddedVersion(v uint64) string {
 }
 
 // exportChunk bounds one pipeline of entry reads.
-const exportChunk = 512
+const exportChunk = 64
 
 // Export returns the newest version of every item, ordered by item id, and the cursor of
-// the newest stream entry at that moment (Tail from it to follow). The index and the
+// the newest item version at that moment (Tail from it to follow). The index and the
 // cursor are read in one transaction; entries are immutable, so reading them afterwards
 // still yields that snapshot unless the session is deleted meanwhile (then ErrDeleted).
 func (s *Store) Export(ctx context.Context, id string) ([]history.Item, string, error) {
-	var state *redis.StringCmd
-	var last *redis.XMessageSliceCmd
+	var meta *redis.SliceCmd
 	var latest *redis.MapStringStringCmd
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		state = p.HGet(ctx, metaKey(id), "state")
-		last = p.XRevRangeN(ctx, streamKey(id), "+", "-", 1)
+		meta = p.HMGet(ctx, metaKey(id), "state", "cursor")
 		latest = p.HGetAll(ctx, latestKey(id))
 		return nil
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
+	if err != nil {
 		return nil, "", fmt.Errorf("export: %w", err)
 	}
-	if err := stateErr(state.Val()); err != nil {
+	state, _ := meta.Val()[0].(string)
+	if err := stateErr(state); err != nil {
 		return nil, "", err
 	}
-	cursor := ""
-	if msgs := last.Val(); len(msgs) > 0 {
-		cursor = msgs[0].ID
-	}
-	entryIDs := make([]string, 0, len(latest.Val()))
+	cursor, _ := meta.Val()[1].(string)
+
+	// Which item of which entry holds each item's newest version.
+	wanted := map[string][]int{} // entry id → indexes
 	for _, v := range latest.Val() {
-		if len(v) <= versionWidth {
+		c, err := parseCursor(v[min(len(v), versionWidth):])
+		if err != nil || len(v) <= versionWidth {
 			return nil, "", fmt.Errorf("export: corrupt latest entry %q", v)
 		}
-		entryIDs = append(entryIDs, v[versionWidth:])
+		wanted[c.entry] = append(wanted[c.entry], c.index)
 	}
-	items := make([]history.Item, 0, len(entryIDs))
-	for chunk := range slices.Chunk(entryIDs, exportChunk) {
+	entries := slices.Sorted(maps.Keys(wanted))
+	items := make([]history.Item, 0, len(latest.Val()))
+	for chunk := range slices.Chunk(entries, exportChunk) {
 		cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, e := range chunk {
 				p.XRange(ctx, streamKey(id), e, e)
@@ -225,16 +255,21 @@ func (s *Store) Export(ctx context.Context, id string) ([]history.Item, string, 
 		if err != nil {
 			return nil, "", fmt.Errorf("export: %w", err)
 		}
-		for _, c := range cmds {
+		for i, c := range cmds {
 			msgs := c.(*redis.XMessageSliceCmd).Val()
 			if len(msgs) != 1 {
 				return nil, "", history.ErrDeleted // unlinked under us
 			}
-			it, err := decode(msgs[0])
+			inEntry, err := decodeEntry(msgs[0])
 			if err != nil {
 				return nil, "", err
 			}
-			items = append(items, it)
+			for _, idx := range wanted[chunk[i]] {
+				if idx >= len(inEntry) {
+					return nil, "", fmt.Errorf("export: entry %s has no item %d", msgs[0].ID, idx)
+				}
+				items = append(items, inEntry[idx])
+			}
 		}
 	}
 	slices.SortFunc(items, func(a, b history.Item) int { return strings.Compare(a.ID, b.ID) })
@@ -242,15 +277,44 @@ func (s *Store) Export(ctx context.Context, id string) ([]history.Item, string, 
 }
 
 // tailCount bounds the entries of one read.
-const tailCount = 256
+const tailCount = 16
 
-// Tail calls send for every entry after cursor ("" starts at the beginning), in order, and
-// keeps following new entries until ctx ends (nil), send fails (its error), or the runtime
-// session is deleted (ErrDeleted).
+// Tail calls send for every item version after cursor ("" starts at the beginning), in
+// order, and keeps following new ones until ctx ends (nil), send fails (its error), or the
+// runtime session is deleted (ErrDeleted).
 func (s *Store) Tail(ctx context.Context, id, cursor string, send func(history.Entry) error) error {
-	if cursor == "" {
-		cursor = "0-0"
+	after := itemCursor{entry: "0-0", index: -1}
+	if cursor != "" {
+		var err error
+		if after, err = parseCursor(cursor); err != nil {
+			return err
+		}
 	}
+	sendEntry := func(m redis.XMessage, from int) error {
+		items, err := decodeEntry(m)
+		if err != nil {
+			return err
+		}
+		for idx := from; idx < len(items); idx++ {
+			if err := send(history.Entry{Item: items[idx], Cursor: itemCursor{m.ID, idx}.String()}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if after.index >= 0 {
+		// The rest of the entry the cursor points into.
+		msgs, err := s.rdb.XRange(ctx, streamKey(id), after.entry, after.entry).Result()
+		if err != nil {
+			return fmt.Errorf("tail: %w", err)
+		}
+		for _, m := range msgs {
+			if err := sendEntry(m, after.index+1); err != nil {
+				return err
+			}
+		}
+	}
+	last := after.entry
 	for {
 		state, err := s.rdb.HGet(ctx, metaKey(id), "state").Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -263,7 +327,7 @@ func (s *Store) Tail(ctx context.Context, id, cursor string, send func(history.E
 			return err
 		}
 		streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{
-			Streams: []string{streamKey(id), cursor}, Count: tailCount, Block: s.TailBlock,
+			Streams: []string{streamKey(id), last}, Count: tailCount, Block: s.TailBlock,
 		}).Result()
 		if ctx.Err() != nil {
 			return nil
@@ -276,17 +340,49 @@ func (s *Store) Tail(ctx context.Context, id, cursor string, send func(history.E
 		}
 		for _, st := range streams {
 			for _, m := range st.Messages {
-				it, err := decode(m)
-				if err != nil {
+				if err := sendEntry(m, 0); err != nil {
 					return err
 				}
-				if err := send(history.Entry{Item: it, Cursor: m.ID}); err != nil {
-					return err
-				}
-				cursor = m.ID
+				last = m.ID
 			}
 		}
 	}
+}
+
+// itemCursor names one item version: a stream entry and the item's index in it.
+type itemCursor struct {
+	entry string
+	index int
+}
+
+func (c itemCursor) String() string { return c.entry + "-" + strconv.Itoa(c.index) }
+
+// ErrBadCursor: a cursor this service did not hand out.
+var ErrBadCursor = errors.New("malformed cursor")
+
+func parseCursor(s string) (itemCursor, error) {
+	cut := strings.LastIndexByte(s, '-')
+	if cut < 0 {
+		return itemCursor{}, ErrBadCursor
+	}
+	ms, seq, ok := strings.Cut(s[:cut], "-")
+	idx, err := strconv.Atoi(s[cut+1:])
+	if !ok || err != nil || idx < 0 || !digits(ms) || !digits(seq) {
+		return itemCursor{}, ErrBadCursor
+	}
+	return itemCursor{entry: s[:cut], index: idx}, nil
+}
+
+func digits(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 var deleteScript = redis.NewScript(`
@@ -304,8 +400,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
-// encode is the stored form of an item version: the protobuf Item, which keeps the stored
-// data readable across schema changes the protobuf way.
+// encode is the stored form of an item version: the protobuf Item as one element of the
+// repeated items field of an ExportResponse (tag and length included), so concatenated
+// elements decode as one message. Protobuf keeps stored data readable across schema changes.
 func encode(it history.Item) ([]byte, error) {
 	pb := &ingestv1.Item{
 		ItemId: it.ID, Type: ingestv1.ItemType(it.Type), Version: it.Version,
@@ -314,25 +411,36 @@ func encode(it history.Item) ([]byte, error) {
 	if !it.Time.IsZero() {
 		pb.Time = timestamppb.New(it.Time)
 	}
-	b, err := proto.Marshal(pb)
+	size := proto.Size(pb)
+	b := make([]byte, 0, size+protowire.SizeTag(entryItemsField)+protowire.SizeVarint(uint64(size)))
+	b = protowire.AppendTag(b, entryItemsField, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, pb)
 	if err != nil {
 		return nil, fmt.Errorf("encode item: %w", err)
 	}
 	return b, nil
 }
 
-func decode(m redis.XMessage) (history.Item, error) {
+// entryItemsField is ExportResponse.items.
+const entryItemsField = 1
+
+// decodeEntry decodes the item versions of one stream entry, in order.
+func decodeEntry(m redis.XMessage) ([]history.Item, error) {
 	raw, _ := m.Values["b"].(string)
-	var pb ingestv1.Item
+	var pb ingestv1.ExportResponse
 	if err := proto.Unmarshal([]byte(raw), &pb); err != nil {
-		return history.Item{}, fmt.Errorf("decode entry %s: %w", m.ID, err)
+		return nil, fmt.Errorf("decode entry %s: %w", m.ID, err)
 	}
-	it := history.Item{
-		ID: pb.GetItemId(), Type: history.Type(pb.GetType()), Version: pb.GetVersion(),
-		ParentID: pb.GetParentId(), Payload: pb.GetPayload(),
+	items := make([]history.Item, len(pb.GetItems()))
+	for i, p := range pb.GetItems() {
+		items[i] = history.Item{
+			ID: p.GetItemId(), Type: history.Type(p.GetType()), Version: p.GetVersion(),
+			ParentID: p.GetParentId(), Payload: p.GetPayload(),
+		}
+		if p.Time != nil {
+			items[i].Time = p.GetTime().AsTime()
+		}
 	}
-	if pb.Time != nil {
-		it.Time = pb.GetTime().AsTime()
-	}
-	return it, nil
+	return items, nil
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -54,9 +55,22 @@ func TestBatchResultCountsAndDuplicatesInOneBatch(t *testing.T) {
 	res, err := s.Ingest(ctx, "rs", []history.Item{item("a", 2), item("a", 1), item("a", 2), item("a", 3), item("b", 1)})
 	require.NoError(t, err)
 	require.Equal(t, history.BatchResult{Applied: 3, Ignored: 2, Cursor: res.Cursor}, res)
-	require.Equal(t, int64(3), rdb.XLen(ctx, streamKey("rs")).Val())
-	last := rdb.XRevRangeN(ctx, streamKey("rs"), "+", "-", 1).Val()
-	require.Equal(t, res.Cursor, last[0].ID)
+	entries := rdb.XRange(ctx, streamKey("rs"), "-", "+").Val()
+	require.Len(t, entries, 1, "one stream entry per batch")
+	require.Equal(t, entries[0].ID+"-2", res.Cursor)
+	inEntry, err := decodeEntry(entries[0])
+	require.NoError(t, err)
+	require.Equal(t, []history.Item{item("a", 2), item("a", 3), item("b", 1)}, inEntry)
+	items, cursor, err := s.Export(ctx, "rs")
+	require.NoError(t, err)
+	require.Equal(t, []history.Item{item("a", 3), item("b", 1)}, items)
+	require.Equal(t, res.Cursor, cursor)
+
+	// A batch of nothing new writes no entry.
+	res, err = s.Ingest(ctx, "rs", []history.Item{item("a", 1), item("b", 1)})
+	require.NoError(t, err)
+	require.Equal(t, history.BatchResult{Ignored: 2}, res)
+	require.Equal(t, int64(1), rdb.XLen(ctx, streamKey("rs")).Val())
 }
 
 // TestReplayProperty: replaying any set of batches any number of times, in any order, yields
@@ -105,15 +119,19 @@ func TestReplayProperty(t *testing.T) {
 		// The stream holds each item's versions in strictly increasing order, ending at the
 		// newest, and the export cursor is its last entry.
 		seen := map[string]uint64{}
-		entries := rdb.XRange(ctx, streamKey(id), "-", "+").Val()
-		for _, e := range entries {
-			it, err := decode(e)
-			require.NoError(t, err)
-			require.Greater(t, it.Version, seen[it.ID])
-			seen[it.ID] = it.Version
-		}
+		var lastCursor string
+		requireDone(t, s.Tail(ctx, id, "", func(e history.Entry) error {
+			require.Greater(t, e.Item.Version, seen[e.Item.ID])
+			seen[e.Item.ID] = e.Item.Version
+			lastCursor = e.Cursor
+			if e.Cursor == cursor {
+				return errDone
+			}
+			return nil
+		}))
 		require.Equal(t, newest, seen)
-		require.Equal(t, entries[len(entries)-1].ID, cursor)
+		require.Equal(t, lastCursor, cursor)
+		_ = rdb
 	}
 }
 
@@ -184,4 +202,45 @@ func TestCreateRuntimeSession(t *testing.T) {
 
 	_, err = s.CreateRuntimeSession(ctx, history.RuntimeSession{ID: "rs", Directory: "/other"})
 	require.ErrorIs(t, err, history.ErrConflict)
+}
+
+var errDone = errors.New("done")
+
+func requireDone(t *testing.T, err error) {
+	t.Helper()
+	require.ErrorIs(t, err, errDone)
+}
+
+func TestTailCursorInsideAnEntry(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	first, err := s.Ingest(ctx, "rs", []history.Item{item("a", 1), item("b", 1), item("c", 1)})
+	require.NoError(t, err)
+	_, err = s.Ingest(ctx, "rs", []history.Item{item("d", 1)})
+	require.NoError(t, err)
+	var cursors []string
+	var got []history.Item
+	requireDone(t, s.Tail(ctx, "rs", "", func(e history.Entry) error {
+		cursors = append(cursors, e.Cursor)
+		got = append(got, e.Item)
+		if len(got) == 4 {
+			return errDone
+		}
+		return nil
+	}))
+	require.Equal(t, []history.Item{item("a", 1), item("b", 1), item("c", 1), item("d", 1)}, got)
+	require.Equal(t, first.Cursor, cursors[2])
+
+	// Resuming from the middle of the first entry yields the rest of it, then the next.
+	got = nil
+	requireDone(t, s.Tail(ctx, "rs", cursors[0], func(e history.Entry) error {
+		got = append(got, e.Item)
+		if len(got) == 3 {
+			return errDone
+		}
+		return nil
+	}))
+	require.Equal(t, []history.Item{item("b", 1), item("c", 1), item("d", 1)}, got)
+
+	require.ErrorIs(t, s.Tail(ctx, "rs", "12-3", nil), ErrBadCursor)
 }
