@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"golang.org/x/sync/errgroup"
+
+	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/redistest"
+	credential "agentplane.dev/services/credential/server"
+	ingest "agentplane.dev/services/ingest/server"
+	sandbox "agentplane.dev/services/sandbox/server"
+	session "agentplane.dev/services/session/server"
+)
+
+// devOptions are the flags of `agentplane dev`.
+type devOptions struct {
+	redisURL        string
+	sandboxRoot     string
+	internalToken   string
+	drainDelay      time.Duration
+	shutdownTimeout time.Duration
+	logFormat       string
+}
+
+// runDev runs all four services in this process on the fixed local ports of
+// docs/development.md, against --redis or a private redis-server it starts
+// and stops itself.
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o devOptions
+	fs := flag.NewFlagSet("agentplane dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.redisURL, "redis", "", "Redis URL to use; empty starts a private redis-server (or, where none is installed, an in-memory Redis)")
+	fs.StringVar(&o.sandboxRoot, "sandbox-root", "", "directory of the process provider's sandboxes; empty: a new temporary directory")
+	fs.StringVar(&o.internalToken, "internal-token", "", "service-to-service bearer token; empty disables the check")
+	fs.DurationVar(&o.drainDelay, "drain-delay", 500*time.Millisecond, "time between NOT_SERVING and stopping on SIGTERM")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
+	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	scratch, err := os.MkdirTemp("", "agentplane-dev-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	if o.sandboxRoot == "" {
+		o.sandboxRoot = filepath.Join(scratch, "sandboxes")
+	}
+
+	redisURL, redisWhat, stopRedis, err := devRedis(o.redisURL, filepath.Join(scratch, "redis"), stderr)
+	if err != nil {
+		return err
+	}
+	defer stopRedis()
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	common := func(c *config.Common) {
+		c.RedisURL = redisURL
+		c.InternalToken = o.internalToken
+		c.DrainDelay = o.drainDelay
+		c.ShutdownTimeout = o.shutdownTimeout
+		c.LogFormat = o.logFormat
+	}
+	ses, sbx, cred, ing := session.DefaultConfig(), sandbox.DefaultConfig(), credential.DefaultConfig(), ingest.DefaultConfig()
+	common(&ses.Common)
+	common(&sbx.Common)
+	common(&cred.Common)
+	common(&ing.Common)
+	ses.SandboxAddr, ses.CredentialAddr, ses.IngestAddr = sbx.GRPCAddr, cred.GRPCAddr, ing.GRPCAddr
+	sbx.SessionAddr, sbx.CredentialAddr = ses.GRPCAddr, cred.GRPCAddr
+	sbx.ProxyURL = "http://" + cred.ProxyAddr
+	sbx.SandboxRoot = o.sandboxRoot
+	sbx.WrapperBin = self
+	cred.IngestAddr = ing.GRPCAddr
+	ing.CredentialAddr = cred.GRPCAddr
+	for _, v := range []interface{ Validate() error }{&ses, &sbx, &cred, &ing} {
+		if err := v.Validate(); err != nil {
+			return err
+		}
+	}
+
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "agentplane dev (pid %d): Redis %s\n", os.Getpid(), redisWhat)
+	fmt.Fprintln(tw, "SERVICE\tgRPC\tMETRICS\tNOTES")
+	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, ses.MetricsAddr)
+	fmt.Fprintf(tw, "sandbox\t%s\t%s\tprocess provider, sandboxes in %s\n", sbx.GRPCAddr, sbx.MetricsAddr, sbx.SandboxRoot)
+	fmt.Fprintf(tw, "credential\t%s\t%s\tHTTP credential proxy on %s\n", cred.GRPCAddr, cred.MetricsAddr, cred.ProxyAddr)
+	fmt.Fprintf(tw, "ingest\t%s\t%s\t\n", ing.GRPCAddr, ing.MetricsAddr)
+	fmt.Fprintf(tw, "try:\tgrpcurl -plaintext %s list\t\t\n", ses.GRPCAddr)
+	_ = tw.Flush()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return named("session", session.Run(gctx, ses)) })
+	g.Go(func() error { return named("sandbox", sandbox.Run(gctx, sbx)) })
+	g.Go(func() error { return named("credential", credential.Run(gctx, cred)) })
+	g.Go(func() error { return named("ingest", ingest.Run(gctx, ing)) })
+	err = g.Wait()
+	fmt.Fprintln(stdout, "agentplane dev: stopped")
+	return err
+}
+
+func named(service string, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", service, err)
+	}
+	return nil
+}
+
+// devRedis returns the Redis URL to use and a function that stops whatever
+// was started for it.
+func devRedis(url, dir string, stderr io.Writer) (string, string, func(), error) {
+	if url != "" {
+		return url, url, func() {}, nil
+	}
+	if _, err := exec.LookPath(redistest.Binary); err == nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", "", nil, err
+		}
+		srv, err := redistest.New(dir)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("start private redis-server: %w", err)
+		}
+		return srv.URL(), fmt.Sprintf("private redis-server at %s (stopped on exit)", srv.URL()), func() { _ = srv.Close() }, nil
+	}
+	fmt.Fprintln(stderr, "WARNING: redis-server is not installed; using an embedded in-memory Redis (dev only: no persistence, partial Lua and stream support). Install redis-server or pass --redis.")
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		return "", "", nil, errors.Join(errors.New("start embedded Redis"), err)
+	}
+	u := "redis://" + mr.Addr()
+	return u, "embedded in-memory Redis at " + u, mr.Close, nil
+}

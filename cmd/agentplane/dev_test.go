@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+)
+
+// The services `agentplane dev` must expose, by port (docs/development.md).
+var devServices = map[string][]string{
+	"127.0.0.1:7401": {"agentplane.session.v1.SessionService", "agentplane.session.v1.SessionNotifyService"},
+	"127.0.0.1:7402": {"agentplane.sandbox.v1.SandboxService", "agentplane.sandbox.v1.WrapperControlService"},
+	"127.0.0.1:7403": {"agentplane.credential.v1.CredentialService"},
+	"127.0.0.1:7404": {"agentplane.ingest.v1.IngestService"},
+}
+
+// TestDevStartsAllServicesAndStopsCleanly runs `agentplane dev` as a real
+// process: every service of all four is listed through gRPC reflection and
+// SERVING on health; after SIGTERM the process exits 0 within its drain bound
+// and the private redis-server it started is gone.
+func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "agentplane")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run(), "build agentplane")
+
+	const drain, graceful = 200 * time.Millisecond, 3 * time.Second
+	cmd := exec.Command(bin, "dev", "--drain-delay", drain.String(), "--shutdown-timeout", graceful.String())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = t.Output()
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	// The banner names the private redis-server's URL.
+	redisURL := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		re := regexp.MustCompile(`private redis-server at (redis://\S+)`)
+		for sc.Scan() {
+			t.Log(sc.Text())
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				redisURL <- m[1]
+			}
+		}
+	}()
+	var url string
+	select {
+	case url = <-redisURL:
+	case err := <-exited:
+		t.Fatalf("agentplane dev exited early: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("agentplane dev printed no banner")
+	}
+	redisPort := url[strings.LastIndex(url, ":")+1:]
+	require.NotEmpty(t, redisServers(t, redisPort), "the private redis-server runs while dev runs")
+
+	for addr, want := range devServices {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		waitServing(t, conn, addr)
+		require.Subset(t, listServices(t, conn), want, "services listed by reflection on %s", addr)
+		require.NoError(t, conn.Close())
+	}
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	// Bound: drain delay plus every service's graceful stop (they stop in
+	// parallel), plus generous slack for a loaded CI machine.
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "agentplane dev exits 0 after SIGTERM")
+	case <-time.After(drain + graceful + 20*time.Second):
+		t.Fatal("agentplane dev did not exit within its drain bound")
+	}
+	require.Empty(t, redisServers(t, redisPort), "no redis-server started by dev is left running")
+}
+
+func waitServing(t *testing.T, conn *grpc.ClientConn, addr string) {
+	t.Helper()
+	hc := healthpb.NewHealthClient(conn)
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: ""})
+		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	}, 60*time.Second, 100*time.Millisecond, "%s never became SERVING", addr)
+}
+
+func listServices(t *testing.T, conn *grpc.ClientConn) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: "*"},
+	}))
+	resp, err := stream.Recv()
+	require.NoError(t, err)
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	return names
+}
+
+// redisServers returns the pids of live redis-server processes listening on
+// port, read from /proc (not from dev's own account of what it started).
+func redisServers(t *testing.T, port string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var pids []string
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue // not a process, or gone
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if !strings.Contains(args[0], "redis-server") || !strings.Contains(string(cmdline), port) {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+			continue // zombie: exited, not yet reaped by its parent
+		}
+		pids = append(pids, e.Name())
+	}
+	return pids
+}
