@@ -26,6 +26,20 @@ type HelloResult struct {
 // its fence token must not be older than the one it was launched under nor
 // newer than the owner's, and it must still be its runtime key's wrapper.
 func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, error) {
+	// An unauthenticated caller must not make this replica take (and index)
+	// a sandbox: check the stored allocation before acquiring anything.
+	d.mu.Lock()
+	_, owned := d.sandboxes[h.GetSandboxId()]
+	d.mu.Unlock()
+	if !owned {
+		alloc, err := store.AllocationID(ctx, d.cfg.Redis, h.GetSandboxId())
+		if err != nil {
+			return HelloResult{}, err
+		}
+		if alloc == "" || alloc != h.GetAllocationId() {
+			return HelloResult{Shutdown: Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current")}, nil
+		}
+	}
 	sb, err := d.own(ctx, h.GetSandboxId())
 	if err != nil {
 		return HelloResult{}, err

@@ -129,6 +129,15 @@ func loadHash[T any](ctx context.Context, rdb redis.UniversalClient, key string,
 	return nil
 }
 
+// AllocationID reads a sandbox's current allocation ("" when none).
+func AllocationID(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (string, error) {
+	v, err := rdb.HGet(ctx, Key(sandboxID, "meta"), "allocation_id").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
+}
+
 // Index records that sandboxID has state (an owner must drive it).
 func Index(ctx context.Context, rdb redis.UniversalClient, sandboxID string) error {
 	return rdb.SAdd(ctx, IndexKey, sandboxID).Err()
