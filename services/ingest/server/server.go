@@ -98,6 +98,7 @@ func run(ctx context.Context, cfg Config, lis net.Listener) error {
 		Name: "ingest", Logger: log, Redis: rdb, Telemetry: tel,
 		Addr: cfg.GRPCAddr, Listener: lis, MetricsAddr: cfg.MetricsAddr,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+		ServerOptions: grpcapi.ServerOptions(),
 	})
 	if err != nil {
 		_ = rdb.Close()
@@ -107,6 +108,10 @@ func run(ctx context.Context, cfg Config, lis net.Listener) error {
 	Register(srv, rdb, credential, log)
 	return srv.Serve(ctx)
 }
+
+// ServerOptions are the transport settings the ingest service wants from the gRPC server it
+// is registered on (flow-control windows that hold whole batches).
+func ServerOptions() []grpc.ServerOption { return grpcapi.ServerOptions() }
 
 // Register registers the ingest service on reg, storing in rdb and asking the credential
 // service on credential about v2 scope membership. cmd/agentplane composes with it.

@@ -30,6 +30,20 @@ func New(st *store.Store, members scope.MemberChecker, log *slog.Logger) *Servic
 	return &Service{store: st, scopes: scope.Admitter{Members: members}, log: log.With("component", "ingest")}
 }
 
+// Flow-control windows for ingest traffic. gRPC's default 64 KiB stream window (grown by
+// BDP probes) makes a 128 KiB batch wait for window updates, round trip by round trip; a
+// static window that holds whole batches lets a client stream them back to back. The
+// connection window bounds what one client can have buffered in the server.
+const (
+	streamWindow     = 4 << 20
+	connectionWindow = 16 << 20
+)
+
+// ServerOptions are the transport settings the ingest service runs with.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connectionWindow)}
+}
+
 // Register registers s on reg.
 func (s *Service) Register(reg grpc.ServiceRegistrar) { ingestv1.RegisterIngestServiceServer(reg, s) }
 
