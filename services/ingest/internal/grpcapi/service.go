@@ -95,10 +95,11 @@ func (s *Service) Ingest(ctx context.Context, req *ingestv1.IngestRequest) (*ing
 	return &ingestv1.IngestResponse{Applied: int32(res.Applied), Ignored: int32(res.Ignored), Cursor: res.Cursor}, nil
 }
 
-// IngestStream stores each batch of a client stream atomically. A bad batch ends the stream
-// with its error; the batches before it stay stored. Admission is remembered for the
-// stream's lifetime per (scope, target): a stream is one request, and a revocation applies
-// to requests that start after it.
+// IngestStream stores each batch of a client stream atomically, in order. A bad batch ends
+// the stream with its error; the batches before it stay stored. While one batch is being
+// stored the next is received, validated and encoded, so Redis and the CPU work overlap.
+// Admission is remembered for the stream's lifetime per (scope, target): a stream is one
+// request, and a revocation applies to requests that start after it.
 func (s *Service) IngestStream(stream grpc.ClientStreamingServer[ingestv1.IngestStreamRequest, ingestv1.IngestStreamResponse]) error {
 	ctx := stream.Context()
 	var total ingestv1.IngestStreamResponse
@@ -115,34 +116,71 @@ func (s *Service) IngestStream(stream grpc.ClientStreamingServer[ingestv1.Ingest
 		}
 		return false
 	}
+
+	// At most one batch is being stored; wait collects it. Every return waits first, so no
+	// store call outlives the handler, and an earlier batch's error wins over a later one's.
+	type stored struct {
+		res history.BatchResult
+		err error
+	}
+	var pending chan stored
+	wait := func() error {
+		if pending == nil {
+			return nil
+		}
+		r := <-pending
+		pending = nil
+		if r.err != nil {
+			return s.toStatus(ctx, r.err)
+		}
+		total.Applied += int64(r.res.Applied)
+		total.Ignored += int64(r.res.Ignored)
+		total.Batches++
+		if r.res.Cursor != "" {
+			total.Cursor = r.res.Cursor
+		}
+		return nil
+	}
+	fail := func(err error) error {
+		if werr := wait(); werr != nil {
+			return werr
+		}
+		return err
+	}
+
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
+			if err := wait(); err != nil {
+				return err
+			}
 			return stream.SendAndClose(&total)
 		}
 		if err != nil {
-			return err // the transport's status (cancelled, too large, ...)
+			return fail(err) // the transport's status (cancelled, too large, ...)
 		}
 		b, err := checkBatch(req.GetRuntimeSessionId(), req.GetScope(), req.GetItems())
 		if err != nil {
-			return s.toStatus(ctx, err)
+			return fail(s.toStatus(ctx, err))
 		}
 		if !isAdmitted(b) {
 			if err := s.scopes.Admit(ctx, b.md, b.runtimeSessionID); err != nil {
-				return s.toStatus(ctx, err)
+				return fail(s.toStatus(ctx, err))
 			}
 			admitted = append(admitted, admission{b.md, b.runtimeSessionID})
 		}
-		res, err := s.store.Ingest(ctx, b.runtimeSessionID, b.items)
+		encoded, err := store.Encode(b.items)
 		if err != nil {
-			return s.toStatus(ctx, err)
+			return fail(s.toStatus(ctx, err))
 		}
-		total.Applied += int64(res.Applied)
-		total.Ignored += int64(res.Ignored)
-		total.Batches++
-		if res.Cursor != "" {
-			total.Cursor = res.Cursor
+		if err := wait(); err != nil {
+			return err
 		}
+		pending = make(chan stored, 1)
+		go func(ch chan<- stored) {
+			res, err := s.store.IngestEncoded(ctx, b.runtimeSessionID, encoded)
+			ch <- stored{res, err}
+		}(pending)
 	}
 }
 

@@ -180,15 +180,36 @@ return {'ok', #applied, n - #applied, cursor}
 // are ignored. A runtime session seen for the first time is created implicitly; a
 // tombstoned one is ErrDeleted.
 func (s *Store) Ingest(ctx context.Context, id string, items []history.Item) (history.BatchResult, error) {
-	args := make([]any, 0, 1+3*len(items))
-	args = append(args, s.now().UnixNano())
+	b, err := Encode(items)
+	if err != nil {
+		return history.BatchResult{}, err
+	}
+	return s.IngestEncoded(ctx, id, b)
+}
+
+// EncodedBatch is a batch in its stored form, ready for IngestEncoded.
+type EncodedBatch struct {
+	args []any // item id, padded version, encoded item; per item
+}
+
+// Encode prepares a validated batch for storing; it does no I/O, so a caller can encode the
+// next batch while the previous one is being stored.
+func Encode(items []history.Item) (EncodedBatch, error) {
+	args := make([]any, 0, 3*len(items))
 	for _, it := range items {
 		blob, err := encode(it)
 		if err != nil {
-			return history.BatchResult{}, err
+			return EncodedBatch{}, err
 		}
 		args = append(args, it.ID, paddedVersion(it.Version), blob)
 	}
+	return EncodedBatch{args: args}, nil
+}
+
+// IngestEncoded is Ingest of an encoded batch.
+func (s *Store) IngestEncoded(ctx context.Context, id string, b EncodedBatch) (history.BatchResult, error) {
+	args := make([]any, 0, 1+len(b.args))
+	args = append(append(args, s.now().UnixNano()), b.args...)
 	res, err := ingestScript.Run(ctx, s.rdb, keys(id), args...).Slice()
 	if err != nil {
 		return history.BatchResult{}, fmt.Errorf("ingest batch: %w", err)
