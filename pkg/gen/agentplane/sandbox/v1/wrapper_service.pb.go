@@ -1052,9 +1052,13 @@ type PrepareRoute struct {
 	// Base URL of the credential proxy.
 	ProxyUrl string `protobuf:"bytes,5,opt,name=proxy_url,json=proxyUrl,proto3" json:"proxy_url,omitempty"`
 	// Runtime contract of the route.
-	Contract      RuntimeContract `protobuf:"varint,6,opt,name=contract,proto3,enum=agentplane.sandbox.v1.RuntimeContract" json:"contract,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Contract RuntimeContract `protobuf:"varint,6,opt,name=contract,proto3,enum=agentplane.sandbox.v1.RuntimeContract" json:"contract,omitempty"`
+	// The runtime session id the sandbox registered with the credential grant
+	// (the member's ingest root). The runtime uses it for the route, so the
+	// proxy's ingest scope checks admit what it reports in RouteReady. Added.
+	RuntimeSessionId string `protobuf:"bytes,7,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PrepareRoute) Reset() {
@@ -1127,6 +1131,13 @@ func (x *PrepareRoute) GetContract() RuntimeContract {
 		return x.Contract
 	}
 	return RuntimeContract_RUNTIME_CONTRACT_UNSPECIFIED
+}
+
+func (x *PrepareRoute) GetRuntimeSessionId() string {
+	if x != nil {
+		return x.RuntimeSessionId
+	}
+	return ""
 }
 
 // Deliver carries messages for a route.
@@ -1480,7 +1491,7 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\bHelloAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12D\n" +
 	"\x10reconnect_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0freconnectWindow\x12B\n" +
-	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\xdf\x01\n" +
+	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\x8d\x02\n" +
 	"\fPrepareRoute\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
@@ -1488,7 +1499,8 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\brepo_url\x18\x03 \x01(\tR\arepoUrl\x12\x16\n" +
 	"\x06handle\x18\x04 \x01(\tR\x06handle\x12\x1b\n" +
 	"\tproxy_url\x18\x05 \x01(\tR\bproxyUrl\x12B\n" +
-	"\bcontract\x18\x06 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"l\n" +
+	"\bcontract\x18\x06 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\x12,\n" +
+	"\x12runtime_session_id\x18\a \x01(\tR\x10runtimeSessionId\"l\n" +
 	"\aDeliver\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12B\n" +
