@@ -82,6 +82,7 @@ type fakeIngest struct {
 	mu      sync.Mutex
 	ingests []*ingestv1.IngestRequest
 	exports []*ingestv1.ExportRequest
+	creates []*ingestv1.CreateRuntimeSessionRequest
 	auth    []string
 }
 
@@ -96,6 +97,15 @@ func (f *fakeIngest) Ingest(ctx context.Context, r *ingestv1.IngestRequest) (*in
 	f.record(ctx)
 	f.ingests = append(f.ingests, r)
 	return &ingestv1.IngestResponse{Applied: int32(len(r.GetItems())), Cursor: "1-0"}, nil
+}
+
+// CreateRuntimeSession records the registration the proxy makes before its
+// first write to a runtime session.
+func (f *fakeIngest) CreateRuntimeSession(_ context.Context, r *ingestv1.CreateRuntimeSessionRequest) (*ingestv1.CreateRuntimeSessionResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.creates = append(f.creates, r)
+	return &ingestv1.CreateRuntimeSessionResponse{RuntimeSession: r.GetRuntimeSession()}, nil
 }
 
 func (f *fakeIngest) Export(ctx context.Context, r *ingestv1.ExportRequest) (*ingestv1.ExportResponse, error) {

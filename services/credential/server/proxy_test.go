@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -193,6 +194,15 @@ func TestProxyIngestMetadata(t *testing.T) {
 	h.ingest.mu.Lock()
 	defer h.ingest.mu.Unlock()
 	require.Len(t, h.ingest.ingests, 2)
+	// Each runtime session was registered once, before its first write, with
+	// the member's session and the scope.
+	require.Len(t, h.ingest.creates, 2)
+	for i, want := range []*ingestv1.RuntimeSession{
+		{RuntimeSessionId: "rs-s2", SessionId: "s2", SandboxId: "sbx-a", Directory: "/w/repo"},
+		{RuntimeSessionId: "rs-s3", SessionId: "s3", SandboxId: "sbx-a", Directory: "/w/per"},
+	} {
+		require.True(t, proto.Equal(want, h.ingest.creates[i].GetRuntimeSession()), "registration %d: %v", i, h.ingest.creates[i].GetRuntimeSession())
+	}
 	v2 := h.ingest.ingests[0]
 	require.Equal(t, "rs-s2", v2.GetRuntimeSessionId())
 	require.Equal(t, &ingestv1.ScopeV2{SandboxId: "sbx-a", Directory: "/w/repo", ResolvingRuntimeSessionId: "rs-s1"}, v2.GetScope().GetV2())

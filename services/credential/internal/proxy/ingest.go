@@ -100,6 +100,10 @@ func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, re
 		writeError(w, http.StatusBadRequest, "body is not a JSON batch")
 		return
 	}
+	if err := p.register(r, res, rsid); err != nil {
+		writeGRPCError(w, err)
+		return
+	}
 	req := &ingestv1.IngestRequest{RuntimeSessionId: rsid, Scope: meta}
 	for _, it := range batch.Items {
 		typ, ok := itemTypes[it.Type]
@@ -120,6 +124,39 @@ func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, re
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"applied": resp.GetApplied(), "ignored": resp.GetIgnored(), "cursor": resp.GetCursor()})
 }
+
+// register creates the runtime session in ingest with its session, sandbox
+// and directory before this process first writes to it. The proxy does it
+// (not the sandbox) because it is the one place that sees both the grant's
+// member and the first write; CreateRuntimeSession is idempotent, so other
+// replicas and restarts repeating it are harmless.
+func (p *Proxy) register(r *http.Request, res *grants.Resolved, rsid string) error {
+	if _, ok := p.registered.Load(rsid); ok {
+		return nil
+	}
+	sessionID := res.Member.SessionID
+	for _, m := range res.Grant.Members {
+		if m.RuntimeSessionID == rsid {
+			sessionID = m.SessionID
+		}
+	}
+	_, err := p.cfg.Ingest.CreateRuntimeSession(r.Context(), &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
+		RuntimeSessionId: rsid, SessionId: sessionID, SandboxId: res.Grant.Scope.SandboxID, Directory: res.Grant.Scope.Directory,
+	}})
+	if err != nil {
+		return err
+	}
+	if p.registeredN.Add(1) > maxRegistered {
+		// Bound the memory; forgetting only costs one idempotent call.
+		p.registered.Clear()
+		p.registeredN.Store(1)
+	}
+	p.registered.Store(rsid, struct{}{})
+	return nil
+}
+
+// maxRegistered bounds the set of runtime sessions known to be registered.
+const maxRegistered = 100_000
 
 func scopeMetadata(res *grants.Resolved, rsid string) (*ingestv1.ScopeMetadata, bool) {
 	if res.Grant.Kind == handle.PerSession {

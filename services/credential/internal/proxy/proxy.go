@@ -16,6 +16,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +50,9 @@ type Proxy struct {
 	cfg     Config
 	rp      *httputil.ReverseProxy
 	metrics *metrics
+
+	registered  sync.Map     // runtime session ids created in ingest by this process
+	registeredN atomic.Int64 // entries in registered (bounded by maxRegistered)
 }
 
 type ctxKey struct{}
