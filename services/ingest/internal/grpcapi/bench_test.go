@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -47,6 +50,7 @@ func BenchmarkIngest1KiB(b *testing.B) {
 		client := startBenchServer(b, redisSrv)
 		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+internalToken)
 		run := uniqueRun()
+		cpu := startCPU(b, rdb)
 		b.ResetTimer()
 		parallelBatches(b, func(worker int, batches func() bool) {
 			stream, err := client.IngestStream(ctx)
@@ -63,12 +67,14 @@ func BenchmarkIngest1KiB(b *testing.B) {
 			require.NoError(b, err)
 		})
 		reportItems(b)
+		cpu.report(b)
 		b.StopTimer()
 		require.NoError(b, rdb.FlushAll(context.Background()).Err())
 	})
 
 	b.Run("path=raw-xadd", func(b *testing.B) {
 		run := uniqueRun()
+		cpu := startCPU(b, rdb)
 		b.ResetTimer()
 		parallelBatches(b, func(worker int, batches func() bool) {
 			key := fmt.Sprintf("raw:{bench-%s-%d}:stream", run, worker)
@@ -83,6 +89,7 @@ func BenchmarkIngest1KiB(b *testing.B) {
 			}
 		})
 		reportItems(b)
+		cpu.report(b)
 		b.StopTimer()
 		require.NoError(b, rdb.FlushAll(context.Background()).Err())
 	})
@@ -134,4 +141,45 @@ func startBenchServer(b *testing.B, redisSrv *redistest.Server) ingestv1.IngestS
 		_ = credConn.Close()
 	})
 	return ingestv1.NewIngestServiceClient(conn)
+}
+
+// cpuMeter reports CPU time per item: of this process (benchmark client and, for the gRPC
+// path, the ingest server) and of redis-server (INFO cpu). On a shared 2-core machine these
+// say what bounds the throughput better than wall-clock numbers do.
+type cpuMeter struct {
+	rdb          redis.UniversalClient
+	goCPU, rdCPU time.Duration
+}
+
+func startCPU(b *testing.B, rdb redis.UniversalClient) *cpuMeter {
+	m := &cpuMeter{rdb: rdb}
+	m.goCPU, m.rdCPU = processCPU(b), redisCPU(b, rdb)
+	return m
+}
+
+func (m *cpuMeter) report(b *testing.B) {
+	items := float64(b.N * benchBatch)
+	b.ReportMetric(float64((processCPU(b)-m.goCPU).Microseconds())/items, "go-cpu-µs/item")
+	b.ReportMetric(float64((redisCPU(b, m.rdb)-m.rdCPU).Microseconds())/items, "redis-cpu-µs/item")
+}
+
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func redisCPU(b *testing.B, rdb redis.UniversalClient) time.Duration {
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	require.NoError(b, err)
+	var total float64
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(b, err)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
