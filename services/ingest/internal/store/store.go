@@ -137,37 +137,48 @@ func stateErr(state string) error {
 }
 
 // ingestScript reads every stored version with one HMGET, appends the applied versions as
-// one stream entry and records them with one HSET.
+// one stream entry and records them with one HSET. The encoded items arrive as one string
+// (ARGV[2]) with each item's end offset, so the usual batch of only new versions is stored
+// as is, without creating a Lua string per item.
 var ingestScript = redis.NewScript(`
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'deleted' then return {'deleted'} end
 if not state then redis.call('HSET', KEYS[1], 'state', 'live', 'create_time', ARGV[1]) end
-local n = (#ARGV - 1) / 3
+local n = (#ARGV - 2) / 3
 local ids = {}
-for k = 1, n do ids[k] = ARGV[3 * k - 1] end
+for k = 1, n do ids[k] = ARGV[3 * k] end
 local stored = redis.call('HMGET', KEYS[3], unpack(ids))
 local newest = {}
 for k = 1, n do
   if stored[k] then newest[ids[k]] = string.sub(stored[k], 1, 20) end
 end
-local parts, applied = {}, {} -- applied: positions k of the items that go into the entry
+local applied = {} -- positions k of the items that go into the entry
 for k = 1, n do
-  local id, version = ids[k], ARGV[3 * k]
-  local have = newest[id]
+  local version = ARGV[3 * k + 1]
+  local have = newest[ids[k]]
   if not (have and have >= version) then
-    newest[id] = version
-    parts[#parts + 1] = ARGV[3 * k + 1]
+    newest[ids[k]] = version
     applied[#applied + 1] = k
   end
 end
 if #applied == 0 then return {'ok', 0, n, ''} end
-local entry = redis.call('XADD', KEYS[2], '*', 'b', table.concat(parts))
+local value = ARGV[2]
+if #applied < n then
+  local parts = {}
+  for i, k in ipairs(applied) do
+    local first = 1
+    if k > 1 then first = tonumber(ARGV[3 * k - 1]) + 1 end
+    parts[i] = string.sub(value, first, tonumber(ARGV[3 * k + 2]))
+  end
+  value = table.concat(parts)
+end
+local entry = redis.call('XADD', KEYS[2], '*', 'b', value)
 local latest = {}
 for i, k in ipairs(applied) do
   -- A later duplicate of the same id in this batch overwrites the earlier pair: HSET keeps
   -- the last value given for a field.
   latest[#latest + 1] = ids[k]
-  latest[#latest + 1] = ARGV[3 * k] .. entry .. '-' .. (i - 1)
+  latest[#latest + 1] = ARGV[3 * k + 1] .. entry .. '-' .. (i - 1)
 end
 redis.call('HSET', KEYS[3], unpack(latest))
 local cursor = entry .. '-' .. (#applied - 1)
@@ -189,27 +200,28 @@ func (s *Store) Ingest(ctx context.Context, id string, items []history.Item) (hi
 
 // EncodedBatch is a batch in its stored form, ready for IngestEncoded.
 type EncodedBatch struct {
-	args []any // item id, padded version, encoded item; per item
+	blob []byte // the encoded items, concatenated
+	args []any  // item id, padded version, end offset of the encoded item in blob; per item
 }
 
 // Encode prepares a validated batch for storing; it does no I/O, so a caller can encode the
 // next batch while the previous one is being stored.
 func Encode(items []history.Item) (EncodedBatch, error) {
-	args := make([]any, 0, 3*len(items))
+	b := EncodedBatch{args: make([]any, 0, 3*len(items))}
 	for _, it := range items {
-		blob, err := encode(it)
-		if err != nil {
+		var err error
+		if b.blob, err = appendEncoded(b.blob, it); err != nil {
 			return EncodedBatch{}, err
 		}
-		args = append(args, it.ID, paddedVersion(it.Version), blob)
+		b.args = append(b.args, it.ID, paddedVersion(it.Version), len(b.blob))
 	}
-	return EncodedBatch{args: args}, nil
+	return b, nil
 }
 
 // IngestEncoded is Ingest of an encoded batch.
 func (s *Store) IngestEncoded(ctx context.Context, id string, b EncodedBatch) (history.BatchResult, error) {
-	args := make([]any, 0, 1+len(b.args))
-	args = append(append(args, s.now().UnixNano()), b.args...)
+	args := make([]any, 0, 2+len(b.args))
+	args = append(append(args, s.now().UnixNano(), b.blob), b.args...)
 	res, err := ingestScript.Run(ctx, s.rdb, keys(id), args...).Slice()
 	if err != nil {
 		return history.BatchResult{}, fmt.Errorf("ingest batch: %w", err)
@@ -421,10 +433,10 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
-// encode is the stored form of an item version: the protobuf Item as one element of the
+// appendEncoded appends the stored form of an item version: the protobuf Item as one element of the
 // repeated items field of an ExportResponse (tag and length included), so concatenated
 // elements decode as one message. Protobuf keeps stored data readable across schema changes.
-func encode(it history.Item) ([]byte, error) {
+func appendEncoded(b []byte, it history.Item) ([]byte, error) {
 	pb := &ingestv1.Item{
 		ItemId: it.ID, Type: ingestv1.ItemType(it.Type), Version: it.Version,
 		ParentId: it.ParentID, Payload: it.Payload,
@@ -433,7 +445,7 @@ func encode(it history.Item) ([]byte, error) {
 		pb.Time = timestamppb.New(it.Time)
 	}
 	size := proto.Size(pb)
-	b := make([]byte, 0, size+protowire.SizeTag(entryItemsField)+protowire.SizeVarint(uint64(size)))
+	b = slices.Grow(b, size+protowire.SizeTag(entryItemsField)+protowire.SizeVarint(uint64(size)))
 	b = protowire.AppendTag(b, entryItemsField, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(size))
 	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, pb)
