@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/services/sandbox/internal/capacity"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
 	"agentplane.dev/services/sandbox/internal/notify"
@@ -86,6 +88,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
 		ReplicaID: cfg.ReplicaID, OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"),
+		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{Logger: log.With("component", "capacity")})},
 	})
 
 	srv, err := grpcserver.New(grpcserver.Options{
@@ -129,6 +132,21 @@ func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
 		func() float64 { return float64(d.Metrics.LeaseLosses.Load()) })
 	counter("sandbox_takeovers_total", "Sandboxes this replica took over from a dead owner.",
 		func() float64 { return float64(d.Metrics.Takeovers.Load()) })
+	counter("sandbox_capacity_rejections_total", "Cold workspaces refused by capacity admission (CAPACITY_REJECTED).",
+		func() float64 { return float64(d.Metrics.CapacityRejections.Load()) })
+}
+
+// coldAdmission runs capacity admission for the process provider: a
+// workspace directory that already exists is warm (no check).
+type coldAdmission struct {
+	prov  *process.Provider
+	admit *capacity.Admission
+}
+
+func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string) error {
+	_, err := os.Stat(a.prov.WorkspaceDir(sandboxID, directory))
+	_, err = a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), err == nil)
+	return err
 }
 
 // bearer adds the internal token to outgoing calls.

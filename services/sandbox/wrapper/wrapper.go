@@ -428,6 +428,11 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 	}
 	r.directory = dir
 	rsid := r.runtimeSessionID
+	if rsid == "" {
+		// A new route: use the id the sandbox registered with the credential
+		// grant, so ingest admits the history the runtime posts under it.
+		rsid = p.GetRuntimeSessionId()
+	}
 	needStart := w.runtime == nil
 	w.mu.Unlock()
 	if needStart {

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/scope"
@@ -123,6 +124,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		active[a.GetSessionId()] = a.GetRuntimeSessionId()
 	}
 	var resumed, prepare []string
+	restarted := false
 	for id, r := range sb.routes {
 		if r.RuntimeKey != key {
 			continue
@@ -134,6 +136,10 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 			d.persistRoute(sb, r)
 			resumed = append(resumed, id)
 		case r.State == store.RoutePreparing || r.State == store.RouteReconnecting:
+			if r.WrapperInstance != "" && r.WrapperInstance != w.Instance {
+				restarted = true
+				delete(sb.handles, id)
+			}
 			r.State, r.Step = store.RoutePreparing, "prepare_route"
 			d.persistRoute(sb, r)
 			prepare = append(prepare, id)
@@ -147,11 +153,31 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		sb.mu.Unlock()
 		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, w.Instance)
 	}
-	for _, id := range prepare {
-		go d.sendPrepare(sb, c, id)
+	if len(prepare) > 0 {
+		go d.reprepare(sb, c, slot.Directory, sb.owner.Token(), contract == scope.Worktree && restarted, prepare)
 	}
 	d.log.Info("wrapper connected", "sandbox", sb.id, "runtime_key", key, "instance", w.Instance, "contract", string(contract))
 	return HelloResult{Conn: c, Ack: d.helloAck(contract)}, nil
+}
+
+// reprepare sends PrepareRoute for routes a (new) wrapper must open. After a
+// wrapper restart under the worktree contract the scope's accepted handles
+// are retired first (the old runtime may have leaked them), so the first
+// mint issues a fresh canonical handle and its siblings adopt it.
+func (d *Driver) reprepare(sb *sandbox, c *Conn, dir string, fence uint64, retire bool, ids []string) {
+	if retire && d.cfg.Credentials != nil {
+		ctx, cancel := context.WithTimeout(sb.ctx, 10*time.Second)
+		_, err := d.cfg.Credentials.RetireScope(ctx, &credentialv1.RetireScopeRequest{
+			Scope:  &credentialv1.Scope{SandboxId: sb.id, Directory: dir},
+			Reason: credentialv1.RetireReason_RETIRE_REASON_WRAPPER_RESTART, FenceToken: fence})
+		cancel()
+		if err != nil {
+			d.log.Warn("scope retire failed", "sandbox", sb.id, "code", errCode(err))
+		}
+	}
+	for _, id := range ids {
+		d.sendPrepare(sb, c, id)
+	}
 }
 
 func (sb *sandbox) routesOfLocked(key string, states ...string) []string {

@@ -57,6 +57,14 @@ type Wrappers interface {
 	Lease(ctx context.Context, sandboxID, runtimeKey string) (lease.Lease, error)
 }
 
+// Admission admits the workspace of a route directory (warm: no check;
+// cold: measure, clean up stale workspaces, measure again). Its errors are
+// classified as in internal/provider (CAPACITY_REJECTED, ENOSPC evidence,
+// unmeasurable).
+type Admission interface {
+	Admit(ctx context.Context, sandboxID, directory string) error
+}
+
 // Config of a Driver.
 type Config struct {
 	Redis       redis.UniversalClient
@@ -72,8 +80,11 @@ type Config struct {
 	// ControlAddrs are the sandbox-service addresses wrappers dial.
 	ControlAddrs []string
 	ProxyURL     string
-	Logger       *slog.Logger
-	Now          func() time.Time
+	// Admission is cold-workspace capacity admission, run before a wrapper
+	// is launched; nil admits everything.
+	Admission Admission
+	Logger    *slog.Logger
+	Now       func() time.Time
 }
 
 // Domain errors (grpcapi maps them).
@@ -90,6 +101,7 @@ type Metrics struct {
 	StaleTokenRejections atomic.Int64
 	LeaseLosses          atomic.Int64
 	Takeovers            atomic.Int64
+	CapacityRejections   atomic.Int64
 }
 
 // Driver drives owned sandboxes.

@@ -3,11 +3,13 @@ package driver
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/capacity"
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
@@ -143,6 +145,12 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 		d.failRoute(sb, sessionID, "sandbox_create_failed", true)
 		return 0
 	}
+	if d.cfg.Admission != nil {
+		if err := d.cfg.Admission.Admit(ctx, sb.id, dir); err != nil {
+			d.admissionFailed(sb, sessionID, err)
+			return 0
+		}
+	}
 	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("start_wrapper", "starting the wrapper"))
 	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir))
 	switch {
@@ -186,6 +194,37 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	return 0
 }
 
+// admissionFailed applies DESIGN.md 3.4: low capacity fails the route
+// retryably and keeps the sandbox; ENOSPC evidence (or a failed directory
+// setup) stops the sandbox's wrappers and recovers that sandbox only;
+// unmeasurable capacity destroys nothing.
+func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
+	switch {
+	case errors.Is(err, provider.ErrCapacityRejected):
+		d.Metrics.CapacityRejections.Add(1)
+		d.log.Warn("capacity rejected", "sandbox", sb.id, "session", sessionID, "err", err)
+		d.failRoute(sb, sessionID, "capacity_rejected", true)
+	case provider.DestroysSandbox(err):
+		d.log.Warn("sandbox recovery: no space left", "sandbox", sb.id, "err", err)
+		sb.mu.Lock()
+		keys := make([]string, 0, len(sb.slots))
+		for k := range sb.slots {
+			keys = append(keys, k)
+		}
+		sb.mu.Unlock()
+		for _, k := range keys {
+			d.stopKey(sb, k, "sandbox_recovering")
+		}
+		if _, rerr := capacity.Recover(sb.ctx, d.cfg.Provider, sb.id, err); rerr != nil {
+			d.log.Warn("sandbox recovery failed", "sandbox", sb.id, "err", rerr)
+		}
+		d.failRoute(sb, sessionID, "sandbox_recovering", true)
+	default:
+		d.log.Warn("capacity unmeasurable", "sandbox", sb.id, "err", err)
+		d.failRoute(sb, sessionID, "capacity_unmeasurable", true)
+	}
+}
+
 func (d *Driver) setStep(sb *sandbox, sessionID, step string) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -218,12 +257,18 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		return
 	}
 	r.Step = "prepare_route"
+	if r.RuntimeSessionID == "" {
+		// The sandbox names the runtime session before the runtime starts:
+		// the credential grant registers it as the member's ingest root, and
+		// the runtime is told to use it (PrepareRoute.runtime_session_id).
+		r.RuntimeSessionID = newID("rs_")
+	}
 	d.persistRoute(sb, r)
-	spec := *r
+	spec, alloc, token := *r, sb.allocationID, sb.owner.Token()
 	sb.mu.Unlock()
 	handle := ""
 	if d.cfg.Credentials != nil {
-		h, err := d.mint(sb, spec)
+		h, adopted, err := d.mint(sb.ctx, sb.id, alloc, token, spec)
 		if err != nil {
 			d.log.Warn("handle mint failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
 			d.failRoute(sb, sessionID, "credential_unavailable", true)
@@ -232,31 +277,58 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		handle = h
 		sb.mu.Lock()
 		sb.handles[sessionID] = h
+		var stale []string
+		if !adopted && spec.Contract == scope.Worktree {
+			// A fresh canonical handle (after a retirement) replaces the one
+			// the other routes of this runtime hold.
+			for id, o := range sb.routes {
+				if id != sessionID && o.RuntimeKey == spec.RuntimeKey && o.State != store.RouteReleased && sb.handles[id] != "" && sb.handles[id] != h {
+					stale = append(stale, id)
+					sb.handles[id] = h
+				}
+			}
+		}
 		sb.mu.Unlock()
+		if len(stale) > 0 {
+			c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Credentials{Credentials: &sandboxv1.Credentials{SessionIds: stale, Handle: h}}})
+		}
 	}
 	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{
 		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
-		ProxyUrl: d.cfg.ProxyURL, Contract: ContractProto(spec.Contract),
+		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
 	}}})
 }
 
-func (d *Driver) mint(sb *sandbox, r store.Route) (string, error) {
-	ctx, cancel := context.WithTimeout(sb.ctx, 10*time.Second)
+// proxyURL is the sandbox's own proxy base: the proxy binds the sandbox in
+// the URL (`<proxy>/s/<sandbox-id>`) and refuses a handle of another one.
+func (d *Driver) proxyURL(sandboxID string) string {
+	if d.cfg.ProxyURL == "" {
+		return ""
+	}
+	return strings.TrimRight(d.cfg.ProxyURL, "/") + "/s/" + sandboxID
+}
+
+// mint asks the credential service for the route's handle. MintHandle
+// covers adoption too: under the worktree contract a scope that already holds
+// a handle accepted under this fence returns it (adopted), and a different
+// allocation id retires the old entries first (allocation change).
+func (d *Driver) mint(ctx context.Context, sandboxID, alloc string, token uint64, r store.Route) (string, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	contract := credentialv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION
 	if r.Contract == scope.Worktree {
 		contract = credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
 	}
 	resp, err := d.cfg.Credentials.MintHandle(ctx, &credentialv1.MintHandleRequest{
-		Scope:         &credentialv1.Scope{SandboxId: sb.id, Directory: r.Directory},
+		Scope:         &credentialv1.Scope{SandboxId: sandboxID, Directory: r.Directory},
 		Member:        &credentialv1.Member{SessionId: r.SessionID, RuntimeSessionId: r.RuntimeSessionID, UserId: r.UserID, OrgId: r.OrgID},
 		CredentialRef: r.CredentialRef, CredentialClass: credentialClass(r.CredentialClass), Contract: contract,
-		FenceToken: sb.owner.Token(), AllocationId: sb.allocationID,
+		FenceToken: token, AllocationId: alloc,
 	})
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	return resp.GetHandle(), nil
+	return resp.GetHandle(), resp.GetAdopted(), nil
 }
 
 func credentialClass(c string) credentialv1.CredentialClass {

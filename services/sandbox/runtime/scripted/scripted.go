@@ -34,8 +34,10 @@ import (
 // arrives. It returns the process exit code.
 func Main(args []string) int {
 	fs := flag.NewFlagSet("scripted", flag.ContinueOnError)
-	ingest := fs.Bool("ingest", os.Getenv("AGENTPLANE_SCRIPTED_INGEST") == "1",
-		"post each turn's history to <proxy>/ingest/v1/items (tolerates 404)")
+	// History is part of the normal flow (DESIGN.md 2.6), so it is on by
+	// default; AGENTPLANE_SCRIPTED_INGEST=0 or --ingest=false turns it off.
+	ingest := fs.Bool("ingest", os.Getenv("AGENTPLANE_SCRIPTED_INGEST") != "0",
+		"post each turn's history to <proxy>/ingest/v1/sessions/<runtime session>/items (failures tolerated)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -296,26 +298,46 @@ func (r *Runtime) callProvider(ctx context.Context, proxy, handle, content strin
 	return out
 }
 
-// postHistory posts the turn as ingest items; a missing route (404) or any
-// failure is tolerated: history is best effort for the scripted runtime.
+// postHistory posts the turn as ingest items to the proxy's ingest route
+// (docs/credential.md): the session item, the user message, the reply with
+// its text part, and the route's status. Versions make retries idempotent:
+// the session and messages never change (version 1), the status item takes
+// the turn's time so a later turn's status wins. Any failure is tolerated
+// (history is best effort for this runtime) and noted on stderr without the
+// handle.
 func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *route, m runtimeproto.Frame, reply string) {
-	body, _ := json.Marshal(map[string]any{
-		"runtime_session_id": rt.runtimeSessionID,
-		"items": []map[string]any{
-			{"item_id": "msg-" + m.MessageID, "type": "message", "role": "user", "text": m.Content},
-			{"item_id": "reply-" + m.MessageID, "type": "message", "role": "assistant", "text": reply},
-		},
-	})
-	url := strings.TrimRight(proxy, "/") + "/ingest/v1/runtime-sessions/" + rt.runtimeSessionID + "/items"
+	now := time.Now().UTC()
+	item := func(id, typ string, version uint64, parent string, payload map[string]any) map[string]any {
+		it := map[string]any{"item_id": id, "type": typ, "version": version, "payload": payload, "time": now}
+		if parent != "" {
+			it["parent_id"] = parent
+		}
+		return it
+	}
+	user, answer := "msg-"+m.MessageID, "reply-"+m.MessageID
+	body, _ := json.Marshal(map[string]any{"items": []map[string]any{
+		item("session", "session", 1, "", map[string]any{"runtime_session_id": rt.runtimeSessionID, "directory": rt.directory}),
+		item(user, "message", 1, "session", map[string]any{"role": "user", "text": m.Content}),
+		item(answer, "message", 1, "session", map[string]any{"role": "assistant", "text": reply}),
+		item(answer+"-part-0", "part", 1, answer, map[string]any{"kind": "text", "text": reply}),
+		item("status", "status", uint64(now.UnixNano()), "session", map[string]any{"state": "idle", "last_message_id": m.MessageID}),
+	}})
+	url := strings.TrimRight(proxy, "/") + "/ingest/v1/sessions/" + rt.runtimeSessionID + "/items"
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return
 	}
 	req.Header.Set("Authorization", "Bearer "+handle)
 	req.Header.Set("Content-Type", "application/json")
-	if resp, err := r.http.Do(req); err == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	resp, err := r.http.Do(req)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scripted runtime: history post failed: proxy unreachable")
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintln(os.Stderr, "scripted runtime: history post answered", resp.StatusCode)
 	}
 }
 

@@ -127,7 +127,7 @@ func TestTurnCallsProviderAndNeverEchoesHandle(t *testing.T) {
 	// The ingest post went out and its 404 was tolerated.
 	require.Eventually(t, func() bool {
 		for _, l := range seen() {
-			if strings.HasPrefix(l, "POST /ingest/v1/runtime-sessions/") {
+			if strings.HasPrefix(l, "POST /ingest/v1/sessions/") {
 				return true
 			}
 		}
