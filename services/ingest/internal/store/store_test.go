@@ -11,10 +11,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/ingest/internal/history"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newStore(t *testing.T) (*Store, redis.UniversalClient) {
 	t.Helper()
