@@ -257,6 +257,11 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		return
 	}
 	r.Step = "prepare_route"
+	if sc := sb.scopes[r.Directory]; sc != nil && sc.Contract != "" {
+		// The wrapper's Hello may have pinned the contract after the route
+		// was keyed; mint under the one the runtime actually serves.
+		r.Contract = sc.Contract
+	}
 	if r.RuntimeSessionID == "" {
 		// The sandbox names the runtime session before the runtime starts:
 		// the credential grant registers it as the member's ingest root, and

@@ -1,0 +1,403 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/services/credential/attestation"
+	credential "agentplane.dev/services/credential/server"
+	ingest "agentplane.dev/services/ingest/server"
+	sandbox "agentplane.dev/services/sandbox/server"
+	session "agentplane.dev/services/session/server"
+)
+
+// agentplaneBin is the real all-in-one binary, built once: the sandbox
+// service launches it as the wrapper, which runs its scripted runtime.
+var agentplaneBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "agentplane-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agentplaneBin = filepath.Join(dir, "agentplane")
+	build := exec.Command("go", "build", "-o", agentplaneBin, "..")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build agentplane:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// upstream is a local OpenAI-compatible provider recording what it got.
+type upstream struct {
+	mu    sync.Mutex
+	auth  []string
+	attes []string
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.auth = append(u.auth, r.Header.Get("Authorization"))
+	u.attes = append(u.attes, r.Header.Get("X-Agentplane-Attestation"))
+	u.mu.Unlock()
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"upstream says hi"}}]}`)
+}
+
+func (u *upstream) seen() ([]string, []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.auth...), append([]string(nil), u.attes...)
+}
+
+// suite is the four real services on ephemeral ports against one private
+// redis-server, with every service's log captured.
+type suite struct {
+	ses     sessionv1.SessionServiceClient
+	cred    credentialv1.CredentialServiceClient
+	ing     ingestv1.IngestServiceClient
+	up      *upstream
+	attKey  []byte
+	root    string
+	logs    *syncBuffer
+	stopped func()
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// captureStderr sends everything written to os.Stderr (where every
+// service's slog handler writes) to a buffer until the test ends.
+func captureStderr(t *testing.T) *syncBuffer {
+	buf := &syncBuffer{}
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	orig := os.Stderr
+	os.Stderr = w
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(buf, r); close(done) }()
+	t.Cleanup(func() {
+		os.Stderr = orig
+		_ = w.Close()
+		<-done
+		_ = r.Close()
+	})
+	return buf
+}
+
+func startSuite(t *testing.T) *suite {
+	s := &suite{up: &upstream{}, root: t.TempDir()}
+	s.logs = captureStderr(t)
+	provider := httptest.NewServer(s.up)
+	t.Cleanup(provider.Close)
+	rs := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+
+	credGL, proxyL, sbxL := listen(t), listen(t), listen(t)
+	sesAddr, ingAddr := freeAddr(t), freeAddr(t)
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	s.attKey = make([]byte, 32)
+	_, _ = rand.Read(s.attKey)
+
+	// Info level: the secret must not show up in the lines services do write.
+	ccfg := credential.DefaultConfig()
+	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, ""
+	ccfg.LogLevel, ccfg.LogFormat = slog.LevelDebug, "json"
+	ccfg.CredentialKey = base64.StdEncoding.EncodeToString(key)
+	ccfg.AttestationKey = base64.StdEncoding.EncodeToString(s.attKey)
+	ccfg.IngestAddr, ccfg.ProviderUpstream = ingAddr, provider.URL
+
+	icfg := ingest.DefaultConfig()
+	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, ""
+	icfg.LogLevel, icfg.LogFormat = slog.LevelDebug, "json"
+	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credGL.Addr().String()
+
+	bcfg := sandbox.DefaultConfig()
+	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, ""
+	bcfg.LogLevel, bcfg.LogFormat = slog.LevelDebug, "json"
+	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
+	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
+	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
+	bcfg.SandboxRoot, bcfg.WrapperBin = s.root, agentplaneBin
+
+	scfg := session.DefaultConfig()
+	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
+	scfg.LogLevel, scfg.LogFormat = slog.LevelDebug, "json"
+	scfg.GRPCAddr = sesAddr
+	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxL.Addr().String(), credGL.Addr().String(), ingAddr
+
+	done := make(chan error, 4)
+	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
+	go func() { done <- ingest.Run(ctx, icfg) }()
+	go func() { done <- sandbox.Run(ctx, bcfg) }()
+	go func() { done <- session.Run(ctx, scfg) }()
+	var once sync.Once
+	s.stopped = func() {
+		once.Do(func() {
+			cancel()
+			for range 4 {
+				require.NoError(t, <-done)
+			}
+		})
+	}
+	t.Cleanup(s.stopped)
+
+	dial := func(addr string) *grpc.ClientConn {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	s.ses = sessionv1.NewSessionServiceClient(dial(sesAddr))
+	s.cred = credentialv1.NewCredentialServiceClient(dial(credGL.Addr().String()))
+	s.ing = ingestv1.NewIngestServiceClient(dial(ingAddr))
+	return s
+}
+
+// create makes a session with a static credential, retrying while the
+// services come up.
+func (s *suite) create(t *testing.T, sandboxID, dir, secret string) *sessionv1.Session {
+	var out *sessionv1.Session
+	require.Eventually(t, func() bool {
+		resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID,
+			Worktree:   &sessionv1.Worktree{Directory: dir},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: secret},
+		})
+		out = resp.GetSession()
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond)
+	return out
+}
+
+// turn sends one message and watches the session until its outcome; it
+// returns every event seen.
+func (s *suite) turn(t *testing.T, sessionID, messageID, content string) []*sessionv1.SessionEvent {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
+	require.NoError(t, err)
+	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
+	require.NoError(t, err)
+	var events []*sessionv1.SessionEvent
+	for {
+		resp, err := stream.Recv()
+		require.NoError(t, err, "watch ended before the outcome; events so far: %v", events)
+		ev := resp.GetEvent()
+		events = append(events, ev)
+		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+			require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+			return events
+		}
+		if r := ev.GetRoute(); r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
+			t.Fatalf("route failed: %s", r.GetFailureReason())
+		}
+	}
+}
+
+func (s *suite) routeView(t *testing.T, sessionID string) *sessionv1.RouteView {
+	resp, err := s.ses.GetSession(context.Background(), &sessionv1.GetSessionRequest{SessionId: sessionID})
+	require.NoError(t, err)
+	return resp.GetSession().GetRoute()
+}
+
+func newSecret() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return "sk-e2e-" + hex.EncodeToString(b)
+}
+
+// TestRuntimeCallsProviderThroughProxy (issue 9): a scripted runtime in a
+// prepared route calls the provider route through the proxy with the handle
+// it was delivered; the upstream sees the session's backing secret and a
+// verifiable attestation; the secret is in no file under the sandbox root,
+// no process environment or command line, and no service log line.
+func TestRuntimeCallsProviderThroughProxy(t *testing.T) {
+	s := startSuite(t)
+	secret := newSecret()
+	sess := s.create(t, "sbx-prov", "/work/e2e-repo", secret)
+
+	events := s.turn(t, sess.GetSessionId(), "m1", "hello provider")
+	var provider map[string]any
+	for _, ev := range events {
+		if re := ev.GetRuntimeEvent(); re != nil && re.GetToolName() == "provider" && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT {
+			provider = re.GetData().AsMap()
+		}
+	}
+	require.NotNil(t, provider, "the runtime reported its provider call")
+	require.EqualValues(t, 200, provider["status"])
+	require.Equal(t, "upstream says hi", provider["reply"])
+
+	auth, attes := s.up.seen()
+	require.NotEmpty(t, auth)
+	require.Equal(t, "Bearer "+secret, auth[0], "the upstream gets the backing secret")
+	claims, err := attestation.Verify(s.attKey, attes[0], time.Now())
+	require.NoError(t, err)
+	require.Equal(t, "u-e2e", claims.UserID)
+	require.Equal(t, "sbx-prov", claims.SandboxID)
+	require.Equal(t, sess.GetSessionId(), claims.SessionID)
+	require.Equal(t, s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId(), claims.RuntimeSessionID)
+
+	// While the wrapper and runtime still run: no process shows the secret.
+	procs := scanProcs(t, secret)
+	require.Positive(t, procs, "scanned live processes")
+	scanFiles(t, s.root, secret)
+	s.stopped()
+	require.NotContains(t, s.logs.String(), secret, "no service log line holds the secret")
+	require.Contains(t, s.logs.String(), `"service":"sandbox"`, "the sandbox's log was captured")
+}
+
+// scanProcs reads the environ and cmdline of every process it may read
+// and fails if one contains needle; it returns how many it read.
+func scanProcs(t *testing.T, needle string) int {
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	n := 0
+	for _, e := range entries {
+		if strings.Trim(e.Name(), "0123456789") != "" {
+			continue
+		}
+		for _, f := range []string{"environ", "cmdline"} {
+			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), f))
+			if err != nil {
+				continue // gone, or another user's
+			}
+			n++
+			require.NotContains(t, string(b), needle, "/proc/%s/%s", e.Name(), f)
+		}
+	}
+	return n
+}
+
+func scanFiles(t *testing.T, root, needle string) {
+	files := 0
+	require.NoError(t, filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		files++
+		require.NotContains(t, string(b), needle, p)
+		return nil
+	}))
+	require.Positive(t, files, "the sandbox root holds files (logs, workspace records)")
+}
+
+// TestRuntimeHistoryReachesIngest (issue 7): the scripted runtime posts its
+// history through the proxy's ingest route with its handle, under the
+// runtime session id the route reports, and Export returns it.
+func TestRuntimeHistoryReachesIngest(t *testing.T) {
+	s := startSuite(t)
+	sess := s.create(t, "sbx-hist", "/work/e2e-hist", newSecret())
+	s.turn(t, sess.GetSessionId(), "m1", "remember this")
+	rsid := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
+	require.NotEmpty(t, rsid)
+
+	var items []*ingestv1.Item
+	require.Eventually(t, func() bool {
+		resp, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rsid,
+			Scope: &ingestv1.ScopeMetadata{Version: &ingestv1.ScopeMetadata_V1{V1: &ingestv1.ScopeV1{RuntimeSessionId: rsid}}}})
+		items = resp.GetItems()
+		return err == nil && len(items) >= 5
+	}, 30*time.Second, 50*time.Millisecond)
+	byID := map[string]*ingestv1.Item{}
+	for _, it := range items {
+		byID[it.GetItemId()] = it
+	}
+	require.Equal(t, ingestv1.ItemType_ITEM_TYPE_SESSION, byID["session"].GetType())
+	require.Equal(t, ingestv1.ItemType_ITEM_TYPE_STATUS, byID["status"].GetType())
+	require.Equal(t, ingestv1.ItemType_ITEM_TYPE_PART, byID["reply-m1-part-0"].GetType())
+	var user, reply struct{ Role, Text string }
+	require.NoError(t, json.Unmarshal(byID["msg-m1"].GetPayload(), &user))
+	require.NoError(t, json.Unmarshal(byID["reply-m1"].GetPayload(), &reply))
+	require.Equal(t, "remember this", user.Text)
+	require.Equal(t, "Scripted reply to: remember this", reply.Text)
+}
+
+// TestSiblingAdoptsWorktreeHandle: two sessions in one worktree directory
+// of one sandbox share the runtime, and the second adopts the first's
+// canonical handle (same grant digest, both members).
+func TestSiblingAdoptsWorktreeHandle(t *testing.T) {
+	s := startSuite(t)
+	first := s.create(t, "sbx-shared", "/work/e2e-shared", newSecret())
+	second := s.create(t, "sbx-shared", "/work/e2e-shared", newSecret())
+	s.turn(t, first.GetSessionId(), "m1", "first")
+	s.turn(t, second.GetSessionId(), "m1", "second")
+
+	v1, v2 := s.routeView(t, first.GetSessionId()), s.routeView(t, second.GetSessionId())
+	require.NotEqual(t, v1.GetRuntimeSessionId(), v2.GetRuntimeSessionId())
+	require.Equal(t, v1.GetWrapperInstance(), v2.GetWrapperInstance(), "one runtime serves the directory")
+
+	// Both runtime sessions are live member roots of one scope whose grant
+	// is the single canonical worktree handle.
+	sc := &credentialv1.Scope{SandboxId: "sbx-shared", Directory: "/work/e2e-shared"}
+	for _, v := range []*sessionv1.RouteView{v1, v2} {
+		resp, err := s.cred.CheckScopeMember(context.Background(), &credentialv1.CheckScopeMemberRequest{Scope: sc, RuntimeSessionId: v.GetRuntimeSessionId()})
+		require.NoError(t, err)
+		require.True(t, resp.GetLive())
+	}
+	// The upstream saw each session's own backing secret? No: the canonical
+	// handle resolves through its issuer while it is a member, so both turns
+	// used the first session's credential — one grant, one digest.
+	_, attes := s.up.seen()
+	require.Len(t, attes, 2)
+	digests := map[string]bool{}
+	for _, a := range attes {
+		c, err := attestation.Verify(s.attKey, a, time.Now())
+		require.NoError(t, err)
+		require.Equal(t, "worktree", strings.ToLower(c.HandleKind))
+		require.Equal(t, first.GetSessionId(), c.SessionID, "resolved through the issuer")
+		digests[c.SecretDigest] = true
+	}
+	require.Len(t, digests, 1)
+}
