@@ -97,7 +97,7 @@ spec:
           value: {{ $c.root | quote }}
         - name: AGENTPLANE_WRAPPER_BIN
           value: {{ $c.wrapperBin | quote }}
-        - name: AGENTPLANE_PROXY_URL
+        - name: AGENTPLANE_SANDBOX_PROXY_URL
           value: {{ include "agentplane.proxyURL" $root | quote }}
         {{- end }}
         {{- if eq $component "credential" }}
