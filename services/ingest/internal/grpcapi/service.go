@@ -4,9 +4,11 @@ package grpcapi
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -206,12 +208,36 @@ func (s *Service) admitRead(ctx context.Context, id string, pbScope *ingestv1.Sc
 	return s.scopes.Admit(ctx, md, id)
 }
 
-// Export returns the newest version of every item, ordered by item id.
+// Export pages: at most maxPageSize items and, beyond the first item, exportPageBytes of
+// payloads, so a page fits a client's default 4 MiB receive limit.
+const (
+	maxPageSize     = 1000
+	exportPageBytes = 3 << 20
+	pageTokenPrefix = "after:"
+)
+
+// Export returns the newest version of every item, ordered by item id, in pages when
+// page_size is set.
 func (s *Service) Export(ctx context.Context, req *ingestv1.ExportRequest) (*ingestv1.ExportResponse, error) {
-	if err := s.admitRead(ctx, req.GetRuntimeSessionId(), req.GetScope()); err != nil {
+	var extra []history.Violation
+	page := store.Page{Limit: min(int(req.GetPageSize()), maxPageSize)}
+	if req.GetPageSize() < 0 {
+		extra = append(extra, history.Violation{Field: "page_size", Description: "must not be negative"})
+	}
+	if page.Limit > 0 {
+		page.MaxBytes = exportPageBytes
+	}
+	if tok := req.GetPageToken(); tok != "" {
+		after, ok := decodePageToken(tok)
+		if !ok {
+			extra = append(extra, history.Violation{Field: "page_token", Description: "must be a next_page_token returned by this service"})
+		}
+		page.After = after
+	}
+	if err := s.admitRead(ctx, req.GetRuntimeSessionId(), req.GetScope(), extra...); err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
-	items, cursor, err := s.store.Export(ctx, req.GetRuntimeSessionId())
+	items, cursor, more, err := s.store.Export(ctx, req.GetRuntimeSessionId(), page)
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
@@ -219,7 +245,24 @@ func (s *Service) Export(ctx context.Context, req *ingestv1.ExportRequest) (*ing
 	for i, it := range items {
 		resp.Items[i] = itemToProto(it)
 	}
+	if more && len(items) > 0 {
+		resp.NextPageToken = encodePageToken(items[len(items)-1].ID)
+	}
 	return resp, nil
+}
+
+// Page tokens are opaque to clients: the last item id of the page, base64url encoded.
+func encodePageToken(lastID string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + lastID))
+}
+
+func decodePageToken(tok string) (string, bool) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return "", false
+	}
+	after, ok := strings.CutPrefix(string(raw), pageTokenPrefix)
+	return after, ok && history.ValidID(after)
 }
 
 // Tail streams stored item versions after the request's cursor and follows new ones until

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -364,4 +365,36 @@ func TestIngestStreamChecksMembershipOncePerScope(t *testing.T) {
 	h.credential.mu.Lock()
 	defer h.credential.mu.Unlock()
 	require.Equal(t, 1, h.credential.calls)
+}
+
+func TestExportPages(t *testing.T) {
+	h := start(t)
+	ctx := context.Background()
+	// Five items of 1.5 MiB: one response would not fit a default 4 MiB client limit.
+	var want []*ingestv1.Item
+	for i := range 5 {
+		it := pbItem(fmt.Sprintf("big-%d", i), 1)
+		it.Payload = jsonOfSize(1<<20 + 512<<10)
+		want = append(want, it)
+		_, err := h.client.Ingest(ctx, &ingestv1.IngestRequest{RuntimeSessionId: "rs", Items: []*ingestv1.Item{it}})
+		require.NoError(t, err)
+	}
+	var got []*ingestv1.Item
+	token, pages := "", 0
+	for {
+		resp, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: 100, PageToken: token},
+			grpc.MaxCallRecvMsgSize(4<<20)) // the gRPC default, stated
+		require.NoError(t, err)
+		pages++
+		got = append(got, resp.GetItems()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	require.Equal(t, 3, pages, "two 1.5 MiB items per 3 MiB page")
+	requireItems(t, want, got)
+
+	_, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: -1, PageToken: "!!"})
+	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	require.Equal(t, []string{"page_size", "page_token"}, violationFields(err))
 }

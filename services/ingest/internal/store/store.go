@@ -246,38 +246,60 @@ func paddedVersion(v uint64) string {
 // exportChunk bounds one pipeline of entry reads.
 const exportChunk = 64
 
-// Export returns the newest version of every item, ordered by item id, and the cursor of
-// the newest item version at that moment (Tail from it to follow). The index and the
-// cursor are read in one transaction; entries are immutable, so reading them afterwards
-// still yields that snapshot unless the session is deleted meanwhile (then ErrDeleted).
-func (s *Store) Export(ctx context.Context, id string) ([]history.Item, string, error) {
+// Page selects part of an export: items with ids after After (in id order), at most Limit
+// of them and, once at least one is taken, no more than MaxBytes of payloads. Zero Limit
+// and MaxBytes mean no bound.
+type Page struct {
+	After    string
+	Limit    int
+	MaxBytes int
+}
+
+// Export returns the newest version of every item the page selects, ordered by item id, the
+// cursor of the newest item version at that moment (Tail from it to follow), and whether
+// items remain after the page. The index and the cursor are read in one transaction;
+// entries are immutable, so reading them afterwards still yields that snapshot unless the
+// session is deleted meanwhile (then ErrDeleted).
+func (s *Store) Export(ctx context.Context, id string, page Page) (items []history.Item, cursor string, more bool, err error) {
 	var meta *redis.SliceCmd
 	var latest *redis.MapStringStringCmd
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		meta = p.HMGet(ctx, metaKey(id), "state", "cursor")
 		latest = p.HGetAll(ctx, latestKey(id))
 		return nil
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("export: %w", err)
+		return nil, "", false, fmt.Errorf("export: %w", err)
 	}
 	state, _ := meta.Val()[0].(string)
 	if err := stateErr(state); err != nil {
-		return nil, "", err
+		return nil, "", false, err
 	}
-	cursor, _ := meta.Val()[1].(string)
+	cursor, _ = meta.Val()[1].(string)
 
-	// Which item of which entry holds each item's newest version.
+	ids := make([]string, 0, len(latest.Val()))
+	for itemID := range latest.Val() {
+		if itemID > page.After {
+			ids = append(ids, itemID)
+		}
+	}
+	slices.Sort(ids)
+	if page.Limit > 0 && len(ids) > page.Limit {
+		ids, more = ids[:page.Limit], true
+	}
+
+	// Which item of which entry holds each selected item's newest version.
 	wanted := map[string][]int{} // entry id → indexes
-	for _, v := range latest.Val() {
+	for _, itemID := range ids {
+		v := latest.Val()[itemID]
 		c, err := parseCursor(v[min(len(v), versionWidth):])
 		if err != nil || len(v) <= versionWidth {
-			return nil, "", fmt.Errorf("export: corrupt latest entry %q", v)
+			return nil, "", false, fmt.Errorf("export: corrupt latest entry %q", v)
 		}
 		wanted[c.entry] = append(wanted[c.entry], c.index)
 	}
 	entries := slices.Sorted(maps.Keys(wanted))
-	items := make([]history.Item, 0, len(latest.Val()))
+	items = make([]history.Item, 0, len(ids))
 	for chunk := range slices.Chunk(entries, exportChunk) {
 		cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, e := range chunk {
@@ -286,27 +308,37 @@ func (s *Store) Export(ctx context.Context, id string) ([]history.Item, string, 
 			return nil
 		})
 		if err != nil {
-			return nil, "", fmt.Errorf("export: %w", err)
+			return nil, "", false, fmt.Errorf("export: %w", err)
 		}
 		for i, c := range cmds {
 			msgs := c.(*redis.XMessageSliceCmd).Val()
 			if len(msgs) != 1 {
-				return nil, "", history.ErrDeleted // unlinked under us
+				return nil, "", false, history.ErrDeleted // unlinked under us
 			}
 			inEntry, err := decodeEntry(msgs[0])
 			if err != nil {
-				return nil, "", err
+				return nil, "", false, err
 			}
 			for _, idx := range wanted[chunk[i]] {
 				if idx >= len(inEntry) {
-					return nil, "", fmt.Errorf("export: entry %s has no item %d", msgs[0].ID, idx)
+					return nil, "", false, fmt.Errorf("export: entry %s has no item %d", msgs[0].ID, idx)
 				}
 				items = append(items, inEntry[idx])
 			}
 		}
 	}
 	slices.SortFunc(items, func(a, b history.Item) int { return strings.Compare(a.ID, b.ID) })
-	return items, cursor, nil
+	if page.MaxBytes > 0 {
+		size := 0
+		for i, it := range items {
+			size += len(it.Payload)
+			if size > page.MaxBytes && i > 0 {
+				items, more = items[:i], true
+				break
+			}
+		}
+	}
+	return items, cursor, more, nil
 }
 
 // tailCount bounds the entries of one read.

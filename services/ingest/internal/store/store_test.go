@@ -47,7 +47,7 @@ func TestVersionCompareBeyondFloatPrecision(t *testing.T) {
 	res, err = s.Ingest(ctx, "rs", []history.Item{item("a", math.MaxUint64)})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Applied)
-	items, _, err := s.Export(ctx, "rs")
+	items, _, _, err := s.Export(ctx, "rs", Page{})
 	require.NoError(t, err)
 	require.Equal(t, []history.Item{item("a", math.MaxUint64)}, items)
 }
@@ -64,7 +64,7 @@ func TestBatchResultCountsAndDuplicatesInOneBatch(t *testing.T) {
 	inEntry, err := decodeEntry(entries[0])
 	require.NoError(t, err)
 	require.Equal(t, []history.Item{item("a", 2), item("a", 3), item("b", 1)}, inEntry)
-	items, cursor, err := s.Export(ctx, "rs")
+	items, cursor, _, err := s.Export(ctx, "rs", Page{})
 	require.NoError(t, err)
 	require.Equal(t, []history.Item{item("a", 3), item("b", 1)}, items)
 	require.Equal(t, res.Cursor, cursor)
@@ -115,7 +115,7 @@ func TestReplayProperty(t *testing.T) {
 			_, err := s.Ingest(ctx, id, batches[b])
 			require.NoError(t, err)
 		}
-		got, cursor, err := s.Export(ctx, id)
+		got, cursor, _, err := s.Export(ctx, id, Page{})
 		require.NoError(t, err)
 		require.Equal(t, want, got, "seed %d iteration %d plan %v", seed, iter, plan)
 
@@ -171,7 +171,7 @@ func TestDeleteTombstones(t *testing.T) {
 
 	_, err = s.Ingest(ctx, "rs", []history.Item{item("a", 2)})
 	require.ErrorIs(t, err, history.ErrDeleted)
-	_, _, err = s.Export(ctx, "rs")
+	_, _, _, err = s.Export(ctx, "rs", Page{})
 	require.ErrorIs(t, err, history.ErrDeleted)
 	_, err = s.CreateRuntimeSession(ctx, history.RuntimeSession{ID: "rs"})
 	require.ErrorIs(t, err, history.ErrDeleted)
@@ -246,4 +246,41 @@ func TestTailCursorInsideAnEntry(t *testing.T) {
 	require.Equal(t, []history.Item{item("b", 1), item("c", 1), item("d", 1)}, got)
 
 	require.ErrorIs(t, s.Tail(ctx, "rs", "12-3", nil), ErrBadCursor)
+}
+
+func TestExportPages(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	var all []history.Item
+	for _, name := range []string{"e", "a", "d", "b", "c"} {
+		all = append(all, item(name, 1))
+	}
+	_, err := s.Ingest(ctx, "rs", all[:3])
+	require.NoError(t, err)
+	_, err = s.Ingest(ctx, "rs", all[3:])
+	require.NoError(t, err)
+
+	var got []history.Item
+	after := ""
+	for {
+		page, _, more, err := s.Export(ctx, "rs", Page{After: after, Limit: 2})
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page), 2)
+		got = append(got, page...)
+		if !more {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	require.Equal(t, []history.Item{item("a", 1), item("b", 1), item("c", 1), item("d", 1), item("e", 1)}, got)
+
+	// A byte bound ends a page early but always returns at least one item.
+	page, _, more, err := s.Export(ctx, "rs", Page{MaxBytes: 1})
+	require.NoError(t, err)
+	require.True(t, more)
+	require.Equal(t, []history.Item{item("a", 1)}, page)
+	page, _, more, err = s.Export(ctx, "rs", Page{After: "d", Limit: 1})
+	require.NoError(t, err)
+	require.False(t, more)
+	require.Equal(t, []history.Item{item("e", 1)}, page)
 }

@@ -384,7 +384,13 @@ type ExportRequest struct {
 	// The runtime session id.
 	RuntimeSessionId string `protobuf:"bytes,1,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
 	// Scope metadata from the proxy.
-	Scope         *ScopeMetadata `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	Scope *ScopeMetadata `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	// Added: maximum items per page. 0 returns every item in one response (which
+	// fails once it exceeds the message size limits); above 0 a page also ends
+	// before 3 MiB of payloads, so it fits a default 4 MiB client limit.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Added: next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -433,13 +439,32 @@ func (x *ExportRequest) GetScope() *ScopeMetadata {
 	return nil
 }
 
+func (x *ExportRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ExportRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // ExportResponse carries the newest version of every item.
 type ExportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Items ordered by item id.
 	Items []*Item `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
 	// Cursor of the newest stream entry when exported; Tail from it to follow.
-	Cursor        string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// With pages, each page carries the cursor of its own read; Tail from the
+	// first page's to miss nothing.
+	Cursor string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Added: token for the next page; empty on the last page (and always when
+	// page_size is 0).
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -484,6 +509,13 @@ func (x *ExportResponse) GetItems() []*Item {
 func (x *ExportResponse) GetCursor() string {
 	if x != nil {
 		return x.Cursor
+	}
+	return ""
+}
+
+func (x *ExportResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
 	}
 	return ""
 }
@@ -715,13 +747,17 @@ const file_agentplane_ingest_v1_ingest_service_proto_rawDesc = "" +
 	"\aapplied\x18\x01 \x01(\x03R\aapplied\x12\x18\n" +
 	"\aignored\x18\x02 \x01(\x03R\aignored\x12\x18\n" +
 	"\abatches\x18\x03 \x01(\x03R\abatches\x12\x16\n" +
-	"\x06cursor\x18\x04 \x01(\tR\x06cursor\"x\n" +
+	"\x06cursor\x18\x04 \x01(\tR\x06cursor\"\xb4\x01\n" +
 	"\rExportRequest\x12,\n" +
 	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\x129\n" +
-	"\x05scope\x18\x02 \x01(\v2#.agentplane.ingest.v1.ScopeMetadataR\x05scope\"Z\n" +
+	"\x05scope\x18\x02 \x01(\v2#.agentplane.ingest.v1.ScopeMetadataR\x05scope\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x82\x01\n" +
 	"\x0eExportResponse\x120\n" +
 	"\x05items\x18\x01 \x03(\v2\x1a.agentplane.ingest.v1.ItemR\x05items\x12\x16\n" +
-	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"\x8e\x01\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\x8e\x01\n" +
 	"\vTailRequest\x12,\n" +
 	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\x12\x16\n" +
 	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x129\n" +
