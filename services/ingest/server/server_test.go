@@ -87,7 +87,7 @@ func TestRunServesAndDrains(t *testing.T) {
 
 	conn, err := grpc.NewClient(cfg.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	health := healthpb.NewHealthClient(conn)
 	require.Eventually(t, func() bool {
 		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
