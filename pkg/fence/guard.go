@@ -2,6 +2,7 @@ package fence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -125,7 +126,7 @@ func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource st
 	allArgs = append(allArgs, strconv.FormatUint(token, 10))
 	allArgs = append(allArgs, args...)
 	res := g.s.Run(ctx, rdb, allKeys, allArgs...)
-	if err := res.Err(); err != nil && err != redis.Nil {
+	if err := res.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		res.SetErr(fmt.Errorf("guarded write %s: %w", resource, mapErr(err)))
 	}
 	return res

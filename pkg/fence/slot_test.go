@@ -30,7 +30,7 @@ func slot(key string) uint16 { return crc16([]byte(fence.HashTag(key))) % 16384 
 
 func TestCRC16KnownValue(t *testing.T) {
 	require.EqualValues(t, 0x31C3, crc16([]byte("123456789"))) // Redis cluster spec
-	require.EqualValues(t, slot("{user1000}.following"), slot("{user1000}.followers"))
+	require.Equal(t, slot("{user1000}.following"), slot("{user1000}.followers"))
 }
 
 // Every script the package sends touches keys of one hash slot.

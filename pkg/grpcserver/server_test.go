@@ -353,8 +353,9 @@ func TestShutdownOrder(t *testing.T) {
 	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, seen["echo@drain"])
 
 	require.ErrorIs(t, h.rdb.Ping(context.Background()).Err(), redis.ErrClosed, "redis is closed")
-	_, err = http.Get(h.metrics)
+	resp, err = http.Get(h.metrics) //nolint:bodyclose // err is required: there is no body to close
 	require.Error(t, err, "metrics server is stopped")
+	require.Nil(t, resp)
 }
 
 func TestShutdownHardStopsAfterBound(t *testing.T) {

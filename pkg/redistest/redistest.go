@@ -367,7 +367,7 @@ func (s *Server) shutdown(mode string) error {
 	case <-exited:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("shutdown %s did not finish (last error: %v): %w", mode, err, ctx.Err())
+		return fmt.Errorf("shutdown %s did not finish (last error: %w): %w", mode, err, ctx.Err())
 	}
 }
 

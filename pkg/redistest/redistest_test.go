@@ -28,7 +28,7 @@ func TestStartTCP(t *testing.T) {
 	require.Equal(t, "v", srv.Client(t).Get(ctx, "k").Val())
 
 	cfg := srv.Client(t).ConfigGet(ctx, "*").Val()
-	require.Equal(t, "", cfg["save"], "persistence must be off by default")
+	require.Empty(t, cfg["save"], "persistence must be off by default")
 	require.Equal(t, "no", cfg["appendonly"])
 }
 
