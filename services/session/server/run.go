@@ -71,8 +71,9 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		_ = rdb.Close()
 		return fmt.Errorf("sandbox client: %w", err)
 	}
+	backstops := session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout}
 	deps := service.Deps{
-		Store: store.New(rdb, int64(cfg.EventCap)), WatchRedis: watch, Logger: log,
+		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), WatchRedis: watch, Logger: log,
 		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
 	}
 	if cfg.CredentialAddr != "" {
@@ -92,7 +93,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		deps.History = peers.History{C: ingestv1.NewIngestServiceClient(c)}
 	}
 	svc := service.New(deps, service.Config{
-		Backstops:         session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout},
+		Backstops:         backstops,
 		Retention:         cfg.Retention,
 		SweepInterval:     cfg.SweepInterval,
 		ReconcileInterval: cfg.ReconcileInterval,

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"time"
 
 	"agentplane.dev/services/session/internal/session"
 	"agentplane.dev/services/session/internal/store"
@@ -41,8 +42,12 @@ func (s *Service) kick(id string) {
 // otherwise the route is prepared. Preparing and reconnecting routes are
 // left alone: a notification will kick again.
 func (s *Service) drain(ctx context.Context, id string) {
-	for range 3 {
-		a, err := s.store.Read(ctx, id, store.Load{})
+	// A failed peer call is retried a few times with growing pauses; after
+	// that the messages stay queued until the next kick (a notification or
+	// a new message) or their backstop.
+	pause := 50 * time.Millisecond
+	for range 8 {
+		a, err := s.store.Read(ctx, id, store.Load{Content: true})
 		if err != nil {
 			if !ErrNotFound(err) && ctx.Err() == nil {
 				s.log.WarnContext(ctx, "drain: load failed", "session_id", id, "error", err)
@@ -53,35 +58,38 @@ func (s *Service) drain(ctx context.Context, id string) {
 		if a.Intent != nil || len(queued) == 0 {
 			return
 		}
+		var more, retry bool
 		switch a.Session.Route.State {
 		case session.RouteReady:
-			if !s.deliver(ctx, a, queued) {
-				return
-			}
+			more, retry = s.deliver(ctx, a, queued)
 		case session.RouteUnknown, session.RouteFailed, "":
-			if !s.prepare(ctx, &a.Session) {
+			more, retry = s.prepare(ctx, &a.Session)
+		}
+		if retry {
+			select {
+			case <-ctx.Done():
 				return
+			case <-time.After(pause):
 			}
-		default:
+			pause *= 2
+			continue
+		}
+		if !more {
 			return
 		}
 	}
 }
 
-// deliver sends queued messages; it reports whether draining should go on.
-func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*session.Message) bool {
+// deliver sends queued messages; it reports whether draining should go on
+// and whether a failed call should be retried.
+func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*session.Message) (more, retry bool) {
 	id := a.Session.ID
-	if err := s.store.Contents(ctx, id, queued); err != nil {
-		s.log.WarnContext(ctx, "drain: contents not loaded", "session_id", id, "error", err)
-		return false
-	}
 	pctx, cancel := s.peerCtx(ctx)
 	sent, view, err := s.sandbox.Deliver(pctx, &a.Session, queued)
 	cancel()
 	if err != nil {
-		// Messages stay queued: the next kick or the backstop settles them.
 		s.log.WarnContext(ctx, "deliver failed", "session_id", id, "error", err)
-		return false
+		return false, true
 	}
 	ids := make([]string, len(queued))
 	for i, m := range queued {
@@ -105,20 +113,20 @@ func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*s
 	})
 	if err != nil {
 		s.log.WarnContext(ctx, "drain: state not saved", "session_id", id, "error", err)
-		return false
+		return false, true
 	}
-	return !sent
+	return !sent, false
 }
 
 // prepare asks the sandbox for the route; it reports whether draining
-// should go on (the route came back ready).
-func (s *Service) prepare(ctx context.Context, sess *session.Session) bool {
+// should go on (the route came back ready) and whether to retry a failure.
+func (s *Service) prepare(ctx context.Context, sess *session.Session) (more, retry bool) {
 	pctx, cancel := s.peerCtx(ctx)
 	view, err := s.sandbox.Prepare(pctx, sess)
 	cancel()
 	if err != nil {
 		s.log.WarnContext(ctx, "prepare failed", "session_id", sess.ID, "error", err)
-		return false
+		return false, true
 	}
 	snap := sess.Route
 	changed := false
@@ -131,9 +139,9 @@ func (s *Service) prepare(ctx context.Context, sess *session.Session) bool {
 		return nil
 	})
 	if err != nil {
-		return false
+		return false, true
 	}
-	return changed || a.Session.Route.State == session.RouteReady
+	return changed || a.Session.Route.State == session.RouteReady, false
 }
 
 func sameRoute(a, b session.RouteView) bool {

@@ -119,17 +119,9 @@ func (s *Service) peerCtx(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, s.cfg.PeerTimeout)
 }
 
-// update changes a session and then refreshes its schedules.
+// update changes a session (and its schedules) atomically.
 func (s *Service) update(ctx context.Context, id string, load store.Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
-	a, err := s.store.Update(ctx, id, load, fn)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.store.Index(ctx, a, s.cfg.Backstops.NextDeadline(a)); err != nil {
-		// The change is stored; only its schedule lags until the next write.
-		s.log.WarnContext(ctx, "session index not updated", "session_id", id, "error", err)
-	}
-	return a, nil
+	return s.store.Update(ctx, id, load, fn)
 }
 
 // CreateInput is a validated CreateSession request.

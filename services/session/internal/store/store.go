@@ -68,25 +68,34 @@ func indexMember(created time.Time, id string) string {
 type Store struct {
 	rdb      redis.UniversalClient
 	eventCap int64
+	deadline func(*session.Aggregate) time.Time
+	cluster  bool
 }
 
-// New returns a store; eventCap bounds each session's event log (approximate trim).
-func New(rdb redis.UniversalClient, eventCap int64) *Store {
-	return &Store{rdb: rdb, eventCap: eventCap}
+// New returns a store; eventCap bounds each session's event log (approximate
+// trim) and deadline says when a session's next backstop is due (zero: no
+// active work), for the backstop schedule.
+func New(rdb redis.UniversalClient, eventCap int64, deadline func(*session.Aggregate) time.Time) *Store {
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &Store{rdb: rdb, eventCap: eventCap, deadline: deadline, cluster: cluster}
 }
 
 // Load says what Update loads besides the session and its active messages.
 type Load struct {
 	MessageID string   // load this message into Aggregate.Lookup
 	SeenIDs   []string // report which of these dedup ids are recorded
+	Content   bool     // load the text of active messages too (for delivery)
 }
 
 // Update loads the session's aggregate, runs fn and writes what fn changed,
 // atomically. fn may run more than once (on a concurrent write it is retried
 // with fresh state), so it must not do I/O. A missing session is
-// session.ErrSessionNotFound.
+// session.ErrSessionNotFound. The schedules (backstop deadline, last update)
+// are written in the same transaction on a single Redis; on Cluster, where
+// they live in other slots, right after it.
 func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
 	var out *session.Aggregate
+	var sched schedule
 	watched := []string{key(id, "meta"), key(id, "del"), key(id, "active")}
 	if load.MessageID != "" {
 		watched = append(watched, key(id, "order"))
@@ -97,17 +106,31 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 			if err != nil {
 				return err
 			}
+			before, prevUpdate := s.deadline(a), a.Session.UpdateTime
 			if err := fn(a); err != nil {
 				return err
 			}
 			out = a
+			sched = schedule{a: a, deadline: s.deadline(a)}
+			sched.deadlineChanged = !sched.deadline.Equal(before)
+			// Retention needs day precision: refresh the index at most once a minute.
+			sched.updateChanged = a.Session.UpdateTime.Sub(prevUpdate) >= time.Minute || a.IntentChanged()
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				return s.write(ctx, p, a)
+				if err := s.write(ctx, p, a); err != nil {
+					return err
+				}
+				if !s.cluster {
+					sched.write(ctx, p)
+				}
+				return nil
 			})
 			return err
 		}, watched...)
 		if errors.Is(err, redis.TxFailedErr) {
 			continue
+		}
+		if err == nil && s.cluster {
+			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { sched.write(ctx, p); return nil })
 		}
 		return out, err
 	}
@@ -153,11 +176,16 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 		return nil, err
 	}
 	if ids := activeCmd.Val(); len(ids) > 0 {
-		vals, err := tx.HMGet(ctx, key(id, "msgs"), ids...).Result()
-		if err != nil {
+		p := tx.Pipeline()
+		valsCmd := p.HMGet(ctx, key(id, "msgs"), ids...)
+		var contentCmd *redis.SliceCmd
+		if load.Content {
+			contentCmd = p.HMGet(ctx, key(id, "content"), ids...)
+		}
+		if _, err := p.Exec(ctx); err != nil {
 			return nil, err
 		}
-		for i, v := range vals {
+		for i, v := range valsCmd.Val() {
 			str, ok := v.(string)
 			if !ok {
 				return nil, fmt.Errorf("session %s: active message %s has no record", id, ids[i])
@@ -165,6 +193,9 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 			m := new(session.Message)
 			if err := json.Unmarshal([]byte(str), m); err != nil {
 				return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
+			}
+			if contentCmd != nil {
+				m.Content, _ = contentCmd.Val()[i].(string)
 			}
 			a.Active = append(a.Active, m)
 		}
@@ -470,25 +501,29 @@ func ValidPageCursor(c string) bool {
 	return len(session.CheckID("id", c[17:])) == 0
 }
 
-// Index records a session's schedule after a change: its backstop deadline
-// (zero: no active work) and its last update for retention.
-func (s *Store) Index(ctx context.Context, a *session.Aggregate, nextDeadline time.Time) error {
-	id := a.Session.ID
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		if nextDeadline.IsZero() {
+// schedule is a session's entries in the backstop, retention and deletion
+// indexes after a change.
+type schedule struct {
+	a                              *session.Aggregate
+	deadline                       time.Time
+	deadlineChanged, updateChanged bool
+}
+
+func (sc schedule) write(ctx context.Context, p redis.Pipeliner) {
+	id := sc.a.Session.ID
+	if sc.deadlineChanged {
+		if sc.deadline.IsZero() {
 			p.ZRem(ctx, idxActive, id)
 		} else {
-			p.ZAdd(ctx, idxActive, redis.Z{Score: float64(nextDeadline.UnixMilli()), Member: id})
+			p.ZAdd(ctx, idxActive, redis.Z{Score: float64(sc.deadline.UnixMilli()), Member: id})
 		}
-		if a.SessionChanged() {
-			p.ZAdd(ctx, idxUpdated, redis.Z{Score: float64(a.Session.UpdateTime.UnixMilli()), Member: id})
-		}
-		if a.IntentChanged() {
-			p.ZAdd(ctx, idxDeleting, redis.Z{Score: float64(a.Intent.NextAttempt.UnixMilli()), Member: id})
-		}
-		return nil
-	})
-	return err
+	}
+	if sc.updateChanged {
+		p.ZAdd(ctx, idxUpdated, redis.Z{Score: float64(sc.a.Session.UpdateTime.UnixMilli()), Member: id})
+	}
+	if sc.a.IntentChanged() {
+		p.ZAdd(ctx, idxDeleting, redis.Z{Score: float64(sc.a.Intent.NextAttempt.UnixMilli()), Member: id})
+	}
 }
 
 // DueActive returns up to n sessions whose backstop deadline is ≤ now.

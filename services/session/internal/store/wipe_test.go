@@ -48,7 +48,7 @@ func TestWipeOfAMillionEventsStaysSmall(t *testing.T) {
 	rs := redistest.Start(t)
 	rdb := rs.Client(t)
 	ctx := context.Background()
-	s := New(rdb, 2_000_000)
+	s := New(rdb, 2_000_000, noDeadline)
 	in := loadSession(t, ctx, s, "big", wipeEvents)
 	require.EqualValues(t, wipeEvents, rdb.XLen(ctx, key("big", "events")).Val())
 
@@ -80,7 +80,7 @@ func TestWipeIsFenced(t *testing.T) {
 	rs := redistest.Start(t)
 	rdb := rs.Client(t)
 	ctx := context.Background()
-	s := New(rdb, 1000)
+	s := New(rdb, 1000, noDeadline)
 	in := loadSession(t, ctx, s, "f", 10)
 	old, err := s.DeletionLease(ctx, "f", "a", time.Minute)
 	require.NoError(t, err)
@@ -96,3 +96,5 @@ type redisXAdd struct{ stream string }
 func (x redisXAdd) args(payload []byte) *redis.XAddArgs {
 	return &redis.XAddArgs{Stream: x.stream, Values: []any{"k", "runtime", "t", 0, "v", payload}}
 }
+
+func noDeadline(*session.Aggregate) time.Time { return time.Time{} }
