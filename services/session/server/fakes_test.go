@@ -120,7 +120,7 @@ type fakeCredential struct {
 }
 
 func newFakeCredential() *fakeCredential {
-	return &fakeCredential{secrets: map[string]string{}, members: map[string]bool{}}
+	return &fakeCredential{secrets: map[string]string{}}
 }
 
 func (f *fakeCredential) PutBackingCredential(_ context.Context, r *credentialv1.PutBackingCredentialRequest) (*credentialv1.PutBackingCredentialResponse, error) {
@@ -138,24 +138,11 @@ func (f *fakeCredential) DeleteBackingCredential(_ context.Context, r *credentia
 	return &credentialv1.DeleteBackingCredentialResponse{}, nil
 }
 
-func (f *fakeCredential) ReleaseMember(_ context.Context, r *credentialv1.ReleaseMemberRequest) (*credentialv1.ReleaseMemberResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.members[r.GetSessionId()] = true
-	return &credentialv1.ReleaseMemberResponse{ScopeRetired: true}, nil
-}
-
 func (f *fakeCredential) secret(ref string) (string, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.secrets[ref]
 	return s, ok
-}
-
-func (f *fakeCredential) releasedMember(id string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.members[id]
 }
 
 type fakeIngest struct {

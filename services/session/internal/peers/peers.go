@@ -139,16 +139,6 @@ func (p Credentials) Put(ctx context.Context, sessionID string, class session.Cr
 	return resp.GetCredentialRef(), nil
 }
 
-func (p Credentials) ReleaseMember(ctx context.Context, sandboxID, directory, sessionID string) error {
-	_, err := p.C.ReleaseMember(ctx, &credentialv1.ReleaseMemberRequest{
-		Scope: &credentialv1.Scope{SandboxId: sandboxID, Directory: directory}, SessionId: sessionID,
-	})
-	if status.Code(err) == codes.NotFound {
-		return nil // no scope or no membership: nothing to release
-	}
-	return err
-}
-
 func (p Credentials) DeleteBacking(ctx context.Context, ref string) error {
 	_, err := p.C.DeleteBackingCredential(ctx, &credentialv1.DeleteBackingCredentialRequest{CredentialRef: ref})
 	if status.Code(err) == codes.NotFound {

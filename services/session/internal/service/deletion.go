@@ -53,8 +53,9 @@ func (s *Service) ReconcileDue(ctx context.Context) {
 }
 
 // reconcile runs one deletion attempt under the session's fenced lease:
-// release the route (verified absence required), release credentials,
-// delete history, wipe. Each finished step is persisted, so a later attempt
+// release the route (the sandbox removes the member from its runtime key and
+// worktree scope; verified absence required), delete the backing
+// credential, delete history, wipe. Each finished step is persisted, so a later attempt
 // resumes where this one stopped; an unfinished step persists the backoff.
 func (s *Service) reconcile(ctx context.Context, id string) error {
 	lease, err := s.store.DeletionLease(ctx, id, s.cfg.Owner, s.cfg.DeletionLeaseTTL)
@@ -108,12 +109,12 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 	}
 	if !in.CredentialReleased {
 		if s.creds != nil {
-			pctx, cancel := s.peerCtx(ctx)
-			err := s.creds.ReleaseMember(pctx, in.SandboxID, in.Directory, in.SessionID)
-			if err == nil && in.CredentialRef != "" {
+			var err error
+			if in.CredentialRef != "" {
+				pctx, cancel := s.peerCtx(ctx)
 				err = s.creds.DeleteBacking(pctx, in.CredentialRef)
+				cancel()
 			}
-			cancel()
 			if err != nil {
 				return postpone("release_credentials", 0, err)
 			}

@@ -27,10 +27,12 @@ type Release struct {
 }
 
 // Credentials is what the session service needs of the credential service.
-// The secret passes through Put only and is never kept.
+// The secret passes through Put only and is never kept. Scope membership is
+// not released here: the sandbox decides who leaves a scope and calls
+// ReleaseMember with its owner fencing token inside ReleaseRoute (the
+// credential service refuses a release without that token).
 type Credentials interface {
 	Put(ctx context.Context, sessionID string, class session.CredentialClass, secret string) (ref string, err error)
-	ReleaseMember(ctx context.Context, sandboxID, directory, sessionID string) error
 	DeleteBacking(ctx context.Context, ref string) error
 }
 
