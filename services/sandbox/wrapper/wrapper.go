@@ -196,7 +196,6 @@ type wrapper struct {
 	outbox   []*sandboxv1.ConnectRequest // frames waiting for a stream
 	wake     chan struct{}
 	shutdown chan struct{}
-	shutOnce sync.Once
 }
 
 // Run runs the wrapper until shutdown or the reconnect window passes.
@@ -294,12 +293,12 @@ func (w *wrapper) serve(ctx context.Context, addr string) (connected, shutdown b
 		msg, err := stream.Recv()
 		if err != nil {
 			cancel()
-			<-sendErr
+			<-sendErr //nolint:errcheck // the stream is over; the send loop's error adds nothing
 			return true, false
 		}
 		if w.handle(msg) {
 			cancel()
-			<-sendErr
+			<-sendErr //nolint:errcheck // the stream is over; the send loop's error adds nothing
 			return true, true
 		}
 	}

@@ -241,7 +241,7 @@ func (s *State) Mint(j Join, cand Candidate, now time.Time, p Policy) (Result, e
 	if j.Contract == PerSession {
 		kind, idx = handle.PerSession, s.currentPerSession(j.Member.SessionID)
 	}
-	res := Result{}
+	var res Result
 	switch {
 	case idx >= 0 && s.Entries[idx].AcceptedFence == j.Fence:
 		s.reissue(idx, now, p)

@@ -210,7 +210,7 @@ func TestENOSPCDuringSetupDestroysOnlyThatSandbox(t *testing.T) {
 	_, err = f.p.PrepareWorkspace(context.Background(), f.sb, "/new")
 	require.Error(t, err)
 	require.ErrorIs(t, err, provider.ErrENOSPC)
-	require.True(t, errors.Is(err, syscall.ENOSPC), "the errno is kept")
+	require.ErrorIs(t, err, syscall.ENOSPC, "the errno is kept")
 	require.True(t, provider.DestroysSandbox(err))
 
 	destroyed, err := Recover(context.Background(), f.p, f.sb, err)

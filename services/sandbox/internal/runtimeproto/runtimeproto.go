@@ -111,7 +111,7 @@ var ErrBadFrame = errors.New("runtimeproto: bad frame")
 func Parse(line []byte) (Frame, error) {
 	var f Frame
 	if err := json.Unmarshal(line, &f); err != nil {
-		return Frame{}, fmt.Errorf("%w: %v", ErrBadFrame, err)
+		return Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	switch f.Type {
 	case TypeShutdown, TypeCredentials:
