@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"agentplane.dev/pkg/apierr"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+// wrapperPIDs lists live processes carrying the sandbox marker of sandboxID
+// (exact match of the environ entry, read through /proc).
+func wrapperPIDs(t *testing.T, sandboxID string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	marker := []byte("AGENTPLANE_SANDBOX=" + sandboxID)
+	var pids []string
+	for _, e := range entries {
+		if strings.Trim(e.Name(), "0123456789") != "" {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && bytes.Contains(stat, []byte(") Z ")) {
+			continue // a zombie runs nothing
+		}
+		if slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return bytes.Equal(kv, marker) }) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// deleteSession calls DeleteSession until it succeeds, honouring the
+// RetryInfo of DELETION_PENDING_CLEANUP; it returns how many calls were pending.
+func (s *suite) deleteSession(t *testing.T, id string) int {
+	t.Helper()
+	pending := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		_, err := s.ses.DeleteSession(context.Background(), &sessionv1.DeleteSessionRequest{SessionId: id})
+		if err == nil {
+			return pending
+		}
+		require.Equal(t, "DELETION_PENDING_CLEANUP", apierr.Reason(err), "%v", err)
+		if status.Code(err) == codes.NotFound {
+			return pending // the reconciler finished between two calls
+		}
+		delay, ok := apierr.RetryDelay(err)
+		require.True(t, ok, "RetryInfo")
+		require.True(t, time.Now().Before(deadline), "deletion never completed")
+		pending++
+		time.Sleep(delay)
+	}
+}
+
+// TestSessionLifecycle (issue 6): CreateSession → SendMessage → WatchSession
+// sees progress, runtime events and the outcome → the message is completed
+// → DeleteSession succeeds only once the wrapper is verified gone (checked
+// here through /proc), and the session is then NOT_FOUND.
+func TestSessionLifecycle(t *testing.T) {
+	s := startSuite(t)
+	sess := s.create(t, "sbx-life", "/work/e2e-life", newSecret())
+	events := s.turn(t, sess.GetSessionId(), "m1", "hello")
+	var progress, runtime, completed bool
+	for _, ev := range events {
+		progress = progress || ev.GetProgress() != nil
+		runtime = runtime || ev.GetRuntimeEvent() != nil
+		if m := ev.GetMessage(); m != nil && m.GetMessageId() == "m1" && m.GetState() == sessionv1.MessageState_MESSAGE_STATE_COMPLETED {
+			completed = true
+		}
+	}
+	require.True(t, progress, "progress steps were streamed")
+	require.True(t, runtime, "runtime events were streamed")
+	if !completed { // the COMPLETED event may follow the outcome event
+		require.Eventually(t, func() bool {
+			m, err := s.ses.GetMessage(context.Background(), &sessionv1.GetMessageRequest{SessionId: sess.GetSessionId(), MessageId: "m1"})
+			return err == nil && m.GetMessage().GetState() == sessionv1.MessageState_MESSAGE_STATE_COMPLETED
+		}, 10*time.Second, 20*time.Millisecond)
+	}
+	require.NotEmpty(t, wrapperPIDs(t, "sbx-life"), "the wrapper runs while the session lives")
+
+	s.deleteSession(t, sess.GetSessionId())
+	require.Empty(t, wrapperPIDs(t, "sbx-life"), "DeleteSession succeeded only after the wrapper was gone")
+	_, err := s.ses.GetSession(context.Background(), &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
+	require.Equal(t, codes.NotFound, status.Code(err))
+	require.Equal(t, "SESSION_NOT_FOUND", apierr.Reason(err))
+}
+
+// TestDeletingOneSiblingKeepsTheSharedRuntime (issue 6): two sessions in one
+// worktree directory share one runtime; deleting one leaves it running for
+// the other, deleting the last stops it.
+func TestDeletingOneSiblingKeepsTheSharedRuntime(t *testing.T) {
+	s := startSuite(t)
+	a := s.create(t, "sbx-sib", "/work/e2e-sib", newSecret())
+	b := s.create(t, "sbx-sib", "/work/e2e-sib", newSecret())
+	s.turn(t, a.GetSessionId(), "m1", "first")
+	s.turn(t, b.GetSessionId(), "m1", "second")
+	before := wrapperPIDs(t, "sbx-sib")
+	require.NotEmpty(t, before)
+
+	s.deleteSession(t, a.GetSessionId())
+	require.Equal(t, before, wrapperPIDs(t, "sbx-sib"), "the shared runtime keeps running for the sibling")
+	s.turn(t, b.GetSessionId(), "m2", "still here")
+
+	s.deleteSession(t, b.GetSessionId())
+	require.Empty(t, wrapperPIDs(t, "sbx-sib"), "the last member's deletion stopped the runtime")
+}
