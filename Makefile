@@ -2,7 +2,7 @@
 #   make dev        start the whole suite on this machine (agentplane dev)
 #   make test       every module's tests against private redis-servers, plus the chart checks
 #   make generate   regenerate pkg/gen from proto/ with the pinned local plugins
-#   make lint       buf lint + format + breaking, go vet
+#   make lint       buf lint + format + breaking, go vet, golangci-lint
 #   make bench      benchmarks side by side with their references (see docs/benchmarks.md)
 #   make helm-check render and strictly decode the Helm chart, strict lint
 
@@ -13,16 +13,18 @@ BUF   := $(BIN)/buf
 MODULES = $(shell go list -m -f '{{.Dir}}')
 GOTEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all tools generate check-generated lint proto-lint vet test test-go bench helm-check dev build clean
+.PHONY: all tools generate check-generated lint proto-lint vet golangci test test-go bench helm-check dev build clean
 
 all: lint test
 
 # Tools are pinned in tools/go.mod and built once into .cache/bin (offline after the first download).
-tools: $(BUF) $(BIN)/benchstat
-$(BUF) $(BIN)/benchstat: tools/go.mod tools/go.sum
+TOOL_BINS = $(BUF) $(BIN)/benchstat $(BIN)/golangci-lint
+tools: $(TOOL_BINS)
+$(TOOL_BINS) &: tools/go.mod tools/go.sum
 	@mkdir -p $(BIN)
-	GOWORK=off go -C tools build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf golang.org/x/perf/cmd/benchstat
-	@touch $(BUF) $(BIN)/benchstat
+	GOWORK=off go -C tools build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf golang.org/x/perf/cmd/benchstat \
+	  github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	@touch $(TOOL_BINS)
 
 generate: $(BUF)
 	rm -rf pkg/gen
@@ -41,7 +43,11 @@ proto-lint: $(BUF)
 vet:
 	@for m in $(MODULES); do echo "go vet $$m"; (cd $$m && go vet ./...) || exit 1; done
 
-lint: proto-lint vet
+golangci: $(BIN)/golangci-lint
+	@for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(BIN)/golangci-lint run ./...) || exit 1; done
+	cd deploy/helm && GOWORK=off $(BIN)/golangci-lint run ./...
+
+lint: proto-lint vet golangci
 
 test-go:
 	@for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test $(GOTEST_FLAGS) ./...) || exit 1; done
