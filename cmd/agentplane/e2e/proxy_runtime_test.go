@@ -114,7 +114,7 @@ func (s *syncBuffer) String() string {
 
 // captureStderr sends everything written to os.Stderr (where every
 // service's slog handler writes) to a buffer until the test ends.
-func captureStderr(t *testing.T) *syncBuffer {
+func captureStderr(t testing.TB) *syncBuffer {
 	buf := &syncBuffer{}
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
@@ -131,7 +131,7 @@ func captureStderr(t *testing.T) *syncBuffer {
 	return buf
 }
 
-func startSuite(t *testing.T) *suite {
+func startSuite(t testing.TB) *suite {
 	s := &suite{up: &upstream{}, root: t.TempDir()}
 	s.logs = captureStderr(t)
 	provider := httptest.NewServer(s.up)
@@ -203,7 +203,7 @@ func startSuite(t *testing.T) *suite {
 
 // create makes a session with a static credential, retrying while the
 // services come up.
-func (s *suite) create(t *testing.T, sandboxID, dir, secret string) *sessionv1.Session {
+func (s *suite) create(t testing.TB, sandboxID, dir, secret string) *sessionv1.Session {
 	var out *sessionv1.Session
 	require.Eventually(t, func() bool {
 		resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,4 +119,50 @@ func TestDeletingOneSiblingKeepsTheSharedRuntime(t *testing.T) {
 
 	s.deleteSession(t, b.GetSessionId())
 	require.Empty(t, wrapperPIDs(t, "sbx-sib"), "the last member's deletion stopped the runtime")
+}
+
+// BenchmarkColdFirstEvent (issue 6): cold CreateSession + SendMessage →
+// first runtime event on WatchSession, through the real services, a newly
+// launched wrapper and the scripted runtime. Every iteration uses a new
+// sandbox, so each one creates the sandbox, launches and connects a wrapper
+// and starts a runtime. Reports p50/p99.
+func BenchmarkColdFirstEvent(b *testing.B) {
+	s := startSuite(b)
+	s.create(b, "sbx-cold-warmup", "/work/cold", newSecret()) // services are up
+	var lat []time.Duration
+	for i := range b.N {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		t0 := time.Now()
+		resp, err := s.ses.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+			UserId: "u-cold", OrgId: "o-e2e", SandboxId: "sbx-cold-" + strconv.Itoa(i),
+			Worktree:   &sessionv1.Worktree{Directory: "/work/cold"},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-cold"},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := resp.GetSession().GetSessionId()
+		stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: id})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: id, MessageId: "m1", Content: "hi"}); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if ev.GetEvent().GetRuntimeEvent() != nil {
+				break
+			}
+		}
+		lat = append(lat, time.Since(t0))
+		cancel()
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
