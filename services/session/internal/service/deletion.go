@@ -116,7 +116,7 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 				cancel()
 			}
 			if err != nil {
-				return postpone("release_credentials", 0, err)
+				return postpone("delete_credential", 0, err)
 			}
 		} else {
 			s.log.InfoContext(ctx, "credential service not configured: credential release skipped", "session_id", id)
