@@ -273,8 +273,8 @@ func (s *Store) Read(ctx context.Context, id string, load Load) (*session.Aggreg
 }
 
 // Create stores a new session, or calls same with the stored one when the id
-// exists (same request → nil, else an error). A session under deletion is
-// session.ErrSessionNotFound... reported as pending deletion by the caller.
+// exists (same request → nil, else an error). An id under deletion is a
+// *session.DeletionPendingError.
 func (s *Store) Create(ctx context.Context, sess *session.Session, same func(*session.Session) error) (*session.Session, bool, error) {
 	id := sess.ID
 	var stored *session.Session
@@ -339,7 +339,7 @@ func (s *Store) Get(ctx context.Context, id string) (*session.Session, error) {
 	return sess, json.Unmarshal(raw, sess)
 }
 
-// Exists reports whether the session record exists and takes work (no
+// Live reports whether the session record exists and takes work (no
 // deletion intent).
 func (s *Store) Live(ctx context.Context, id string) (bool, error) {
 	var meta, del *redis.IntCmd
@@ -373,27 +373,6 @@ func (s *Store) GetMessage(ctx context.Context, id, msgID string) (*session.Mess
 	}
 	m.Content = content.Val()
 	return m, nil
-}
-
-// Contents fills in the text of msgs.
-func (s *Store) Contents(ctx context.Context, id string, msgs []*session.Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	ids := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.ID
-	}
-	vals, err := s.rdb.HMGet(ctx, key(id, "content"), ids...).Result()
-	if err != nil {
-		return err
-	}
-	for i, v := range vals {
-		if str, ok := v.(string); ok {
-			msgs[i].Content = str
-		}
-	}
-	return nil
 }
 
 // ListMessages returns up to n messages after queue position afterSeq, with
