@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every benchmark of agentplane side by side with its reference, in one
+# go test run per package (so each comparison shares one machine state), and
+# prints benchstat tables. Results and their reading live in docs/benchmarks.md.
+#   bash bench/run.sh            all
+#   bash bench/run.sh fence      one of: fence proxy ingest session
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${BENCH_OUT:-$root/.cache/bench}
+count=${BENCH_COUNT:-6}
+benchstat=$root/.cache/bin/benchstat
+mkdir -p "$out"
+
+run() { # name dir package pattern benchtime
+  local name=$1 dir=$2 pkg=$3 pattern=$4 benchtime=$5
+  echo "== $name ($dir: go test $pkg -bench '$pattern' -count $count -benchtime $benchtime)"
+  (cd "$dir" && go test "$pkg" -run '^$' -bench "$pattern" -count "$count" -benchtime "$benchtime") | tee "$out/$name.txt"
+  "$benchstat" "$out/$name.txt"
+}
+
+want=${1:-all}
+[[ $want == all || $want == fence ]] && run fence pkg ./fence/ . 2000x
+[[ $want == all || $want == proxy ]] && run proxy services/credential ./server BenchmarkProxy 3000x
+[[ $want == all || $want == ingest ]] && run ingest services/ingest ./internal/grpcapi BenchmarkIngest1KiB 1500x
+[[ $want == all || $want == session ]] && run session services/session ./server . 1x
+echo "raw results in $out"
