@@ -116,7 +116,6 @@ type fakeCredential struct {
 	credentialv1.UnimplementedCredentialServiceServer
 	mu      sync.Mutex
 	secrets map[string]string // ref → secret
-	members map[string]bool   // released session ids
 }
 
 func newFakeCredential() *fakeCredential {

@@ -51,7 +51,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		_ = rdb.Close()
 		return err
 	}
-	defer watch.Close()
+	defer func() { _ = watch.Close() }()
 
 	var conns []*grpc.ClientConn
 	defer func() {

@@ -119,7 +119,6 @@ func (a *Aggregate) failWhere(pred func(*Message) bool, st MessageState, reason 
 	return n
 }
 
-func isQueued(m *Message) bool   { return m.State == MessageQueued }
 func isAccepted(m *Message) bool { return m.State == MessageAccepted }
 func isActive(m *Message) bool   { return !m.State.Terminal() }
 

@@ -69,7 +69,7 @@ func TestBackoffGrowsAndHonoursPeer(t *testing.T) {
 }
 
 func TestSandboxForIsDeterministicPerUser(t *testing.T) {
-	require.Equal(t, SandboxFor("o", "u"), SandboxFor("o", "u"))
+	require.Equal(t, "sbx-"+Digest("o\x00u")[:16], SandboxFor("o", "u"))
 	require.NotEqual(t, SandboxFor("o", "u"), SandboxFor("o", "u2"))
 	require.NotEqual(t, SandboxFor("ou", ""), SandboxFor("o", "u"))
 	require.Empty(t, CheckID("sandbox_id", SandboxFor("o", "u")))
