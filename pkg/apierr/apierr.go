@@ -7,7 +7,9 @@
 package apierr
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -130,4 +132,21 @@ func statusOf(err error) *status.Status {
 		return se.GRPCStatus()
 	}
 	return status.New(codes.Unknown, err.Error())
+}
+
+// ReasonInternal is the reason of errors no translator recognised.
+const ReasonInternal = "INTERNAL"
+
+// Unexpected is the last case of every service's error translator: a
+// cancelled or expired request keeps its code; anything else is logged with
+// its text here and reaches the client as INTERNAL without it.
+func Unexpected(ctx context.Context, log *slog.Logger, err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return Error(codes.Canceled, ReasonInternal, "request cancelled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return Error(codes.DeadlineExceeded, ReasonInternal, "deadline exceeded")
+	}
+	log.ErrorContext(ctx, "internal error", "error", err)
+	return Error(codes.Internal, ReasonInternal, "internal error")
 }

@@ -1,7 +1,11 @@
 package apierr_test
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -50,4 +54,21 @@ func TestReasonOfOtherErrors(t *testing.T) {
 	_, ok := apierr.RetryDelay(apierr.Error(codes.NotFound, "SESSION_NOT_FOUND", "no such session"))
 	require.False(t, ok)
 	require.Equal(t, codes.OK, apierr.New(codes.OK, "X", "").Code())
+}
+
+func TestUnexpectedHidesTextAndKeepsContextCodes(t *testing.T) {
+	var logged bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+
+	err := apierr.Unexpected(context.Background(), log, errors.New("redis: secret detail"))
+	st, _ := status.FromError(err)
+	require.Equal(t, codes.Internal, st.Code())
+	require.NotContains(t, st.Message(), "secret detail")
+	require.Equal(t, apierr.ReasonInternal, apierr.Reason(err))
+	require.Contains(t, logged.String(), "secret detail", "the text goes to the log only")
+
+	st, _ = status.FromError(apierr.Unexpected(context.Background(), log, fmt.Errorf("x: %w", context.Canceled)))
+	require.Equal(t, codes.Canceled, st.Code())
+	st, _ = status.FromError(apierr.Unexpected(context.Background(), log, context.DeadlineExceeded))
+	require.Equal(t, codes.DeadlineExceeded, st.Code())
 }

@@ -74,11 +74,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, scope.ErrSandboxMismatch):
 		return apierr.Error(codes.PermissionDenied, ReasonHandleSandboxMismatch, "handle belongs to another sandbox")
 	}
-	if ctx.Err() != nil {
-		return apierr.Error(codes.Canceled, ReasonInternal, "canceled")
-	}
-	s.log.ErrorContext(ctx, "credential request failed", "error", err.Error())
-	return apierr.Error(codes.Internal, ReasonInternal, "internal error")
+	return apierr.Unexpected(ctx, s.log, err)
 }
 
 type violations []apierr.Option

@@ -57,12 +57,7 @@ func (s *Service) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, scope.ErrUnavailable):
 		s.log.WarnContext(ctx, "scope membership check failed", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonScopeCheckUnavailable, "scope membership check unavailable", apierr.RetryAfter(scopeCheckRetryDelay))
-	case errors.Is(err, context.Canceled):
-		return apierr.Error(codes.Canceled, ReasonInternal, "request cancelled")
-	case errors.Is(err, context.DeadlineExceeded):
-		return apierr.Error(codes.DeadlineExceeded, ReasonInternal, "deadline exceeded")
 	default:
-		s.log.ErrorContext(ctx, "ingest request failed", "error", err)
-		return apierr.Error(codes.Internal, ReasonInternal, "internal error")
+		return apierr.Unexpected(ctx, s.log, err)
 	}
 }

@@ -67,11 +67,6 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
 	case errors.Is(err, session.ErrConflictRetries):
 		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
-	case errors.Is(err, context.Canceled):
-		return apierr.Error(codes.Canceled, ReasonInternal, "canceled")
-	case errors.Is(err, context.DeadlineExceeded):
-		return apierr.Error(codes.DeadlineExceeded, ReasonInternal, "deadline exceeded")
 	}
-	log.ErrorContext(ctx, "internal error", "error", err)
-	return apierr.Error(codes.Internal, ReasonInternal, "internal error")
+	return apierr.Unexpected(ctx, log, err)
 }
