@@ -44,8 +44,8 @@ vet:
 	@for m in $(MODULES); do echo "go vet $$m"; (cd $$m && go vet ./...) || exit 1; done
 
 golangci: $(BIN)/golangci-lint
-	@for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(BIN)/golangci-lint run ./...) || exit 1; done
-	cd deploy/helm && GOWORK=off $(BIN)/golangci-lint run ./...
+	@for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(BIN)/golangci-lint run --allow-parallel-runners ./...) || exit 1; done
+	cd deploy/helm && GOWORK=off $(BIN)/golangci-lint run --allow-parallel-runners ./...
 
 lint: proto-lint vet golangci
 
