@@ -80,6 +80,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      newTransport(), // FlushInterval 0: streaming (SSE, unknown length) responses still flush at once
+		BufferPool:     bufferPool{},   // the default allocates 32 KiB per request
 		ModifyResponse: func(r *http.Response) error { FilterResponse(r.Header); return nil },
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			p.metrics.upstreamErrors.Inc()
@@ -89,6 +90,14 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	return p, nil
 }
+
+// bufferPool reuses ReverseProxy's body copy buffers.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 // newTransport never uses HTTP_PROXY from the environment and, being a bare
 // RoundTripper, never follows redirects: a 3xx goes back to the caller.
