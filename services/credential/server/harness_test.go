@@ -14,10 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"agentplane.dev/pkg/grpcclient"
+
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -162,8 +163,7 @@ func startHarness(t testing.TB) *harness {
 	done := make(chan error, 1)
 	go func() { done <- RunWith(ctx, cfg, Listeners{GRPC: gl, Proxy: pl, Metrics: ml}) }()
 
-	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(internalToken(internalTok)))
+	conn, err := grpcclient.Dial(gl.Addr().String(), internalTok)
 	require.NoError(t, err)
 	h.client = credentialv1.NewCredentialServiceClient(conn)
 	h.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

@@ -15,8 +15,7 @@ import (
 	"net/url"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"agentplane.dev/pkg/grpcclient"
 
 	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -186,8 +185,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	}
 	credentialv1.RegisterCredentialServiceServer(srv, grpcapi.New(svc, log))
 
-	conn, err := grpc.NewClient(cfg.IngestAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(internalToken(cfg.InternalToken)))
+	conn, err := grpcclient.Dial(cfg.IngestAddr, cfg.InternalToken)
 	if err != nil {
 		_ = rdb.Close()
 		return fmt.Errorf("ingest client: %w", err)
@@ -258,15 +256,3 @@ func keys(cfg Config, log *slog.Logger) (credKey, attKey []byte, err error) {
 	}
 	return credKey, attKey, nil
 }
-
-// internalToken sends the service-to-service bearer token to ingest.
-type internalToken string
-
-func (t internalToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	if t == "" {
-		return nil, nil
-	}
-	return map[string]string{"authorization": "Bearer " + string(t)}, nil
-}
-
-func (internalToken) RequireTransportSecurity() bool { return false }

@@ -10,10 +10,10 @@ import (
 	"log/slog"
 	"net"
 
+	"agentplane.dev/pkg/grpcclient"
+
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"agentplane.dev/pkg/config"
 	"agentplane.dev/pkg/grpcserver"
@@ -86,7 +86,7 @@ func run(ctx context.Context, cfg Config, lis net.Listener) error {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return config.ErrorFor("REDIS_URL", err)
 	}
-	credential, err := DialCredential(cfg.CredentialAddr, cfg.InternalToken)
+	credential, err := grpcclient.Dial(cfg.CredentialAddr, cfg.InternalToken)
 	if err != nil {
 		_ = rdb.Close()
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
@@ -118,26 +118,3 @@ func ServerOptions() []grpc.ServerOption { return grpcapi.ServerOptions() }
 func Register(reg grpc.ServiceRegistrar, rdb redis.UniversalClient, credential grpc.ClientConnInterface, log *slog.Logger) {
 	grpcapi.New(store.New(rdb), membership.New(credential), log).Register(reg)
 }
-
-// DialCredential returns a lazy client connection to the credential service that carries
-// the internal token (when set) and the caller's trace context.
-func DialCredential(addr, internalToken string) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-	}
-	if internalToken != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer(internalToken)))
-	}
-	return grpc.NewClient(addr, opts...)
-}
-
-// bearer sends the internal token. Plaintext is allowed: in-cluster traffic, with mTLS as
-// the production option (configured through the transport, not here).
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-func (bearer) RequireTransportSecurity() bool { return false }

@@ -7,9 +7,10 @@ import (
 	"os"
 	"time"
 
+	"agentplane.dev/pkg/grpcclient"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -51,8 +52,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithPerRPCCredentials(bearer(cfg.InternalToken)))
+		c, err := grpcclient.Dial(addr, cfg.InternalToken)
 		if err == nil {
 			conns = append(conns, c)
 		}
@@ -148,15 +148,3 @@ func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string) e
 	_, err = a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), err == nil)
 	return err
 }
-
-// bearer adds the internal token to outgoing calls.
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	if b == "" {
-		return nil, nil
-	}
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-func (bearer) RequireTransportSecurity() bool { return false }

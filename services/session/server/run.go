@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"agentplane.dev/pkg/grpcclient"
+
 	"google.golang.org/grpc"
 
 	"agentplane.dev/pkg/config"
@@ -60,7 +62,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		}
 	}()
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		c, err := peers.Dial(addr, cfg.InternalToken)
+		c, err := grpcclient.Dial(addr, cfg.InternalToken)
 		if err == nil {
 			conns = append(conns, c)
 		}

@@ -8,11 +8,7 @@ import (
 	"errors"
 	"fmt"
 
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -21,22 +17,6 @@ import (
 	"agentplane.dev/services/session/internal/service"
 	"agentplane.dev/services/session/internal/session"
 )
-
-// Dial connects to a peer with the internal token on every call and trace
-// propagation. Extra options (e.g. TLS) are appended.
-func Dial(addr, token string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	base := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-	}
-	if token != "" {
-		base = append(base,
-			grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				return invoker(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), method, req, reply, cc, opts...)
-			}))
-	}
-	return grpc.NewClient(addr, append(base, opts...)...)
-}
 
 // Sandbox is service.Sandbox over SandboxService.
 type Sandbox struct {
