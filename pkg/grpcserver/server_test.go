@@ -353,7 +353,7 @@ func TestShutdownOrder(t *testing.T) {
 	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, seen["echo@drain"])
 
 	require.ErrorIs(t, h.rdb.Ping(context.Background()).Err(), redis.ErrClosed, "redis is closed")
-	resp, err = http.Get(h.metrics) //nolint:bodyclose // err is required: there is no body to close
+	resp, err = http.Get(h.metrics)
 	require.Error(t, err, "metrics server is stopped")
 	require.Nil(t, resp)
 }
