@@ -93,6 +93,10 @@ type Load struct {
 // session.ErrSessionNotFound. The schedules (backstop deadline, last update)
 // are written in the same transaction on a single Redis; on Cluster, where
 // they live in other slots, right after it.
+//
+// On a single Redis a change costs two round trips: WATCH travels in one
+// pipeline with the load script, then MULTI/EXEC (which also ends the
+// watch, so no UNWATCH follows unless fn refused the change).
 func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
 	var out *session.Aggregate
 	var sched schedule
@@ -100,32 +104,54 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 	if load.MessageID != "" {
 		watched = append(watched, key(id, "order"))
 	}
-	for range maxRetries {
-		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			a, err := s.load(ctx, tx, id, load)
-			if err != nil {
-				return err
-			}
-			before, prevUpdate := s.deadline(a), a.Session.UpdateTime
-			if err := fn(a); err != nil {
-				return err
-			}
-			out = a
-			sched = schedule{a: a, deadline: s.deadline(a)}
-			sched.deadlineChanged = !sched.deadline.Equal(before)
-			// Retention needs day precision: refresh the index at most once a minute.
-			sched.updateChanged = a.Session.UpdateTime.Sub(prevUpdate) >= time.Minute || a.IntentChanged()
-			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				if err := s.write(ctx, p, a); err != nil {
-					return err
+	_, single := s.rdb.(*redis.Client)
+	txf := func(tx *redis.Tx) (err error) {
+		var pipelined []string
+		if single {
+			pipelined = watched
+			released := false
+			defer func() {
+				if !released {
+					_ = tx.Unwatch(ctx).Err() // never leave a watch on a pooled connection
 				}
-				if !s.cluster {
-					sched.write(ctx, p)
-				}
-				return nil
-			})
+			}()
+			defer func() {
+				// EXEC ran (committed, aborted on a watched key, or discarded): the watch is gone.
+				released = out != nil && (err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err))
+			}()
+		}
+		a, err := s.load(ctx, tx, id, load, pipelined)
+		if err != nil {
 			return err
-		}, watched...)
+		}
+		before, prevUpdate := s.deadline(a), a.Session.UpdateTime
+		if err := fn(a); err != nil {
+			return err
+		}
+		out = a
+		sched = schedule{a: a, deadline: s.deadline(a)}
+		sched.deadlineChanged = !sched.deadline.Equal(before)
+		// Retention needs day precision: refresh the index at most once a minute.
+		sched.updateChanged = a.Session.UpdateTime.Sub(prevUpdate) >= time.Minute || a.IntentChanged()
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			if err := s.write(ctx, p, a); err != nil {
+				return err
+			}
+			if !s.cluster {
+				sched.write(ctx, p)
+			}
+			return nil
+		})
+		return err
+	}
+	for range maxRetries {
+		out = nil
+		var err error
+		if single {
+			err = s.rdb.Watch(ctx, txf) // WATCH goes out with the load
+		} else {
+			err = s.rdb.Watch(ctx, txf, watched...)
+		}
 		if errors.Is(err, redis.TxFailedErr) {
 			continue
 		}
@@ -137,82 +163,127 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 	return nil, session.ErrConflictRetries
 }
 
-func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load) (*session.Aggregate, error) {
-	pipe := tx.Pipeline()
-	metaCmd := pipe.Get(ctx, key(id, "meta"))
-	delCmd := pipe.Get(ctx, key(id, "del"))
-	activeCmd := pipe.ZRange(ctx, key(id, "active"), 0, -1)
-	var lookupCmd *redis.StringCmd
-	if load.MessageID != "" {
-		lookupCmd = pipe.HGet(ctx, key(id, "msgs"), load.MessageID)
+// loadScript reads what a transition needs in one round trip: the record,
+// the deletion intent, the active messages' states (and texts when ARGV[1]
+// is "1"), one looked-up message (ARGV[2], may be empty) and which dedup
+// ids (ARGV[3...]) are recorded. It writes nothing, so it may run between
+// WATCH and MULTI. A missing record returns nil.
+//
+// KEYS: meta, del, active, msgs, content, seen.
+var loadScript = redis.NewScript(`
+local meta = redis.call('GET', KEYS[1])
+if not meta then return false end
+local function hmget(k, ids)
+  local out = {}
+  for i = 1, #ids, 1000 do
+    local part = redis.call('HMGET', k, unpack(ids, i, math.min(i + 999, #ids)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
+local states, texts = {}, {}
+if #ids > 0 then
+  states = hmget(KEYS[4], ids)
+  if ARGV[1] == '1' then texts = hmget(KEYS[5], ids) end
+end
+local lookup = false
+if ARGV[2] ~= '' then lookup = redis.call('HGET', KEYS[4], ARGV[2]) end
+local seen = {}
+if #ARGV > 2 then seen = redis.call('SMISMEMBER', KEYS[6], unpack(ARGV, 3)) end
+return {meta, redis.call('GET', KEYS[2]), ids, states, texts, lookup, seen}
+`)
+
+// load reads the aggregate with loadScript; watch, when set, is WATCHed in
+// the same pipeline (tx must then be a transaction's connection).
+func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) (*session.Aggregate, error) {
+	keys := []string{key(id, "meta"), key(id, "del"), key(id, "active"), key(id, "msgs"), key(id, "content"), key(id, "seen")}
+	args := make([]any, 0, 2+len(load.SeenIDs))
+	content := "0"
+	if load.Content {
+		content = "1"
 	}
-	var seenCmd *redis.BoolSliceCmd
-	if len(load.SeenIDs) > 0 {
-		members := make([]any, len(load.SeenIDs))
-		for i, v := range load.SeenIDs {
-			members[i] = v
+	args = append(args, content, load.MessageID)
+	for _, v := range load.SeenIDs {
+		args = append(args, v)
+	}
+	run := func(eval func(p redis.Pipeliner) *redis.Cmd) (*redis.Cmd, error) {
+		if len(watch) == 0 {
+			cmd := eval(nil)
+			return cmd, cmd.Err()
 		}
-		seenCmd = pipe.SMIsMember(ctx, key(id, "seen"), members...)
+		pipe := tx.Pipeline()
+		w := make([]any, 0, 1+len(watch))
+		w = append(w, "watch")
+		for _, k := range watch {
+			w = append(w, k)
+		}
+		pipe.Do(ctx, w...)
+		cmd := eval(pipe)
+		_, err := pipe.Exec(ctx)
+		return cmd, err
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+	on := func(p redis.Pipeliner) redis.Scripter {
+		if p == nil {
+			return tx
+		}
+		return p
 	}
-	raw, err := metaCmd.Bytes()
+	cmd, err := run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.EvalSha(ctx, on(p), keys, args...) })
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// First use on this server (or after a restart): send the body once.
+		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.Eval(ctx, on(p), keys, args...) })
+	}
 	if errors.Is(err, redis.Nil) {
 		return nil, session.ErrSessionNotFound
 	} else if err != nil {
 		return nil, err
 	}
+	res, ok := cmd.Val().([]any)
+	if !ok || len(res) != 7 {
+		return nil, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
+	}
+	metaRaw, _ := res[0].(string)
 	a := &session.Aggregate{Seen: map[string]bool{}}
-	if err := json.Unmarshal(raw, &a.Session); err != nil {
+	if err := json.Unmarshal([]byte(metaRaw), &a.Session); err != nil {
 		return nil, fmt.Errorf("session %s: corrupt record: %w", id, err)
 	}
-	if raw, err := delCmd.Bytes(); err == nil {
+	if raw, ok := res[1].(string); ok {
 		a.Intent = new(session.DeletionIntent)
-		if err := json.Unmarshal(raw, a.Intent); err != nil {
+		if err := json.Unmarshal([]byte(raw), a.Intent); err != nil {
 			return nil, fmt.Errorf("session %s: corrupt deletion intent: %w", id, err)
 		}
-	} else if !errors.Is(err, redis.Nil) {
-		return nil, err
 	}
-	if ids := activeCmd.Val(); len(ids) > 0 {
-		p := tx.Pipeline()
-		valsCmd := p.HMGet(ctx, key(id, "msgs"), ids...)
-		var contentCmd *redis.SliceCmd
+	ids, _ := res[2].([]any)
+	states, _ := res[3].([]any)
+	texts, _ := res[4].([]any)
+	if len(states) != len(ids) || load.Content && len(texts) != len(ids) {
+		return nil, fmt.Errorf("session %s: unexpected load reply", id)
+	}
+	for i, v := range states {
+		str, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("session %s: active message %v has no record", id, ids[i])
+		}
+		m := new(session.Message)
+		if err := json.Unmarshal([]byte(str), m); err != nil {
+			return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
+		}
 		if load.Content {
-			contentCmd = p.HMGet(ctx, key(id, "content"), ids...)
+			m.Content, _ = texts[i].(string)
 		}
-		if _, err := p.Exec(ctx); err != nil {
-			return nil, err
-		}
-		for i, v := range valsCmd.Val() {
-			str, ok := v.(string)
-			if !ok {
-				return nil, fmt.Errorf("session %s: active message %s has no record", id, ids[i])
-			}
-			m := new(session.Message)
-			if err := json.Unmarshal([]byte(str), m); err != nil {
-				return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
-			}
-			if contentCmd != nil {
-				m.Content, _ = contentCmd.Val()[i].(string)
-			}
-			a.Active = append(a.Active, m)
+		a.Active = append(a.Active, m)
+	}
+	if raw, ok := res[5].(string); ok {
+		a.Lookup = new(session.Message)
+		if err := json.Unmarshal([]byte(raw), a.Lookup); err != nil {
+			return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
 		}
 	}
-	if lookupCmd != nil {
-		if raw, err := lookupCmd.Bytes(); err == nil {
-			a.Lookup = new(session.Message)
-			if err := json.Unmarshal(raw, a.Lookup); err != nil {
-				return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
-			}
-		}
-	}
-	if seenCmd != nil {
-		for i, ok := range seenCmd.Val() {
-			if ok {
-				a.Seen[load.SeenIDs[i]] = true
-			}
+	seen, _ := res[6].([]any)
+	for i, v := range seen {
+		if n, _ := v.(int64); n == 1 && i < len(load.SeenIDs) {
+			a.Seen[load.SeenIDs[i]] = true
 		}
 	}
 	return a, nil
@@ -269,7 +340,7 @@ func (s *Store) write(ctx context.Context, p redis.Pipeliner, a *session.Aggrega
 
 // Read loads the session's aggregate without changing it.
 func (s *Store) Read(ctx context.Context, id string, load Load) (*session.Aggregate, error) {
-	return s.load(ctx, s.rdb, id, load)
+	return s.load(ctx, s.rdb, id, load, nil)
 }
 
 // Create stores a new session, or calls same with the stored one when the id
