@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
@@ -43,7 +44,16 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = rdb.Close()
 		return err
 	}
-	rec := reconciler.New(reconciler.Config{Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler")})
+	var drvRef atomic.Pointer[driver.Driver] // the reconciler wakes the driver, built below
+	rec := reconciler.New(reconciler.Config{
+		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"),
+		Stopped: func(sandboxID, runtimeKey string) {
+			if d := drvRef.Load(); d != nil {
+				// Off the reconciler's key lock: the driver takes its own locks.
+				go d.WrapperStopped(sandboxID, runtimeKey)
+			}
+		},
+	})
 
 	var conns []*grpc.ClientConn
 	defer func() {
@@ -90,6 +100,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{Logger: log.With("component", "capacity")})},
 	})
+	drvRef.Store(drv)
 
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "sandbox", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,

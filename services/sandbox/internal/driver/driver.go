@@ -144,6 +144,36 @@ type sandbox struct {
 	conns        map[string]*Conn // runtime key → connected wrapper
 	handles      map[string]string
 	driving      map[string]bool
+	// stopped is closed (and cleared) when a wrapper stop of this sandbox
+	// completes: route preparation refused while a stop was pending waits
+	// on it rather than only on the refusal's RetryAfter.
+	stopped chan struct{}
+}
+
+// stopSignal returns the channel the next completed stop closes. The
+// caller holds sb.mu.
+func (sb *sandbox) stopSignal() <-chan struct{} {
+	if sb.stopped == nil {
+		sb.stopped = make(chan struct{})
+	}
+	return sb.stopped
+}
+
+// WrapperStopped wakes route preparation of the sandbox that waits for a
+// wrapper stop (reconciler.Config.Stopped).
+func (d *Driver) WrapperStopped(sandboxID, _ string) {
+	d.mu.Lock()
+	sb := d.sandboxes[sandboxID]
+	d.mu.Unlock()
+	if sb == nil {
+		return
+	}
+	sb.mu.Lock()
+	if sb.stopped != nil {
+		close(sb.stopped)
+		sb.stopped = nil
+	}
+	sb.mu.Unlock()
 }
 
 // Conn is one authenticated wrapper stream.

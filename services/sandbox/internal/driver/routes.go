@@ -79,6 +79,9 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 		return
 	}
 	sb.driving[sessionID] = true
+	// Taken before preparing, so a stop that completes while prepare runs
+	// (after its refusal) still wakes the retry.
+	stopped := sb.stopSignal()
 	sb.mu.Unlock()
 	go func() {
 		retry := d.prepare(sb, sessionID)
@@ -86,9 +89,15 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 		delete(sb.driving, sessionID)
 		sb.mu.Unlock()
 		if retry > 0 {
+			// A refusal waits for the pending stop to end (event) or, as a
+			// fallback, for its RetryAfter.
+			t := time.NewTimer(retry)
+			defer t.Stop()
 			select {
 			case <-sb.ctx.Done():
-			case <-time.After(retry):
+			case <-stopped:
+				d.kick(sb, sessionID)
+			case <-t.C:
 				d.kick(sb, sessionID)
 			}
 		}

@@ -44,6 +44,10 @@ type Config struct {
 	// BeforeStop, if set, runs after a stopping claim is persisted and
 	// before provider.Stop (fault tests kill the reconciler here).
 	BeforeStop func(ctx context.Context, sandboxID, runtimeKey string, attempt uint64)
+	// Stopped, if set, is told when a stop attempt leaves a runtime key's
+	// lease free (none), so callers refused meanwhile can try again at once
+	// instead of waiting out RetryAfter. It must not block.
+	Stopped func(sandboxID, runtimeKey string)
 }
 
 // Action says what EnsureWrapper did.

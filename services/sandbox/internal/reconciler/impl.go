@@ -447,6 +447,9 @@ func (r *Reconciler) attempt(ctx context.Context, k keyRef, e leasestore.Entry, 
 	}
 	r.log.Info("wrapper stop attempt", "sandbox", k.sandbox, "runtime_key", k.key, "attempt", b.Attempt,
 		"result", res.Kind, "state", next.Lease.State, "exhausted", next.Lease.Exhausted, "err", res.Err)
+	if next.Lease.State == lease.None && r.cfg.Stopped != nil {
+		r.cfg.Stopped(k.sandbox, k.key)
+	}
 	return next, nil
 }
 

@@ -410,3 +410,30 @@ func fmtInts(v []int) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// A stop that frees a refused key tells Config.Stopped, so the driver can
+// retry route preparation at once instead of after RetryAfter (≥ 1 s).
+func TestStoppedHookFiresWhenARefusedKeyIsFree(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	l, err := fence.Acquire(ctx, e.rdb, e.sb, "owner-hook", time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	var stopped []string
+	r := New(Config{Redis: e.rdb, Provider: e.prov, Now: e.clock.Now,
+		Stopped: func(sb, key string) { stopped = append(stopped, sb+"/"+key) }})
+	require.NoError(t, r.Adopt(ctx, e.sb, Fence{Resource: e.sb, Token: l.Token}))
+
+	d, err := r.EnsureWrapper(ctx, e.sb, "k", e.launch("k"))
+	require.NoError(t, err)
+	_, err = e.prov.Launch(ctx, provider.LaunchSpec{Markers: d.Markers, Path: os.Args[0], Env: []string{"HELPER_MODE=sleep"}, Workspace: "/ws/k"})
+	require.NoError(t, err)
+	_, err = r.EnsureWrapper(ctx, e.sb, "k", e.launch("k"))
+	require.ErrorIs(t, err, ErrRefused)
+	require.Empty(t, stopped, "nothing is free yet")
+
+	ok, _, err := r.AbsenceVerified(ctx, e.sb, "k") // drives the stop attempt
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, []string{e.sb + "/k"}, stopped)
+}
