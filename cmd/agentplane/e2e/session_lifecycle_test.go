@@ -129,12 +129,18 @@ func TestDeletingOneSiblingKeepsTheSharedRuntime(t *testing.T) {
 func BenchmarkColdFirstEvent(b *testing.B) {
 	s := startSuite(b)
 	s.create(b, "sbx-cold-warmup", "/work/cold", newSecret()) // services are up
+	// Sandbox ids unique to this invocation: the benchmark function runs
+	// several times per process (b.N probing, -count), and wrappers of an
+	// earlier suite outlive it (reconnect window). The process provider finds
+	// them by sandbox id in /proc, so reusing "sbx-cold-0" would measure the
+	// stop of a leaked wrapper, not a cold sandbox.
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	var lat []time.Duration
 	for i := range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		t0 := time.Now()
 		resp, err := s.ses.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-			UserId: "u-cold", OrgId: "o-e2e", SandboxId: "sbx-cold-" + strconv.Itoa(i),
+			UserId: "u-cold", OrgId: "o-e2e", SandboxId: "sbx-cold-" + run + "-" + strconv.Itoa(i),
 			Worktree:   &sessionv1.Worktree{Directory: "/work/cold"},
 			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-cold"},
 		})
