@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Credential proxy benchmark as deployed: redis-server, an OpenAI-like
+# upstream, the credential service binary and a load generator run as
+# separate processes (services/credential/cmd/proxybench). One run reports,
+# per round and as the median over rounds: Redis PING RTT, direct and proxied
+# p50/p99 at concurrency 1 (interleaved request by request), req/s at
+# -conc keep-alive connections, and the credential process's CPU per request.
+#   bash bench/proxy/run.sh                      unpinned
+#   bash bench/proxy/run.sh -pin credential=1,redis=0,upstream=0,load=0
+# Extra flags go to proxybench (-rounds, -samples, -conc, -duration).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${BENCH_BIN:-$PWD/.cache/bench/bin}
+mkdir -p "$bin"
+(cd services/credential && go build -o "$bin/credential" ./cmd/credential && go build -o "$bin/proxybench" ./cmd/proxybench)
+exec "$bin/proxybench" -credential-bin "$bin/credential" "$@"
