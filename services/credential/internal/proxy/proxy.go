@@ -10,9 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -48,20 +46,11 @@ type Config struct {
 // Proxy is the http.Handler.
 type Proxy struct {
 	cfg     Config
-	rp      *httputil.ReverseProxy
+	fwd     *forwarder
 	metrics *metrics
 
 	registered  sync.Map     // runtime session ids created in ingest by this process
 	registeredN atomic.Int64 // entries in registered (bounded by maxRegistered)
-}
-
-type ctxKey struct{}
-
-// forward is what Rewrite needs about one request.
-type forward struct {
-	upstream *url.URL
-	target   Target
-	res      *grants.Resolved
 }
 
 // New builds the proxy.
@@ -76,41 +65,11 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, metrics: m}
-	p.rp = &httputil.ReverseProxy{
-		Rewrite:        p.rewrite,
-		Transport:      newTransport(), // FlushInterval 0: streaming (SSE, unknown length) responses still flush at once
-		BufferPool:     bufferPool{},   // the default allocates 32 KiB per request
-		ModifyResponse: func(r *http.Response) error { FilterResponse(r.Header); return nil },
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			p.metrics.upstreamErrors.Inc()
-			cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", r.Context().Value(ctxKey{}).(*forward).target.Route, "error", err.Error())
-			writeError(w, http.StatusBadGateway, "upstream unavailable")
-		},
-	}
-	return p, nil
+	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder()}, nil
 }
 
-// bufferPool reuses ReverseProxy's body copy buffers.
-type bufferPool struct{}
-
+// copyBuffers are the response body copy buffers.
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
-func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
-
-// newTransport never uses HTTP_PROXY from the environment and, being a bare
-// RoundTripper, never follows redirects: a 3xx goes back to the caller.
-func newTransport() *http.Transport {
-	return &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 512,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: 10 * time.Second,
-	}
-}
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -142,7 +101,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveIngest(w, r, t, res)
 		return
 	}
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, &forward{upstream: upstream, target: t, res: res})))
+	out := p.outgoing(r, upstream, t, res)
+	if err := p.fwd.forward(r.Context(), w, out); err != nil {
+		p.metrics.upstreamErrors.Inc()
+		p.cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", t.Route, "error", err.Error())
+		if errors.Is(err, errAfterHeaders) {
+			panic(http.ErrAbortHandler) // the status is out: cut the response short, never end it cleanly
+		}
+		writeError(w, http.StatusBadGateway, "upstream unavailable")
+	}
 }
 
 func (p *Proxy) upstreamOf(r Route) *url.URL {
@@ -210,31 +177,37 @@ func (p *Proxy) attestation(res *grants.Resolved) (string, error) {
 	}, p.cfg.Now(), attestation.MaxLifetime)
 }
 
-// rewrite builds the upstream request: the checked path under the upstream
+// outgoing builds the upstream request: the checked path under the upstream
 // base, the caller's query, the filtered headers, the backing credential and
-// the attestation.
-func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	f := pr.In.Context().Value(ctxKey{}).(*forward)
-	u := *f.upstream
+// the attestation. It takes over r's header map and body.
+func (p *Proxy) outgoing(r *http.Request, upstream *url.URL, t Target, res *grants.Resolved) *http.Request {
+	u := *upstream
 	base := strings.TrimSuffix(u.EscapedPath(), "/")
-	esc := make([]string, len(f.target.Rest))
-	for i, s := range f.target.Rest {
+	esc := make([]string, len(t.Rest))
+	for i, s := range t.Rest {
 		esc[i] = url.PathEscape(s)
 	}
 	u.RawPath = base + "/" + strings.Join(esc, "/")
-	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + strings.Join(f.target.Rest, "/")
-	u.RawQuery = f.target.RawQuery
-	pr.Out.URL = &u
-	pr.Out.Host = ""
-	FilterRequest(pr.Out.Header)
-	pr.Out.Header.Set("Authorization", "Bearer "+string(f.res.Secret))
-	if att, err := p.attestation(f.res); err == nil {
-		pr.Out.Header.Set(attestation.Header, att)
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + strings.Join(t.Rest, "/")
+	u.RawQuery = t.RawQuery
+	h := r.Header
+	FilterRequest(h)
+	h.Set("Authorization", "Bearer "+string(res.Secret))
+	if att, err := p.attestation(res); err == nil {
+		h.Set(attestation.Header, att)
 	}
-	if _, ok := pr.Out.Header["User-Agent"]; !ok {
-		pr.Out.Header.Set("User-Agent", "") // no Go default identifying the proxy
+	if _, ok := h["User-Agent"]; !ok {
+		h.Set("User-Agent", "") // no Go default identifying the proxy
 	}
+	out := &http.Request{
+		Method: r.Method, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: r.Body, ContentLength: r.ContentLength,
+	}
+	if r.ContentLength == 0 {
+		out.Body = nil
+	}
+	return out
 }
 
 // Close drops idle upstream connections (after the HTTP server stopped).
-func (p *Proxy) Close() { p.rp.Transport.(*http.Transport).CloseIdleConnections() }
+func (p *Proxy) Close() { p.fwd.closeIdle() }

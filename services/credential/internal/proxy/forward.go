@@ -1,0 +1,278 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// forwarder sends one request upstream and copies the response back, all on
+// the handler goroutine, over a pool of keep-alive HTTP/1.1 connections.
+// http.Transport hands every request to a per-connection write goroutine and
+// every response back from a read goroutine; on a small shared machine those
+// cross-thread wake-ups cost more than the proxy's own work (measured in
+// docs/benchmarks.md, "credential proxy"). Like a bare RoundTripper it never
+// follows redirects and never consults HTTP_PROXY.
+type forwarder struct {
+	dialer  net.Dialer
+	maxIdle int           // idle connections kept per upstream host
+	idleFor time.Duration // an idle connection older than this is closed, not reused
+
+	mu   sync.Mutex
+	idle map[string][]*upstreamConn // by scheme://host
+}
+
+type upstreamConn struct {
+	key  string
+	conn net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	used time.Time // when it last went idle
+}
+
+func newForwarder() *forwarder {
+	return &forwarder{
+		dialer:  net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		maxIdle: 512,
+		idleFor: 60 * time.Second,
+		idle:    map[string][]*upstreamConn{},
+	}
+}
+
+// errAfterHeaders marks a failure once the response status was sent: the
+// handler can only abort the response.
+var errAfterHeaders = errors.New("upstream failed after the response started")
+
+// forward sends out (an absolute-URL client request whose body is the
+// caller's) and streams the filtered response to w. An error before anything
+// was written to w leaves w untouched (the caller answers 502).
+func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *http.Request) error {
+	resp, uc, err := f.roundTrip(ctx, out)
+	if err != nil {
+		return err
+	}
+	// Cancellation of the caller (or a stalled upstream the caller gives up
+	// on) unblocks the body copy by failing the connection.
+	stop := context.AfterFunc(ctx, func() { _ = uc.conn.SetDeadline(time.Unix(1, 0)) })
+	FilterResponse(resp.Header)
+	announceTrailers(w.Header(), resp)
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	w.WriteHeader(resp.StatusCode)
+	err = copyBody(w, resp)
+	FilterResponse(resp.Trailer)
+	for k, vs := range resp.Trailer {
+		h[http.TrailerPrefix+k] = vs
+	}
+	if !stop() || err != nil || resp.Close {
+		_ = uc.conn.Close()
+	} else {
+		f.put(uc)
+	}
+	if err != nil {
+		return errors.Join(errAfterHeaders, err)
+	}
+	return nil
+}
+
+// roundTrip writes out on a pooled (or new) connection and reads the
+// response head. A request without a body that fails on a reused connection
+// before any response byte is retried once on a new one: the upstream
+// closed the idle connection meanwhile.
+func (f *forwarder) roundTrip(ctx context.Context, out *http.Request) (*http.Response, *upstreamConn, error) {
+	for attempt := 0; ; attempt++ {
+		uc, reused, err := f.get(ctx, out.URL)
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := exchange(ctx, uc, out)
+		if err == nil {
+			return resp, uc, nil
+		}
+		_ = uc.conn.Close()
+		if !reused || attempt > 0 || out.Body != nil || ctx.Err() != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+func exchange(ctx context.Context, uc *upstreamConn, out *http.Request) (*http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { _ = uc.conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := out.Write(uc.bw); err != nil {
+		return nil, err
+	}
+	if err := uc.bw.Flush(); err != nil {
+		return nil, err
+	}
+	for {
+		resp, err := http.ReadResponse(uc.br, out)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case resp.StatusCode == http.StatusSwitchingProtocols: // the proxy never forwards Upgrade
+			return nil, errors.New("upstream switched protocols")
+		case resp.StatusCode >= 100 && resp.StatusCode < 200: // 100 Continue, 103 Early Hints: skip
+			continue
+		}
+		return resp, ctx.Err()
+	}
+}
+
+// get returns an idle connection to u's host that is still open, or dials one.
+func (f *forwarder) get(ctx context.Context, u *url.URL) (*upstreamConn, bool, error) {
+	key := u.Scheme + "://" + u.Host
+	now := time.Now()
+	for {
+		f.mu.Lock()
+		list := f.idle[key]
+		if len(list) == 0 {
+			f.mu.Unlock()
+			break
+		}
+		uc := list[len(list)-1]
+		f.idle[key] = list[:len(list)-1]
+		f.mu.Unlock()
+		if now.Sub(uc.used) < f.idleFor && stillOpen(uc.conn) {
+			return uc, true, nil
+		}
+		_ = uc.conn.Close()
+	}
+	conn, err := f.dial(ctx, u)
+	if err != nil {
+		return nil, false, err
+	}
+	return &upstreamConn{key: key, conn: conn, br: bufio.NewReaderSize(conn, 4<<10), bw: bufio.NewWriterSize(conn, 4<<10)}, false, nil
+}
+
+func (f *forwarder) dial(ctx context.Context, u *url.URL) (net.Conn, error) {
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr = net.JoinHostPort(u.Hostname(), "443")
+		} else {
+			addr = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
+	if u.Scheme == "https" {
+		d := tls.Dialer{NetDialer: &f.dialer, Config: &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}}
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	return f.dialer.DialContext(ctx, "tcp", addr)
+}
+
+// stillOpen peeks without blocking: an idle keep-alive connection has
+// nothing to read; EOF or stray bytes mean it must not be reused.
+func stillOpen(c net.Conn) bool {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var b [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		_, _, rerr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = errors.Is(rerr, syscall.EAGAIN)
+		return true
+	}); err != nil {
+		return false
+	}
+	return open
+}
+
+func (f *forwarder) put(uc *upstreamConn) {
+	if uc.br.Buffered() > 0 { // bytes past the response: the connection is out of step
+		_ = uc.conn.Close()
+		return
+	}
+	_ = uc.conn.SetDeadline(time.Time{})
+	uc.used = time.Now()
+	f.mu.Lock()
+	if len(f.idle[uc.key]) < f.maxIdle {
+		f.idle[uc.key] = append(f.idle[uc.key], uc)
+		uc = nil
+	}
+	f.mu.Unlock()
+	if uc != nil {
+		_ = uc.conn.Close()
+	}
+}
+
+// closeIdle closes every idle connection.
+func (f *forwarder) closeIdle() {
+	f.mu.Lock()
+	idle := f.idle
+	f.idle = map[string][]*upstreamConn{}
+	f.mu.Unlock()
+	for _, list := range idle {
+		for _, uc := range list {
+			_ = uc.conn.Close()
+		}
+	}
+}
+
+// announceTrailers declares the upstream's trailers before the body so the
+// server sends them after it.
+func announceTrailers(h http.Header, resp *http.Response) {
+	if len(resp.Trailer) == 0 {
+		return
+	}
+	announced := resp.Trailer.Clone()
+	FilterResponse(announced)
+	names := make([]string, 0, len(announced))
+	for k := range announced {
+		names = append(names, k)
+	}
+	if len(names) > 0 {
+		h.Add("Trailer", strings.Join(names, ", "))
+	}
+}
+
+// copyBody streams resp's body to w, flushing every chunk of a response of
+// unknown length or an event stream (SSE) so the runtime sees it at once.
+func copyBody(w http.ResponseWriter, resp *http.Response) error {
+	defer resp.Body.Close()
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	rc := http.NewResponseController(w)
+	flush := resp.ContentLength == -1 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+			if flush {
+				if err := rc.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
