@@ -37,10 +37,16 @@ type loadOptions struct {
 	conc        int           // keep-alive connections in the throughput phase
 	duration    time.Duration // per throughput phase
 	grpcAddr    string
-	proxyURL    string
 	upstreamURL string
 	redisAddr   string
-	proxyPID    int
+	proxies     []proxyTarget
+}
+
+// proxyTarget is one credential service's proxy.
+type proxyTarget struct {
+	name string
+	url  string
+	pid  int // its process, for CPU per request
 }
 
 func (o *loadOptions) bind(fs *flag.FlagSet) {
@@ -53,9 +59,32 @@ func (o *loadOptions) bind(fs *flag.FlagSet) {
 func (o *loadOptions) args() []string {
 	return []string{
 		"-rounds", strconv.Itoa(o.rounds), "-samples", strconv.Itoa(o.samples), "-conc", strconv.Itoa(o.conc),
-		"-duration", o.duration.String(), "-grpc", o.grpcAddr, "-proxy", o.proxyURL, "-upstream", o.upstreamURL,
-		"-redis", o.redisAddr, "-proxy-pid", strconv.Itoa(o.proxyPID),
+		"-duration", o.duration.String(), "-grpc", o.grpcAddr, "-upstream", o.upstreamURL, "-redis", o.redisAddr,
+		"-proxies", o.proxiesText(),
 	}
+}
+
+func (o *loadOptions) proxiesText() string {
+	var parts []string
+	for _, p := range o.proxies {
+		parts = append(parts, p.name+"@"+p.url+"@"+strconv.Itoa(p.pid))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (o *loadOptions) parseProxies(s string) error {
+	for f := range strings.SplitSeq(s, ",") {
+		parts := strings.Split(f, "@")
+		if len(parts) != 3 {
+			return fmt.Errorf("-proxies: want name@url@pid, got %q", f)
+		}
+		pid, err := strconv.Atoi(parts[2])
+		if err != nil {
+			return fmt.Errorf("-proxies: %w", err)
+		}
+		o.proxies = append(o.proxies, proxyTarget{name: parts[0], url: parts[1], pid: pid})
+	}
+	return nil
 }
 
 // target is one way of making the chat request.
@@ -93,12 +122,14 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	var o loadOptions
 	fs := flag.NewFlagSet("proxybench load", flag.ContinueOnError)
 	o.bind(fs)
-	fs.StringVar(&o.grpcAddr, "grpc", "", "credential gRPC address")
-	fs.StringVar(&o.proxyURL, "proxy", "", "credential proxy base URL")
+	fs.StringVar(&o.grpcAddr, "grpc", "", "credential gRPC address (mints the handle)")
 	fs.StringVar(&o.upstreamURL, "upstream", "", "upstream base URL")
 	fs.StringVar(&o.redisAddr, "redis", "", "redis-server address")
-	fs.IntVar(&o.proxyPID, "proxy-pid", 0, "pid of the credential process (CPU per request)")
+	proxies := fs.String("proxies", "", "name@url@pid of each credential proxy")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := o.parseProxies(*proxies); err != nil {
 		return err
 	}
 	handle, err := mint(ctx, o.grpcAddr, os.Getenv(tokenEnv), os.Getenv(secretEnv))
@@ -107,97 +138,112 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: 4})
 	defer rdb.Close()
-	direct := newTarget(o.upstreamURL+"/v1/chat/completions", "Bearer "+os.Getenv(secretEnv), o.conc)
-	proxied := newTarget(o.proxyURL+"/s/sbx-bench/provider/v1/chat/completions", "Bearer "+handle, o.conc)
-	ping := func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
+
+	// kinds[0] is the Redis round trip, kinds[1] the direct call, then one per proxy.
+	kinds := []kind{
+		{name: "redis PING", call: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		{name: "direct", http: newTarget(o.upstreamURL+"/v1/chat/completions", "Bearer "+os.Getenv(secretEnv), o.conc)},
+	}
+	for _, p := range o.proxies {
+		kinds = append(kinds, kind{name: "proxy " + p.name, pid: p.pid,
+			http: newTarget(p.url+"/s/sbx-bench/provider/v1/chat/completions", "Bearer "+handle, o.conc)})
+	}
+	for i := range kinds {
+		if kinds[i].call == nil {
+			kinds[i].call = kinds[i].http.call
+		}
+	}
 
 	for range 200 { // warm connections, the resolution cache and the runtimes
-		for _, f := range []func(context.Context) error{ping, direct.call, proxied.call} {
-			if err := f(ctx); err != nil {
+		for _, k := range kinds {
+			if err := k.call(ctx); err != nil {
 				return err
 			}
 		}
 	}
 
-	fmt.Fprintf(out, "rounds %d: %d sequential requests per kind (interleaved request by request), then %d connections for %s per kind (order alternating per round)\n",
+	fmt.Fprintf(out, "%d rounds: %d sequential requests per kind (interleaved request by request), then %d connections for %s per HTTP kind (order rotating per round)\n",
 		o.rounds, o.samples, o.conc, o.duration)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tredis p50 µs\tredis p99\tdirect p50\tdirect p99\tproxy p50\tproxy p99\tadded p50\tgoal\tdirect req/s\tproxy req/s\tproxy cpu µs/req\t")
-	var rows []row
+	fmt.Fprintln(tw, "round\tkind\tp50 µs\tp99 µs\tadded p50 µs\tgoal ≤ µs\treq/s\tproxy cpu µs/req\t")
+	var rounds [][]result
 	for i := range o.rounds {
-		var r row
-		lat := make([][]time.Duration, 3)
-		for j := range lat {
-			lat[j] = make([]time.Duration, 0, o.samples)
-		}
+		res := make([]result, len(kinds))
+		lat := make([][]time.Duration, len(kinds))
 		for range o.samples {
-			for j, f := range []func(context.Context) error{ping, direct.call, proxied.call} {
+			for j, k := range kinds {
 				t0 := time.Now()
-				if err := f(ctx); err != nil {
+				if err := k.call(ctx); err != nil {
 					return err
 				}
 				lat[j] = append(lat[j], time.Since(t0))
 			}
 		}
-		for j := range lat {
-			r.p50[j], r.p99[j] = percentiles(lat[j])
+		for j := range kinds {
+			res[j].p50, res[j].p99 = percentiles(lat[j])
 		}
-		order := []int{1, 2}
-		if i%2 == 1 {
-			order = []int{2, 1}
-		}
-		for _, k := range order {
-			t := direct
-			if k == 2 {
-				t = proxied
-			}
-			cpu0 := procCPU(o.proxyPID)
-			n, d, err := throughput(ctx, t, o.conc, o.duration)
+		for n := range len(kinds) - 1 { // rotate which HTTP kind goes first
+			j := 1 + (i+n)%(len(kinds)-1)
+			k := kinds[j]
+			cpu0 := procCPU(k.pid)
+			calls, d, err := throughput(ctx, k.http, o.conc, o.duration)
 			if err != nil {
 				return err
 			}
-			r.rps[k] = float64(n) / d.Seconds()
-			if k == 2 && n > 0 {
-				r.proxyCPU = float64((procCPU(o.proxyPID) - cpu0).Microseconds()) / float64(n)
+			res[j].rps = float64(calls) / d.Seconds()
+			if k.pid != 0 && calls > 0 {
+				res[j].cpu = float64((procCPU(k.pid) - cpu0).Microseconds()) / float64(calls)
 			}
 		}
-		rows = append(rows, r)
-		r.print(tw, strconv.Itoa(i+1))
+		rounds = append(rounds, res)
+		printRound(tw, strconv.Itoa(i+1), kinds, res)
 	}
-	median(rows).print(tw, "median")
+	printRound(tw, "median", kinds, medians(rounds))
 	return tw.Flush()
 }
 
-// row is one round: index 0 redis, 1 direct, 2 proxy.
-type row struct {
-	p50, p99, rps [3]float64
-	proxyCPU      float64
+type kind struct {
+	name string
+	call func(context.Context) error
+	http target
+	pid  int
 }
 
-func (r row) print(w io.Writer, name string) {
-	added := r.p50[2] - r.p50[1]
-	goal := r.p50[0] + 100
-	fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t≤%.0f\t%.0f\t%.0f\t%.0f\t\n", name,
-		r.p50[0], r.p99[0], r.p50[1], r.p99[1], r.p50[2], r.p99[2], added, goal, r.rps[1], r.rps[2], r.proxyCPU)
+// result is one kind in one round (µs, req/s).
+type result struct{ p50, p99, rps, cpu float64 }
+
+func printRound(w io.Writer, round string, kinds []kind, res []result) {
+	for j, k := range kinds {
+		added, goal, rps, cpu := "", "", "", ""
+		if j >= 2 {
+			added = fmt.Sprintf("%.0f", res[j].p50-res[1].p50)
+			goal = fmt.Sprintf("%.0f", res[0].p50+100)
+			cpu = fmt.Sprintf("%.0f", res[j].cpu)
+		}
+		if j >= 1 {
+			rps = fmt.Sprintf("%.0f", res[j].rps)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t\n", round, k.name, res[j].p50, res[j].p99, added, goal, rps, cpu)
+	}
 }
 
-// median is the per-column median over rounds.
-func median(rows []row) row {
-	var m row
-	col := func(get func(r row) float64) float64 {
-		v := make([]float64, len(rows))
-		for i, r := range rows {
-			v[i] = get(r)
+// medians is the per-kind, per-column median over rounds.
+func medians(rounds [][]result) []result {
+	m := make([]result, len(rounds[0]))
+	col := func(j int, get func(r result) float64) float64 {
+		v := make([]float64, len(rounds))
+		for i, r := range rounds {
+			v[i] = get(r[j])
 		}
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	for j := range 3 {
-		m.p50[j] = col(func(r row) float64 { return r.p50[j] })
-		m.p99[j] = col(func(r row) float64 { return r.p99[j] })
-		m.rps[j] = col(func(r row) float64 { return r.rps[j] })
+	for j := range m {
+		m[j] = result{
+			p50: col(j, func(r result) float64 { return r.p50 }), p99: col(j, func(r result) float64 { return r.p99 }),
+			rps: col(j, func(r result) float64 { return r.rps }), cpu: col(j, func(r result) float64 { return r.cpu }),
+		}
 	}
-	m.proxyCPU = col(func(r row) float64 { return r.proxyCPU })
 	return m
 }
 

@@ -23,14 +23,14 @@ import (
 func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("proxybench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	credBin := fs.String("credential-bin", "", "the credential service binary (services/credential/cmd/credential)")
+	credBins := fs.String("credential-bin", "", "the credential service binary (services/credential/cmd/credential); a comma-separated list runs one service per binary on the same redis-server and upstream and measures each proxy in the same rounds (e.g. reference,candidate)")
 	pin := fs.String("pin", "", "taskset CPU list per process, e.g. credential=1,redis=0,upstream=0,load=0; empty: no pinning")
 	var lo loadOptions
 	lo.bind(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *credBin == "" {
+	if *credBins == "" {
 		return errors.New("-credential-bin is required")
 	}
 	cpus, err := parsePin(*pin)
@@ -47,7 +47,8 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer os.RemoveAll(dir)
 
-	var ports [5]int // redis, upstream, grpc, proxy, metrics
+	bins := strings.Split(*credBins, ",")
+	ports := make([]int, 2+3*len(bins)) // redis, upstream, then grpc, proxy, metrics per binary
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return err
@@ -90,31 +91,39 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	key := func() string { b := make([]byte, 32); _, _ = rand.Read(b); return base64.StdEncoding.EncodeToString(b) }
-	cred, err := start("credential", []string{
-		"AGENTPLANE_REDIS_URL=redis://" + addr(ports[0]),
-		"AGENTPLANE_GRPC_ADDR=" + addr(ports[2]),
-		"AGENTPLANE_PROXY_ADDR=" + addr(ports[3]),
-		"AGENTPLANE_METRICS_ADDR=" + addr(ports[4]),
-		"AGENTPLANE_INTERNAL_TOKEN=" + token,
-		"AGENTPLANE_CREDENTIAL_KEY=" + key(),
-		"AGENTPLANE_ATTESTATION_KEY=" + key(),
-		"AGENTPLANE_PROVIDER_UPSTREAM=http://" + addr(ports[1]),
-		"AGENTPLANE_INGEST_ADDR=127.0.0.1:1", // ingest route unused here
-		"AGENTPLANE_LOG_LEVEL=warn",
-		"AGENTPLANE_DRAIN_DELAY=0s",
-	}, *credBin)
-	if err != nil {
-		return err
+	credKey, attKey := key(), key() // shared: every service reads the same stored credentials
+	for i, bin := range bins {
+		p := ports[2+3*i:]
+		cred, err := start("credential", []string{
+			"AGENTPLANE_REDIS_URL=redis://" + addr(ports[0]),
+			"AGENTPLANE_GRPC_ADDR=" + addr(p[0]),
+			"AGENTPLANE_PROXY_ADDR=" + addr(p[1]),
+			"AGENTPLANE_METRICS_ADDR=" + addr(p[2]),
+			"AGENTPLANE_INTERNAL_TOKEN=" + token,
+			"AGENTPLANE_CREDENTIAL_KEY=" + credKey,
+			"AGENTPLANE_ATTESTATION_KEY=" + attKey,
+			"AGENTPLANE_PROVIDER_UPSTREAM=http://" + addr(ports[1]),
+			"AGENTPLANE_INGEST_ADDR=127.0.0.1:1", // ingest route unused here
+			"AGENTPLANE_LOG_LEVEL=warn",
+			"AGENTPLANE_DRAIN_DELAY=0s",
+		}, bin)
+		if err != nil {
+			return err
+		}
+		if err := waitListening(ctx, addr(p[1])); err != nil {
+			return err
+		}
+		lo.proxies = append(lo.proxies, proxyTarget{name: filepath.Base(bin), url: "http://" + addr(p[1]), pid: cred.Process.Pid})
+		fmt.Fprintf(stdout, "proxy %s: credential pid %d\n", filepath.Base(bin), cred.Process.Pid)
 	}
-	for _, p := range []int{ports[0], ports[1], ports[3]} {
+	for _, p := range []int{ports[0], ports[1]} {
 		if err := waitListening(ctx, addr(p)); err != nil {
 			return err
 		}
 	}
 
-	lo.grpcAddr, lo.proxyURL, lo.upstreamURL = addr(ports[2]), "http://"+addr(ports[3]), "http://"+addr(ports[1])
-	lo.redisAddr, lo.proxyPID = addr(ports[0]), cred.Process.Pid
-	fmt.Fprintf(stdout, "processes: redis-server, upstream, credential (pid %d), load; pinning: %s\n", cred.Process.Pid, pinText(*pin))
+	lo.grpcAddr, lo.upstreamURL, lo.redisAddr = addr(ports[2]), "http://"+addr(ports[1]), addr(ports[0])
+	fmt.Fprintf(stdout, "processes: redis-server, upstream, %d credential, load; pinning: %s\n", len(bins), pinText(*pin))
 	cmd := exec.CommandContext(ctx, self, append([]string{"load"}, lo.args()...)...)
 	if c, ok := cpus["load"]; ok {
 		cmd = exec.CommandContext(ctx, "taskset", append([]string{"-c", c, self, "load"}, lo.args()...)...)
