@@ -92,14 +92,19 @@ func ValidateResource(resource string) error {
 // than one grant per µs, a clock step back, a token restored from a faster
 // clock) does it rewrite both with last+1. A held lease costs TIME and one
 // SET and changes nothing; a token key of the wrong type undoes the claim,
-// so a failed acquire leaves nothing behind. A malformed stored token
-// counts as absent, as a missing one does. Lua numbers are doubles, exact up to 2^53 (year 2255 in
+// so a failed acquire leaves nothing behind.
+//
+// The hot path does no number conversion (string.format alone cost more
+// server CPU than a GET): TIME's seconds and zero-padded µs concatenate to
+// the canonical decimal token, and canonical decimals compare by length,
+// then bytewise. Only a stored token that is not clearly below goes through
+// tonumber; one that does not parse (malformed) counts as absent, as a
+// missing one does. Lua numbers are doubles, exact up to 2^53 (year 2255 in
 // µs), and '%.0f' keeps the stored form canonical (tostring would print
 // 1.7e+15). KEYS: token, lease. ARGV: owner, ttl ms.
 var acquireScript = redis.NewScript(`
 local t = redis.call('TIME')
-local tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local s = string.format('%.0f', tok)
+local s = t[1] .. string.sub('00000' .. t[2], -6)
 if not redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.error_reply('` + heldReply + `')
 end
@@ -108,11 +113,13 @@ if type(last) == 'table' then -- token key of another type: undo the claim
   redis.call('DEL', KEYS[2])
   return last
 end
-last = last and tonumber(last)
-if last and last >= tok then
-  s = string.format('%.0f', last + 1)
-  redis.call('SET', KEYS[1], s)
-  redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+if last and (#last > #s or (#last == #s and last >= s)) then
+  local n = tonumber(last)
+  if n and n >= tonumber(s) then
+    s = string.format('%.0f', n + 1)
+    redis.call('SET', KEYS[1], s)
+    redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+  end
 end
 return s
 `)
@@ -175,6 +182,49 @@ type Lease struct {
 	Token    uint64
 	TTL      time.Duration
 	rdb      redis.Scripter
+	keys     leaseKeys
+}
+
+// leaseKeys caches the strings Acquire built, so renew, release and guarded
+// writes do not rebuild them on every call. They are used only while the
+// exported fields still match (a caller may copy a Lease and change them).
+type leaseKeys struct {
+	resource string
+	token    uint64
+	tokenKey string
+	leaseKey string
+	tokenStr string
+	tokenArg any // tokenStr, boxed once for the ARGV of every guarded write
+}
+
+func (l *Lease) cached() bool { return l.keys.resource == l.Resource && l.keys.token == l.Token }
+
+func (l *Lease) tokenKey() string {
+	if l.keys.resource == l.Resource {
+		return l.keys.tokenKey
+	}
+	return TokenKey(l.Resource)
+}
+
+func (l *Lease) leaseKey() string {
+	if l.keys.resource == l.Resource {
+		return l.keys.leaseKey
+	}
+	return LeaseKey(l.Resource)
+}
+
+func (l *Lease) tokenArg() any {
+	if l.cached() {
+		return l.keys.tokenArg
+	}
+	return strconv.FormatUint(l.Token, 10)
+}
+
+func (l *Lease) tokenString() string {
+	if l.cached() {
+		return l.keys.tokenStr
+	}
+	return strconv.FormatUint(l.Token, 10)
 }
 
 func checkTTL(ttl time.Duration) error {
@@ -197,8 +247,8 @@ func Acquire(ctx context.Context, rdb redis.Scripter, resource, owner string, tt
 	if err := checkTTL(ttl); err != nil {
 		return nil, err
 	}
-	s, err := acquireScript.Run(ctx, rdb, []string{TokenKey(resource), LeaseKey(resource)},
-		owner, ttl.Milliseconds()).Text()
+	tk, lk := TokenKey(resource), LeaseKey(resource)
+	s, err := acquireScript.Run(ctx, rdb, []string{tk, lk}, owner, ttl.Milliseconds()).Text()
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", resource, mapErr(err))
 	}
@@ -206,15 +256,18 @@ func Acquire(ctx context.Context, rdb redis.Scripter, resource, owner string, tt
 	if err != nil || tok == 0 {
 		return nil, fmt.Errorf("acquire %s: bad token %q from redis", resource, s)
 	}
-	return &Lease{Resource: resource, Owner: owner, Token: tok, TTL: ttl, rdb: rdb}, nil
+	return &Lease{Resource: resource, Owner: owner, Token: tok, TTL: ttl, rdb: rdb,
+		keys: leaseKeys{resource: resource, token: tok, tokenKey: tk, leaseKey: lk, tokenStr: s, tokenArg: s}}, nil
 }
 
-func (l *Lease) value() string { return strconv.FormatUint(l.Token, 10) + ":" + l.Owner }
+// value is the lease's content in Redis, "<token>:<owner>", built from the
+// exported fields so a copied and altered Lease never matches by accident.
+func (l *Lease) value() string { return l.tokenString() + ":" + l.Owner }
 
 // Renew extends the lease to TTL from now if it is still this owner's with
 // this token; otherwise it returns ErrLeaseLost and changes nothing.
 func (l *Lease) Renew(ctx context.Context) error {
-	err := renewScript.Run(ctx, l.rdb, []string{LeaseKey(l.Resource)}, l.value(), l.TTL.Milliseconds()).Err()
+	err := renewScript.Run(ctx, l.rdb, []string{l.leaseKey()}, l.value(), l.TTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", l.Resource, mapErr(err))
 	}
@@ -224,7 +277,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 // Release gives the lease up. ErrLeaseLost means it was no longer ours (and
 // nothing was changed). The token floor stays, so tokens keep increasing.
 func (l *Lease) Release(ctx context.Context) error {
-	err := releaseScript.Run(ctx, l.rdb, []string{LeaseKey(l.Resource)}, l.value()).Err()
+	err := releaseScript.Run(ctx, l.rdb, []string{l.leaseKey()}, l.value()).Err()
 	if err != nil {
 		return fmt.Errorf("release %s: %w", l.Resource, mapErr(err))
 	}
@@ -233,5 +286,5 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // Guard runs ops atomically if the lease's token is still the newest one.
 func (l *Lease) Guard(ctx context.Context, ops ...Op) error {
-	return Guard(ctx, l.rdb, l.Resource, l.Token, ops...)
+	return guard(ctx, l.rdb, l.Resource, l.Token, l.tokenKey(), l.tokenArg(), ops)
 }

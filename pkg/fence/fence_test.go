@@ -92,6 +92,35 @@ func TestTokenCounterAboveTimeFloor(t *testing.T) {
 	require.Equal(t, future+1, l.Token)
 }
 
+// The acquire script compares canonical decimal tokens as strings and
+// parses only a stored token that is not clearly below TIME. Whatever is
+// stored, the granted token is canonical, at least the TIME floor, and
+// written back to the token key; a malformed token counts as absent.
+func TestAcquireStoredTokenForms(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	floor := uint64(time.Now().Add(-time.Hour).UnixMicro())
+	for i, stored := range []string{"", "5", "garbage", "9e99", "0x1", "99999999999999999999999x", "1700000000abcdef"} {
+		res := "forms-" + strconv.Itoa(i)
+		require.NoError(t, rdb.Set(ctx, fence.TokenKey(res), stored, 0).Err())
+		l, err := fence.Acquire(ctx, rdb, res, "a", time.Minute)
+		require.NoError(t, err, "stored %q", stored)
+		require.Greater(t, l.Token, floor, "stored %q", stored)
+		require.Less(t, l.Token, uint64(1)<<53, "stored %q", stored)
+		require.Equal(t, strconv.FormatUint(l.Token, 10), rdb.Get(ctx, fence.TokenKey(res)).Val())
+		require.Equal(t, strconv.FormatUint(l.Token, 10)+":a", rdb.Get(ctx, fence.LeaseKey(res)).Val())
+	}
+	// Canonical tokens ahead of TIME, longer and of equal length, still
+	// only move forward by one.
+	for i, ahead := range []uint64{uint64(time.Now().Add(time.Hour).UnixMicro()), 12345678901234567} {
+		res := "ahead-" + strconv.Itoa(i)
+		require.NoError(t, rdb.Set(ctx, fence.TokenKey(res), ahead, 0).Err())
+		l, err := fence.Acquire(ctx, rdb, res, "a", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, ahead+1, l.Token)
+		require.Equal(t, strconv.FormatUint(ahead+1, 10)+":a", rdb.Get(ctx, fence.LeaseKey(res)).Val())
+	}
+}
+
 func TestConcurrentGoroutinesOneHolderPerPeriod(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	const res, workers, rounds = "race", 16, 30
@@ -458,4 +487,28 @@ func TestHolderDoneOnLoss(t *testing.T) {
 		require.NoError(t, srv.Resume())
 		require.ErrorIs(t, h.Release(ctx), fence.ErrLeaseLost)
 	})
+}
+
+// A Lease caches its keys and token string; a copy whose exported fields
+// were changed must act on the changed fields, never on the cache.
+func TestLeaseCopyWithChangedFields(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	a, err := fence.Acquire(ctx, rdb, "c1", "a", time.Minute)
+	require.NoError(t, err)
+	b, err := fence.Acquire(ctx, rdb, "c2", "b", time.Minute)
+	require.NoError(t, err)
+
+	moved := *a
+	moved.Resource, moved.Token, moved.Owner = "c2", b.Token, "b"
+	require.NoError(t, moved.Guard(ctx, fence.Set(fence.Key("c2", "v"), "x", 0)))
+	require.NoError(t, moved.Renew(ctx))
+
+	older := *b
+	older.Token--
+	require.ErrorIs(t, older.Guard(ctx, fence.Set(fence.Key("c2", "v"), "stale", 0)), fence.ErrStaleToken)
+	require.ErrorIs(t, older.Release(ctx), fence.ErrLeaseLost)
+	require.Equal(t, "x", rdb.Get(ctx, fence.Key("c2", "v")).Val())
+	require.NoError(t, moved.Release(ctx))
+	require.ErrorIs(t, b.Release(ctx), fence.ErrLeaseLost)
+	require.NoError(t, a.Release(ctx))
 }

@@ -14,29 +14,35 @@ import (
 // PExpire. Every key must carry the resource's hash tag (see Key).
 type Op struct {
 	cmd  string
-	keys []string
+	key  string   // first key; one-key ops need no slice
+	more []string // further keys (Del)
 	args []any
 }
 
 // Set is SET key value, with PX ttl when ttl > 0.
 func Set(key string, value any, ttl time.Duration) Op {
 	if ttl > 0 {
-		return Op{cmd: "SET", keys: []string{key}, args: []any{value, "PX", ttl.Milliseconds()}}
+		return Op{cmd: "SET", key: key, args: []any{value, "PX", ttl.Milliseconds()}}
 	}
-	return Op{cmd: "SET", keys: []string{key}, args: []any{value}}
+	return Op{cmd: "SET", key: key, args: []any{value}}
 }
 
 // HSet is HSET key field value [field value ...].
 func HSet(key string, fieldValues ...any) Op {
-	return Op{cmd: "HSET", keys: []string{key}, args: fieldValues}
+	return Op{cmd: "HSET", key: key, args: fieldValues}
 }
 
 // Del is DEL key [key ...].
-func Del(keys ...string) Op { return Op{cmd: "DEL", keys: keys} }
+func Del(keys ...string) Op {
+	if len(keys) == 0 {
+		return Op{cmd: "DEL"} // rejected by Guard: no key
+	}
+	return Op{cmd: "DEL", key: keys[0], more: keys[1:]}
+}
 
 // PExpire is PEXPIRE key ttl.
 func PExpire(key string, ttl time.Duration) Op {
-	return Op{cmd: "PEXPIRE", keys: []string{key}, args: []any{ttl.Milliseconds()}}
+	return Op{cmd: "PEXPIRE", key: key, args: []any{ttl.Milliseconds()}}
 }
 
 // opsScript applies a list of ops after the token check. ARGV after the
@@ -68,29 +74,94 @@ return 1
 // token granted for resource; otherwise nothing is written and it returns
 // ErrStaleToken. A zero token fails without contacting Redis.
 func Guard(ctx context.Context, rdb redis.Scripter, resource string, token uint64, ops ...Op) error {
+	return guard(ctx, rdb, resource, token, TokenKey(resource), strconv.FormatUint(token, 10), ops)
+}
+
+// guard is Guard with the token key and token string already built (a
+// Lease caches them): the guarded write is the hot path, so it builds its
+// KEYS and ARGV once, without going through GuardedScript.Run.
+func guard(ctx context.Context, rdb redis.Scripter, resource string, token uint64, tokenKey string, tokenArg any, ops []Op) error {
 	if len(ops) == 0 {
 		return fmt.Errorf("%w: no ops", ErrInvalid)
 	}
 	for _, op := range ops {
-		if op.cmd == "" || len(op.keys) == 0 {
+		if op.cmd == "" || op.key == "" {
 			return fmt.Errorf("%w: empty op", ErrInvalid)
 		}
 	}
-	if len(ops) == 1 && len(ops[0].keys) == 1 {
-		op := ops[0]
-		args := make([]any, 0, 1+len(op.args))
-		args = append(args, op.cmd)
-		args = append(args, op.args...)
-		return oneOpScript.Run(ctx, rdb, resource, token, op.keys, args...).Err()
+	if err := checkGuard(resource, token); err != nil {
+		return err
 	}
-	var keys []string
-	args := make([]any, 0, 4*len(ops))
+	nkeys, nargs := 1, 1
 	for _, op := range ops {
-		keys = append(keys, op.keys...)
-		args = append(args, op.cmd, len(op.keys), len(op.args))
-		args = append(args, op.args...)
+		nkeys += 1 + len(op.more)
+		nargs += 3 + len(op.args)
 	}
-	return opsScript.Run(ctx, rdb, resource, token, keys, args...).Err()
+	keys := make([]string, 0, nkeys)
+	keys = append(keys, tokenKey)
+	for _, op := range ops {
+		keys = append(keys, op.key)
+		keys = append(keys, op.more...)
+	}
+	if err := checkTags(resource, keys[1:]); err != nil {
+		return err
+	}
+	args := make([]any, 0, nargs)
+	args = append(args, tokenArg)
+	script := oneOpScript.s
+	if len(ops) == 1 && len(ops[0].more) == 0 {
+		args = append(args, cmdArg(ops[0].cmd))
+		args = append(args, ops[0].args...)
+	} else {
+		script = opsScript.s
+		for _, op := range ops {
+			args = append(args, cmdArg(op.cmd), 1+len(op.more), len(op.args))
+			args = append(args, op.args...)
+		}
+	}
+	return guardErr(resource, script.Run(ctx, rdb, keys, args...).Err())
+}
+
+// cmdArg returns the command name as a constant interface value: boxing
+// the op's string field would allocate on every guarded write.
+func cmdArg(cmd string) any {
+	switch cmd {
+	case "SET":
+		return "SET"
+	case "HSET":
+		return "HSET"
+	case "DEL":
+		return "DEL"
+	case "PEXPIRE":
+		return "PEXPIRE"
+	}
+	return cmd
+}
+
+func checkGuard(resource string, token uint64) error {
+	if err := ValidateResource(resource); err != nil {
+		return err
+	}
+	if token == 0 {
+		return fmt.Errorf("guarded write %s: %w (zero token)", resource, ErrStaleToken)
+	}
+	return nil
+}
+
+func checkTags(resource string, keys []string) error {
+	for _, k := range keys {
+		if HashTag(k) != resource {
+			return fmt.Errorf("%w: key %q lacks hash tag {%s}", ErrInvalid, k, resource)
+		}
+	}
+	return nil
+}
+
+func guardErr(resource string, err error) error {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return err
+	}
+	return fmt.Errorf("guarded write %s: %w", resource, mapErr(err))
 }
 
 // GuardedScript is a caller's Lua body that runs only after the token check,
@@ -108,16 +179,11 @@ func NewGuardedScript(body string) *GuardedScript {
 // its script cache). keys must carry resource's hash tag. A stale, zero or
 // unknown token gives ErrStaleToken in the returned Cmd.
 func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource string, token uint64, keys []string, args ...any) *redis.Cmd {
-	if err := ValidateResource(resource); err != nil {
+	if err := checkGuard(resource, token); err != nil {
 		return failedCmd(ctx, err)
 	}
-	if token == 0 {
-		return failedCmd(ctx, fmt.Errorf("guarded write %s: %w (zero token)", resource, ErrStaleToken))
-	}
-	for _, k := range keys {
-		if HashTag(k) != resource {
-			return failedCmd(ctx, fmt.Errorf("%w: key %q lacks hash tag {%s}", ErrInvalid, k, resource))
-		}
+	if err := checkTags(resource, keys); err != nil {
+		return failedCmd(ctx, err)
 	}
 	allKeys := make([]string, 0, len(keys)+1)
 	allKeys = append(allKeys, TokenKey(resource))
@@ -127,7 +193,7 @@ func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource st
 	allArgs = append(allArgs, args...)
 	res := g.s.Run(ctx, rdb, allKeys, allArgs...)
 	if err := res.Err(); err != nil && !errors.Is(err, redis.Nil) {
-		res.SetErr(fmt.Errorf("guarded write %s: %w", resource, mapErr(err)))
+		res.SetErr(guardErr(resource, err))
 	}
 	return res
 }
