@@ -3,7 +3,7 @@
 # go test run per package (so each comparison shares one machine state), and
 # prints benchstat tables. Results and their reading live in docs/benchmarks.md.
 #   bash bench/run.sh            all
-#   bash bench/run.sh fence      one of: fence proxy ingest session
+#   bash bench/run.sh fence      one of: fence proxy proxy-processes ingest session
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,6 +22,9 @@ run() { # name dir package pattern benchtime
 want=${1:-all}
 [[ $want == all || $want == fence ]] && run fence pkg ./fence/ . 2000x
 [[ $want == all || $want == proxy ]] && run proxy services/credential ./server BenchmarkProxy 3000x
+# The proxy as deployed: redis-server, upstream, credential binary and load
+# generator as separate processes (bench/proxy/run.sh; its own table).
+[[ $want == all || $want == proxy-processes ]] && bash "$root/bench/proxy/run.sh"
 [[ $want == all || $want == ingest ]] && run ingest services/ingest ./internal/grpcapi BenchmarkIngest1KiB 1500x
 [[ $want == all || $want == session ]] && run session services/session ./server . 1x
 echo "raw results in $out"

@@ -8,9 +8,11 @@
 #   bash bench/proxy/run.sh                      unpinned
 #   bash bench/proxy/run.sh -pin credential=1,redis=0,upstream=0,load=0
 # Extra flags go to proxybench (-rounds, -samples, -conc, -duration).
+# REF_CREDENTIAL_BIN=/path/to/older/credential runs that binary's proxy too,
+# in the same rounds, as the reference.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${BENCH_BIN:-$PWD/.cache/bench/bin}
 mkdir -p "$bin"
 (cd services/credential && go build -o "$bin/credential" ./cmd/credential && go build -o "$bin/proxybench" ./cmd/proxybench)
-exec "$bin/proxybench" -credential-bin "$bin/credential" "$@"
+exec "$bin/proxybench" -credential-bin "${REF_CREDENTIAL_BIN:+$REF_CREDENTIAL_BIN,}$bin/credential" "$@"
