@@ -1,6 +1,7 @@
 package fence_test
 
 import (
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -26,16 +27,37 @@ func BenchmarkFence(b *testing.B) {
 	opt.PoolSize = 128 // not the bottleneck at concurrency 64
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	const ttl = 10 * time.Second
 
+	ops := benchVariants(b, rdb)
+	for _, conc := range []int{1, 8, 64} {
+		for _, op := range ops {
+			b.Run("conc="+strconv.Itoa(conc)+"/op="+op.name, func(b *testing.B) {
+				fns := make([]func() error, conc)
+				for w := range fns {
+					fns[w] = op.setup(w)
+				}
+				runConcurrent(b, fns)
+			})
+		}
+		b.Run("conc="+strconv.Itoa(conc)+"/interleaved", func(b *testing.B) {
+			runInterleaved(b, ops, conc)
+		})
+	}
+}
+
+type benchVariant struct {
+	name  string
+	setup func(w int) func() error // called once per worker, returns its op
+}
+
+// benchVariants are the five compared operations, all on the same client.
+func benchVariants(b *testing.B, rdb *redis.Client) []benchVariant {
+	const ttl = 10 * time.Second
 	raw := redis.NewScript(`return 1`)
 	locker := redislock.New(rdb)
 	rs := redsync.New(goredis.NewPool(rdb))
 
-	ops := []struct {
-		name  string
-		setup func(w int) func() error
-	}{
+	return []benchVariant{
 		{"fenced-acquire-release", func(w int) func() error {
 			res := "bench-fence-" + strconv.Itoa(w)
 			return func() error {
@@ -80,17 +102,6 @@ func BenchmarkFence(b *testing.B) {
 			}
 		}},
 	}
-	for _, conc := range []int{1, 8, 64} {
-		for _, op := range ops {
-			b.Run("conc="+strconv.Itoa(conc)+"/op="+op.name, func(b *testing.B) {
-				fns := make([]func() error, conc)
-				for w := range fns {
-					fns[w] = op.setup(w)
-				}
-				runConcurrent(b, fns)
-			})
-		}
-	}
 }
 
 var guardSeq atomic.Int64
@@ -118,4 +129,84 @@ func runConcurrent(b *testing.B, fns []func() error) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+}
+
+// runInterleaved runs all variants side by side in short turns (rotating
+// which goes first) and reports each variant's ops/s over all its turns plus
+// the medians over rounds of the two goal ratios: guarded/raw and
+// fenced/max(redislock, redsync). On a shared machine the background load
+// changes within a second; turns of a few milliseconds expose every variant
+// to the same load, where whole sub-benchmarks run apart would not.
+// b.N is the number of calls per variant.
+func runInterleaved(b *testing.B, vs []benchVariant, conc int) {
+	fns := make([][]func() error, len(vs))
+	for i, v := range vs {
+		fns[i] = make([]func() error, conc)
+		for w := range fns[i] {
+			fns[i][w] = v.setup(w)
+		}
+	}
+	turn := 100 * min(conc, 4)
+	rounds := max(1, b.N/turn)
+	total := make([]time.Duration, len(vs))
+	var guarded, fenced []float64
+	b.ResetTimer()
+	for r := range rounds {
+		rate := make([]float64, len(vs))
+		for k := range vs {
+			i := (r + k) % len(vs)
+			d := runTurn(b, fns[i], turn)
+			total[i] += d
+			rate[i] = float64(turn) / d.Seconds()
+		}
+		byName := func(n string) float64 {
+			for i, v := range vs {
+				if v.name == n {
+					return rate[i]
+				}
+			}
+			b.Fatalf("no variant %s", n)
+			return 0
+		}
+		guarded = append(guarded, byName("guarded-write")/byName("raw-evalsha"))
+		fenced = append(fenced, byName("fenced-acquire-release")/
+			max(byName("redislock-obtain-release"), byName("redsync-lock-unlock")))
+	}
+	b.StopTimer()
+	for i, v := range vs {
+		b.ReportMetric(float64(rounds*turn)/total[i].Seconds(), v.name+"-ops/s")
+	}
+	b.ReportMetric(median(guarded), "guarded/raw")
+	b.ReportMetric(median(fenced), "fenced/bestlock")
+}
+
+// runTurn makes n calls split over one goroutine per fn and returns how long
+// they took.
+func runTurn(b *testing.B, fns []func() error, n int) time.Duration {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, fn := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				if err := fn(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
