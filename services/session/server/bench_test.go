@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,8 +21,11 @@ const warmSessions = 100
 // BenchmarkWarmSendToAccepted measures SendMessage → accepted on warm
 // routes across 100 sessions. A client sends to a ready session and waits on
 // that session's WatchSession stream for the message's ACCEPTED event (the
-// fake sandbox accepts delivery at once). Every 10 messages a turn outcome
-// settles them, as a runtime would, outside the measured span.
+// fake sandbox accepts delivery at once). Every 10th message of a session a
+// turn outcome settles its accepted messages, as a runtime would, outside the
+// measured span (counted per session: a global count settled only some
+// sessions, and the others piled up hundreds of accepted messages that
+// every transition then loads).
 //
 //   - latency: one message in flight at a time, round robin over the sessions;
 //   - throughput: 100 clients at once, one per session (closed loop).
@@ -43,6 +49,9 @@ func BenchmarkWarmSendToAccepted(b *testing.B) {
 		waitAccepted(b, s, warm.GetMessageId())
 	}
 	var seq atomic.Int64
+	// Messages per session since its last outcome; a session is used by one
+	// goroutine at a time (round robin, or its own client).
+	var sent [warmSessions]int
 	one := func(tb testing.TB, i int) time.Duration {
 		sid := fmt.Sprint("w", i)
 		n := seq.Add(1)
@@ -53,7 +62,8 @@ func BenchmarkWarmSendToAccepted(b *testing.B) {
 		}
 		waitAccepted(tb, streams[i], mid)
 		d := time.Since(t0)
-		if n%10 == 0 {
+		if sent[i]++; sent[i] == 10 {
+			sent[i] = 0
 			out := &runtimev1.TurnOutcome{TurnId: "t" + mid, LastMessageId: mid, Result: runtimev1.TurnResult_TURN_RESULT_SUCCEEDED}
 			if _, err := e.notify.NotifyTurnOutcome(e.ctx, &sessionv1.NotifyTurnOutcomeRequest{Route: e.route(sid, 1), Outcome: out}); err != nil {
 				tb.Fatal(err)
@@ -63,15 +73,18 @@ func BenchmarkWarmSendToAccepted(b *testing.B) {
 	}
 	b.Run("latency", func(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
+		c0 := e.cpu()
 		for i := range b.N {
 			lat = append(lat, one(b, i%warmSessions))
 		}
 		report(b, lat, 0)
+		e.cpu().reportSince(b, c0)
 	})
 	b.Run("throughput", func(b *testing.B) {
 		var next atomic.Int64
 		lat := make([][]time.Duration, warmSessions)
 		var wg sync.WaitGroup
+		c0 := e.cpu()
 		start := time.Now()
 		for i := range warmSessions {
 			wg.Go(func() {
@@ -82,6 +95,7 @@ func BenchmarkWarmSendToAccepted(b *testing.B) {
 		}
 		wg.Wait()
 		report(b, slices.Concat(lat...), time.Since(start))
+		e.cpu().reportSince(b, c0)
 	})
 }
 
@@ -108,4 +122,43 @@ func waitAccepted(tb testing.TB, s sessionv1.SessionService_WatchSessionClient, 
 			return
 		}
 	}
+}
+
+// cpuUse is CPU time spent so far by this test process (benchmark client,
+// session service and fake peers) and by redis-server, and the number of
+// commands Redis ran: divided by messages, it does not depend on how busy
+// the shared machine is, unlike wall-clock throughput.
+type cpuUse struct {
+	proc, redis time.Duration
+	cmds        int64
+}
+
+func (e *env) cpu() cpuUse {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		e.t.Fatal(err)
+	}
+	u := cpuUse{proc: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	info, err := e.rdb.Info(e.ctx, "cpu", "stats").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "used_cpu_sys", "used_cpu_user":
+			f, _ := strconv.ParseFloat(v, 64)
+			u.redis += time.Duration(f * float64(time.Second))
+		case "total_commands_processed":
+			u.cmds, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return u
+}
+
+func (u cpuUse) reportSince(b *testing.B, c0 cpuUse) {
+	n := float64(b.N)
+	b.ReportMetric(float64((u.proc-c0.proc).Microseconds())/n, "go-cpu-µs/msg")
+	b.ReportMetric(float64((u.redis-c0.redis).Microseconds())/n, "redis-cpu-µs/msg")
+	b.ReportMetric(float64(u.cmds-c0.cmds)/n, "redis-cmds/msg")
 }
