@@ -62,13 +62,24 @@ end
 return 1
 `)
 
-// oneOpScript applies a single one-key op after the token check: the
-// common guarded write, without the op loop. ARGV after the token: command,
-// args. It does two calls: the GET of the check and the write.
-var oneOpScript = NewGuardedScript(`
-redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
+// oneOpScripts apply a single one-key op after the token check, one script
+// per command: the common guarded write, without the op loop and without
+// the command name in ARGV (each argument costs Redis parsing and Lua
+// table work). ARGV after the token: the command's args. They do two
+// calls: the GET of the check and the write.
+var oneOpScripts = map[string]*GuardedScript{
+	"SET":     oneOpScript("SET"),
+	"HSET":    oneOpScript("HSET"),
+	"DEL":     oneOpScript("DEL"),
+	"PEXPIRE": oneOpScript("PEXPIRE"),
+}
+
+func oneOpScript(cmd string) *GuardedScript {
+	return NewGuardedScript(`
+redis.call('` + cmd + `', KEYS[2], unpack(ARGV, 2))
 return 1
 `)
+}
 
 // Guard applies ops atomically, in one round trip, if token is the newest
 // token granted for resource; otherwise nothing is written and it returns
@@ -108,18 +119,17 @@ func guard(ctx context.Context, rdb redis.Scripter, resource string, token uint6
 	}
 	args := make([]any, 0, nargs)
 	args = append(args, tokenArg)
-	script := oneOpScript.s
-	if len(ops) == 1 && len(ops[0].more) == 0 {
-		args = append(args, cmdArg(ops[0].cmd))
+	script, one := oneOpScripts[ops[0].cmd]
+	if one && len(ops) == 1 && len(ops[0].more) == 0 {
 		args = append(args, ops[0].args...)
 	} else {
-		script = opsScript.s
+		script = opsScript
 		for _, op := range ops {
 			args = append(args, cmdArg(op.cmd), 1+len(op.more), len(op.args))
 			args = append(args, op.args...)
 		}
 	}
-	return guardErr(resource, script.Run(ctx, rdb, keys, args...).Err())
+	return guardErr(resource, script.s.Run(ctx, rdb, keys, args...).Err())
 }
 
 // cmdArg returns the command name as a constant interface value: boxing
