@@ -144,6 +144,7 @@ type sandbox struct {
 	conns        map[string]*Conn // runtime key → connected wrapper
 	handles      map[string]string
 	driving      map[string]bool
+	again        map[string]bool // kicked while driving: prepare once more
 	// stopped is closed (and cleared) when a wrapper stop of this sandbox
 	// completes: route preparation refused while a stop was pending waits
 	// on it rather than only on the refusal's RetryAfter.
@@ -310,7 +311,7 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 	sb := &sandbox{
 		id: id, owner: o, stop: cancel, ctx: sctx, allocationID: snap.AllocationID,
 		routes: snap.Routes, scopes: snap.Scopes, wrappers: snap.Wrappers, slots: snap.Slots,
-		conns: map[string]*Conn{}, handles: map[string]string{}, driving: map[string]bool{},
+		conns: map[string]*Conn{}, handles: map[string]string{}, driving: map[string]bool{}, again: map[string]bool{},
 	}
 	go d.watchOwner(sb)
 	return sb, nil

@@ -71,10 +71,19 @@ func (sb *sandbox) scopeLocked(dir string) *scope.Scope {
 	return sc
 }
 
-// kick starts preparing a route in the background (once at a time).
+// kick starts preparing a route in the background (once at a time). A kick
+// that arrives while the route is being prepared is not lost: the running
+// preparation looked at the sandbox before the event that kicked (a Hello
+// that pinned per_session and stopped the directory's wrapper), so it runs
+// once more when it ends.
 func (d *Driver) kick(sb *sandbox, sessionID string) {
 	sb.mu.Lock()
-	if sb.driving[sessionID] || sb.dropped {
+	if sb.dropped {
+		sb.mu.Unlock()
+		return
+	}
+	if sb.driving[sessionID] {
+		sb.again[sessionID] = true
 		sb.mu.Unlock()
 		return
 	}
@@ -87,7 +96,13 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 		retry := d.prepare(sb, sessionID)
 		sb.mu.Lock()
 		delete(sb.driving, sessionID)
+		again := sb.again[sessionID]
+		delete(sb.again, sessionID)
 		sb.mu.Unlock()
+		if again {
+			d.kick(sb, sessionID)
+			return
+		}
 		if retry > 0 {
 			// A refusal waits for the pending stop to end (event) or, as a
 			// fallback, for its RetryAfter.

@@ -1,0 +1,176 @@
+package driver
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/lease"
+	"agentplane.dev/services/sandbox/internal/notify"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/reconciler"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+// launchedWrapper is what a launch handed the wrapper: its markers, its
+// command line and the launch credential from fd 3.
+type launchedWrapper struct {
+	markers    provider.Markers
+	args       []string
+	credential string
+}
+
+func (w launchedWrapper) arg(name string) string {
+	i := slices.Index(w.args, name)
+	if i < 0 || i+1 >= len(w.args) {
+		return ""
+	}
+	return w.args[i+1]
+}
+
+// recordingProvider launches nothing: it records what a launch would hand
+// the wrapper, so the test can say the wrapper's Hello itself.
+type recordingProvider struct{ launched chan launchedWrapper }
+
+func (p *recordingProvider) Create(context.Context, string) error { return nil }
+func (p *recordingProvider) Launch(_ context.Context, spec provider.LaunchSpec) (provider.Observed, error) {
+	cred, err := io.ReadAll(spec.ExtraFiles[0])
+	if err != nil {
+		return provider.Observed{}, err
+	}
+	p.launched <- launchedWrapper{markers: spec.Markers, args: spec.Args, credential: string(cred)}
+	return provider.Observed{InstanceID: spec.Markers.InstanceID, Generation: spec.Markers.Generation}, nil
+}
+func (p *recordingProvider) Discover(context.Context, string, string) provider.Discovery {
+	return provider.Discovery{Kind: provider.Absent}
+}
+func (p *recordingProvider) Stop(context.Context, provider.StopTarget) provider.StopResult {
+	return provider.StopResult{}
+}
+func (p *recordingProvider) KeepAlive(context.Context, string) error { return nil }
+func (p *recordingProvider) Capacity(context.Context, string) provider.Capacity {
+	return provider.Capacity{}
+}
+func (p *recordingProvider) Delete(context.Context, string, string, provider.DeleteReason) error {
+	return nil
+}
+
+// heldWrappers is a wrapper-lease layer that always launches, and holds the
+// EnsureWrapper of one runtime key after its launch until released: the
+// window in which the launching preparation is still running while the new
+// wrapper's Hello arrives.
+type heldWrappers struct {
+	holdKey  string
+	held     chan struct{} // closed once the held EnsureWrapper launched
+	release  chan struct{}
+	stopped  chan string // runtime keys whose stop was requested
+	mu       sync.Mutex
+	ensured  []string
+	instance int
+}
+
+func (w *heldWrappers) Adopt(context.Context, string, reconciler.Fence) error { return nil }
+func (w *heldWrappers) Forget(string)                                         {}
+func (w *heldWrappers) EnsureWrapper(ctx context.Context, sandboxID, key string, launch reconciler.LaunchFunc) (reconciler.Decision, error) {
+	w.mu.Lock()
+	w.ensured = append(w.ensured, key)
+	w.instance++
+	m := provider.Markers{SandboxID: sandboxID, RuntimeKey: key, InstanceID: "wi-" + strconv.Itoa(w.instance), Generation: 1}
+	w.mu.Unlock()
+	if err := launch(ctx, m); err != nil {
+		return reconciler.Decision{}, err
+	}
+	if key == w.holdKey {
+		close(w.held)
+		<-w.release
+	}
+	return reconciler.Decision{Action: reconciler.Launched, Markers: m}, nil
+}
+func (w *heldWrappers) StartupVerified(context.Context, string, string, string) error  { return nil }
+func (w *heldWrappers) DeliveryAccepted(context.Context, string, string, string) error { return nil }
+func (w *heldWrappers) RetainWarm(context.Context, string, string, string, time.Time) error {
+	return nil
+}
+func (w *heldWrappers) WrapperGone(context.Context, string, string, string) error { return nil }
+func (w *heldWrappers) RequestStop(_ context.Context, _, key, _ string) error {
+	w.stopped <- key
+	return nil
+}
+func (w *heldWrappers) AbsenceVerified(context.Context, string, string) (bool, time.Duration, error) {
+	return true, 0, nil
+}
+func (w *heldWrappers) Lease(context.Context, string, string) (lease.Lease, error) {
+	return lease.Lease{}, nil
+}
+
+func (w *heldWrappers) ensuredKeys() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.ensured)
+}
+
+// TestPerSessionPinWhileFirstPrepareRuns reproduces the race of a
+// directory's first wrapper announcing no worktree capability while the
+// preparation that launched it is still running: the Hello pins per_session,
+// stops the directory-keyed wrapper and kicks the route to be re-keyed by its
+// session id, but that kick found the route still being driven and was
+// dropped, so the route waited for a wrapper that had just been stopped.
+func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
+	rs := redistest.Start(t)
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4)}
+	d := New(Config{
+		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0),
+		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
+	})
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+
+	_, err := d.Prepare(ctx, RouteSpec{SessionID: "s1", SandboxID: "sbx-race", Directory: "/repo", CredentialClass: "static"})
+	require.NoError(t, err)
+	w := <-prov.launched
+	<-wr.held // the preparation that launched the wrapper is still running
+
+	gen, err := strconv.ParseUint(w.arg("--fence-token"), 10, 64)
+	require.NoError(t, err)
+	res, err := d.Hello(ctx, &sandboxv1.Hello{
+		SandboxId: "sbx-race", AllocationId: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
+		InstanceId: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: gen,
+		LaunchCredential: w.credential, ProtocolVersion: 1, // no worktree capability: per_session
+	})
+	require.NoError(t, err)
+	require.NotNil(t, res.Shutdown, "the directory-keyed wrapper goes under per_session")
+	require.Equal(t, "/repo", <-wr.stopped)
+	// The Hello's kick runs right after the stop request; let it land while
+	// the first preparation still drives the route.
+	d.mu.Lock()
+	sb := d.sandboxes["sbx-race"]
+	d.mu.Unlock()
+	require.Eventually(t, func() bool {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		return sb.again["s1"]
+	}, 10*time.Second, time.Millisecond)
+	close(wr.release)
+
+	require.Eventually(t, func() bool { return slices.Contains(wr.ensuredKeys(), "s1") }, 10*time.Second, 5*time.Millisecond,
+		"the route is prepared again under its per_session runtime key; asked for %v", wr.ensuredKeys())
+	r, ok, err := d.Route(ctx, "sbx-race", "s1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "s1", r.RuntimeKey)
+}
