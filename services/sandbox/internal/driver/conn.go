@@ -116,7 +116,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 	if old := sb.conns[key]; old != nil {
 		old.close()
 	}
-	c := &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance,
+	c := &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance, Contract: contract,
 		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{})}
 	sb.conns[key] = c
 	active := map[string]string{}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/sandbox/internal/allocation"
@@ -80,6 +82,7 @@ type heldWrappers struct {
 	stopped  chan string // runtime keys whose stop was requested
 	mu       sync.Mutex
 	ensured  []string
+	launched map[string]provider.Markers
 	instance int
 }
 
@@ -88,8 +91,14 @@ func (w *heldWrappers) Forget(string)                                         {}
 func (w *heldWrappers) EnsureWrapper(ctx context.Context, sandboxID, key string, launch reconciler.LaunchFunc) (reconciler.Decision, error) {
 	w.mu.Lock()
 	w.ensured = append(w.ensured, key)
+	if m, ok := w.launched[key]; ok {
+		// As the reconciler does: the key's one wrapper runs, reuse it.
+		w.mu.Unlock()
+		return reconciler.Decision{Action: reconciler.Reused, Markers: m}, nil
+	}
 	w.instance++
 	m := provider.Markers{SandboxID: sandboxID, RuntimeKey: key, InstanceID: "wi-" + strconv.Itoa(w.instance), Generation: 1}
+	w.launched[key] = m
 	w.mu.Unlock()
 	if err := launch(ctx, m); err != nil {
 		return reconciler.Decision{}, err
@@ -132,7 +141,7 @@ func (w *heldWrappers) ensuredKeys() []string {
 func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	rs := redistest.Start(t)
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
-	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4)}
+	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
 	d := New(Config{
 		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0),
 		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
@@ -173,4 +182,77 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, "s1", r.RuntimeKey)
+}
+
+// mintRecorder is a credential service that answers MintHandle and records
+// the contract each route was minted under.
+type mintRecorder struct {
+	credentialv1.CredentialServiceClient // any other call panics
+	mu                                   sync.Mutex
+	contracts                            map[string]credentialv1.RuntimeContract
+}
+
+func (m *mintRecorder) MintHandle(_ context.Context, req *credentialv1.MintHandleRequest, _ ...grpc.CallOption) (*credentialv1.MintHandleResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.contracts[req.GetMember().GetSessionId()] = req.GetContract()
+	return &credentialv1.MintHandleResponse{Handle: "h-" + req.GetMember().GetSessionId()}, nil
+}
+
+// TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract: two sessions of
+// one directory prepared close together, both before the directory's first
+// wrapper said Hello (so neither saw a contract when it was keyed), are
+// minted and prepared under the worktree contract that Hello pinned, on the
+// one wrapper.
+func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
+	rs := redistest.Start(t)
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
+	creds := &mintRecorder{contracts: map[string]credentialv1.RuntimeContract{}}
+	d := New(Config{
+		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0), Credentials: creds,
+		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
+	})
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+
+	for _, id := range []string{"s1", "s2"} {
+		_, err := d.Prepare(ctx, RouteSpec{SessionID: id, SandboxID: "sbx-pin", Directory: "/repo", CredentialClass: "static"})
+		require.NoError(t, err)
+	}
+	w := <-prov.launched
+	<-wr.held
+
+	token, err := strconv.ParseUint(w.arg("--fence-token"), 10, 64)
+	require.NoError(t, err)
+	res, err := d.Hello(ctx, &sandboxv1.Hello{
+		SandboxId: "sbx-pin", AllocationId: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
+		InstanceId: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: token,
+		LaunchCredential: w.credential, ProtocolVersion: 1, Capabilities: []string{"worktree"},
+	})
+	require.NoError(t, err)
+	require.NotNil(t, res.Conn)
+	require.Equal(t, sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, res.Ack.GetHelloAck().GetContract())
+	close(wr.release)
+
+	prepared := map[string]sandboxv1.RuntimeContract{}
+	for len(prepared) < 2 {
+		select {
+		case f := <-res.Conn.Send:
+			if p := f.GetPrepareRoute(); p != nil {
+				prepared[p.GetSessionId()] = p.GetContract()
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("PrepareRoute frames seen: %v", prepared)
+		}
+	}
+	want := sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
+	require.Equal(t, map[string]sandboxv1.RuntimeContract{"s1": want, "s2": want}, prepared)
+	creds.mu.Lock()
+	defer creds.mu.Unlock()
+	wantMint := credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
+	require.Equal(t, map[string]credentialv1.RuntimeContract{"s1": wantMint, "s2": wantMint}, creds.contracts)
+	wr.mu.Lock()
+	defer wr.mu.Unlock()
+	require.Len(t, wr.launched, 1, "one wrapper for the directory")
 }

@@ -180,9 +180,12 @@ func (d *Driver) WrapperStopped(sandboxID, _ string) {
 // Conn is one authenticated wrapper stream.
 type Conn struct {
 	SandboxID, RuntimeKey, Instance string
-	Send                            chan *sandboxv1.ConnectResponse
-	Closed                          chan struct{}
-	closeOnce                       sync.Once
+	// Contract is what the wrapper's Hello negotiated for its directory:
+	// the contract every route it serves is minted under.
+	Contract  scope.Contract
+	Send      chan *sandboxv1.ConnectResponse
+	Closed    chan struct{}
+	closeOnce sync.Once
 }
 
 func (c *Conn) close() { c.closeOnce.Do(func() { close(c.Closed) }) }

@@ -281,11 +281,11 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		return
 	}
 	r.Step = "prepare_route"
-	if sc := sb.scopes[r.Directory]; sc != nil && sc.Contract != "" {
-		// The wrapper's Hello may have pinned the contract after the route
-		// was keyed; mint under the one the runtime actually serves.
-		r.Contract = sc.Contract
-	}
+	// Mint under the contract the serving wrapper's Hello negotiated, never
+	// the one the route saw when it was keyed: a route keyed before the
+	// directory's first Hello carries no contract, and minting it as
+	// per_session would put a per-session handle into a worktree runtime.
+	r.Contract = c.Contract
 	if r.RuntimeSessionID == "" {
 		// The sandbox names the runtime session before the runtime starts:
 		// the credential grant registers it as the member's ingest root, and
