@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -519,3 +520,40 @@ func TestBadInput(t *testing.T) {
 }
 
 var _ = io.EOF
+
+// Concurrent sends to one ready session: every message goes out exactly once
+// and in queue order, although a drain may start from the state SendMessage
+// just committed instead of reading the session again (a stale start would
+// deliver an already accepted message a second time).
+func TestConcurrentSendsAreDeliveredOnceInOrder(t *testing.T) {
+	e := newEnv(t)
+	e.sandbox.readyOnPrepare.Store(true)
+	e.create("s1", "u1", "/work/repo")
+	e.ready("s1", "w1")
+	const clients, each = 8, 40
+	seqs := make(chan [2]any, clients*each)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := range each {
+				m := e.send("s1", fmt.Sprintf("m%d-%d", c, i), "go")
+				seqs <- [2]any{m.GetMessageId(), m.GetSequence()}
+			}
+		})
+	}
+	wg.Wait()
+	close(seqs)
+	bySeq := map[uint64]string{}
+	for p := range seqs {
+		bySeq[p[1].(uint64)] = p[0].(string)
+	}
+	want := make([]string, 0, clients*each)
+	for s := uint64(1); s <= clients*each; s++ {
+		want = append(want, bySeq[s])
+	}
+	eventually(t, func() bool { return len(e.sandbox.deliveredTo("s1")) >= len(want) }, "all delivered")
+	for _, id := range want {
+		e.waitState("s1", id, sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
+	}
+	require.Equal(t, want, e.sandbox.deliveredTo("s1"), "each message delivered once, in queue order")
+}

@@ -13,7 +13,32 @@ import (
 // order; a kick during a drain makes it run once more. (Across replicas two
 // drains may overlap; delivery of queued messages is at-least-once by design
 // and accepted messages are never replayed.)
-func (s *Service) kick(id string) {
+func (s *Service) kick(id string) { s.kickFrom(id, nil, 0) }
+
+// drainStripes spreads sessions over drain generation counters: a counter
+// moves whenever a drain of one of its sessions ends a round (no cleanup
+// needed; sessions sharing a stripe only cost each other a re-read).
+const drainStripes = 1024
+
+func stripe(id string) int {
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint32(id[i])) * 16777619
+	}
+	return int(h % drainStripes)
+}
+
+// drainGen is read before a transition loads the state it hands to kickFrom.
+func (s *Service) drainGen(id string) uint64 { return s.drained[stripe(id)].Load() }
+
+// kickFrom is kick with the state a transition just committed (snap, loaded
+// after drainGen returned gen). When no drain ran for the session since,
+// the new drain starts from snap instead of reading the session again: one
+// Redis round trip less per message. snap is no staler than a fresh read
+// would be for this process's drains, which is what keeps a message from
+// going out twice; changes by other writers race with a fresh read alike.
+func (s *Service) kickFrom(id string, snap *session.Aggregate, gen uint64) {
+	st := &s.drained[stripe(id)]
 	s.mu.Lock()
 	if s.running[id] {
 		s.again[id] = true
@@ -21,10 +46,17 @@ func (s *Service) kick(id string) {
 		return
 	}
 	s.running[id] = true
+	// A drain that ended since snap was loaded has moved the stripe (before
+	// it left running, under s.mu, so this check sees it).
+	if snap != nil && st.Load() != gen {
+		snap = nil
+	}
 	s.mu.Unlock()
 	s.wg.Go(func() {
 		for {
-			s.drain(s.ctx, id)
+			s.drain(s.ctx, id, snap)
+			snap = nil
+			st.Add(1)
 			s.mu.Lock()
 			if !s.again[id] || s.ctx.Err() != nil {
 				delete(s.running, id)
@@ -40,14 +72,20 @@ func (s *Service) kick(id string) {
 
 // drain moves queued messages forward: delivered when the route is ready,
 // otherwise the route is prepared. Preparing and reconnecting routes are
-// left alone: a notification will kick again.
-func (s *Service) drain(ctx context.Context, id string) {
+// left alone: a notification will kick again. snap, when set, is a state
+// just committed, used instead of the first read when it holds the text of
+// every queued message.
+func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate) {
 	// A failed peer call is retried a few times with growing pauses; after
 	// that the messages stay queued until the next kick (a notification or
 	// a new message) or their backstop.
 	pause := 50 * time.Millisecond
 	for range 8 {
-		a, err := s.store.Read(ctx, id, store.Load{Content: true})
+		a, err := snap, error(nil)
+		if snap == nil || !hasTexts(snap.Queued()) {
+			a, err = s.store.Read(ctx, id, store.Load{Content: true})
+		}
+		snap = nil
 		if err != nil {
 			if !ErrNotFound(err) && ctx.Err() == nil {
 				s.log.WarnContext(ctx, "drain: load failed", "session_id", id, "error", err)
@@ -78,6 +116,17 @@ func (s *Service) drain(ctx context.Context, id string) {
 			return
 		}
 	}
+}
+
+// hasTexts reports whether every message carries its text (a message has
+// at least one byte; a transition loads only the texts it asked for).
+func hasTexts(ms []*session.Message) bool {
+	for _, m := range ms {
+		if m.Content == "" {
+			return false
+		}
+	}
+	return true
 }
 
 // deliver sends queued messages; it reports whether draining should go on

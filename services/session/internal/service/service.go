@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,6 +52,7 @@ type Service struct {
 	mu      sync.Mutex
 	running map[string]bool // sessions with a drain goroutine
 	again   map[string]bool // kicked again while draining
+	drained [drainStripes]atomic.Uint64
 }
 
 // Deps are the service's collaborators.
@@ -203,7 +205,8 @@ func (s *Service) List(ctx context.Context, org, user, cursor string, size int) 
 func (s *Service) Send(ctx context.Context, id, msgID, content string) (*session.Message, error) {
 	var msg *session.Message
 	var created bool
-	_, err := s.update(ctx, id, store.Load{MessageID: msgID}, func(a *session.Aggregate) error {
+	gen := s.drainGen(id)
+	a, err := s.update(ctx, id, store.Load{MessageID: msgID}, func(a *session.Aggregate) error {
 		if a.Intent != nil {
 			return session.ErrSessionNotFound
 		}
@@ -217,7 +220,7 @@ func (s *Service) Send(ctx context.Context, id, msgID, content string) (*session
 	if !created {
 		return s.store.GetMessage(ctx, id, msgID)
 	}
-	s.kick(id)
+	s.kickFrom(id, a, gen)
 	return msg, nil
 }
 

@@ -1,0 +1,103 @@
+package service
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/services/session/internal/session"
+	"agentplane.dev/services/session/internal/store"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"))
+}
+
+// recordingSandbox accepts every delivery and records it.
+type recordingSandbox struct {
+	Sandbox
+	mu        sync.Mutex
+	delivered []string
+}
+
+func (r *recordingSandbox) Deliver(_ context.Context, _ *session.Session, msgs []*session.Message) (bool, session.RouteView, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range msgs {
+		r.delivered = append(r.delivered, m.ID)
+	}
+	return true, session.RouteView{}, nil
+}
+
+func (r *recordingSandbox) ids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.delivered...)
+}
+
+func (s *Service) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.running) == 0
+}
+
+func waitIdle(t *testing.T, s *Service) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second) // only stops a hung test
+	for !s.idle() {
+		require.False(t, time.Now().After(deadline), "drain did not finish")
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A drain may start from the state a transition committed, but never from
+// one older than a drain that ended since: that state still shows delivered
+// messages as queued, and they would go out twice.
+func TestDrainIgnoresAStateOlderThanTheLastDrain(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	backstops := session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}
+	sbx := &recordingSandbox{}
+	s := New(Deps{Store: store.New(rdb, 1000, backstops.NextDeadline), Sandbox: sbx,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Config{Backstops: backstops, PeerTimeout: 5 * time.Second})
+	t.Cleanup(s.Close)
+
+	sess, err := s.Create(ctx, CreateInput{ID: "s1", UserID: "u1", OrgID: "o1", Directory: "/w", Class: session.CredentialStatic, Secret: "x"})
+	require.NoError(t, err)
+	require.NoError(t, s.RouteReady(ctx, "s1", session.Notice{SandboxID: sess.SandboxID, FenceToken: 1}, "rt", "w1"))
+	waitIdle(t, s)
+
+	// A send whose kick is late: its committed state shows m1 queued.
+	gen := s.drainGen("s1")
+	stale, err := s.update(ctx, "s1", store.Load{MessageID: "m1"}, func(a *session.Aggregate) error {
+		_, _, err := a.Send("m1", "hello", s.now())
+		return err
+	})
+	require.NoError(t, err)
+	s.kick("s1") // another kick delivers m1 meanwhile
+	waitIdle(t, s)
+	require.Equal(t, []string{"m1"}, sbx.ids())
+
+	s.kickFrom("s1", stale, gen)
+	waitIdle(t, s)
+	require.Equal(t, []string{"m1"}, sbx.ids(), "m1 delivered once")
+
+	// A state no drain has overtaken is used as is (and delivers).
+	gen = s.drainGen("s1")
+	fresh, err := s.update(ctx, "s1", store.Load{MessageID: "m2"}, func(a *session.Aggregate) error {
+		_, _, err := a.Send("m2", "again", s.now())
+		return err
+	})
+	require.NoError(t, err)
+	s.kickFrom("s1", fresh, gen)
+	waitIdle(t, s)
+	require.Equal(t, []string{"m1", "m2"}, sbx.ids())
+}
