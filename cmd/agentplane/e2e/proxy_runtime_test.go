@@ -93,6 +93,10 @@ type suite struct {
 	root    string
 	logs    *syncBuffer
 	stopped func()
+	// run makes the suite's sandbox ids its own: wrappers are found by
+	// their sandbox marker in /proc, machine-wide, so two suites (a repeated
+	// test, another test binary on the machine) must never share one.
+	run string
 }
 
 type syncBuffer struct {
@@ -132,7 +136,8 @@ func captureStderr(t testing.TB) *syncBuffer {
 }
 
 func startSuite(t testing.TB) *suite {
-	s := &suite{up: &upstream{}, root: t.TempDir()}
+	s := &suite{up: &upstream{}, root: t.TempDir(), run: newRunID()}
+	killProcessesUnder(t, s.root)
 	s.logs = captureStderr(t)
 	provider := httptest.NewServer(s.up)
 	t.Cleanup(provider.Close)
@@ -202,12 +207,13 @@ func startSuite(t testing.TB) *suite {
 }
 
 // create makes a session with a static credential, retrying while the
-// services come up.
+// services come up. The sandbox id is sandboxID made unique to the suite
+// (the session's SandboxId tells it).
 func (s *suite) create(t testing.TB, sandboxID, dir, secret string) *sessionv1.Session {
 	var out *sessionv1.Session
 	require.Eventually(t, func() bool {
 		resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID,
+			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID + "-" + s.run,
 			Worktree:   &sessionv1.Worktree{Directory: dir},
 			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: secret},
 		})
@@ -248,6 +254,12 @@ func (s *suite) routeView(t *testing.T, sessionID string) *sessionv1.RouteView {
 	return resp.GetSession().GetRoute()
 }
 
+func newRunID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 func newSecret() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
@@ -281,7 +293,7 @@ func TestRuntimeCallsProviderThroughProxy(t *testing.T) {
 	claims, err := attestation.Verify(s.attKey, attes[0], time.Now())
 	require.NoError(t, err)
 	require.Equal(t, "u-e2e", claims.UserID)
-	require.Equal(t, "sbx-prov", claims.SandboxID)
+	require.Equal(t, sess.GetSandboxId(), claims.SandboxID)
 	require.Equal(t, sess.GetSessionId(), claims.SessionID)
 	require.Equal(t, s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId(), claims.RuntimeSessionID)
 
@@ -380,7 +392,7 @@ func TestSiblingAdoptsWorktreeHandle(t *testing.T) {
 
 	// Both runtime sessions are live member roots of one scope whose grant
 	// is the single canonical worktree handle.
-	sc := &credentialv1.Scope{SandboxId: "sbx-shared", Directory: "/work/e2e-shared"}
+	sc := &credentialv1.Scope{SandboxId: first.GetSandboxId(), Directory: "/work/e2e-shared"}
 	for _, v := range []*sessionv1.RouteView{v1, v2} {
 		resp, err := s.cred.CheckScopeMember(context.Background(), &credentialv1.CheckScopeMemberRequest{Scope: sc, RuntimeSessionId: v.GetRuntimeSessionId()})
 		require.NoError(t, err)

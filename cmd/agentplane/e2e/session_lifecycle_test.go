@@ -92,10 +92,10 @@ func TestSessionLifecycle(t *testing.T) {
 			return err == nil && m.GetMessage().GetState() == sessionv1.MessageState_MESSAGE_STATE_COMPLETED
 		}, 10*time.Second, 20*time.Millisecond)
 	}
-	require.NotEmpty(t, wrapperPIDs(t, "sbx-life"), "the wrapper runs while the session lives")
+	require.NotEmpty(t, wrapperPIDs(t, sess.GetSandboxId()), "the wrapper runs while the session lives")
 
 	s.deleteSession(t, sess.GetSessionId())
-	require.Empty(t, wrapperPIDs(t, "sbx-life"), "DeleteSession succeeded only after the wrapper was gone")
+	require.Empty(t, wrapperPIDs(t, sess.GetSandboxId()), "DeleteSession succeeded only after the wrapper was gone")
 	_, err := s.ses.GetSession(context.Background(), &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
 	require.Equal(t, codes.NotFound, status.Code(err))
 	require.Equal(t, "SESSION_NOT_FOUND", apierr.Reason(err))
@@ -110,15 +110,15 @@ func TestDeletingOneSiblingKeepsTheSharedRuntime(t *testing.T) {
 	b := s.create(t, "sbx-sib", "/work/e2e-sib", newSecret())
 	s.turn(t, a.GetSessionId(), "m1", "first")
 	s.turn(t, b.GetSessionId(), "m1", "second")
-	before := wrapperPIDs(t, "sbx-sib")
+	before := wrapperPIDs(t, a.GetSandboxId())
 	require.NotEmpty(t, before)
 
 	s.deleteSession(t, a.GetSessionId())
-	require.Equal(t, before, wrapperPIDs(t, "sbx-sib"), "the shared runtime keeps running for the sibling")
+	require.Equal(t, before, wrapperPIDs(t, a.GetSandboxId()), "the shared runtime keeps running for the sibling")
 	s.turn(t, b.GetSessionId(), "m2", "still here")
 
 	s.deleteSession(t, b.GetSessionId())
-	require.Empty(t, wrapperPIDs(t, "sbx-sib"), "the last member's deletion stopped the runtime")
+	require.Empty(t, wrapperPIDs(t, a.GetSandboxId()), "the last member's deletion stopped the runtime")
 }
 
 // BenchmarkColdFirstEvent (issue 6): cold CreateSession + SendMessage →
