@@ -304,6 +304,10 @@ func TestRuntimeCallsProviderThroughProxy(t *testing.T) {
 	s.stopped()
 	require.NotContains(t, s.logs.String(), secret, "no service log line holds the secret")
 	require.Contains(t, s.logs.String(), `"service":"sandbox"`, "the sandbox's log was captured")
+	// The wrapper was still connected when the services stopped: the
+	// sandbox's graceful stop ended its stream instead of waiting for the
+	// hard-stop bound.
+	require.NotContains(t, s.logs.String(), `"step":"hard_stop"`, "every service drained without a hard stop")
 }
 
 // scanProcs reads the environ and cmdline of every process it may read

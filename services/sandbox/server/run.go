@@ -108,6 +108,13 @@ func Run(ctx context.Context, cfg Config) error {
 		AuthExempt: func(m string) bool { return m == grpcapi.ConnectMethod },
 		// Wrappers heartbeat every few seconds; allow client pings that often.
 		KeepaliveMinTime: time.Second,
+		// Wrapper streams never end by themselves: end them when the
+		// graceful stop begins so it waits only for real in-flight calls.
+		OnShutdownStep: func(st grpcserver.ShutdownStep) {
+			if st == grpcserver.StepGracefulStop {
+				drv.CloseWrapperStreams()
+			}
+		},
 	})
 	if err != nil {
 		_ = rdb.Close()

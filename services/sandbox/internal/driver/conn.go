@@ -27,6 +27,9 @@ type HelloResult struct {
 // its fence token must not be older than the one it was launched under nor
 // newer than the owner's, and it must still be its runtime key's wrapper.
 func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, error) {
+	if d.closing.Load() {
+		return HelloResult{}, ErrShuttingDown
+	}
 	// An unauthenticated caller must not make this replica take (and index)
 	// a sandbox: check the stored allocation before acquiring anything.
 	d.mu.Lock()

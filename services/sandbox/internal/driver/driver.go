@@ -94,6 +94,7 @@ var (
 	ErrDirectoryMoved = errors.New("route exists with another directory")
 	ErrClassMixed     = scope.ErrClassMixed
 	ErrScopeNotFound  = errors.New("scope not found")
+	ErrShuttingDown   = errors.New("the replica is shutting down")
 )
 
 // Metrics the service exports.
@@ -114,6 +115,31 @@ type Driver struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	acquiring map[string]chan struct{}
+	// closing is set when the server's graceful stop begins: wrapper
+	// streams are closed and new Hellos refused (see CloseWrapperStreams).
+	closing atomic.Bool
+}
+
+// CloseWrapperStreams ends every wrapper stream and refuses new Hellos from
+// now on. The server calls it when its graceful stop begins: a wrapper
+// stream never ends by itself, so without this the graceful stop would wait
+// for its hard-stop bound on every shutdown. The wrappers reconnect (within
+// their reconnect window) to the replica that takes the sandboxes over.
+func (d *Driver) CloseWrapperStreams() {
+	d.closing.Store(true)
+	d.mu.Lock()
+	all := make([]*sandbox, 0, len(d.sandboxes))
+	for _, sb := range d.sandboxes {
+		all = append(all, sb)
+	}
+	d.mu.Unlock()
+	for _, sb := range all {
+		sb.mu.Lock()
+		for _, c := range sb.conns {
+			c.close()
+		}
+		sb.mu.Unlock()
+	}
 }
 
 // New builds a driver; Run starts its loops.

@@ -47,6 +47,9 @@ func toStatus(err error) error {
 	case errors.Is(err, driver.ErrOwnedElsewhere):
 		return apierr.Error(codes.Unavailable, ReasonOwnedElsewhere, "another sandbox-service replica drives this sandbox",
 			apierr.RetryAfter(time.Second))
+	case errors.Is(err, driver.ErrShuttingDown):
+		return apierr.Error(codes.Unavailable, ReasonUnavailable, "this sandbox-service replica is shutting down; reconnect",
+			apierr.RetryAfter(time.Second))
 	case errors.Is(err, provider.ErrCapacityRejected):
 		return apierr.Error(codes.ResourceExhausted, ReasonCapacityRejected, "not enough free space for a cold workspace",
 			apierr.RetryAfter(30*time.Second))
