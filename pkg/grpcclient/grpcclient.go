@@ -45,3 +45,31 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // RequireTransportSecurity is false: inside a cluster the token may travel
 // over plaintext; production deployments add mTLS through Dial's options.
 func (bearer) RequireTransportSecurity() bool { return false }
+
+// Conns dials a service's peers with one token and closes them together at
+// shutdown.
+type Conns struct {
+	token string
+	conns []*grpc.ClientConn
+}
+
+// NewConns returns an empty set whose connections carry token.
+func NewConns(token string) *Conns { return &Conns{token: token} }
+
+// Dial dials addr like Dial and remembers the connection for Close.
+func (c *Conns) Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	conn, err := Dial(addr, c.token, opts...)
+	if err != nil {
+		return nil, err
+	}
+	c.conns = append(c.conns, conn)
+	return conn, nil
+}
+
+// Close closes every connection dialled through c.
+func (c *Conns) Close() {
+	for _, conn := range c.conns {
+		_ = conn.Close()
+	}
+	c.conns = nil
+}

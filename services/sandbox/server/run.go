@@ -11,7 +11,6 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 
 	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -55,22 +54,11 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 	})
 
-	var conns []*grpc.ClientConn
-	defer func() {
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	}()
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		c, err := grpcclient.Dial(addr, cfg.InternalToken)
-		if err == nil {
-			conns = append(conns, c)
-		}
-		return c, err
-	}
+	peers := grpcclient.NewConns(cfg.InternalToken)
+	defer peers.Close()
 	var notifyClient sessionv1.SessionNotifyServiceClient
 	if cfg.SessionAddr != "" {
-		c, err := dial(cfg.SessionAddr)
+		c, err := peers.Dial(cfg.SessionAddr)
 		if err != nil {
 			_ = rdb.Close()
 			return err
@@ -79,7 +67,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var credClient credentialv1.CredentialServiceClient
 	if cfg.CredentialAddr != "" {
-		c, err := dial(cfg.CredentialAddr)
+		c, err := peers.Dial(cfg.CredentialAddr)
 		if err != nil {
 			_ = rdb.Close()
 			return err

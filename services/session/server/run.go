@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/services/session/internal/peers"
 
-	"google.golang.org/grpc"
+	"agentplane.dev/pkg/grpcclient"
 
 	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -20,7 +20,6 @@ import (
 	"agentplane.dev/pkg/grpcserver"
 	"agentplane.dev/pkg/logging"
 	"agentplane.dev/services/session/internal/grpcapi"
-	"agentplane.dev/services/session/internal/peers"
 	"agentplane.dev/services/session/internal/service"
 	"agentplane.dev/services/session/internal/session"
 	"agentplane.dev/services/session/internal/store"
@@ -55,20 +54,9 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	}
 	defer func() { _ = watch.Close() }()
 
-	var conns []*grpc.ClientConn
-	defer func() {
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	}()
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		c, err := grpcclient.Dial(addr, cfg.InternalToken)
-		if err == nil {
-			conns = append(conns, c)
-		}
-		return c, err
-	}
-	sbxConn, err := dial(cfg.SandboxAddr)
+	conns := grpcclient.NewConns(cfg.InternalToken)
+	defer conns.Close()
+	sbxConn, err := conns.Dial(cfg.SandboxAddr)
 	if err != nil {
 		_ = rdb.Close()
 		return fmt.Errorf("sandbox client: %w", err)
@@ -79,7 +67,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
 	}
 	if cfg.CredentialAddr != "" {
-		c, err := dial(cfg.CredentialAddr)
+		c, err := conns.Dial(cfg.CredentialAddr)
 		if err != nil {
 			_ = rdb.Close()
 			return fmt.Errorf("credential client: %w", err)
@@ -87,7 +75,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		deps.Credentials = peers.Credentials{C: credentialv1.NewCredentialServiceClient(c)}
 	}
 	if cfg.IngestAddr != "" {
-		c, err := dial(cfg.IngestAddr)
+		c, err := conns.Dial(cfg.IngestAddr)
 		if err != nil {
 			_ = rdb.Close()
 			return fmt.Errorf("ingest client: %w", err)
