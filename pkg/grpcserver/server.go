@@ -54,7 +54,7 @@ const (
 // default named in the field's comment.
 type Options struct {
 	Name   string                // service name for logs, e.g. "session"
-	Logger *slog.Logger          // required
+	Logger *slog.Logger          // required; should carry the "service" attribute (grpcserver does not add it again)
 	Redis  redis.UniversalClient // required: readiness is "Redis answers"; closed at shutdown
 
 	Addr     string       // gRPC listen address, used when Listener is nil
@@ -130,7 +130,7 @@ func New(opts Options) (*Server, error) {
 	}
 	setDefaults(&opts)
 
-	s := &Server{opts: opts, log: opts.Logger.With("component", "grpcserver", "service", opts.Name), reg: opts.Registry}
+	s := &Server{opts: opts, log: opts.Logger.With("component", "grpcserver"), reg: opts.Registry}
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
