@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
+
 	"github.com/alicebob/miniredis/v2"
 	"golang.org/x/sync/errgroup"
 
@@ -110,6 +112,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.Go(func() error { return named("credential", credential.Run(gctx, cred)) })
 	g.Go(func() error { return named("ingest", ingest.Run(gctx, ing)) })
 	err = g.Wait()
+	// The wrappers would wait out their reconnect window; dev owns the
+	// sandbox root and deletes it, so it stops what still runs there.
+	if left := sandboxprocs.Stop(o.sandboxRoot, 2*time.Second, 10*time.Second); len(left) > 0 {
+		fmt.Fprintf(stderr, "agentplane dev: processes still running under %s: %v\n", o.sandboxRoot, left)
+	}
 	fmt.Fprintln(stdout, "agentplane dev: stopped")
 	return err
 }

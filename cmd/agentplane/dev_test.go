@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -38,7 +41,8 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	require.NoError(t, build.Run(), "build agentplane")
 
 	const drain, graceful = 200 * time.Millisecond, 3 * time.Second
-	cmd := exec.Command(bin, "dev", "--drain-delay", drain.String(), "--shutdown-timeout", graceful.String())
+	root := t.TempDir()
+	cmd := exec.Command(bin, "dev", "--drain-delay", drain.String(), "--shutdown-timeout", graceful.String(), "--sandbox-root", root)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = t.Output()
@@ -78,16 +82,35 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 		require.NoError(t, conn.Close())
 	}
 
+	// A session with a message leaves a wrapper and a runtime running
+	// under the sandbox root.
+	conn, err := grpc.NewClient("127.0.0.1:7401", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	sessions := sessionv1.NewSessionServiceClient(conn)
+	created, err := sessions.CreateSession(t.Context(), &sessionv1.CreateSessionRequest{
+		UserId: "u1", OrgId: "o1", Worktree: &sessionv1.Worktree{Directory: "/work/dev-test"},
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-dev-test"},
+	})
+	require.NoError(t, err)
+	_, err = sessions.SendMessage(t.Context(), &sessionv1.SendMessageRequest{
+		SessionId: created.GetSession().GetSessionId(), MessageId: "m1", Content: "hello",
+	})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(sandboxprocs.Under(root)) > 0 },
+		60*time.Second, 100*time.Millisecond, "a wrapper runs under the sandbox root")
+
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	// Bound: drain delay plus every service's graceful stop (they stop in
 	// parallel), plus generous slack for a loaded CI machine.
 	select {
 	case err := <-exited:
 		require.NoError(t, err, "agentplane dev exits 0 after SIGTERM")
-	case <-time.After(drain + graceful + 20*time.Second):
+	case <-time.After(drain + graceful + 10*time.Second + 20*time.Second): // + dev's wrapper stop bound
 		t.Fatal("agentplane dev did not exit within its drain bound")
 	}
 	require.Empty(t, redisServers(t, redisPort), "no redis-server started by dev is left running")
+	require.Empty(t, sandboxprocs.Under(root), "no wrapper or runtime started by dev is left running")
 }
 
 func waitServing(t *testing.T, conn *grpc.ClientConn, addr string) {
