@@ -1,5 +1,7 @@
 package history
 
+import "encoding/binary"
+
 // validJSON reports whether b is one JSON value, accepting exactly what encoding/json.Valid
 // accepts (the fuzz target FuzzValidJSON checks the equivalence), including its nesting
 // limit and its tolerance of invalid UTF-8 inside strings. It exists because json.Valid
@@ -117,9 +119,17 @@ func hasLiteral(b []byte, i int, lit string) bool {
 }
 
 // scanString scans a string starting at the quote at i and returns the index after it.
+// Eight bytes at a time while none of them is a quote, a backslash or a control character
+// (the bulk of a typical payload), then byte by byte.
 func scanString(b []byte, i int) (int, bool) {
 	i++
 	for i < len(b) {
+		for len(b)-i >= 8 && !specialInWord(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		if i >= len(b) {
+			break
+		}
 		c := b[i]
 		switch {
 		case c == '"':
@@ -151,6 +161,16 @@ func scanString(b []byte, i int) (int, bool) {
 		}
 	}
 	return i, false
+}
+
+// specialInWord reports whether any of the eight bytes of w is '"', '\\' or below 0x20
+// (bit tricks from "Bit Twiddling Hacks": hasZero is exact about whether some byte is zero,
+// hasLess about whether some byte is below n ≤ 128).
+func specialInWord(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	hasZero := func(x uint64) bool { return (x-ones)&^x&highs != 0 }
+	hasLess := func(x uint64, n uint64) bool { return (x-ones*n)&^x&highs != 0 }
+	return hasZero(w^(ones*'"')) || hasZero(w^(ones*'\\')) || hasLess(w, 0x20)
 }
 
 func isHex(c byte) bool {

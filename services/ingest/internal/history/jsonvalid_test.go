@@ -26,6 +26,23 @@ func TestValidJSONMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// Strings are scanned eight bytes at a time: every special byte at every position of a
+// word, and strings ending at every position, must be judged as encoding/json does.
+func TestValidJSONLongStrings(t *testing.T) {
+	specials := []string{`"`, `\`, `\"`, `\n`, `\u00e9`, `\x`, `\u12g4`, "\x00", "\x01", "\x1f", " ", "\x7f", "\x80", "\xff", "\xe9"}
+	for n := range 20 {
+		for _, sp := range specials {
+			for _, s := range []string{
+				`"` + strings.Repeat("a", n) + sp + strings.Repeat("b", 17) + `"`,
+				`["` + strings.Repeat("a", n) + sp + `"]`,
+				`"` + strings.Repeat("a", n) + sp,
+			} {
+				require.Equal(t, json.Valid([]byte(s)), validJSON([]byte(s)), "%q", s)
+			}
+		}
+	}
+}
+
 // FuzzValidJSON checks that validJSON accepts exactly what encoding/json.Valid accepts.
 func FuzzValidJSON(f *testing.F) {
 	for _, s := range jsonSeeds {
