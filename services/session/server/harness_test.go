@@ -46,6 +46,7 @@ type env struct {
 	t       testing.TB
 	ctx     context.Context
 	rdb     *redis.Client
+	redis   *redistest.Server
 	sandbox *fakeSandbox
 	creds   *fakeCredential
 	ingest  *fakeIngest
@@ -68,7 +69,7 @@ func fastReconcile(c *Config) {
 func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
 	rs := redistest.Start(t)
-	e := &env{t: t, rdb: rs.Client(t), sandbox: newFakeSandbox(), creds: newFakeCredential(),
+	e := &env{t: t, rdb: rs.Client(t), redis: rs, sandbox: newFakeSandbox(), creds: newFakeCredential(),
 		ingest: &fakeIngest{deleted: map[string]bool{}},
 		clock:  &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}, logs: &lockedBuffer{}}
 	cfg := DefaultConfig()

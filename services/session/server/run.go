@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"time"
 
 	"agentplane.dev/services/session/internal/peers"
@@ -47,12 +46,6 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	if err != nil {
 		return err
 	}
-	watch, err := config.Redis(withPoolSize(cfg.RedisURL, cfg.WatchPoolSize))
-	if err != nil {
-		_ = rdb.Close()
-		return err
-	}
-	defer func() { _ = watch.Close() }()
 
 	conns := grpcclient.NewConns(cfg.InternalToken)
 	defer conns.Close()
@@ -63,7 +56,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	}
 	backstops := session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout}
 	deps := service.Deps{
-		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), WatchRedis: watch, Logger: log,
+		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
 		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
 	}
 	if cfg.CredentialAddr != "" {
@@ -122,15 +115,4 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	cancel()
 	<-closed
 	return err
-}
-
-// withPoolSize gives WatchSession readers their own, larger pool: each
-// reader holds a connection in XREAD BLOCK, which must not starve the
-// request path.
-func withPoolSize(url string, n int) string {
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	return fmt.Sprintf("%s%spool_size=%d", url, sep, n)
 }

@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"agentplane.dev/services/session/internal/session"
 	"agentplane.dev/services/session/internal/store"
 )
@@ -38,7 +36,7 @@ type Config struct {
 // Service is the session service.
 type Service struct {
 	store   *store.Store
-	watch   redis.UniversalClient
+	watch   *store.WatchConns
 	sandbox Sandbox
 	creds   Credentials // nil: skipped
 	history History     // nil: skipped
@@ -58,7 +56,7 @@ type Service struct {
 // Deps are the service's collaborators.
 type Deps struct {
 	Store       *store.Store
-	WatchRedis  redis.UniversalClient // client for blocking stream reads
+	Watchers    *store.WatchConns // connections for blocking stream reads
 	Sandbox     Sandbox
 	Credentials Credentials
 	History     History
@@ -72,7 +70,7 @@ func New(d Deps, cfg Config) *Service {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{
-		store: d.Store, watch: d.WatchRedis, sandbox: d.Sandbox, creds: d.Credentials, history: d.History,
+		store: d.Store, watch: d.Watchers, sandbox: d.Sandbox, creds: d.Credentials, history: d.History,
 		log: d.Logger, cfg: cfg, ctx: ctx, cancel: cancel,
 		running: map[string]bool{}, again: map[string]bool{},
 	}

@@ -49,10 +49,20 @@ func (s *Service) Watch(ctx context.Context, id, cursor string, send func(store.
 			break
 		}
 	}
-	for {
-		evs, err := store.WaitEvents(ctx, s.watch, id, cursor, watchBatch, s.cfg.WatchBlock)
+	// A connection of its own, closed when ctx ends, so a gone client or a
+	// shutdown ends the blocked read at once and frees the connection.
+	conn, err := s.watch.Open(ctx, id)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
+		}
+		return err
+	}
+	defer conn.Close()
+	for {
+		evs, err := conn.Wait(ctx, cursor, watchBatch, s.cfg.WatchBlock)
+		if ctx.Err() != nil {
+			return nil // the read failed because its connection was closed
 		}
 		if err != nil {
 			return err

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -121,21 +120,6 @@ func (s *Store) EventsAfter(ctx context.Context, id, cursor string, n int64) ([]
 		return nil, err
 	}
 	return decodeAll(msgs)
-}
-
-// WaitEvents blocks on rdb (a client sized for blocking readers) up to block
-// for events after cursor; none is (nil, nil).
-func WaitEvents(ctx context.Context, rdb redis.UniversalClient, id, cursor string, n int64, block time.Duration) ([]StoredEvent, error) {
-	res, err := rdb.XRead(ctx, &redis.XReadArgs{
-		Streams: []string{key(id, "events"), cursor}, Count: n, Block: block,
-	}).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
-	}
-	if err != nil || len(res) == 0 {
-		return nil, err
-	}
-	return decodeAll(res[0].Messages)
 }
 
 func decodeAll(msgs []redis.XMessage) ([]StoredEvent, error) {
