@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/store"
 	"agentplane.dev/services/sandbox/server"
 )
 
@@ -126,4 +128,74 @@ func TestWrapperExitsAfterReconnectWindow(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return len(wrappersOf(t, sb)) == 0 && len(runtimesOf(t, inst)) == 0
 	}, 60*time.Second, 100*time.Millisecond, "wrapper and runtime exit after the reconnect window")
+}
+
+// A wrapper that stops heartbeating while its stream stays open (SIGSTOP:
+// the process and its TCP connection live on) is noticed by heartbeat loss
+// alone: the route goes reconnecting after DeadAfter, then lost when the
+// reconnect window expires, and the stop escalates to SIGKILL so no process
+// is left.
+func TestWrapperHeartbeatLossRouteReconnectingThenLost(t *testing.T) {
+	n := startNotify(t)
+	svc := startService(t, n.addr, func(c *server.Config) {
+		c.Timers.Heartbeat = 200 * time.Millisecond
+		c.Timers.DeadAfter = time.Second
+		// Long enough that the checks right after reconnecting run
+		// before the window's stop touches the wrapper.
+		c.Timers.ReconnectWindow = 4 * time.Second
+	})
+	sb := uniqueSandbox(t)
+
+	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/hb"))
+	ws := wrappersOf(t, sb)
+	require.Len(t, ws, 1)
+	pid := ws[0].PID
+	inst := instancesOf(ws)
+	require.Len(t, runtimesOf(t, inst), 1)
+
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	})
+	require.Eventually(t, func() bool { return procState(pid) == "T" }, 30*time.Second, 10*time.Millisecond, "wrapper stopped")
+
+	_, ri := n.wait(t, i, "reconnecting", "s1")
+	// The wrapper is still there, stopped, its connection open: no stream
+	// close told the service; the missing heartbeats did (the slot, written
+	// before the notification, says so).
+	require.Equal(t, "T", procState(pid), "reconnecting while the wrapper process still exists")
+	snap, err := store.Load(context.Background(), redisSrv.Client(t), sb)
+	require.NoError(t, err)
+	require.Len(t, snap.Slots, 1)
+	for _, s := range snap.Slots {
+		require.Equal(t, allocation.Disconnected, s.Alloc.Phase)
+		require.Equal(t, allocation.ReasonHeartbeatLost, s.Alloc.Reason)
+	}
+
+	lost, _ := n.wait(t, ri, "lost", "s1")
+	require.Equal(t, allocation.ReasonReconnectWindow, lost.Reason, "a live (stopped) wrapper is lost by the window, not by its exit")
+
+	// The stop escalates to SIGKILL, which a stopped process cannot ignore.
+	require.Eventually(t, func() bool {
+		return len(wrappersOf(t, sb)) == 0 && len(runtimesOf(t, inst)) == 0
+	}, 60*time.Second, 100*time.Millisecond, "wrapper and runtime gone after the stop")
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY, deliver(t, svc, sb, "s1", "m1", "hi"))
+}
+
+// procState is the state letter of pid in /proc/<pid>/stat ("" when gone).
+func procState(pid int) string {
+	stat, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat"))
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
