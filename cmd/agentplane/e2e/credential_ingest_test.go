@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"agentplane.dev/pkg/grpcclient"
+
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
@@ -25,13 +26,6 @@ import (
 )
 
 const token = "e2e-internal-token"
-
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-func (bearer) RequireTransportSecurity() bool { return false }
 
 func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -78,7 +72,7 @@ func TestProxyIngestAgainstRealIngest(t *testing.T) {
 	})
 
 	dial := func(addr string) *grpc.ClientConn {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)))
+		c, err := grpcclient.Dial(addr, token)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = c.Close() })
 		return c

@@ -21,9 +21,10 @@ import (
 	"testing"
 	"time"
 
+	"agentplane.dev/pkg/grpcclient"
+
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
@@ -195,7 +196,7 @@ func startSuite(t testing.TB) *suite {
 	t.Cleanup(s.stopped)
 
 	dial := func(addr string) *grpc.ClientConn {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)))
+		c, err := grpcclient.Dial(addr, token)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = c.Close() })
 		return c
