@@ -20,11 +20,12 @@ run() { # name dir package pattern benchtime
 }
 
 want=${1:-all}
-[[ $want == all || $want == fence ]] && run fence pkg ./fence/ . 2000x
+[[ $want == all || $want == fence ]] && run fence pkg ./fence/ 'Fence/conc=[0-9]+/interleaved' 8000x
 [[ $want == all || $want == proxy ]] && run proxy services/credential ./server BenchmarkProxy 3000x
 # The proxy as deployed: redis-server, upstream, credential binary and load
 # generator as separate processes (bench/proxy/run.sh; its own table).
 [[ $want == all || $want == proxy-processes ]] && bash "$root/bench/proxy/run.sh"
 [[ $want == all || $want == ingest ]] && run ingest services/ingest ./internal/grpcapi BenchmarkIngest1KiB 1500x
-[[ $want == all || $want == session ]] && run session services/session ./server . 1x
+[[ $want == all || $want == session ]] && run session services/session ./server WarmSendToAccepted 3s
+[[ $want == all || $want == session ]] && run session-cold cmd/agentplane ./e2e ColdFirstEvent 3s
 echo "raw results in $out"
