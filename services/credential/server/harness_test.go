@@ -118,6 +118,7 @@ func (f *fakeIngest) Export(ctx context.Context, r *ingestv1.ExportRequest) (*in
 }
 
 type harness struct {
+	cfg      Config
 	client   credentialv1.CredentialServiceClient
 	proxyURL string // http://host:port
 	metrics  string
@@ -156,19 +157,23 @@ func startHarness(t testing.TB) *harness {
 	cfg.IngestAddr = il.Addr().String()
 	cfg.OverlapWindow = time.Minute
 
+	h.cfg = cfg
+	h.client, h.proxyURL, h.metrics = startService(t, cfg)
+	h.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	t.Cleanup(h.http.CloseIdleConnections)
+	return h
+}
+
+// startService runs one credential service process with cfg and returns
+// its gRPC client, proxy URL and metrics URL.
+func startService(t testing.TB, cfg Config) (client credentialv1.CredentialServiceClient, proxyURL, metricsURL string) {
 	gl, pl, ml := listen(t), listen(t), listen(t)
-	h.proxyURL = "http://" + pl.Addr().String()
-	h.metrics = "http://" + ml.Addr().String() + "/metrics"
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- RunWith(ctx, cfg, Listeners{GRPC: gl, Proxy: pl, Metrics: ml}) }()
-
 	conn, err := grpcclient.Dial(gl.Addr().String(), internalTok)
 	require.NoError(t, err)
-	h.client = credentialv1.NewCredentialServiceClient(conn)
-	h.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	t.Cleanup(func() {
-		h.http.CloseIdleConnections()
 		_ = conn.Close()
 		cancel()
 		select {
@@ -178,7 +183,14 @@ func startHarness(t testing.TB) *harness {
 			t.Error("server did not stop")
 		}
 	})
-	return h
+	return credentialv1.NewCredentialServiceClient(conn), "http://" + pl.Addr().String(), "http://" + ml.Addr().String() + "/metrics"
+}
+
+// replica starts a second credential service on the same Redis and keys,
+// with its own resolution cache: the deployment has several.
+func (h *harness) replica(t testing.TB) credentialv1.CredentialServiceClient {
+	c, _, _ := startService(t, h.cfg)
+	return c
 }
 
 var bg = context.Background()

@@ -271,14 +271,40 @@ func TestGRPCReasons(t *testing.T) {
 
 }
 
-// TestRevocationUnderLoad: while many clients hammer the proxy, a member is
-// released; every request that starts after ReleaseMember returned is
+// TestRevocationUnderLoad: while many clients hammer one proxy process, a
+// revoking call is made on another replica (so this process's own cache
+// drop cannot help); every request that starts after the call returned is
 // refused, though earlier ones were served from the resolution cache.
 func TestRevocationUnderLoad(t *testing.T) {
-	h := startHarness(t)
-	m := h.mint(t, "sbx-a", "/w/repo", "s1", "sk-1", wt, 100)
 	scopeMsg := &credentialv1.Scope{SandboxId: "sbx-a", Directory: "/w/repo"}
+	for _, c := range []struct {
+		name   string
+		revoke func(other credentialv1.CredentialServiceClient, m minted) error
+	}{
+		{"release member", func(other credentialv1.CredentialServiceClient, _ minted) error {
+			_, err := other.ReleaseMember(bg, &credentialv1.ReleaseMemberRequest{Scope: scopeMsg, SessionId: "s1", FenceToken: 100})
+			return err
+		}},
+		{"retire scope", func(other credentialv1.CredentialServiceClient, _ minted) error {
+			_, err := other.RetireScope(bg, &credentialv1.RetireScopeRequest{Scope: scopeMsg, FenceToken: 100,
+				Reason: credentialv1.RetireReason_RETIRE_REASON_WRAPPER_RESTART})
+			return err
+		}},
+		{"delete backing credential", func(other credentialv1.CredentialServiceClient, m minted) error {
+			_, err := other.DeleteBackingCredential(bg, &credentialv1.DeleteBackingCredentialRequest{CredentialRef: m.ref})
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := startHarness(t)
+			other := h.replica(t)
+			m := h.mint(t, "sbx-a", "/w/repo", "s1", "sk-1", wt, 100)
+			revocationUnderLoad(t, h, m, func() error { return c.revoke(other, m) })
+		})
+	}
+}
 
+func revocationUnderLoad(t *testing.T, h *harness, m minted, revoke func() error) {
 	var revoked atomic.Bool
 	var before, after, afterRefused, ok200 atomic.Int64
 	stop := make(chan struct{})
@@ -318,8 +344,7 @@ func TestRevocationUnderLoad(t *testing.T) {
 		})
 	}
 	require.Eventually(t, func() bool { return ok200.Load() > 200 }, 30*time.Second, 5*time.Millisecond)
-	_, err := h.client.ReleaseMember(bg, &credentialv1.ReleaseMemberRequest{Scope: scopeMsg, SessionId: "s1", FenceToken: 100})
-	require.NoError(t, err)
+	require.NoError(t, revoke())
 	revoked.Store(true)
 	require.Eventually(t, func() bool { return after.Load() > 500 }, 30*time.Second, 5*time.Millisecond)
 	close(stop)

@@ -41,6 +41,7 @@ type Config struct {
 	OverlapWindow    time.Duration // OVERLAP_WINDOW: how long a rotated-out handle still resolves
 	GrantTTL         time.Duration // GRANT_TTL: lifetime of a grant
 	ReissueBelow     time.Duration // GRANT_REISSUE_BELOW: re-issue on delivery when less remains
+	TrustWindow      time.Duration // RESOLUTION_TRUST_WINDOW: how long the proxy uses a cached resolution without Redis; revoking calls wait this long (+10%)
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
@@ -52,6 +53,7 @@ func DefaultConfig() Config {
 		OverlapWindow: 5 * time.Minute,
 		GrantTTL:      4 * time.Hour,
 		ReissueBelow:  time.Hour,
+		TrustWindow:   25 * time.Millisecond,
 	}
 }
 
@@ -67,6 +69,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.OverlapWindow, "OVERLAP_WINDOW", c.OverlapWindow, "how long a rotated-out handle still resolves")
 	l.Duration(&c.GrantTTL, "GRANT_TTL", c.GrantTTL, "lifetime of a handle grant")
 	l.Duration(&c.ReissueBelow, "GRANT_REISSUE_BELOW", c.ReissueBelow, "re-issue a grant on delivery when less than this remains")
+	l.Duration(&c.TrustWindow, "RESOLUTION_TRUST_WINDOW", c.TrustWindow, "how long the proxy uses a cached handle resolution without Redis; every revoking call waits this long plus 10% before it returns (0: no cache)")
 }
 
 // Validate checks every setting and names the variable and flag of each bad one.
@@ -99,6 +102,9 @@ func (c *Config) Validate() error {
 	}
 	if c.OverlapWindow < 0 {
 		bad("OVERLAP_WINDOW", errors.New("must not be negative"))
+	}
+	if c.TrustWindow < 0 || c.TrustWindow > time.Second {
+		bad("RESOLUTION_TRUST_WINDOW", errors.New("must be between 0 and 1s (revoking calls wait it out)"))
 	}
 	if c.GrantTTL <= 0 {
 		bad("GRANT_TTL", errors.New("must be positive"))
@@ -169,7 +175,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	}
 	svc, err := grants.New(rdb, credKey, grants.Options{Policy: scope.Policy{
 		GrantTTL: cfg.GrantTTL, ReissueBelow: cfg.ReissueBelow, OverlapWindow: cfg.OverlapWindow,
-	}})
+	}, TrustWindow: cfg.TrustWindow})
 	if err != nil {
 		_ = rdb.Close()
 		return err

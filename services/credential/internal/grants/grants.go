@@ -1,8 +1,19 @@
 // Package grants runs the credential lifecycle: it stores backing
 // credentials sealed, issues handles, applies the scope rules under the
-// sandbox owner's fencing token, and resolves handles for the proxy with a
-// cache that is checked against the scope's version on every request, so a
-// revocation holds for every request that starts after it returned.
+// sandbox owner's fencing token, and resolves handles for the proxy.
+//
+// Resolutions are cached per process and trusted without Redis for
+// TrustWindow, counted on the monotonic clock from just before the Redis
+// read that verified them (docs/decisions.md, "revocation by waiting out the
+// resolution caches"). Every write that can take away something a cached
+// resolution allows (a member released, entries retired, a rotation cutting
+// the old handle to its overlap, a backing credential deleted, a mint that
+// narrows the scope) waits TrustWindow plus a clock-rate margin after its
+// Redis write before it returns. Any resolution cached on any replica was
+// verified by a read before that write, so it has expired everywhere when
+// the revoking call returns: a revocation holds for every request that
+// starts after it returned. Writes that only add (a first mint, a join, an
+// idempotent mint, a reissue) do not wait.
 package grants
 
 import (
@@ -40,6 +51,12 @@ const maxAttempts = 32
 type Options struct {
 	Policy scope.Policy
 	Now    func() time.Time // injected in tests; time.Now otherwise
+	// TrustWindow is how long a cached resolution is used without Redis;
+	// zero resolves every request from Redis and no write waits.
+	TrustWindow time.Duration
+	// Wait pauses a revoking write until the caches it could contradict
+	// have expired; injected in tests (a context-aware timer otherwise).
+	Wait func(ctx context.Context, d time.Duration) error
 }
 
 // Service is the credential lifecycle.
@@ -48,7 +65,31 @@ type Service struct {
 	sealer *sealer.Sealer
 	policy scope.Policy
 	now    func() time.Time
+	window time.Duration
+	wait   func(ctx context.Context, d time.Duration) error
 	cache  resolutionCache
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// outlastCaches returns once every resolution any replica verified before
+// the caller's write returned has expired. The 10% margin covers the
+// replicas' monotonic clocks running at different rates (NTP keeps them
+// within 0.05%); timers never fire early.
+func (s *Service) outlastCaches(ctx context.Context) error {
+	if s.window <= 0 {
+		return nil
+	}
+	return s.wait(ctx, s.window+s.window/10)
 }
 
 // New builds a service on rdb with the at-rest key.
@@ -60,8 +101,11 @@ func New(rdb redis.UniversalClient, key []byte, opts Options) (*Service, error) 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Wait == nil {
+		opts.Wait = sleep
+	}
 	return &Service{store: store.New(rdb), sealer: sl, policy: opts.Policy, now: opts.Now,
-		cache: resolutionCache{m: map[handle.Digest]*Resolved{}}}, nil
+		window: opts.TrustWindow, wait: opts.Wait, cache: resolutionCache{m: map[handle.Digest]cached{}}}, nil
 }
 
 // Grant describes a handle without revealing it.
@@ -105,10 +149,14 @@ func (s *Service) PutCredential(ctx context.Context, sessionID string, class sco
 	return ref, digest, nil
 }
 
-// DeleteCredential deletes a backing credential; cached resolutions using it
-// stop on their next request (the freshness check sees it gone).
+// DeleteCredential deletes a backing credential and returns once no cached
+// resolution uses it. It always waits, even when the credential was already
+// gone: a concurrent or earlier delete may still be waiting.
 func (s *Service) DeleteCredential(ctx context.Context, ref string) error {
-	return s.store.DeleteCredential(ctx, ref)
+	if err := s.store.DeleteCredential(ctx, ref); err != nil {
+		return err
+	}
+	return s.outlastCaches(ctx)
 }
 
 func (s *Service) checkCredential(ctx context.Context, ref string, class scope.Class) error {
@@ -148,8 +196,9 @@ func (s *Service) rawOf(sc scope.Scope, e scope.Entry) (string, error) {
 // update applies fn to the scope's state under token: it records the token
 // as the scope's newest (refusing older ones), then reads, applies and
 // compare-and-sets until no concurrent write interferes. fn's error writes
-// nothing.
-func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, fn func(st *scope.State) error) (*scope.State, error) {
+// nothing. A revoking write, or one whose result narrows the state it
+// replaced, returns only after outlastCaches.
+func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, revoking bool, fn func(st *scope.State) error) (*scope.State, error) {
 	id := sc.ID()
 	if err := s.store.ObserveFence(ctx, id, token); err != nil {
 		return nil, mapStoreErr(err)
@@ -162,6 +211,7 @@ func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, fn f
 		if st == nil {
 			st = &scope.State{Scope: sc}
 		}
+		before := st.Clone()
 		if err := fn(st); err != nil {
 			return nil, err
 		}
@@ -173,6 +223,11 @@ func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, fn f
 			return nil, mapStoreErr(err)
 		}
 		s.cache.dropScope(id)
+		if revoking || scope.Narrows(before, st) {
+			if err := s.outlastCaches(ctx); err != nil {
+				return nil, err
+			}
+		}
 		return st, nil
 	}
 	return nil, ErrBusy
@@ -197,7 +252,7 @@ func (s *Service) Mint(ctx context.Context, sc scope.Scope, j scope.Join) (strin
 		return "", Grant{}, false, err
 	}
 	var res scope.Result
-	st, err := s.update(ctx, sc, j.Fence, func(st *scope.State) error {
+	st, err := s.update(ctx, sc, j.Fence, false, func(st *scope.State) error {
 		var err error
 		res, err = st.Mint(j, cand, s.now(), s.policy)
 		return err
@@ -222,7 +277,7 @@ func (s *Service) Adopt(ctx context.Context, sc scope.Scope, j scope.Join) (stri
 		return "", Grant{}, err
 	}
 	var res scope.Result
-	st, err := s.update(ctx, sc, j.Fence, func(st *scope.State) error {
+	st, err := s.update(ctx, sc, j.Fence, false, func(st *scope.State) error {
 		var err error
 		res, err = st.Adopt(j, s.now(), s.policy)
 		return err
@@ -240,7 +295,8 @@ func (s *Service) Adopt(ctx context.Context, sc scope.Scope, j scope.Join) (stri
 	return raw, grantOf(st, res.Entry), nil
 }
 
-// Rotate replaces the scope's canonical handle for every member at once.
+// Rotate replaces the scope's canonical handle for every member at once. It
+// cuts the old handle to its overlap, so it waits out the caches.
 func (s *Service) Rotate(ctx context.Context, sc scope.Scope, token uint64) (string, Grant, time.Time, error) {
 	raw, cand, err := s.candidate(handle.Worktree, sc)
 	if err != nil {
@@ -248,7 +304,7 @@ func (s *Service) Rotate(ctx context.Context, sc scope.Scope, token uint64) (str
 	}
 	var e scope.Entry
 	var until time.Time
-	st, err := s.update(ctx, sc, token, func(st *scope.State) error {
+	st, err := s.update(ctx, sc, token, true, func(st *scope.State) error {
 		var err error
 		e, until, err = st.Rotate(token, cand, s.now(), s.policy)
 		return err
@@ -262,11 +318,12 @@ func (s *Service) Rotate(ctx context.Context, sc scope.Scope, token uint64) (str
 	return raw, grantOf(st, e), until, nil
 }
 
-// Release removes a member; the last one retires the scope.
+// Release removes a member; the last one retires the scope. It waits out
+// the caches, even when the member was already gone.
 func (s *Service) Release(ctx context.Context, sc scope.Scope, sessionID string, token uint64) (bool, int, error) {
 	var retired bool
 	var remaining int
-	_, err := s.update(ctx, sc, token, func(st *scope.State) error {
+	_, err := s.update(ctx, sc, token, true, func(st *scope.State) error {
 		retired, remaining = st.Release(sessionID)
 		return nil
 	})
@@ -274,10 +331,10 @@ func (s *Service) Release(ctx context.Context, sc scope.Scope, sessionID string,
 }
 
 // Retire drops every accepted handle of the scope; lastMember drops the
-// members too.
+// members too. It waits out the caches.
 func (s *Service) Retire(ctx context.Context, sc scope.Scope, lastMember bool, token uint64) (int, error) {
 	var n int
-	_, err := s.update(ctx, sc, token, func(st *scope.State) error {
+	_, err := s.update(ctx, sc, token, true, func(st *scope.State) error {
 		n = st.Retire(lastMember)
 		return nil
 	})

@@ -45,11 +45,17 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 var policy = scope.Policy{GrantTTL: 4 * time.Hour, ReissueBelow: time.Hour, OverlapWindow: 5 * time.Minute}
 
+// trustWindow is the tests' resolution cache window. Time is the test
+// clock: a revoking write's wait advances it instead of sleeping.
+const trustWindow = time.Second
+
 type env struct {
 	svc   *Service
 	rdb   *redis.Client
 	clock *clock
 	cmds  *counter
+	key   []byte
+	waits atomic.Int64 // calls of the revocation wait
 }
 
 func newEnv(t *testing.T) *env {
@@ -57,10 +63,23 @@ func newEnv(t *testing.T) *env {
 	rdb := srv.Client(t)
 	c := &counter{}
 	rdb.AddHook(c)
-	clk := &clock{t: time.Now()}
-	svc, err := New(rdb, sealer.RandomKey(), Options{Policy: policy, Now: clk.Now})
+	e := &env{rdb: rdb, clock: &clock{t: time.Now()}, cmds: c, key: sealer.RandomKey()}
+	e.svc = e.replica(t, policy)
+	return e
+}
+
+// replica is another credential service process on the same Redis and
+// clock, with its own resolution cache.
+func (e *env) replica(t *testing.T, p scope.Policy) *Service {
+	svc, err := New(e.rdb, e.key, Options{Policy: p, Now: e.clock.Now, TrustWindow: trustWindow, Wait: e.wait})
 	require.NoError(t, err)
-	return &env{svc: svc, rdb: rdb, clock: clk, cmds: c}
+	return svc
+}
+
+func (e *env) wait(_ context.Context, d time.Duration) error {
+	e.waits.Add(1)
+	e.clock.Add(d)
+	return nil
 }
 
 var ctx = context.Background()
@@ -176,10 +195,11 @@ func TestRotationOverlapAndConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, old, same)
 
+	rotatedAt := e.clock.Now()
 	nh, g, until, err := e.svc.Rotate(ctx, sc, 100)
 	require.NoError(t, err)
 	require.Len(t, g.Members, 2, "every member gets the new handle at once")
-	require.Equal(t, e.clock.Now().Add(policy.OverlapWindow), until)
+	require.Equal(t, rotatedAt.Add(policy.OverlapWindow), until)
 	again, _, err := e.svc.Adopt(ctx, sc, e.join(t, 2, 100, "sk-2"))
 	require.NoError(t, err)
 	require.Equal(t, nh, again)
@@ -364,8 +384,7 @@ func TestSandboxMismatchAndCachedRevocation(t *testing.T) {
 
 	// Another replica (a second service on the same Redis, with its own
 	// cache) revokes: this one's cache must not serve the handle any more.
-	other, err := New(e.rdb, sealer.RandomKey(), Options{Policy: policy, Now: e.clock.Now})
-	require.NoError(t, err)
+	other := e.replica(t, policy)
 	_, _, err = other.Release(ctx, sc, "ses-1", 100)
 	require.NoError(t, err)
 	_, err = e.svc.Resolve(ctx, h, "sbx-1")
@@ -410,4 +429,132 @@ func TestMintIdempotentSameFence(t *testing.T) {
 	require.True(t, a2)
 	_, _, _, err = e.svc.Mint(ctx, sc, scope.Join{Member: scope.Member{SessionID: "x", CredentialRef: "cr_missing"}, Class: scope.Static, Fence: 100})
 	require.ErrorIs(t, err, ErrCredentialNotFound)
+}
+
+// TestRevokingWritesOutlastOtherCaches: for every write that takes
+// something away, a replica that cached the resolution just before does not
+// serve it to a request that starts after the write returned. The replica's
+// cache window runs on the test clock, which only the revocation wait
+// advances: a path that did not wait would be served from the cache.
+func TestRevokingWritesOutlastOtherCaches(t *testing.T) {
+	short := policy
+	short.OverlapWindow = trustWindow / 2 // ends before the wait does
+	for _, c := range []struct {
+		name   string
+		revoke func(t *testing.T, e *env, b *Service, j1 scope.Join)
+		check  func(t *testing.T, r *Resolved, err error)
+	}{
+		{"resolving member released", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			_, _, err := b.Release(ctx, sc, "ses-1", 100)
+			require.NoError(t, err)
+		}, func(t *testing.T, r *Resolved, err error) {
+			require.NoError(t, err)
+			require.Equal(t, "ses-2", r.Member.SessionID, "resolves through the remaining member")
+			require.Equal(t, "sk-2", string(r.Secret))
+		}},
+		{"last member leaves", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			for _, s := range []string{"ses-1", "ses-2"} {
+				_, _, err := b.Release(ctx, sc, s, 100)
+				require.NoError(t, err)
+			}
+		}, refused(scope.ErrUnknownHandle)},
+		{"wrapper restart retires", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			_, err := b.Retire(ctx, sc, false, 100)
+			require.NoError(t, err)
+		}, refused(scope.ErrUnknownHandle)},
+		{"retire with the last member", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			_, err := b.Retire(ctx, sc, true, 100)
+			require.NoError(t, err)
+		}, refused(scope.ErrUnknownHandle)},
+		{"rotation cuts the old handle to its overlap", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			_, _, _, err := b.Rotate(ctx, sc, 100)
+			require.NoError(t, err)
+		}, refused(scope.ErrUnknownHandle)},
+		{"backing credential deleted", func(t *testing.T, e *env, b *Service, j1 scope.Join) {
+			require.NoError(t, b.DeleteCredential(ctx, j1.Member.CredentialRef))
+		}, refused(scope.ErrNoLiveMember)},
+		{"mint under another allocation", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			j := e.join(t, 3, 100, "sk-3")
+			j.AllocationID = "alloc-2"
+			_, _, _, err := b.Mint(ctx, sc, j)
+			require.NoError(t, err)
+		}, refused(scope.ErrUnknownHandle)},
+		{"member rejoins with another credential", func(t *testing.T, e *env, b *Service, _ scope.Join) {
+			j := e.join(t, 1, 100, "sk-1-new")
+			_, _, err := b.Adopt(ctx, sc, j)
+			require.NoError(t, err)
+		}, func(t *testing.T, r *Resolved, err error) {
+			require.NoError(t, err)
+			require.Equal(t, "sk-1-new", string(r.Secret), "no request after the rejoin uses the old credential")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			j1 := e.join(t, 1, 100, "sk-1")
+			h, _, _, err := e.svc.Mint(ctx, sc, j1)
+			require.NoError(t, err)
+			_, _, err = e.svc.Adopt(ctx, sc, e.join(t, 2, 100, "sk-2"))
+			require.NoError(t, err)
+			r, err := e.svc.Resolve(ctx, h, "sbx-1") // cached on this replica
+			require.NoError(t, err)
+			require.Equal(t, "sk-1", string(r.Secret))
+			_, err = e.svc.Resolve(ctx, h, "sbx-1") // served from the cache
+			require.NoError(t, err)
+
+			waits := e.waits.Load()
+			c.revoke(t, e, e.replica(t, short), j1)
+			require.Greater(t, e.waits.Load(), waits, "the revoking write waited")
+			r, err = e.svc.Resolve(ctx, h, "sbx-1")
+			c.check(t, r, err)
+		})
+	}
+
+	t.Run("per-session handle replaced under a newer fence", func(t *testing.T) {
+		e := newEnv(t)
+		j := e.join(t, 1, 100, "sk-1")
+		j.Contract = scope.PerSession
+		h, _, _, err := e.svc.Mint(ctx, sc, j)
+		require.NoError(t, err)
+		_, err = e.svc.Resolve(ctx, h, "sbx-1")
+		require.NoError(t, err)
+		j.Fence = 101
+		_, _, _, err = e.replica(t, policy).Mint(ctx, sc, j)
+		require.NoError(t, err)
+		_, err = e.svc.Resolve(ctx, h, "sbx-1")
+		require.ErrorIs(t, err, scope.ErrUnknownHandle)
+	})
+}
+
+func refused(want error) func(t *testing.T, r *Resolved, err error) {
+	return func(t *testing.T, _ *Resolved, err error) { require.ErrorIs(t, err, want) }
+}
+
+// TestAddOnlyWritesDoNotWait: the sandbox's cold prepare path (store the
+// credential, mint, siblings join) and idempotent mints never pay the
+// revocation wait; a release does.
+func TestAddOnlyWritesDoNotWait(t *testing.T) {
+	e := newEnv(t)
+	j1 := e.join(t, 1, 100, "sk-1")
+	h, _, _, err := e.svc.Mint(ctx, sc, j1)
+	require.NoError(t, err)
+	_, err = e.svc.Resolve(ctx, h, "sbx-1")
+	require.NoError(t, err)
+	_, _, err = e.svc.Adopt(ctx, sc, e.join(t, 2, 100, "sk-2"))
+	require.NoError(t, err)
+	_, _, _, err = e.svc.Mint(ctx, sc, j1)
+	require.NoError(t, err)
+	e.clock.Add(policy.GrantTTL - policy.ReissueBelow + time.Minute) // the next delivery reissues
+	_, _, err = e.svc.Adopt(ctx, sc, e.join(t, 3, 100, "sk-3"))
+	require.NoError(t, err)
+	ps := e.join(t, 4, 100, "sk-4")
+	ps.Contract = scope.PerSession
+	_, _, _, err = e.svc.Mint(ctx, scope.Scope{SandboxID: "sbx-1", Directory: "/other"}, ps)
+	require.NoError(t, err)
+	_, _, _, err = e.svc.Mint(ctx, scope.Scope{SandboxID: "sbx-1", Directory: "/other"}, ps)
+	require.NoError(t, err)
+	require.Zero(t, e.waits.Load())
+
+	_, _, err = e.svc.Release(ctx, sc, "ses-3", 100)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), e.waits.Load())
 }

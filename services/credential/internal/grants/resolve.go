@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"agentplane.dev/services/credential/internal/handle"
 	"agentplane.dev/services/credential/internal/scope"
@@ -19,8 +20,13 @@ type Resolved struct {
 	SecretDigest string
 
 	scopeID string
-	version string
 	entry   scope.Entry
+}
+
+// cached is a resolution and when the reads that produced it were sent.
+type cached struct {
+	r        *Resolved
+	verified time.Time
 }
 
 // maxCached bounds the resolution cache; when full it starts over.
@@ -28,22 +34,23 @@ const maxCached = 16384
 
 type resolutionCache struct {
 	mu sync.RWMutex
-	m  map[handle.Digest]*Resolved
+	m  map[handle.Digest]cached
 }
 
-func (c *resolutionCache) get(d handle.Digest) *Resolved {
+func (c *resolutionCache) get(d handle.Digest) (cached, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.m[d]
+	e, ok := c.m[d]
+	return e, ok
 }
 
-func (c *resolutionCache) put(d handle.Digest, r *Resolved) {
+func (c *resolutionCache) put(d handle.Digest, e cached) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.m) >= maxCached {
 		clear(c.m)
 	}
-	c.m[d] = r
+	c.m[d] = e
 }
 
 func (c *resolutionCache) drop(d handle.Digest) {
@@ -53,49 +60,52 @@ func (c *resolutionCache) drop(d handle.Digest) {
 }
 
 // dropScope forgets this process's resolutions of a scope after it wrote
-// the scope. Correctness does not depend on it (every hit is checked against
-// the stored version); it only saves the failed check.
+// the scope, so that its own additions show at once. Revocation does not
+// depend on it (the writer waits out every replica's cache).
 func (c *resolutionCache) dropScope(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for d, r := range c.m {
-		if r.scopeID == id {
+	for d, e := range c.m {
+		if e.r.scopeID == id {
 			delete(c.m, d)
 		}
 	}
 }
 
+// trusted reports whether a resolution verified at v may still be used at
+// now: within the window on the monotonic clock, and on the wall clock too,
+// which a suspended host (its monotonic clock stopped) steps forward on
+// resume.
+func (s *Service) trusted(v, now time.Time) bool {
+	return now.Sub(v) < s.window && now.Round(0).Sub(v.Round(0)) < s.window
+}
+
 // Resolve checks raw's form (no store access for a malformed handle), then
-// resolves it for a request made under sandboxID's proxy URL. A cached
-// resolution costs one Redis round trip: the scope's version and the
-// backing credential's existence, which every revoking write changes.
+// resolves it for a request made under sandboxID's proxy URL. A resolution
+// cached less than the trust window ago costs no Redis command. A refusal
+// comes from Redis, except a sandbox mismatch (a scope's sandbox never
+// changes): a cached entry past its own expiry is read again, it may have
+// been reissued.
 func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved, error) {
 	if _, err := handle.Parse(raw); err != nil {
 		return nil, ErrMalformedHandle
 	}
 	d := handle.DigestOf(raw)
-	now := s.now()
-	if r := s.cache.get(d); r != nil {
-		version, credOK, err := s.store.Freshness(ctx, r.scopeID, r.Member.CredentialRef)
-		if err != nil {
-			return nil, err
+	now := s.now() // before the reads: the trust window starts here
+	if c, ok := s.cache.get(d); ok && s.trusted(c.verified, now) && c.r.entry.Live(now) {
+		if c.r.Grant.Scope.SandboxID != sandboxID {
+			return nil, scope.ErrSandboxMismatch
 		}
-		if version == r.version && credOK {
-			switch {
-			case !r.entry.Live(now):
-				return nil, scope.ErrUnknownHandle
-			case r.Grant.Scope.SandboxID != sandboxID:
-				return nil, scope.ErrSandboxMismatch
-			}
-			return r, nil
-		}
-		s.cache.drop(d)
+		return c.r, nil
 	}
 	r, err := s.resolveFromStore(ctx, d, sandboxID)
 	if err != nil {
+		s.cache.drop(d)
 		return nil, err
 	}
-	s.cache.put(d, r)
+	if s.window > 0 {
+		s.cache.put(d, cached{r: r, verified: now})
+	}
 	return r, nil
 }
 
@@ -107,7 +117,7 @@ func (s *Service) resolveFromStore(ctx context.Context, d handle.Digest, sandbox
 	if err != nil {
 		return nil, err
 	}
-	st, version, err := s.store.LoadScope(ctx, id)
+	st, _, err := s.store.LoadScope(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -131,6 +141,6 @@ func (s *Service) resolveFromStore(ctx context.Context, d handle.Digest, sandbox
 	}
 	return &Resolved{
 		Grant: grantOf(st, res.Entry), Member: res.Member, Secret: secret, SecretDigest: cred.SecretDigest,
-		scopeID: id, version: version, entry: res.Entry,
+		scopeID: id, entry: res.Entry,
 	}, nil
 }

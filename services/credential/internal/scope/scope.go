@@ -83,8 +83,14 @@ type Entry struct {
 func (e Entry) Current() bool { return e.RetireAt.IsZero() }
 
 // Live reports whether e still resolves at now.
-func (e Entry) Live(now time.Time) bool {
-	return now.Before(e.ExpireAt) && (e.RetireAt.IsZero() || now.Before(e.RetireAt))
+func (e Entry) Live(now time.Time) bool { return now.Before(e.end()) }
+
+// end is when e stops resolving: its expiry, or the end of its overlap.
+func (e Entry) end() time.Time {
+	if !e.RetireAt.IsZero() && e.RetireAt.Before(e.ExpireAt) {
+		return e.RetireAt
+	}
+	return e.ExpireAt
 }
 
 // State is everything stored about a scope.
@@ -400,4 +406,37 @@ func (s *State) NextExpiry() time.Time {
 		}
 	}
 	return t
+}
+
+// Clone returns a copy that shares no slice with s.
+func (s *State) Clone() *State {
+	c := *s
+	c.Members = slices.Clone(s.Members)
+	c.Entries = slices.Clone(s.Entries)
+	return &c
+}
+
+// Narrows reports whether after resolves less than before: a member removed,
+// changed or moved, or an entry removed, changed or ending sooner. Members
+// appended, entries added and expiries extended only widen what resolves.
+func Narrows(before, after *State) bool {
+	if len(after.Members) < len(before.Members) {
+		return true
+	}
+	for i, m := range before.Members {
+		if after.Members[i] != m {
+			return true // Resolve falls back to Members[0]: the order matters too
+		}
+	}
+	for _, old := range before.Entries {
+		i := slices.IndexFunc(after.Entries, func(e Entry) bool { return e.Digest == old.Digest })
+		if i < 0 {
+			return true
+		}
+		e := after.Entries[i]
+		if e.Kind != old.Kind || e.Issuer != old.Issuer || e.Owner != old.Owner || e.end().Before(old.end()) {
+			return true
+		}
+	}
+	return false
 }

@@ -261,3 +261,69 @@ func TestPropertyCap(t *testing.T) {
 		}
 	}
 }
+
+// TestNarrows: every operation that removes, changes or shortens something a
+// resolution could use narrows; joins, adoptions, idempotent mints and
+// reissues only widen (the credential service waits out the proxies'
+// resolution caches after a narrowing write, never after a widening one).
+func TestNarrows(t *testing.T) {
+	base := func() *State {
+		st := &State{Scope: sc}
+		_, err := st.Mint(join(1, 100), cand(), t0, policy)
+		require.NoError(t, err)
+		_, err = st.Adopt(join(2, 100), t0, policy)
+		require.NoError(t, err)
+		return st
+	}
+	for _, tc := range []struct {
+		name    string
+		op      func(st *State)
+		narrows bool
+	}{
+		{"same fence mints again", func(st *State) { _, _ = st.Mint(join(1, 100), cand(), t0, policy) }, false},
+		{"sibling adopts", func(st *State) { _, _ = st.Adopt(join(4, 100), t0, policy) }, false},
+		{"reissue extends the expiry", func(st *State) { _, _ = st.Adopt(join(4, 100), t0.Add(3*time.Hour+time.Minute), policy) }, false},
+		{"nothing changes", func(*State) {}, false},
+		{"member leaves", func(st *State) { st.Release("s2") }, true},
+		{"first member leaves", func(st *State) { st.Release("s1") }, true},
+		{"last member leaves", func(st *State) { st.Release("s1"); st.Release("s2") }, true},
+		{"retire entries", func(st *State) { st.Retire(false) }, true},
+		{"retire all", func(st *State) { st.Retire(true) }, true},
+		{"rotation cuts the old handle to the overlap", func(st *State) { _, _, _ = st.Rotate(100, cand(), t0, policy) }, true},
+		{"allocation change", func(st *State) {
+			j := join(1, 100)
+			j.AllocationID = "a2"
+			_, _ = st.Mint(j, cand(), t0, policy)
+		}, true},
+		{"member rejoins with another credential", func(st *State) {
+			j := join(2, 100)
+			j.Member.CredentialRef = "cr-new"
+			_, _ = st.Adopt(j, t0, policy)
+		}, true},
+		{"expired entry pruned by the next mint", func(st *State) { _, _ = st.Mint(join(1, 100), cand(), t0.Add(5*time.Hour), policy) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := base()
+			after := before.Clone()
+			tc.op(after)
+			require.Equal(t, tc.narrows, Narrows(before, after))
+		})
+	}
+
+	// A per-session handle replaced under a newer fence narrows; the
+	// session's first mint does not.
+	st := &State{Scope: sc}
+	ps := join(1, 100)
+	ps.Contract = PerSession
+	_, err := st.Mint(ps, cand(), t0, policy)
+	require.NoError(t, err)
+	first := st.Clone()
+	_, err = st.Mint(ps, cand(), t0, policy)
+	require.NoError(t, err)
+	require.False(t, Narrows(first, st))
+	ps.Fence = 101
+	_, err = st.Mint(ps, cand(), t0, policy)
+	require.NoError(t, err)
+	require.True(t, Narrows(first, st))
+	require.False(t, Narrows(&State{Scope: sc}, first), "a scope's first mint only adds")
+}
