@@ -248,7 +248,7 @@ func Acquire(ctx context.Context, rdb redis.Scripter, resource, owner string, tt
 		return nil, err
 	}
 	tk, lk := TokenKey(resource), LeaseKey(resource)
-	s, err := acquireScript.Run(ctx, rdb, []string{tk, lk}, owner, ttl.Milliseconds()).Text()
+	s, err := run(ctx, rdb, acquireScript, []string{tk, lk}, owner, ttl.Milliseconds()).Text()
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", resource, mapErr(err))
 	}
@@ -267,7 +267,7 @@ func (l *Lease) value() string { return l.tokenString() + ":" + l.Owner }
 // Renew extends the lease to TTL from now if it is still this owner's with
 // this token; otherwise it returns ErrLeaseLost and changes nothing.
 func (l *Lease) Renew(ctx context.Context) error {
-	err := renewScript.Run(ctx, l.rdb, []string{l.leaseKey()}, l.value(), l.TTL.Milliseconds()).Err()
+	err := run(ctx, l.rdb, renewScript, []string{l.leaseKey()}, l.value(), l.TTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", l.Resource, mapErr(err))
 	}
@@ -277,7 +277,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 // Release gives the lease up. ErrLeaseLost means it was no longer ours (and
 // nothing was changed). The token floor stays, so tokens keep increasing.
 func (l *Lease) Release(ctx context.Context) error {
-	err := releaseScript.Run(ctx, l.rdb, []string{l.leaseKey()}, l.value()).Err()
+	err := run(ctx, l.rdb, releaseScript, []string{l.leaseKey()}, l.value()).Err()
 	if err != nil {
 		return fmt.Errorf("release %s: %w", l.Resource, mapErr(err))
 	}

@@ -129,7 +129,7 @@ func guard(ctx context.Context, rdb redis.Scripter, resource string, token uint6
 			args = append(args, op.args...)
 		}
 	}
-	return guardErr(resource, script.s.Run(ctx, rdb, keys, args...).Err())
+	return guardErr(resource, run(ctx, rdb, script.s, keys, args...).Err())
 }
 
 // cmdArg returns the command name as a constant interface value: boxing
@@ -201,7 +201,7 @@ func (g *GuardedScript) Run(ctx context.Context, rdb redis.Scripter, resource st
 	allArgs := make([]any, 0, len(args)+1)
 	allArgs = append(allArgs, strconv.FormatUint(token, 10))
 	allArgs = append(allArgs, args...)
-	res := g.s.Run(ctx, rdb, allKeys, allArgs...)
+	res := run(ctx, rdb, g.s, allKeys, allArgs...)
 	if err := res.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		res.SetErr(guardErr(resource, err))
 	}

@@ -1,0 +1,133 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every script of the package goes through run. Calls made at the same time
+// on one client are sent together: while one batch is on the wire, later
+// calls queue, and when it returns one of the queued callers sends the whole
+// queue as one pipeline (one write, one read on one connection for all of
+// them) and hands on to the next. Under load this divides the socket
+// syscalls and wake-ups, which are most of the cost of a Redis call on both
+// sides, by the batch size. A lone caller sends its script itself, directly,
+// so one goroutine sees no hand-off and no change.
+//
+// Each script stays atomic and runs between its caller's call and return,
+// so batching changes no outcome; it only shares round trips.
+
+// batchers holds one batcher per client. Clients live as long as the
+// process, so the map stays small.
+var batchers sync.Map // redis.Scripter -> *batcher
+
+// pipeliner is what batching needs from a client; *redis.Client and
+// *redis.ClusterClient have it (the cluster client splits a pipeline by
+// node). Other Scripters run every script directly.
+type pipeliner interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+}
+
+// run runs script with EVALSHA (EVAL when Redis lost its script cache).
+func run(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	var p pipeliner
+	switch c := rdb.(type) {
+	case *redis.Client:
+		p = c
+	case *redis.ClusterClient:
+		p = c
+	default:
+		return script.Run(ctx, rdb, keys, args...)
+	}
+	b, ok := batchers.Load(rdb)
+	if !ok {
+		b, _ = batchers.LoadOrStore(rdb, &batcher{rdb: p})
+	}
+	return b.(*batcher).run(ctx, script, keys, args)
+}
+
+type batcher struct {
+	rdb   pipeliner
+	mu    sync.Mutex
+	busy  bool    // a batch is on the wire (or being sent)
+	queue []*call // calls waiting for the next batch
+}
+
+// call is one queued script. Its caller waits on wake: it is woken either
+// with its result (cmd set) or to send the batch it heads.
+type call struct {
+	ctx    context.Context
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd
+	batch  []*call // set when this caller must send batch
+	wake   chan struct{}
+}
+
+func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
+	b.mu.Lock()
+	if !b.busy {
+		b.busy = true
+		b.mu.Unlock()
+		cmd := script.Run(ctx, b.rdb, keys, args...)
+		b.handOn()
+		return cmd
+	}
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, wake: make(chan struct{}, 1)}
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	// No select on ctx: a queued caller may be the one that must send the
+	// batch, and the batch it is in is at most two round trips away; the
+	// client's read and write timeouts bound both.
+	<-c.wake
+	if c.batch != nil {
+		b.send(c.batch)
+		b.handOn()
+	}
+	return c.cmd
+}
+
+// handOn makes the first queued caller send everything queued, or marks
+// the batcher idle.
+func (b *batcher) handOn() {
+	b.mu.Lock()
+	q := b.queue
+	b.queue = nil
+	if len(q) == 0 {
+		b.busy = false
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	q[0].batch = q
+	q[0].wake <- struct{}{}
+}
+
+// send runs the batch as one pipeline and wakes every caller in it but the
+// first (the sender itself). It uses the sender's context values without
+// its cancellation: the other callers did not cancel.
+func (b *batcher) send(q []*call) {
+	ctx := context.WithoutCancel(q[0].ctx)
+	if len(q) == 1 {
+		q[0].cmd = q[0].script.Run(ctx, b.rdb, q[0].keys, q[0].args...)
+		return
+	}
+	pipe := b.rdb.Pipeline()
+	for _, c := range q {
+		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are in each call's cmd
+	for i, c := range q {
+		if err := c.cmd.Err(); errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
+			c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
+		}
+		if i > 0 {
+			c.wake <- struct{}{}
+		}
+	}
+}
