@@ -14,9 +14,7 @@ import (
 
 // Stream entry fields: k kind, t unix ms, v data (JSON snapshot for domain
 // kinds, the API layer's encoded payload for runtime/outcome/progress).
-func encodeEvent(e session.Event) (map[string]any, error) {
-	var v []byte
-	var err error
+func encodeEvent(e session.Event) (kind string, v []byte, err error) {
 	switch e.Kind {
 	case session.EventRoute:
 		v, err = json.Marshal(e.Route)
@@ -27,10 +25,7 @@ func encodeEvent(e session.Event) (map[string]any, error) {
 	default:
 		v = e.Payload
 	}
-	if err != nil {
-		return nil, err
-	}
-	return map[string]any{"k": string(e.Kind), "t": e.Time.UnixMilli(), "v": v}, nil
+	return string(e.Kind), v, err
 }
 
 // StoredEvent is an event with its cursor (the stream entry id).

@@ -70,6 +70,7 @@ type Store struct {
 	eventCap int64
 	deadline func(*session.Aggregate) time.Time
 	cluster  bool
+	recent   recentStates
 }
 
 // New returns a store; eventCap bounds each session's event log (approximate
@@ -94,17 +95,27 @@ type Load struct {
 // are written in the same transaction on a single Redis; on Cluster, where
 // they live in other slots, right after it.
 //
-// On a single Redis a change costs two round trips: WATCH travels in one
-// pipeline with the load script, then MULTI/EXEC (which also ends the
-// watch, so no UNWATCH follows unless fn refused the change).
+// On a single Redis, when this process committed the session's last state
+// it knows, fn first runs on that state and one script writes the change
+// only if the stored state is still exactly that one (one round trip; see
+// commitRecent). Otherwise, or when that state turns out stale, a change
+// costs two round trips: WATCH travels in one pipeline with the load script,
+// then MULTI/EXEC (which also ends the watch, so no UNWATCH follows unless
+// fn refused the change).
 func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
+	_, single := s.rdb.(*redis.Client)
+	if single {
+		if a, done, err := s.commitRecent(ctx, id, load, fn); done {
+			return a, err
+		}
+	}
 	var out *session.Aggregate
 	var sched schedule
+	var st stored
 	watched := []string{key(id, "meta"), key(id, "del"), key(id, "active")}
 	if load.MessageID != "" {
 		watched = append(watched, key(id, "order"))
 	}
-	_, single := s.rdb.(*redis.Client)
 	txf := func(tx *redis.Tx) (err error) {
 		var pipelined []string
 		if single {
@@ -120,7 +131,7 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 				released = out != nil && (err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err))
 			}()
 		}
-		a, err := s.load(ctx, tx, id, load, pipelined)
+		a, loaded, err := s.load(ctx, tx, id, load, pipelined)
 		if err != nil {
 			return err
 		}
@@ -128,17 +139,18 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 		if err := fn(a); err != nil {
 			return err
 		}
-		out = a
-		sched = schedule{a: a, deadline: s.deadline(a)}
-		sched.deadlineChanged = !sched.deadline.Equal(before)
-		// Retention needs day precision: refresh the index at most once a minute.
-		sched.updateChanged = a.Session.UpdateTime.Sub(prevUpdate) >= time.Minute || a.IntentChanged()
+		out, st = a, loaded
+		cmds, err := s.write(a, &st)
+		if err != nil {
+			return err
+		}
+		sched = s.scheduleAfter(a, before, prevUpdate)
+		if !s.cluster {
+			sched.write(&cmds)
+		}
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			if err := s.write(ctx, p, a); err != nil {
-				return err
-			}
-			if !s.cluster {
-				sched.write(ctx, p)
+			for _, c := range cmds {
+				p.Do(ctx, c...)
 			}
 			return nil
 		})
@@ -156,11 +168,31 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 			continue
 		}
 		if err == nil && s.cluster {
-			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { sched.write(ctx, p); return nil })
+			var cmds commands
+			sched.write(&cmds)
+			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, c := range cmds {
+					p.Do(ctx, c...)
+				}
+				return nil
+			})
+		}
+		if err == nil && single {
+			s.recent.remember(out, st)
 		}
 		return out, err
 	}
 	return nil, session.ErrConflictRetries
+}
+
+// scheduleAfter says which schedule entries a change of a moves; before and
+// prevUpdate are the backstop deadline and update time it was loaded with.
+func (s *Store) scheduleAfter(a *session.Aggregate, before, prevUpdate time.Time) schedule {
+	sched := schedule{a: a, deadline: s.deadline(a)}
+	sched.deadlineChanged = !sched.deadline.Equal(before)
+	// Retention needs day precision: refresh the index at most once a minute.
+	sched.updateChanged = a.Session.UpdateTime.Sub(prevUpdate) >= time.Minute || a.IntentChanged()
+	return sched
 }
 
 // loadScript reads what a transition needs in one round trip: the record,
@@ -194,9 +226,10 @@ if #ARGV > 2 then seen = redis.call('SMISMEMBER', KEYS[6], unpack(ARGV, 3)) end
 return {meta, redis.call('GET', KEYS[2]), ids, states, texts, lookup, seen}
 `)
 
-// load reads the aggregate with loadScript; watch, when set, is WATCHed in
-// the same pipeline (tx must then be a transaction's connection).
-func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) (*session.Aggregate, error) {
+// load reads the aggregate with loadScript, and the stored form of its
+// record and active messages; watch, when set, is WATCHed in the same
+// pipeline (tx must then be a transaction's connection).
+func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) (*session.Aggregate, stored, error) {
 	keys := []string{key(id, "meta"), key(id, "del"), key(id, "active"), key(id, "msgs"), key(id, "content"), key(id, "seen")}
 	args := make([]any, 0, 2+len(load.SeenIDs))
 	content := "0"
@@ -235,49 +268,51 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.Eval(ctx, on(p), keys, args...) })
 	}
 	if errors.Is(err, redis.Nil) {
-		return nil, session.ErrSessionNotFound
+		return nil, stored{}, session.ErrSessionNotFound
 	} else if err != nil {
-		return nil, err
+		return nil, stored{}, err
 	}
 	res, ok := cmd.Val().([]any)
 	if !ok || len(res) != 7 {
-		return nil, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
+		return nil, stored{}, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
 	}
 	metaRaw, _ := res[0].(string)
 	a := &session.Aggregate{Seen: map[string]bool{}}
 	if err := json.Unmarshal([]byte(metaRaw), &a.Session); err != nil {
-		return nil, fmt.Errorf("session %s: corrupt record: %w", id, err)
+		return nil, stored{}, fmt.Errorf("session %s: corrupt record: %w", id, err)
 	}
 	if raw, ok := res[1].(string); ok {
 		a.Intent = new(session.DeletionIntent)
 		if err := json.Unmarshal([]byte(raw), a.Intent); err != nil {
-			return nil, fmt.Errorf("session %s: corrupt deletion intent: %w", id, err)
+			return nil, stored{}, fmt.Errorf("session %s: corrupt deletion intent: %w", id, err)
 		}
 	}
 	ids, _ := res[2].([]any)
 	states, _ := res[3].([]any)
 	texts, _ := res[4].([]any)
 	if len(states) != len(ids) || load.Content && len(texts) != len(ids) {
-		return nil, fmt.Errorf("session %s: unexpected load reply", id)
+		return nil, stored{}, fmt.Errorf("session %s: unexpected load reply", id)
 	}
+	st := stored{meta: metaRaw, states: make(map[*session.Message]string, len(states)+1)}
 	for i, v := range states {
 		str, ok := v.(string)
 		if !ok {
-			return nil, fmt.Errorf("session %s: active message %v has no record", id, ids[i])
+			return nil, stored{}, fmt.Errorf("session %s: active message %v has no record", id, ids[i])
 		}
 		m := new(session.Message)
 		if err := json.Unmarshal([]byte(str), m); err != nil {
-			return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
+			return nil, stored{}, fmt.Errorf("session %s: corrupt message: %w", id, err)
 		}
 		if load.Content {
 			m.Content, _ = texts[i].(string)
 		}
 		a.Active = append(a.Active, m)
+		st.states[m] = str
 	}
 	if raw, ok := res[5].(string); ok {
 		a.Lookup = new(session.Message)
 		if err := json.Unmarshal([]byte(raw), a.Lookup); err != nil {
-			return nil, fmt.Errorf("session %s: corrupt message: %w", id, err)
+			return nil, stored{}, fmt.Errorf("session %s: corrupt message: %w", id, err)
 		}
 	}
 	seen, _ := res[6].([]any)
@@ -286,61 +321,83 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 			a.Seen[load.SeenIDs[i]] = true
 		}
 	}
-	return a, nil
+	return a, st, nil
 }
 
-func (s *Store) write(ctx context.Context, p redis.Pipeliner, a *session.Aggregate) error {
+// commands are the writes of one change, each a command's arguments; they
+// run in MULTI/EXEC or inside commitScript.
+type commands [][]any
+
+func (c *commands) add(args ...any) { *c = append(*c, args) }
+
+// stored is the exact stored form of a state: the record, and the state of
+// each active message (without text).
+type stored struct {
+	meta   string
+	states map[*session.Message]string
+}
+
+// write returns the commands that store what a changed, and records the
+// stored form of what it writes in st.
+func (s *Store) write(a *session.Aggregate, st *stored) (commands, error) {
 	id := a.Session.ID
+	var cmds commands
 	if a.SessionChanged() {
 		raw, err := json.Marshal(&a.Session)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		p.Set(ctx, key(id, "meta"), raw, 0)
+		cmds.add("set", key(id, "meta"), raw)
+		st.meta = string(raw)
 	}
 	if a.IntentChanged() {
 		raw, err := json.Marshal(a.Intent)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		p.Set(ctx, key(id, "del"), raw, 0)
+		cmds.add("set", key(id, "del"), raw)
 	}
 	for _, m := range a.Changed() {
 		raw, err := json.Marshal(m)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		p.HSet(ctx, key(id, "msgs"), m.ID, raw)
+		cmds.add("hset", key(id, "msgs"), m.ID, raw)
+		if st.states != nil {
+			st.states[m] = string(raw)
+		}
 		if m.Content != "" {
-			p.HSet(ctx, key(id, "content"), m.ID, m.Content)
-			p.ZAdd(ctx, key(id, "order"), redis.Z{Score: float64(m.Seq), Member: m.ID})
+			cmds.add("hset", key(id, "content"), m.ID, m.Content)
+			cmds.add("zadd", key(id, "order"), m.Seq, m.ID)
 		}
 		if m.State.Terminal() {
-			p.ZRem(ctx, key(id, "active"), m.ID)
+			cmds.add("zrem", key(id, "active"), m.ID)
 		} else {
-			p.ZAdd(ctx, key(id, "active"), redis.Z{Score: float64(m.Seq), Member: m.ID})
+			cmds.add("zadd", key(id, "active"), m.Seq, m.ID)
 		}
 	}
 	if ids := a.SeenAdded(); len(ids) > 0 {
-		members := make([]any, len(ids))
-		for i, v := range ids {
-			members[i] = v
+		args := make([]any, 0, 2+len(ids))
+		args = append(args, "sadd", key(id, "seen"))
+		for _, v := range ids {
+			args = append(args, v)
 		}
-		p.SAdd(ctx, key(id, "seen"), members...)
+		cmds.add(args...)
 	}
 	for _, e := range a.Events() {
-		vals, err := encodeEvent(e)
+		kind, v, err := encodeEvent(e)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		p.XAdd(ctx, &redis.XAddArgs{Stream: key(id, "events"), MaxLen: s.eventCap, Approx: true, Values: vals})
+		cmds.add("xadd", key(id, "events"), "maxlen", "~", s.eventCap, "*", "k", kind, "t", e.Time.UnixMilli(), "v", v)
 	}
-	return nil
+	return cmds, nil
 }
 
 // Read loads the session's aggregate without changing it.
 func (s *Store) Read(ctx context.Context, id string, load Load) (*session.Aggregate, error) {
-	return s.load(ctx, s.rdb, id, load, nil)
+	a, _, err := s.load(ctx, s.rdb, id, load, nil)
+	return a, err
 }
 
 // Create stores a new session, or calls same with the stored one when the id
@@ -559,20 +616,20 @@ type schedule struct {
 	deadlineChanged, updateChanged bool
 }
 
-func (sc schedule) write(ctx context.Context, p redis.Pipeliner) {
+func (sc schedule) write(cmds *commands) {
 	id := sc.a.Session.ID
 	if sc.deadlineChanged {
 		if sc.deadline.IsZero() {
-			p.ZRem(ctx, idxActive, id)
+			cmds.add("zrem", idxActive, id)
 		} else {
-			p.ZAdd(ctx, idxActive, redis.Z{Score: float64(sc.deadline.UnixMilli()), Member: id})
+			cmds.add("zadd", idxActive, sc.deadline.UnixMilli(), id)
 		}
 	}
 	if sc.updateChanged {
-		p.ZAdd(ctx, idxUpdated, redis.Z{Score: float64(sc.a.Session.UpdateTime.UnixMilli()), Member: id})
+		cmds.add("zadd", idxUpdated, sc.a.Session.UpdateTime.UnixMilli(), id)
 	}
 	if sc.a.IntentChanged() {
-		p.ZAdd(ctx, idxDeleting, redis.Z{Score: float64(sc.a.Intent.NextAttempt.UnixMilli()), Member: id})
+		cmds.add("zadd", idxDeleting, sc.a.Intent.NextAttempt.UnixMilli(), id)
 	}
 }
 

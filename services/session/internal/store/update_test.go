@@ -82,3 +82,134 @@ func TestLoadSurvivesScriptFlush(t *testing.T) {
 	require.Equal(t, "hello", a.Active[0].Content)
 	require.False(t, a.Seen["turn:t1"])
 }
+
+// A store's kept state is only a guess: another replica's write makes its
+// commit write nothing and the change run again on fresh state. With a
+// frozen clock the record stays byte-identical across a cancel, so only the
+// comparison of the message states catches it.
+func TestKeptStateNeverOverwritesAnotherWriter(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	noDeadline := func(*session.Aggregate) time.Time { return time.Time{} }
+	s1, s2 := New(rdb, 1000, noDeadline), New(rdb, 1000, noDeadline)
+	ctx := context.Background()
+	createSession(t, s1, "k1")
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	send := func(s *Store, mid string) {
+		t.Helper()
+		_, err := s.Update(ctx, "k1", Load{MessageID: mid}, func(a *session.Aggregate) error {
+			_, _, err := a.Send(mid, "text", now)
+			return err
+		})
+		require.NoError(t, err)
+	}
+	// Alternating replicas: each commit starts from the other's stale state.
+	for i := range 10 {
+		send([]*Store{s1, s2}[i%2], fmt.Sprint("m", i))
+	}
+	a, err := s1.Read(ctx, "k1", Load{})
+	require.NoError(t, err)
+	require.Len(t, a.Active, 10)
+	for i, m := range a.Active {
+		require.Equal(t, uint64(i+1), m.Seq)
+	}
+
+	// A change of the record alone (s2 records a ready route) is seen by
+	// s1's next change.
+	send(s1, "m10") // s1 now keeps the current state
+	_, err = s2.Update(ctx, "k1", Load{}, func(a *session.Aggregate) error {
+		a.Ready(session.Notice{}, "rt-2", "w2", now)
+		return nil
+	})
+	require.NoError(t, err)
+	send(s1, "m11")
+	sess, err := s1.Get(ctx, "k1")
+	require.NoError(t, err)
+	require.Equal(t, "rt-2", sess.Route.RuntimeSessionID)
+
+	// s1 keeps m0 queued; s2 accepts it at the same instant, which leaves
+	// the record byte-identical; s1's cancel must see accepted work.
+	_, err = s2.Update(ctx, "k1", Load{}, func(a *session.Aggregate) error {
+		a.Accept([]string{"m0"}, now)
+		return nil
+	})
+	require.NoError(t, err)
+	var abort bool
+	_, err = s1.Update(ctx, "k1", Load{MessageID: "m0"}, func(a *session.Aggregate) error {
+		_, abort = a.Cancel(now)
+		return nil
+	})
+	require.NoError(t, err)
+	require.True(t, abort, "cancel decided on a stale queued state")
+
+	// A deletion begun by s2 stops s1's next send.
+	_, err = s2.Update(ctx, "k1", Load{}, func(a *session.Aggregate) error {
+		a.BeginDeletion("client", now)
+		return nil
+	})
+	require.NoError(t, err)
+	_, err = s1.Update(ctx, "k1", Load{MessageID: "late"}, func(a *session.Aggregate) error {
+		if a.Intent != nil {
+			return session.ErrSessionNotFound
+		}
+		_, _, err := a.Send("late", "text", now)
+		return err
+	})
+	require.ErrorIs(t, err, session.ErrSessionNotFound)
+}
+
+// A change committed from the kept state stores what the same change
+// committed after a load stores.
+func TestKeptStateCommitsWhatALoadWould(t *testing.T) {
+	ctx := context.Background()
+	run := func(keep bool) map[string]string {
+		rdb := redistest.Start(t).Client(t)
+		s := New(rdb, 1000, func(a *session.Aggregate) time.Time { // as the service's backstops
+			return session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}.NextDeadline(a)
+		})
+		createSession(t, s, "e1")
+		now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+		for i := range 4 {
+			if !keep {
+				s.recent.forget("e1")
+			}
+			mid := fmt.Sprint("m", i)
+			_, err := s.Update(ctx, "e1", Load{MessageID: mid}, func(a *session.Aggregate) error {
+				_, _, err := a.Send(mid, "text", now.Add(time.Duration(i)*time.Second))
+				return err
+			})
+			require.NoError(t, err)
+			if !keep {
+				s.recent.forget("e1")
+			}
+			_, err = s.Update(ctx, "e1", Load{}, func(a *session.Aggregate) error {
+				a.Accept([]string{mid}, now.Add(time.Duration(i)*time.Second+time.Millisecond))
+				return nil
+			})
+			require.NoError(t, err)
+		}
+		if !keep {
+			s.recent.forget("e1")
+		}
+		_, err := s.Update(ctx, "e1", Load{MessageID: "m2", SeenIDs: []string{"turn:t"}}, func(a *session.Aggregate) error {
+			a.Outcome("turn:t", "m2", session.TurnSucceeded, "", nil, now.Add(time.Minute))
+			return nil
+		})
+		require.NoError(t, err)
+		out := map[string]string{}
+		meta, err := s.rdb.Get(ctx, key("e1", "meta")).Result()
+		require.NoError(t, err)
+		out["meta"] = meta
+		for _, k := range []string{"msgs", "content"} {
+			out[k] = fmt.Sprint(s.rdb.HGetAll(ctx, key("e1", k)).Val())
+		}
+		for _, k := range []string{key("e1", "order"), key("e1", "active"), idxActive, idxUpdated} {
+			out[k] = fmt.Sprint(s.rdb.ZRangeWithScores(ctx, k, 0, -1).Val())
+		}
+		out["seen"] = fmt.Sprint(s.rdb.SMembers(ctx, key("e1", "seen")).Val())
+		for i, e := range s.rdb.XRange(ctx, key("e1", "events"), "-", "+").Val() {
+			out[fmt.Sprint("event", i)] = fmt.Sprint(e.Values)
+		}
+		return out
+	}
+	require.Equal(t, run(false), run(true))
+}
