@@ -33,6 +33,19 @@ type devOptions struct {
 	drainDelay      time.Duration
 	shutdownTimeout time.Duration
 	logFormat       string
+	portBase        int
+}
+
+// devPorts lays the services out from base: gRPC on base..base+3 (session,
+// sandbox, credential, ingest), the credential proxy on base+4, metrics on
+// base+2000..base+2003. The default base 7401 gives docs/development.md's
+// ports; another base lets a second suite (or a test) run beside it.
+func devPorts(base int, ses, sbx, cred, ing *config.Common, proxy *string) {
+	for i, c := range []*config.Common{ses, sbx, cred, ing} {
+		c.GRPCAddr = fmt.Sprintf("127.0.0.1:%d", base+i)
+		c.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", base+2000+i)
+	}
+	*proxy = fmt.Sprintf("127.0.0.1:%d", base+4)
 }
 
 // runDev runs all four services in this process on the fixed local ports of
@@ -48,8 +61,12 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&o.drainDelay, "drain-delay", 500*time.Millisecond, "time between NOT_SERVING and stopping on SIGTERM")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
 	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
+	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports (metrics at +2000); 7401 gives the documented ports")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.portBase < 1 || o.portBase+2003 > 65535 {
+		return fmt.Errorf("--port-base %d: the ports base..base+2003 must lie in 1..65535", o.portBase)
 	}
 
 	scratch, err := os.MkdirTemp("", "agentplane-dev-")
@@ -83,6 +100,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	common(&sbx.Common)
 	common(&cred.Common)
 	common(&ing.Common)
+	devPorts(o.portBase, &ses.Common, &sbx.Common, &cred.Common, &ing.Common, &cred.ProxyAddr)
 	ses.SandboxAddr, ses.CredentialAddr, ses.IngestAddr = sbx.GRPCAddr, cred.GRPCAddr, ing.GRPCAddr
 	sbx.SessionAddr, sbx.CredentialAddr = ses.GRPCAddr, cred.GRPCAddr
 	sbx.ProxyURL = "http://" + cred.ProxyAddr

@@ -3,10 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,12 +26,38 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 )
 
-// The services `agentplane dev` must expose, by port (docs/development.md).
-var devServices = map[string][]string{
-	"127.0.0.1:7401": {"agentplane.session.v1.SessionService", "agentplane.session.v1.SessionNotifyService"},
-	"127.0.0.1:7402": {"agentplane.sandbox.v1.SandboxService", "agentplane.sandbox.v1.WrapperControlService"},
-	"127.0.0.1:7403": {"agentplane.credential.v1.CredentialService"},
-	"127.0.0.1:7404": {"agentplane.ingest.v1.IngestService"},
+// The services `agentplane dev` must expose, by offset from --port-base
+// (docs/development.md: 7401 + offset).
+var devServices = map[int][]string{
+	0: {"agentplane.session.v1.SessionService", "agentplane.session.v1.SessionNotifyService"},
+	1: {"agentplane.sandbox.v1.SandboxService", "agentplane.sandbox.v1.WrapperControlService"},
+	2: {"agentplane.credential.v1.CredentialService"},
+	3: {"agentplane.ingest.v1.IngestService"},
+}
+
+// freePortBase finds a base whose five service ports and four metrics
+// ports are free right now, so the test runs beside a developer's own
+// `agentplane dev` on the documented ports.
+func freePortBase(t *testing.T) int {
+	t.Helper()
+	for base := 21000 + rand.IntN(20000); ; base = 21000 + rand.IntN(20000) {
+		var held []net.Listener
+		ok := true
+		for _, off := range []int{0, 1, 2, 3, 4, 2000, 2001, 2002, 2003} {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+off))
+			if err != nil {
+				ok = false
+				break
+			}
+			held = append(held, l)
+		}
+		for _, l := range held {
+			_ = l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
 }
 
 // TestDevStartsAllServicesAndStopsCleanly runs `agentplane dev` as a real
@@ -42,7 +72,10 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 
 	const drain, graceful = 200 * time.Millisecond, 3 * time.Second
 	root := t.TempDir()
-	cmd := exec.Command(bin, "dev", "--drain-delay", drain.String(), "--shutdown-timeout", graceful.String(), "--sandbox-root", root)
+	base := freePortBase(t)
+	addr := func(off int) string { return fmt.Sprintf("127.0.0.1:%d", base+off) }
+	cmd := exec.Command(bin, "dev", "--drain-delay", drain.String(), "--shutdown-timeout", graceful.String(),
+		"--sandbox-root", root, "--port-base", strconv.Itoa(base))
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = t.Output()
@@ -74,17 +107,17 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	redisPort := url[strings.LastIndex(url, ":")+1:]
 	require.NotEmpty(t, redisServers(t, redisPort), "the private redis-server runs while dev runs")
 
-	for addr, want := range devServices {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	for off, want := range devServices {
+		conn, err := grpc.NewClient(addr(off), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		require.NoError(t, err)
-		waitServing(t, conn, addr)
-		require.Subset(t, listServices(t, conn), want, "services listed by reflection on %s", addr)
+		waitServing(t, conn, addr(off))
+		require.Subset(t, listServices(t, conn), want, "services listed by reflection on %s", addr(off))
 		require.NoError(t, conn.Close())
 	}
 
 	// A session with a message leaves a wrapper and a runtime running
 	// under the sandbox root.
-	conn, err := grpc.NewClient("127.0.0.1:7401", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr(0), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	defer conn.Close()
 	sessions := sessionv1.NewSessionServiceClient(conn)
