@@ -558,3 +558,35 @@ func TestAddOnlyWritesDoNotWait(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), e.waits.Load())
 }
+
+// TestSteadyUseRefreshesInBackground: a resolution used in the second half
+// of its window is read again off the request path, so a handle in steady
+// use never waits for Redis; one left unused past the window is read on the
+// request path again.
+func TestSteadyUseRefreshesInBackground(t *testing.T) {
+	e := newEnv(t)
+	h, _, _, err := e.svc.Mint(ctx, sc, e.join(t, 1, 100, "sk-1"))
+	require.NoError(t, err)
+	_, err = e.svc.Resolve(ctx, h, "sbx-1")
+	require.NoError(t, err)
+	verifiedAt := func() time.Time { return e.svc.cache.get(handle.DigestOf(h)).verified }
+	first := verifiedAt()
+
+	e.clock.Add(trustWindow * 6 / 10)
+	before := e.cmds.n.Load()
+	_, err = e.svc.Resolve(ctx, h, "sbx-1") // served from the cache, starts a refresh
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return verifiedAt().After(first) }, 10*time.Second, time.Millisecond)
+	require.Greater(t, e.cmds.n.Load(), before, "the refresh read Redis")
+
+	e.clock.Add(trustWindow * 45 / 100) // past the first verification's window, in the first half of the refresh's
+	before = e.cmds.n.Load()
+	_, err = e.svc.Resolve(ctx, h, "sbx-1")
+	require.NoError(t, err)
+	require.Equal(t, before, e.cmds.n.Load(), "served from the refreshed entry")
+
+	e.clock.Add(trustWindow) // unused for a whole window
+	_, err = e.svc.Resolve(ctx, h, "sbx-1")
+	require.NoError(t, err)
+	require.Greater(t, e.cmds.n.Load(), before, "read on the request path")
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"agentplane.dev/services/credential/internal/handle"
@@ -25,8 +26,9 @@ type Resolved struct {
 
 // cached is a resolution and when the reads that produced it were sent.
 type cached struct {
-	r        *Resolved
-	verified time.Time
+	r          *Resolved
+	verified   time.Time
+	refreshing atomic.Bool // a background refresh is under way
 }
 
 // maxCached bounds the resolution cache; when full it starts over.
@@ -34,17 +36,16 @@ const maxCached = 16384
 
 type resolutionCache struct {
 	mu sync.RWMutex
-	m  map[handle.Digest]cached
+	m  map[handle.Digest]*cached
 }
 
-func (c *resolutionCache) get(d handle.Digest) (cached, bool) {
+func (c *resolutionCache) get(d handle.Digest) *cached {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	e, ok := c.m[d]
-	return e, ok
+	return c.m[d]
 }
 
-func (c *resolutionCache) put(d handle.Digest, e cached) {
+func (c *resolutionCache) put(d handle.Digest, e *cached) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.m) >= maxCached {
@@ -82,7 +83,9 @@ func (s *Service) trusted(v, now time.Time) bool {
 
 // Resolve checks raw's form (no store access for a malformed handle), then
 // resolves it for a request made under sandboxID's proxy URL. A resolution
-// cached less than the trust window ago costs no Redis command. A refusal
+// cached less than the trust window ago costs no Redis command; one used in
+// the second half of its window is read again in the background, so a
+// handle in steady use is never read on a request's path. A refusal
 // comes from Redis, except a sandbox mismatch (a scope's sandbox never
 // changes): a cached entry past its own expiry is read again, it may have
 // been reissued.
@@ -92,9 +95,12 @@ func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 	}
 	d := handle.DigestOf(raw)
 	now := s.now() // before the reads: the trust window starts here
-	if c, ok := s.cache.get(d); ok && s.trusted(c.verified, now) && c.r.entry.Live(now) {
+	if c := s.cache.get(d); c != nil && s.trusted(c.verified, now) && c.r.entry.Live(now) {
 		if c.r.Grant.Scope.SandboxID != sandboxID {
 			return nil, scope.ErrSandboxMismatch
+		}
+		if now.Sub(c.verified) >= s.window/2 && c.refreshing.CompareAndSwap(false, true) {
+			go s.refresh(d, sandboxID)
 		}
 		return c.r, nil
 	}
@@ -104,9 +110,24 @@ func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 		return nil, err
 	}
 	if s.window > 0 {
-		s.cache.put(d, cached{r: r, verified: now})
+		s.cache.put(d, &cached{r: r, verified: now})
 	}
 	return r, nil
+}
+
+// refresh resolves a cached handle again off the request path. A result
+// that took longer than the window would already be untrusted, hence the
+// timeout; a failure or refusal drops the entry (the next request reads).
+func (s *Service) refresh(d handle.Digest, sandboxID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.window)
+	defer cancel()
+	now := s.now()
+	r, err := s.resolveFromStore(ctx, d, sandboxID)
+	if err != nil {
+		s.cache.drop(d)
+		return
+	}
+	s.cache.put(d, &cached{r: r, verified: now})
 }
 
 func (s *Service) resolveFromStore(ctx context.Context, d handle.Digest, sandboxID string) (*Resolved, error) {
