@@ -61,23 +61,38 @@ func (g *gate) sizes() []int {
 	return append([]int(nil), g.pipelines...)
 }
 
+// gatedLease starts a Redis, a client with a gate and a lease on res.
+func gatedLease(t *testing.T, res string) (*redis.Client, *gate, *fence.Lease) {
+	t.Helper()
+	rdb := redistest.Start(t).Client(t)
+	g := newGate()
+	rdb.AddHook(g)
+	l, err := fence.Acquire(ctx, rdb, res, "o", time.Minute)
+	require.NoError(t, err)
+	return rdb, g, l
+}
+
+// holdOnTheWire runs call and holds it on the wire; let lets it go and
+// returns its error.
+func holdOnTheWire(g *gate, call func() error) (let func() error) {
+	g.arm()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	<-g.held
+	return func() error {
+		close(g.hold)
+		return <-done
+	}
+}
+
 // Calls made while another is on the wire go out together in one pipeline,
 // each with its own correct outcome; a lone call is sent alone.
 func TestConcurrentCallsShareOnePipeline(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	g := newGate()
-	rdb.AddHook(g)
-
-	first, err := fence.Acquire(ctx, rdb, "b0", "o", time.Minute)
-	require.NoError(t, err)
+	rdb, g, first := gatedLease(t, "b0")
 	require.Empty(t, g.sizes(), "a lone call is not pipelined")
 
 	// Hold a guarded write on the wire, queue acquires behind it.
-	g.arm()
-	done := make(chan error, 1)
-	go func() { done <- first.Guard(ctx, fence.Set(fence.Key("b0", "k"), "v", 0)) }()
-	<-g.held
+	let := holdOnTheWire(g, func() error { return first.Guard(ctx, fence.Set(fence.Key("b0", "k"), "v", 0)) })
 	const n = 10
 	leases := make([]*fence.Lease, n)
 	errs := make([]error, n)
@@ -87,13 +102,11 @@ func TestConcurrentCallsShareOnePipeline(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			// "b0" is held: that one must fail as held, the others succeed.
-			res := "b" + strconv.Itoa(i)
-			leases[i], errs[i] = fence.Acquire(ctx, rdb, res, "o", time.Minute)
+			leases[i], errs[i] = fence.Acquire(ctx, rdb, "b"+strconv.Itoa(i), "o", time.Minute)
 		}()
 	}
 	waitQueued(t, rdb, n)
-	close(g.hold)
-	require.NoError(t, <-done)
+	require.NoError(t, let())
 	wg.Wait()
 
 	require.ErrorIs(t, errs[0], fence.ErrLeaseHeld)
@@ -103,26 +116,15 @@ func TestConcurrentCallsShareOnePipeline(t *testing.T) {
 		require.NoError(t, leases[i].Release(ctx))
 	}
 	require.Equal(t, "v", rdb.Get(ctx, fence.Key("b0", "k")).Val())
-	sizes := g.sizes()
-	require.NotEmpty(t, sizes, "queued calls were not pipelined")
-	require.Equal(t, []int{n}, sizes, "the queued calls go out as one pipeline")
+	require.Equal(t, []int{n}, g.sizes(), "the queued calls go out as one pipeline")
 }
 
 // A pipeline that meets an empty script cache (Redis restarted, SCRIPT
 // FLUSH) falls back to EVAL per call; nobody sees NOSCRIPT.
 func TestPipelinedCallsSurviveScriptFlush(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	g := newGate()
-	rdb.AddHook(g)
-	l, err := fence.Acquire(ctx, rdb, "f", "o", time.Minute)
-	require.NoError(t, err)
-
+	rdb, g, l := gatedLease(t, "f")
 	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-	g.arm()
-	done := make(chan error, 1)
-	go func() { done <- l.Renew(ctx) }()
-	<-g.held
+	let := holdOnTheWire(g, func() error { return l.Renew(ctx) })
 	const n = 8
 	errs := make(chan error, n)
 	for i := range n {
@@ -131,8 +133,7 @@ func TestPipelinedCallsSurviveScriptFlush(t *testing.T) {
 		}()
 	}
 	waitQueued(t, rdb, n)
-	close(g.hold)
-	require.NoError(t, <-done)
+	require.NoError(t, let())
 	for range n {
 		require.NoError(t, <-errs)
 	}
@@ -144,17 +145,8 @@ func TestPipelinedCallsSurviveScriptFlush(t *testing.T) {
 // A queued call whose sender's context is cancelled still gets its result:
 // the pipeline runs without the sender's cancellation.
 func TestCancelledSenderDoesNotFailTheBatch(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	g := newGate()
-	rdb.AddHook(g)
-	l, err := fence.Acquire(ctx, rdb, "c", "o", time.Minute)
-	require.NoError(t, err)
-
-	g.arm()
-	done := make(chan error, 1)
-	go func() { done <- l.Renew(ctx) }()
-	<-g.held
+	rdb, g, l := gatedLease(t, "c")
+	let := holdOnTheWire(g, func() error { return l.Renew(ctx) })
 	// The first queued call heads the next batch and sends it; its
 	// context is cancelled before that.
 	cctx, cancel := context.WithCancel(ctx)
@@ -165,8 +157,7 @@ func TestCancelledSenderDoesNotFailTheBatch(t *testing.T) {
 	go func() { otherErr <- l.Guard(ctx, fence.Set(fence.Key("c", "other"), "v", 0)) }()
 	waitQueued(t, rdb, 2)
 	cancel()
-	close(g.hold)
-	require.NoError(t, <-done)
+	require.NoError(t, let())
 	require.NoError(t, <-headErr)
 	require.NoError(t, <-otherErr)
 	require.Equal(t, "v", rdb.Get(ctx, fence.Key("c", "other")).Val())
