@@ -133,10 +133,17 @@ func runConcurrent(b *testing.B, fns []func() error) {
 
 // runInterleaved runs all variants side by side in short turns (rotating
 // which goes first) and reports each variant's ops/s over all its turns plus
-// the medians over rounds of the two goal ratios: guarded/raw and
-// fenced/max(redislock, redsync). On a shared machine the background load
-// changes within a second; turns of a few milliseconds expose every variant
-// to the same load, where whole sub-benchmarks run apart would not.
+// the two goal ratios. On a shared machine the background load changes
+// within a second; turns of a few milliseconds expose every variant to the
+// same load, where whole sub-benchmarks run apart would not.
+//
+//   - guarded/raw: the median over rounds of the round's guarded-write rate
+//     over its raw EVALSHA rate (a fixed pair, compared round by round).
+//   - fenced/bestlock: the fenced cycle's median rate over rounds against
+//     the larger of redislock's and redsync's median rates: "the faster
+//     lock" is the library that is faster, not whichever had the luckier
+//     round (a per-round max of two noisy rates is biased upward).
+//
 // b.N is the number of calls per variant.
 func runInterleaved(b *testing.B, vs []benchVariant, conc int) {
 	fns := make([][]func() error, len(vs))
@@ -149,35 +156,27 @@ func runInterleaved(b *testing.B, vs []benchVariant, conc int) {
 	turn := 100 * min(conc, 4)
 	rounds := max(1, b.N/turn)
 	total := make([]time.Duration, len(vs))
-	var guarded, fenced []float64
+	rates := map[string][]float64{}
+	var guarded []float64
 	b.ResetTimer()
 	for r := range rounds {
-		rate := make([]float64, len(vs))
+		rate := map[string]float64{}
 		for k := range vs {
 			i := (r + k) % len(vs)
 			d := runTurn(b, fns[i], turn)
 			total[i] += d
-			rate[i] = float64(turn) / d.Seconds()
+			rate[vs[i].name] = float64(turn) / d.Seconds()
+			rates[vs[i].name] = append(rates[vs[i].name], rate[vs[i].name])
 		}
-		byName := func(n string) float64 {
-			for i, v := range vs {
-				if v.name == n {
-					return rate[i]
-				}
-			}
-			b.Fatalf("no variant %s", n)
-			return 0
-		}
-		guarded = append(guarded, byName("guarded-write")/byName("raw-evalsha"))
-		fenced = append(fenced, byName("fenced-acquire-release")/
-			max(byName("redislock-obtain-release"), byName("redsync-lock-unlock")))
+		guarded = append(guarded, rate["guarded-write"]/rate["raw-evalsha"])
 	}
 	b.StopTimer()
 	for i, v := range vs {
 		b.ReportMetric(float64(rounds*turn)/total[i].Seconds(), v.name+"-ops/s")
 	}
 	b.ReportMetric(median(guarded), "guarded/raw")
-	b.ReportMetric(median(fenced), "fenced/bestlock")
+	b.ReportMetric(median(rates["fenced-acquire-release"])/
+		max(median(rates["redislock-obtain-release"]), median(rates["redsync-lock-unlock"])), "fenced/bestlock")
 }
 
 // runTurn makes n calls split over one goroutine per fn and returns how long
