@@ -357,11 +357,14 @@ func (s *Store) write(a *session.Aggregate, st *stored) (commands, error) {
 		}
 		cmds.add("set", key(id, "del"), raw)
 	}
-	for _, m := range a.Changed() {
+	changed := a.Changed()
+	raws := make([][]byte, len(changed))
+	for i, m := range changed {
 		raw, err := json.Marshal(m)
 		if err != nil {
 			return nil, err
 		}
+		raws[i] = raw
 		cmds.add("hset", key(id, "msgs"), m.ID, raw)
 		if st.states != nil {
 			st.states[m] = string(raw)
@@ -385,13 +388,35 @@ func (s *Store) write(a *session.Aggregate, st *stored) (commands, error) {
 		cmds.add(args...)
 	}
 	for _, e := range a.Events() {
-		kind, v, err := encodeEvent(e)
-		if err != nil {
+		var kind string
+		var v []byte
+		var err error
+		if i := storedAs(changed, e.Message); i >= 0 {
+			kind, v = string(e.Kind), raws[i] // the event's snapshot is the message as stored
+		} else if kind, v, err = encodeEvent(e); err != nil {
 			return nil, err
 		}
 		cmds.add("xadd", key(id, "events"), "maxlen", "~", s.eventCap, "*", "k", kind, "t", e.Time.UnixMilli(), "v", v)
 	}
 	return cmds, nil
+}
+
+// storedAs is the index of the changed message whose stored state equals
+// snap (a message event's snapshot), or -1.
+func storedAs(changed []*session.Message, snap *session.Message) int {
+	if snap == nil {
+		return -1
+	}
+	for i, m := range changed {
+		if m.ID == snap.ID {
+			c := *m
+			c.Content = ""
+			if c == *snap {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // Read loads the session's aggregate without changing it.
