@@ -1,0 +1,238 @@
+package notify
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// sessionService is a SessionNotifyService that records every call it
+// receives as "kind session" and fails the next calls of a session with
+// scripted codes.
+type sessionService struct {
+	sessionv1.UnimplementedSessionNotifyServiceServer
+
+	mu        sync.Mutex
+	fail      map[string][]codes.Code // session id → codes of its next calls
+	attempts  []string                // every call, in arrival order
+	delivered []string                // calls answered OK, in arrival order
+}
+
+func (s *sessionService) receive(kind string, r *sessionv1.RouteRef) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	call := kind + " " + r.GetSessionId()
+	s.attempts = append(s.attempts, call)
+	if next := s.fail[r.GetSessionId()]; len(next) > 0 {
+		s.fail[r.GetSessionId()] = next[1:]
+		return status.Error(next[0], "scripted failure")
+	}
+	s.delivered = append(s.delivered, call)
+	return nil
+}
+
+func (s *sessionService) calls() (attempts, delivered []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.attempts...), append([]string(nil), s.delivered...)
+}
+
+func (s *sessionService) NotifyRouteProgress(_ context.Context, r *sessionv1.NotifyRouteProgressRequest) (*sessionv1.NotifyRouteProgressResponse, error) {
+	return &sessionv1.NotifyRouteProgressResponse{}, s.receive("progress", r.GetRoute())
+}
+
+func (s *sessionService) NotifyRouteReady(_ context.Context, r *sessionv1.NotifyRouteReadyRequest) (*sessionv1.NotifyRouteReadyResponse, error) {
+	return &sessionv1.NotifyRouteReadyResponse{}, s.receive("ready", r.GetRoute())
+}
+
+func (s *sessionService) NotifyRouteReconnecting(_ context.Context, r *sessionv1.NotifyRouteReconnectingRequest) (*sessionv1.NotifyRouteReconnectingResponse, error) {
+	return &sessionv1.NotifyRouteReconnectingResponse{}, s.receive("reconnecting", r.GetRoute())
+}
+
+func (s *sessionService) NotifyRouteFailed(_ context.Context, r *sessionv1.NotifyRouteFailedRequest) (*sessionv1.NotifyRouteFailedResponse, error) {
+	return &sessionv1.NotifyRouteFailedResponse{}, s.receive("failed", r.GetRoute())
+}
+
+func (s *sessionService) NotifyRouteLost(_ context.Context, r *sessionv1.NotifyRouteLostRequest) (*sessionv1.NotifyRouteLostResponse, error) {
+	return &sessionv1.NotifyRouteLostResponse{}, s.receive("lost", r.GetRoute())
+}
+
+func (s *sessionService) NotifyRuntimeEvents(_ context.Context, r *sessionv1.NotifyRuntimeEventsRequest) (*sessionv1.NotifyRuntimeEventsResponse, error) {
+	return &sessionv1.NotifyRuntimeEventsResponse{}, s.receive("events", r.GetRoute())
+}
+
+func (s *sessionService) NotifyTurnOutcome(_ context.Context, r *sessionv1.NotifyTurnOutcomeRequest) (*sessionv1.NotifyTurnOutcomeResponse, error) {
+	return &sessionv1.NotifyTurnOutcomeResponse{}, s.receive("outcome", r.GetRoute())
+}
+
+// startNotifier serves svc over bufconn and runs a notifier against it
+// until the test ends.
+func startNotifier(t *testing.T, svc *sessionService, giveUp time.Duration) *Notifier {
+	t.Helper()
+	n := New(serve(t, svc), slog.New(slog.NewTextHandler(t.Output(), nil)), giveUp)
+	run(t, n)
+	return n
+}
+
+// serve serves svc over bufconn until the test ends.
+func serve(t *testing.T, svc *sessionService) sessionv1.SessionNotifyServiceClient {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	sessionv1.RegisterSessionNotifyServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///session",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(srv.Stop)
+	t.Cleanup(func() { _ = conn.Close() })
+	return sessionv1.NewSessionNotifyServiceClient(conn)
+}
+
+// run runs n until stop is called or the test ends; stop returns once Run
+// has returned.
+func run(t *testing.T, n *Notifier) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); n.Run(ctx) }()
+	stop = func() { cancel(); <-stopped }
+	t.Cleanup(stop)
+	return stop
+}
+
+func ref(session string) Ref {
+	return Ref{SessionID: session, SandboxID: "sb1", AllocationID: "a1", FenceToken: 7}
+}
+
+func TestSendsInOrderRaised(t *testing.T) {
+	svc := &sessionService{}
+	n := startNotifier(t, svc, 0)
+
+	n.Progress(ref("s1"), &runtimev1.ProgressStep{})
+	n.Ready(ref("s1"), "rs1", "w1")
+	n.Events(ref("s1"), nil)
+	n.Outcome(ref("s1"), &runtimev1.TurnOutcome{})
+	n.Reconnecting(ref("s1"))
+	n.Lost(ref("s1"), "wrapper gone")
+	n.Failed(ref("s2"), "clone failed", true)
+	n.Flush()
+
+	attempts, delivered := svc.calls()
+	want := []string{"progress s1", "ready s1", "events s1", "outcome s1", "reconnecting s1", "lost s1", "failed s2"}
+	require.Equal(t, want, delivered)
+	require.Equal(t, want, attempts)
+}
+
+func TestRetriesUnavailableAndLaterNotificationsWait(t *testing.T) {
+	svc := &sessionService{fail: map[string][]codes.Code{"s1": {codes.Unavailable, codes.Unavailable}}}
+	n := startNotifier(t, svc, 0)
+
+	n.Ready(ref("s1"), "rs1", "w1")
+	n.Lost(ref("s2"), "wrapper gone")
+	n.Flush()
+
+	attempts, delivered := svc.calls()
+	require.Equal(t, []string{"ready s1", "ready s1", "ready s1", "lost s2"}, attempts)
+	require.Equal(t, []string{"ready s1", "lost s2"}, delivered)
+}
+
+func TestDropsNonRetryableAndSendsTheNext(t *testing.T) {
+	svc := &sessionService{fail: map[string][]codes.Code{"s1": {codes.InvalidArgument}}}
+	n := startNotifier(t, svc, 0)
+
+	n.Failed(ref("s1"), "bad", false)
+	n.Progress(ref("s2"), &runtimev1.ProgressStep{})
+	n.Flush()
+
+	attempts, delivered := svc.calls()
+	require.Equal(t, []string{"failed s1", "progress s2"}, attempts, "InvalidArgument is not retried")
+	require.Equal(t, []string{"progress s2"}, delivered)
+}
+
+func TestGivesUpAfterGiveUp(t *testing.T) {
+	// A giveUp of 1ns has passed by the time the first call fails, so the
+	// notification is dropped after one attempt instead of being retried.
+	svc := &sessionService{fail: map[string][]codes.Code{"s1": {codes.Unavailable, codes.Unavailable, codes.Unavailable}}}
+	n := startNotifier(t, svc, time.Nanosecond)
+
+	n.Ready(ref("s1"), "rs1", "w1")
+	n.Outcome(ref("s2"), &runtimev1.TurnOutcome{})
+	n.Flush()
+
+	attempts, delivered := svc.calls()
+	require.Equal(t, []string{"ready s1", "outcome s2"}, attempts)
+	require.Equal(t, []string{"outcome s2"}, delivered)
+}
+
+func TestNilClientOnlyLogs(t *testing.T) {
+	var logs bytes.Buffer
+	n := New(nil, slog.New(slog.NewTextHandler(&logs, nil)), 0)
+	run(t, n)
+
+	n.Ready(ref("s1"), "rs1", "w1")
+	n.Lost(ref("s2"), "wrapper gone")
+	n.Flush() // returns: with no client every notification is done once logged
+
+	require.Contains(t, logs.String(), `msg="route notification" kind=ready session=s1 sandbox=sb1`)
+	require.Contains(t, logs.String(), `msg="route notification" kind=lost session=s2 sandbox=sb1`)
+	require.NotContains(t, logs.String(), "dropped")
+}
+
+func TestFlushWithNothingQueuedReturns(t *testing.T) {
+	svc := &sessionService{}
+	n := startNotifier(t, svc, 0)
+	n.Flush()
+	attempts, _ := svc.calls()
+	require.Empty(t, attempts)
+}
+
+func TestFlushWaitsForNotificationsRaisedBeforeRun(t *testing.T) {
+	// Notifications raised before Run starts are queued, not lost: Flush
+	// returns once Run has sent them.
+	var logs bytes.Buffer
+	n := New(nil, slog.New(slog.NewTextHandler(&logs, nil)), 0)
+	n.Ready(ref("s1"), "rs1", "w1")
+	run(t, n)
+	n.Flush()
+	require.Contains(t, logs.String(), "kind=ready session=s1")
+}
+
+func TestStopsRetryingWhenRunEnds(t *testing.T) {
+	// The session service stays unavailable: once Run's context ends, the
+	// notification being retried and the ones queued behind it are dropped,
+	// so shutdown (and Flush) does not wait out giveUp.
+	svc := &sessionService{fail: map[string][]codes.Code{"s1": make([]codes.Code, 1000)}}
+	for i := range svc.fail["s1"] {
+		svc.fail["s1"][i] = codes.Unavailable
+	}
+	n := New(serve(t, svc), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
+	stop := run(t, n)
+
+	n.Ready(ref("s1"), "rs1", "w1")
+	n.Lost(ref("s2"), "wrapper gone")
+	require.Eventually(t, func() bool { attempts, _ := svc.calls(); return len(attempts) > 0 }, 10*time.Second, time.Millisecond)
+	stop()
+	n.Flush()
+
+	attempts, delivered := svc.calls()
+	require.Empty(t, delivered)
+	require.NotContains(t, attempts, "lost s2", "nothing is sent after Run's context ended")
+}
