@@ -590,3 +590,24 @@ func TestSteadyUseRefreshesInBackground(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, e.cmds.n.Load(), before, "read on the request path")
 }
+
+// TestRefreshSeesAChangedScope: the background refresh renews a resolution
+// only while the scope's version is unchanged; after another replica's
+// write it resolves again.
+func TestRefreshSeesAChangedScope(t *testing.T) {
+	e := newEnv(t)
+	h, _, _, err := e.svc.Mint(ctx, sc, e.join(t, 1, 100, "sk-1"))
+	require.NoError(t, err)
+	r, err := e.svc.Resolve(ctx, h, "sbx-1")
+	require.NoError(t, err)
+	require.Len(t, r.Grant.Members, 1)
+	_, _, err = e.replica(t, policy).Adopt(ctx, sc, e.join(t, 2, 100, "sk-2")) // adds: no wait
+	require.NoError(t, err)
+
+	e.clock.Add(trustWindow * 6 / 10)
+	r, err = e.svc.Resolve(ctx, h, "sbx-1")
+	require.NoError(t, err)
+	require.Len(t, r.Grant.Members, 1, "the cached resolution, at most one window old")
+	require.Eventually(t, func() bool { c := e.svc.cache.get(handle.DigestOf(h)); return c != nil && len(c.r.Grant.Members) == 2 },
+		10*time.Second, time.Millisecond, "the refresh resolved the new version")
+}

@@ -21,6 +21,7 @@ type Resolved struct {
 	SecretDigest string
 
 	scopeID string
+	version string // of the scope state it was resolved from
 	entry   scope.Entry
 }
 
@@ -100,7 +101,7 @@ func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 			return nil, scope.ErrSandboxMismatch
 		}
 		if now.Sub(c.verified) >= s.window/2 && c.refreshing.CompareAndSwap(false, true) {
-			go s.refresh(d, sandboxID)
+			go s.refresh(d, c.r, sandboxID)
 		}
 		return c.r, nil
 	}
@@ -115,14 +116,21 @@ func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 	return r, nil
 }
 
-// refresh resolves a cached handle again off the request path. A result
-// that took longer than the window would already be untrusted, hence the
-// timeout; a failure or refusal drops the entry (the next request reads).
-func (s *Service) refresh(d handle.Digest, sandboxID string) {
+// refresh verifies a cached resolution again off the request path: one
+// round trip renews it while the scope's version is unchanged (versions
+// never repeat) and its backing credential exists (a credential is never
+// rewritten); otherwise it is resolved again. A result that took longer
+// than the window would already be untrusted, hence the timeout; a failure
+// or refusal drops the entry (the next request reads).
+func (s *Service) refresh(d handle.Digest, old *Resolved, sandboxID string) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.window)
 	defer cancel()
 	now := s.now()
-	r, err := s.resolveFromStore(ctx, d, sandboxID)
+	r := old
+	version, credOK, err := s.store.Freshness(ctx, old.scopeID, old.Member.CredentialRef)
+	if err == nil && (version != old.version || !credOK) {
+		r, err = s.resolveFromStore(ctx, d, sandboxID)
+	}
 	if err != nil {
 		s.cache.drop(d)
 		return
@@ -138,7 +146,7 @@ func (s *Service) resolveFromStore(ctx context.Context, d handle.Digest, sandbox
 	if err != nil {
 		return nil, err
 	}
-	st, _, err := s.store.LoadScope(ctx, id)
+	st, version, err := s.store.LoadScope(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +170,6 @@ func (s *Service) resolveFromStore(ctx context.Context, d handle.Digest, sandbox
 	}
 	return &Resolved{
 		Grant: grantOf(st, res.Entry), Member: res.Member, Secret: secret, SecretDigest: cred.SecretDigest,
-		scopeID: id, entry: res.Entry,
+		scopeID: id, version: version, entry: res.Entry,
 	}, nil
 }

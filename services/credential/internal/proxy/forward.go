@@ -110,7 +110,10 @@ func (f *forwarder) roundTrip(ctx context.Context, out *http.Request) (*http.Res
 func exchange(ctx context.Context, uc *upstreamConn, out *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { _ = uc.conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if err := out.Write(uc.bw); err != nil {
+	if out.Body != nil {
+		out.Body = &sendBeforeWait{ReadCloser: out.Body, bw: uc.bw}
+	}
+	if err := out.Write(headWriter{uc.bw}); err != nil {
 		return nil, err
 	}
 	if err := uc.bw.Flush(); err != nil {
@@ -129,6 +132,35 @@ func exchange(ctx context.Context, uc *upstreamConn, out *http.Request) (*http.R
 		}
 		return resp, ctx.Err()
 	}
+}
+
+// headWriter hides the *bufio.Writer from http.Request.Write, which would
+// otherwise flush the request head on its own before a body: the head then
+// leaves with the first body bytes, one write instead of two for the usual
+// small request.
+type headWriter struct{ bw *bufio.Writer }
+
+func (w headWriter) Write(p []byte) (int, error)       { return w.bw.Write(p) }
+func (w headWriter) WriteString(s string) (int, error) { return w.bw.WriteString(s) }
+func (w headWriter) WriteByte(c byte) error            { return w.bw.WriteByte(c) }
+
+// sendBeforeWait streams the caller's body: before each read after the
+// first it sends everything buffered so far, so nothing read waits upstream
+// for the caller's next bytes.
+type sendBeforeWait struct {
+	io.ReadCloser
+	bw      *bufio.Writer
+	started bool
+}
+
+func (b *sendBeforeWait) Read(p []byte) (int, error) {
+	if b.started {
+		if err := b.bw.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	b.started = true
+	return b.ReadCloser.Read(p)
 }
 
 // get returns an idle connection to u's host that is still open, or dials one.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,3 +209,45 @@ func TestForwardDoesNotFollowRedirectsOrLeakResponseHeaders(t *testing.T) {
 	require.NotContains(t, resp.Header.Get("Connection"), "X-Named")
 	c.CloseIdleConnections()
 }
+
+// countingConn counts the writes to the connection (each one a syscall on
+// a real socket).
+type countingConn struct {
+	net.Conn
+	writes int
+}
+
+func (c *countingConn) Write(p []byte) (int, error) { c.writes++; return c.Conn.Write(p) }
+
+func TestForwardSendsSmallRequestInOneWrite(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	cc := &countingConn{Conn: client}
+	uc := &upstreamConn{conn: cc, br: bufio.NewReader(cc), bw: bufio.NewWriter(cc)}
+	got := make(chan string, 1)
+	go func() {
+		req, err := http.ReadRequest(bufio.NewReader(server))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(req.Body)
+		got <- string(b)
+		_, _ = io.WriteString(server, "HTTP/1.1 204 No Content\r\n\r\n")
+	}()
+	body := `{"model":"m"}`
+	u, _ := url.Parse("http://upstream.test/v1/chat/completions")
+	out := &http.Request{Method: "POST", URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(&onlyReader{strings.NewReader(body)}), ContentLength: int64(len(body))}
+	resp, err := exchange(context.Background(), uc, out)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	require.Equal(t, body, <-got)
+	require.Equal(t, 1, cc.writes, "head and body in one write")
+}
+
+// onlyReader hides the concrete reader type, as a server request body does.
+type onlyReader struct{ r io.Reader }
+
+func (o *onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }

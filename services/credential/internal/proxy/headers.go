@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"net/http"
 	"strings"
 )
@@ -23,15 +24,37 @@ var callerCredential = map[string]bool{
 
 // credentialFragments catch API-key style headers by name: X-Api-Key,
 // Api-Key, Openai-Api-Key, X-Goog-Api-Key, X-Auth-Token, ...
-var credentialFragments = []string{"api-key", "apikey", "api_key", "auth-token", "access-token", "session-token"}
+var credentialFragments = [][]byte{[]byte("api-key"), []byte("apikey"), []byte("api_key"), []byte("auth-token"), []byte("access-token"), []byte("session-token")}
 
+// lowerName is name in lower case, in buf when it fits (a map lookup with
+// string(b) does not allocate).
+func lowerName(buf *[64]byte, name string) []byte {
+	b := buf[:0]
+	if len(name) > len(buf) {
+		b = make([]byte, 0, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// connectionNamed returns the header names listed in Connection (nil, no
+// allocation, when there is none).
 func connectionNamed(h http.Header) map[string]bool {
-	named := map[string]bool{}
+	var named map[string]bool
 	for k, vs := range h {
 		if strings.EqualFold(k, "connection") || strings.EqualFold(k, "proxy-connection") {
 			for _, v := range vs {
 				for f := range strings.SplitSeq(v, ",") {
 					if f = strings.TrimSpace(f); f != "" {
+						if named == nil {
+							named = map[string]bool{}
+						}
 						named[strings.ToLower(f)] = true
 					}
 				}
@@ -45,18 +68,24 @@ func connectionNamed(h http.Header) map[string]bool {
 // matches names case-insensitively, also in maps not built by net/http.
 func FilterRequest(h http.Header) {
 	named := connectionNamed(h)
+	var buf [64]byte
 	for k := range h {
-		n := strings.ToLower(k)
-		if hopByHop[n] || named[n] || callerCredential[n] ||
-			strings.HasPrefix(n, "x-forwarded-") || strings.HasPrefix(n, "x-agentplane-") || hasCredentialFragment(n) {
+		n := lowerName(&buf, k)
+		if hopByHop[string(n)] || named[string(n)] || callerCredential[string(n)] ||
+			bytes.HasPrefix(n, xForwarded) || bytes.HasPrefix(n, xAgentplane) || hasCredentialFragment(n) {
 			delete(h, k)
 		}
 	}
 }
 
-func hasCredentialFragment(n string) bool {
+var (
+	xForwarded  = []byte("x-forwarded-")
+	xAgentplane = []byte("x-agentplane-")
+)
+
+func hasCredentialFragment(n []byte) bool {
 	for _, f := range credentialFragments {
-		if strings.Contains(n, f) {
+		if bytes.Contains(n, f) {
 			return true
 		}
 	}
@@ -67,9 +96,10 @@ func hasCredentialFragment(n string) bool {
 // (including the attestation) from an upstream response.
 func FilterResponse(h http.Header) {
 	named := connectionNamed(h)
+	var buf [64]byte
 	for k := range h {
-		n := strings.ToLower(k)
-		if hopByHop[n] || named[n] || n == "set-cookie" || n == "set-cookie2" || strings.HasPrefix(n, "x-agentplane-") {
+		n := lowerName(&buf, k)
+		if hopByHop[string(n)] || named[string(n)] || string(n) == "set-cookie" || string(n) == "set-cookie2" || bytes.HasPrefix(n, xAgentplane) {
 			delete(h, k)
 		}
 	}

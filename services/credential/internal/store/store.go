@@ -193,3 +193,16 @@ func (s *Store) ScopeOfDigest(ctx context.Context, digest string) (string, error
 	}
 	return id, err
 }
+
+// Freshness reads, in one round trip, a scope's version and whether a
+// backing credential still exists: what a cached resolution must match to
+// be renewed.
+func (s *Store) Freshness(ctx context.Context, scopeID, credRef string) (version string, credential bool, err error) {
+	pipe := s.rdb.Pipeline()
+	v := pipe.Get(ctx, versionKey(scopeID))
+	e := pipe.Exists(ctx, credKey(credRef))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return "", false, err
+	}
+	return v.Val(), e.Val() == 1, nil
+}
