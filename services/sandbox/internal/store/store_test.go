@@ -1,0 +1,196 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"agentplane.dev/pkg/fence"
+	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/scope"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func route(sessionID, state string) *Route {
+	return &Route{SessionID: sessionID, Directory: "/src/app", RepoURL: "https://git.example/app", UserID: "u1", OrgID: "o1",
+		CredentialRef: "cred-ref", CredentialClass: "user", State: state, RuntimeSessionID: "rs-" + sessionID,
+		RuntimeKey: "k1", Contract: scope.PerSession, WrapperInstance: "w1", Updated: now}
+}
+
+// sandboxState is one of each record of sandbox sb1.
+func sandboxState() Snapshot {
+	return Snapshot{
+		AllocationID: "alloc-1",
+		Routes:       map[string]*Route{"s1": route("s1", RouteReady), "s2": route("s2", RoutePreparing)},
+		Scopes: map[string]*scope.Scope{"/src/app": {SandboxID: "sb1", Directory: "/src/app", Contract: scope.PerSession,
+			Class: "user", Members: map[string]string{"s1": "rs-s1"}}},
+		Wrappers: map[string]*Wrapper{"w1": {Instance: "w1", RuntimeKey: "k1", Allocation: "alloc-1", Generation: 2,
+			FenceToken: 9, CredDigest: []byte{0xde, 0xad, 0xbe, 0xef}}},
+		Slots: map[string]*Slot{
+			"k1": {RuntimeKey: "k1", Directory: "/src/app", Alloc: allocation.Allocation{Phase: allocation.Connected, LastHeartbeat: now, Instance: "w1"}},
+			"k2": {RuntimeKey: "k2", Directory: "/src/lib", Alloc: allocation.Allocation{Phase: allocation.Disconnected, Deadline: now, Reason: "heartbeat"}},
+			"k3": {RuntimeKey: "k3", Directory: "/src/doc", Alloc: allocation.Allocation{Phase: allocation.Stopping}},
+		},
+	}
+}
+
+// put writes s for sandbox sb1 through every Put function.
+func put(ctx context.Context, w Writer, s Snapshot) error {
+	if err := PutMeta(ctx, w, "sb1", s.AllocationID); err != nil {
+		return err
+	}
+	for _, r := range s.Routes {
+		if err := PutRoute(ctx, w, "sb1", r); err != nil {
+			return err
+		}
+	}
+	for _, sc := range s.Scopes {
+		if err := PutScope(ctx, w, sc); err != nil {
+			return err
+		}
+	}
+	for _, wr := range s.Wrappers {
+		if err := PutWrapper(ctx, w, "sb1", wr); err != nil {
+			return err
+		}
+	}
+	if err := PutSlot(ctx, w, "sb1", s.Slots["k1"]); err != nil {
+		return err
+	}
+	return PutSlots(ctx, w, "sb1", []*Slot{s.Slots["k2"], s.Slots["k3"]})
+}
+
+func TestKeysShareTheOwnerLeaseSlot(t *testing.T) {
+	require.Equal(t, "sbx:{sb1}:routes", Key("sb1", "routes"))
+	require.Equal(t, "sb1", fence.HashTag(Key("sb1", "routes")), "guarded by the owner lease of sb1")
+}
+
+func TestPutThenLoad(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	owner, err := ownership.Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	require.NoError(t, err)
+
+	empty, err := Load(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, Snapshot{Routes: map[string]*Route{}, Scopes: map[string]*scope.Scope{},
+		Wrappers: map[string]*Wrapper{}, Slots: map[string]*Slot{}}, empty)
+	alloc, err := AllocationID(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Empty(t, alloc)
+
+	want := sandboxState()
+	require.NoError(t, put(ctx, owner, want))
+	require.NoError(t, PutSlots(ctx, owner, "sb1", nil), "no slots is no write")
+	got, err := Load(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	alloc, err = AllocationID(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, "alloc-1", alloc)
+
+	// A write replaces the record of the same session; DeleteRoute removes one.
+	failed := route("s2", RouteFailed)
+	failed.FailureReason, failed.Retryable = "clone failed", true
+	require.NoError(t, PutRoute(ctx, owner, "sb1", failed))
+	require.NoError(t, DeleteRoute(ctx, owner, rdb, "sb1", "s1"))
+	require.NoError(t, DeleteRoute(ctx, owner, rdb, "sb1", "never-routed"))
+	got, err = Load(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, map[string]*Route{"s2": failed}, got.Routes)
+}
+
+func TestStaleOwnerChangesNothing(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	old, err := ownership.Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, put(ctx, old, sandboxState()))
+
+	// old's lease expires and replica b takes sb1 over.
+	require.NoError(t, rdb.Del(ctx, fence.LeaseKey("sb1")).Err())
+	_, err = ownership.Acquire(ctx, rdb, "sb1", "replica-b", time.Minute)
+	require.NoError(t, err)
+
+	changed := sandboxState()
+	changed.AllocationID = "alloc-2"
+	changed.Routes["s1"].State = RouteReleased
+	changed.Scopes["/src/app"].Members = nil
+	changed.Wrappers["w1"].Generation = 3
+	changed.Slots["k1"].Alloc.Phase = allocation.Stopping
+	changed.Slots["k2"].Alloc.Phase = allocation.Stopping
+	for name, write := range map[string]func() error{
+		"meta":    func() error { return PutMeta(ctx, old, "sb1", changed.AllocationID) },
+		"route":   func() error { return PutRoute(ctx, old, "sb1", changed.Routes["s1"]) },
+		"scope":   func() error { return PutScope(ctx, old, changed.Scopes["/src/app"]) },
+		"wrapper": func() error { return PutWrapper(ctx, old, "sb1", changed.Wrappers["w1"]) },
+		"slot":    func() error { return PutSlot(ctx, old, "sb1", changed.Slots["k1"]) },
+		"slots":   func() error { return PutSlots(ctx, old, "sb1", []*Slot{changed.Slots["k2"]}) },
+		"delete":  func() error { return DeleteRoute(ctx, old, rdb, "sb1", "s1") },
+	} {
+		err := write()
+		require.ErrorIs(t, err, fence.ErrStaleToken, name)
+		require.True(t, ownership.IsStale(err), name)
+	}
+
+	got, err := Load(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, sandboxState(), got)
+}
+
+func TestLoadSkipsRecordsThatDoNotParse(t *testing.T) {
+	// Documented: such a route is prepared again and such a wrapper is
+	// stopped by its lease; the records that parse still load.
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	owner, err := ownership.Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	require.NoError(t, err)
+	want := sandboxState()
+	require.NoError(t, put(ctx, owner, want))
+
+	for _, kind := range []string{"routes", "scopes", "wrappers", "slots"} {
+		require.NoError(t, rdb.HSet(ctx, Key("sb1", kind), "torn", `{"state":`, "wrong-shape", `["a list"]`).Err())
+	}
+	got, err := Load(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+}
+
+func TestLoadReturnsReadErrors(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+
+	require.NoError(t, rdb.Set(ctx, Key("sb1", "meta"), "not a hash", 0).Err())
+	_, err := Load(ctx, rdb, "sb1")
+	require.ErrorContains(t, err, "WRONGTYPE")
+	_, err = AllocationID(ctx, rdb, "sb1")
+	require.ErrorContains(t, err, "WRONGTYPE")
+
+	require.NoError(t, rdb.Set(ctx, Key("sb2", "slots"), "not a hash", 0).Err())
+	_, err = Load(ctx, rdb, "sb2")
+	require.ErrorContains(t, err, "WRONGTYPE")
+}
+
+func TestIndexed(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+
+	ids, err := Indexed(ctx, rdb)
+	require.NoError(t, err)
+	require.Empty(t, ids)
+
+	for _, id := range []string{"sb1", "sb2", "sb1"} {
+		require.NoError(t, Index(ctx, rdb, id))
+	}
+	ids, err = Indexed(ctx, rdb)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"sb1", "sb2"}, ids)
+}
