@@ -1,0 +1,44 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/services/credential/attestation"
+	"agentplane.dev/services/credential/internal/grants"
+	"agentplane.dev/services/credential/internal/scope"
+)
+
+// An attestation is reused for the same resolution for at most a second,
+// then signed afresh; another resolution gets its own.
+func TestAttestationReusedForASecond(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := []byte(strings.Repeat("k", 32))
+	p, err := New(Config{AttestationKey: key, Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	res := &grants.Resolved{Member: scope.Member{UserID: "u1", SessionID: "s1"}, SecretDigest: "d1"}
+	other := &grants.Resolved{Member: scope.Member{UserID: "u2", SessionID: "s2"}, SecretDigest: "d2"}
+
+	first, err := p.attestation(res)
+	require.NoError(t, err)
+	now = now.Add(attestationReuse - time.Millisecond)
+	again, err := p.attestation(res)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
+	o, err := p.attestation(other)
+	require.NoError(t, err)
+	c, err := attestation.Verify(key, o, now)
+	require.NoError(t, err)
+	require.Equal(t, "u2", c.UserID)
+
+	now = now.Add(time.Millisecond)
+	fresh, err := p.attestation(res)
+	require.NoError(t, err)
+	require.NotEqual(t, first, fresh)
+	c, err = attestation.Verify(key, fresh, now)
+	require.NoError(t, err)
+	require.Equal(t, now.UnixMilli(), c.IssuedAt)
+}
