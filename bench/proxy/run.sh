@@ -7,7 +7,9 @@
 # -conc keep-alive connections, and the credential process's CPU per request.
 #   bash bench/proxy/run.sh                      unpinned
 #   bash bench/proxy/run.sh -pin credential=1,redis=0,upstream=0,load=0
-# Extra flags go to proxybench (-rounds, -samples, -conc, -duration).
+# Extra flags go to proxybench (-rounds, -samples, -conc, -duration,
+# -generator wrk|go|auto for the throughput phase — wrk when installed,
+# `apt-get install -y wrk` —, -credential-gomaxprocs N).
 # REF_CREDENTIAL_BIN=/path/to/older/credential runs that binary's proxy too,
 # in the same rounds, as the reference.
 set -euo pipefail

@@ -9,6 +9,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +39,7 @@ type loadOptions struct {
 	samples     int           // sequential requests per round and kind
 	conc        int           // keep-alive connections in the throughput phase
 	duration    time.Duration // per throughput phase
+	generator   string        // throughput phase: "wrk" or "go"
 	grpcAddr    string
 	upstreamURL string
 	redisAddr   string
@@ -54,12 +58,13 @@ func (o *loadOptions) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.samples, "samples", 2000, "sequential requests per round and kind (concurrency 1)")
 	fs.IntVar(&o.conc, "conc", 32, "concurrent keep-alive connections in the throughput phases")
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "length of each throughput phase")
+	fs.StringVar(&o.generator, "generator", "auto", "throughput load generator: wrk (one thread, epoll; apt-get install wrk), go (net/http client, one goroutine per connection) or auto (wrk when on PATH)")
 }
 
 func (o *loadOptions) args() []string {
 	return []string{
 		"-rounds", strconv.Itoa(o.rounds), "-samples", strconv.Itoa(o.samples), "-conc", strconv.Itoa(o.conc),
-		"-duration", o.duration.String(), "-grpc", o.grpcAddr, "-upstream", o.upstreamURL, "-redis", o.redisAddr,
+		"-duration", o.duration.String(), "-generator", o.generator, "-grpc", o.grpcAddr, "-upstream", o.upstreamURL, "-redis", o.redisAddr,
 		"-proxies", o.proxiesText(),
 	}
 }
@@ -136,6 +141,23 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.generator == "auto" {
+		o.generator = "go"
+		if _, err := exec.LookPath("wrk"); err == nil {
+			o.generator = "wrk"
+		}
+	}
+	var wrkScript string
+	switch o.generator {
+	case "go":
+	case "wrk":
+		if wrkScript, err = writeWrkScript(); err != nil {
+			return err
+		}
+		defer os.RemoveAll(filepath.Dir(wrkScript))
+	default:
+		return fmt.Errorf("-generator: want wrk, go or auto, got %q", o.generator)
+	}
 	rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: 4})
 	defer rdb.Close()
 
@@ -162,10 +184,10 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(out, "%d rounds: %d sequential requests per kind (interleaved request by request), then %d connections for %s per HTTP kind (order rotating per round)\n",
-		o.rounds, o.samples, o.conc, o.duration)
+	fmt.Fprintf(out, "%d rounds: %d sequential requests per kind (Go net/http client, interleaved request by request), then %d connections for %s per HTTP kind (generator %s, order rotating per round)\n",
+		o.rounds, o.samples, o.conc, o.duration, o.generator)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tkind\tp50 µs\tp99 µs\tadded p50 µs\tgoal ≤ µs\treq/s\tproxy cpu µs/req\t")
+	fmt.Fprintln(tw, "round\tkind\tp50 µs\tp99 µs\tadded p50 µs\tgoal ≤ µs\treq/s\tproxy cpu µs/req\tload cpu µs/req\t")
 	var rounds [][]result
 	for i := range o.rounds {
 		res := make([]result, len(kinds))
@@ -186,11 +208,22 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 			j := 1 + (i+n)%(len(kinds)-1)
 			k := kinds[j]
 			cpu0 := procCPU(k.pid)
-			calls, d, err := throughput(ctx, k.http, o.conc, o.duration)
+			var calls int64
+			var d, loadCPU time.Duration
+			if o.generator == "wrk" {
+				calls, d, loadCPU, err = wrkThroughput(ctx, wrkScript, k.http, o.conc, o.duration)
+			} else {
+				self0 := procCPU(os.Getpid())
+				calls, d, err = throughput(ctx, k.http, o.conc, o.duration)
+				loadCPU = procCPU(os.Getpid()) - self0
+			}
 			if err != nil {
 				return err
 			}
 			res[j].rps = float64(calls) / d.Seconds()
+			if calls > 0 {
+				res[j].loadCPU = float64(loadCPU.Microseconds()) / float64(calls)
+			}
 			if k.pid != 0 && calls > 0 {
 				res[j].cpu = float64((procCPU(k.pid) - cpu0).Microseconds()) / float64(calls)
 			}
@@ -210,11 +243,11 @@ type kind struct {
 }
 
 // result is one kind in one round (µs, req/s).
-type result struct{ p50, p99, rps, cpu float64 }
+type result struct{ p50, p99, rps, cpu, loadCPU float64 }
 
 func printRound(w io.Writer, round string, kinds []kind, res []result) {
 	for j, k := range kinds {
-		added, goal, rps, cpu := "", "", "", ""
+		added, goal, rps, cpu, loadCPU := "", "", "", "", ""
 		if j >= 2 {
 			added = fmt.Sprintf("%.0f", res[j].p50-res[1].p50)
 			goal = fmt.Sprintf("%.0f", res[0].p50+100)
@@ -222,8 +255,9 @@ func printRound(w io.Writer, round string, kinds []kind, res []result) {
 		}
 		if j >= 1 {
 			rps = fmt.Sprintf("%.0f", res[j].rps)
+			loadCPU = fmt.Sprintf("%.0f", res[j].loadCPU)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t\n", round, k.name, res[j].p50, res[j].p99, added, goal, rps, cpu)
+		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", round, k.name, res[j].p50, res[j].p99, added, goal, rps, cpu, loadCPU)
 	}
 }
 
@@ -242,6 +276,7 @@ func medians(rounds [][]result) []result {
 		m[j] = result{
 			p50: col(j, func(r result) float64 { return r.p50 }), p99: col(j, func(r result) float64 { return r.p99 }),
 			rps: col(j, func(r result) float64 { return r.rps }), cpu: col(j, func(r result) float64 { return r.cpu }),
+			loadCPU: col(j, func(r result) float64 { return r.loadCPU }),
 		}
 	}
 	return m
@@ -275,6 +310,54 @@ func throughput(ctx context.Context, t target, conc int, d time.Duration) (int64
 	elapsed := time.Since(start)
 	close(errs)
 	return n.Load(), elapsed, <-errs
+}
+
+// wrkScript makes wrk send the same chat request as the Go client; the
+// Authorization value comes from the environment, never a file or argv.
+const wrkScript = `wrk.method = "POST"
+wrk.body = '` + chatRequest + `'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = os.getenv("PROXYBENCH_AUTH")
+`
+
+func writeWrkScript() (string, error) {
+	dir, err := os.MkdirTemp("", "proxybench-wrk-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "post.lua")
+	return path, os.WriteFile(path, []byte(wrkScript), 0o600)
+}
+
+var (
+	wrkDone   = regexp.MustCompile(`(\d+) requests in ([0-9.]+)(us|ms|s|m),`)
+	wrkFailed = regexp.MustCompile(`(Non-2xx or 3xx responses|Socket errors):.*`)
+)
+
+// wrkThroughput runs wrk (one thread, conc connections) against t for d. It
+// returns the completed requests, wrk's elapsed time and its CPU time; any
+// non-2xx answer or socket error fails the run.
+func wrkThroughput(ctx context.Context, script string, t target, conc int, d time.Duration) (int64, time.Duration, time.Duration, error) {
+	cmd := exec.CommandContext(ctx, "wrk", "-t", "1", "-c", strconv.Itoa(conc), "-d", d.String(), "-s", script, t.url)
+	cmd.Env = append(os.Environ(), "PROXYBENCH_AUTH="+t.auth)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("wrk: %w", err)
+	}
+	if m := wrkFailed.Find(out); m != nil {
+		return 0, 0, 0, fmt.Errorf("wrk against %s: %s", t.url, m)
+	}
+	m := wrkDone.FindSubmatch(out)
+	if m == nil {
+		return 0, 0, 0, fmt.Errorf("wrk: unexpected output %q", out)
+	}
+	n, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	elapsed, err := time.ParseDuration(string(m[2]) + string(m[3]))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return n, elapsed, cpu, nil
 }
 
 // procCPU is the user+system CPU time of pid (Linux /proc, clock ticks of 10 ms).

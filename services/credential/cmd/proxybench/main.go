@@ -4,9 +4,12 @@
 // load generator mints a handle over the CredentialService gRPC API (as the
 // sandbox service does) and measures, in one run and in interleaved rounds,
 // the Redis PING round trip, direct calls to the upstream and the same calls
-// through the proxy. bench/proxy/run.sh builds and runs it.
+// through the proxy: latency with the Go net/http client one request at a
+// time, throughput with wrk (or the Go client, -generator go), the same
+// generator for direct and proxied calls. bench/proxy/run.sh builds and
+// runs it.
 //
-//	proxybench -credential-bin PATH [-rounds 5] [-pin credential=1,redis=0,upstream=0,load=0]
+//	proxybench -credential-bin PATH [-rounds 5] [-generator auto] [-credential-gomaxprocs 0] [-pin credential=1,redis=0,upstream=0,load=0]
 //	proxybench upstream -addr HOST:PORT   (child process)
 //	proxybench load ...                   (child process)
 package main

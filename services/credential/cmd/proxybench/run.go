@@ -24,6 +24,7 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("proxybench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	credBins := fs.String("credential-bin", "", "the credential service binary (services/credential/cmd/credential); a comma-separated list runs one service per binary on the same redis-server and upstream and measures each proxy in the same rounds (e.g. reference,candidate)")
+	gomaxprocs := fs.Int("credential-gomaxprocs", 0, "GOMAXPROCS of every credential process (0: Go's default, the CPU count)")
 	pin := fs.String("pin", "", "taskset CPU list per process, e.g. credential=1,redis=0,upstream=0,load=0; empty: no pinning")
 	var lo loadOptions
 	lo.bind(fs)
@@ -92,9 +93,13 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	key := func() string { b := make([]byte, 32); _, _ = rand.Read(b); return base64.StdEncoding.EncodeToString(b) }
 	credKey, attKey := key(), key() // shared: every service reads the same stored credentials
+	var procsEnv []string
+	if *gomaxprocs > 0 {
+		procsEnv = []string{"GOMAXPROCS=" + strconv.Itoa(*gomaxprocs)}
+	}
 	for i, bin := range bins {
 		p := ports[2+3*i:]
-		cred, err := start("credential", []string{
+		cred, err := start("credential", append([]string{
 			"AGENTPLANE_REDIS_URL=redis://" + addr(ports[0]),
 			"AGENTPLANE_GRPC_ADDR=" + addr(p[0]),
 			"AGENTPLANE_PROXY_ADDR=" + addr(p[1]),
@@ -106,7 +111,7 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"AGENTPLANE_INGEST_ADDR=127.0.0.1:1", // ingest route unused here
 			"AGENTPLANE_LOG_LEVEL=warn",
 			"AGENTPLANE_DRAIN_DELAY=0s",
-		}, bin)
+		}, procsEnv...), bin)
 		if err != nil {
 			return err
 		}
@@ -123,7 +128,7 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	lo.grpcAddr, lo.upstreamURL, lo.redisAddr = addr(ports[2]), "http://"+addr(ports[1]), addr(ports[0])
-	fmt.Fprintf(stdout, "processes: redis-server, upstream, %d credential, load; pinning: %s\n", len(bins), pinText(*pin))
+	fmt.Fprintf(stdout, "processes: redis-server, upstream, %d credential (GOMAXPROCS %s), load; pinning: %s\n", len(bins), gomaxprocsText(*gomaxprocs), pinText(*pin))
 	cmd := exec.CommandContext(ctx, self, append([]string{"load"}, lo.args()...)...)
 	if c, ok := cpus["load"]; ok {
 		cmd = exec.CommandContext(ctx, "taskset", append([]string{"-c", c, self, "load"}, lo.args()...)...)
@@ -150,6 +155,13 @@ func parsePin(s string) (map[string]string, error) {
 		m[name] = cpu
 	}
 	return m, nil
+}
+
+func gomaxprocsText(n int) string {
+	if n <= 0 {
+		return "default"
+	}
+	return strconv.Itoa(n)
 }
 
 func pinText(s string) string {

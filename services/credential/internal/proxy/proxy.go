@@ -120,8 +120,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	out := p.outgoing(r, upstream, t, res)
 	if err := p.fwd.forward(r.Context(), w, out); err != nil {
-		p.metrics.upstreamErrors.Inc()
-		p.cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", t.Route, "error", err.Error())
+		if r.Context().Err() == nil { // a caller that went away is not an upstream failure
+			p.metrics.upstreamErrors.Inc()
+			p.cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", t.Route, "error", err.Error())
+		}
 		if errors.Is(err, errAfterHeaders) {
 			panic(http.ErrAbortHandler) // the status is out: cut the response short, never end it cleanly
 		}
