@@ -42,6 +42,7 @@ type loadOptions struct {
 	generator   string        // throughput phase: "wrk" or "go"
 	grpcAddr    string
 	upstreamURL string
+	upstreamPid int // for its CPU per request
 	redisAddr   string
 	proxies     []proxyTarget
 }
@@ -64,7 +65,7 @@ func (o *loadOptions) bind(fs *flag.FlagSet) {
 func (o *loadOptions) args() []string {
 	return []string{
 		"-rounds", strconv.Itoa(o.rounds), "-samples", strconv.Itoa(o.samples), "-conc", strconv.Itoa(o.conc),
-		"-duration", o.duration.String(), "-generator", o.generator, "-grpc", o.grpcAddr, "-upstream", o.upstreamURL, "-redis", o.redisAddr,
+		"-duration", o.duration.String(), "-generator", o.generator, "-grpc", o.grpcAddr, "-upstream", o.upstreamURL, "-upstream-pid", strconv.Itoa(o.upstreamPid), "-redis", o.redisAddr,
 		"-proxies", o.proxiesText(),
 	}
 }
@@ -129,6 +130,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	o.bind(fs)
 	fs.StringVar(&o.grpcAddr, "grpc", "", "credential gRPC address (mints the handle)")
 	fs.StringVar(&o.upstreamURL, "upstream", "", "upstream base URL")
+	fs.IntVar(&o.upstreamPid, "upstream-pid", 0, "upstream process id (CPU per request)")
 	fs.StringVar(&o.redisAddr, "redis", "", "redis-server address")
 	proxies := fs.String("proxies", "", "name@url@pid of each credential proxy")
 	if err := fs.Parse(args); err != nil {
@@ -187,7 +189,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "%d rounds: %d sequential requests per kind (Go net/http client, interleaved request by request), then %d connections for %s per HTTP kind (generator %s, order rotating per round)\n",
 		o.rounds, o.samples, o.conc, o.duration, o.generator)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tkind\tp50 µs\tp99 µs\tadded p50 µs\tgoal ≤ µs\treq/s\tproxy cpu µs/req\tload cpu µs/req\t")
+	fmt.Fprintln(tw, "round\tkind\tp50 µs\tp99 µs\tadded p50 µs\tgoal ≤ µs\treq/s\tproxy cpu µs/req\tload cpu µs/req\tupstream cpu µs/req\t")
 	var rounds [][]result
 	for i := range o.rounds {
 		res := make([]result, len(kinds))
@@ -207,7 +209,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		for n := range len(kinds) - 1 { // rotate which HTTP kind goes first
 			j := 1 + (i+n)%(len(kinds)-1)
 			k := kinds[j]
-			cpu0 := procCPU(k.pid)
+			cpu0, up0 := procCPU(k.pid), procCPU(o.upstreamPid)
 			var calls int64
 			var d, loadCPU time.Duration
 			if o.generator == "wrk" {
@@ -223,6 +225,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 			res[j].rps = float64(calls) / d.Seconds()
 			if calls > 0 {
 				res[j].loadCPU = float64(loadCPU.Microseconds()) / float64(calls)
+				res[j].upstreamCPU = float64((procCPU(o.upstreamPid) - up0).Microseconds()) / float64(calls)
 			}
 			if k.pid != 0 && calls > 0 {
 				res[j].cpu = float64((procCPU(k.pid) - cpu0).Microseconds()) / float64(calls)
@@ -243,11 +246,11 @@ type kind struct {
 }
 
 // result is one kind in one round (µs, req/s).
-type result struct{ p50, p99, rps, cpu, loadCPU float64 }
+type result struct{ p50, p99, rps, cpu, loadCPU, upstreamCPU float64 }
 
 func printRound(w io.Writer, round string, kinds []kind, res []result) {
 	for j, k := range kinds {
-		added, goal, rps, cpu, loadCPU := "", "", "", "", ""
+		added, goal, rps, cpu, loadCPU, upCPU := "", "", "", "", "", ""
 		if j >= 2 {
 			added = fmt.Sprintf("%.0f", res[j].p50-res[1].p50)
 			goal = fmt.Sprintf("%.0f", res[0].p50+100)
@@ -256,8 +259,9 @@ func printRound(w io.Writer, round string, kinds []kind, res []result) {
 		if j >= 1 {
 			rps = fmt.Sprintf("%.0f", res[j].rps)
 			loadCPU = fmt.Sprintf("%.0f", res[j].loadCPU)
+			upCPU = fmt.Sprintf("%.0f", res[j].upstreamCPU)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", round, k.name, res[j].p50, res[j].p99, added, goal, rps, cpu, loadCPU)
+		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", round, k.name, res[j].p50, res[j].p99, added, goal, rps, cpu, loadCPU, upCPU)
 	}
 }
 
@@ -276,7 +280,7 @@ func medians(rounds [][]result) []result {
 		m[j] = result{
 			p50: col(j, func(r result) float64 { return r.p50 }), p99: col(j, func(r result) float64 { return r.p99 }),
 			rps: col(j, func(r result) float64 { return r.rps }), cpu: col(j, func(r result) float64 { return r.cpu }),
-			loadCPU: col(j, func(r result) float64 { return r.loadCPU }),
+			loadCPU: col(j, func(r result) float64 { return r.loadCPU }), upstreamCPU: col(j, func(r result) float64 { return r.upstreamCPU }),
 		}
 	}
 	return m

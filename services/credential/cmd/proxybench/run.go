@@ -88,9 +88,11 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		"--dir", dir, "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log")); err != nil {
 		return err
 	}
-	if _, err := start("upstream", nil, self, "upstream", "-addr", addr(ports[1])); err != nil {
+	up, err := start("upstream", nil, self, "upstream", "-addr", addr(ports[1]))
+	if err != nil {
 		return err
 	}
+	lo.upstreamPid = up.Process.Pid
 	key := func() string { b := make([]byte, 32); _, _ = rand.Read(b); return base64.StdEncoding.EncodeToString(b) }
 	credKey, attKey := key(), key() // shared: every service reads the same stored credentials
 	var procsEnv []string
