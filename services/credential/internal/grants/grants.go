@@ -4,8 +4,8 @@
 //
 // Resolutions are cached per process and trusted without Redis for
 // TrustWindow, counted on the monotonic clock from just before the Redis
-// read that verified them (docs/decisions.md, "revocation by waiting out the
-// resolution caches"). Every write that can take away something a cached
+// read that verified them (docs/decisions.md #16: revocation by waiting out
+// the resolution caches). Every write that can take away something a cached
 // resolution allows (a member released, entries retired, a rotation cutting
 // the old handle to its overlap, a backing credential deleted, a mint that
 // narrows the scope) waits TrustWindow plus a clock-rate margin after its
