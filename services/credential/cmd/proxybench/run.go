@@ -25,6 +25,7 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	credBins := fs.String("credential-bin", "", "the credential service binary (services/credential/cmd/credential); a comma-separated list runs one service per binary on the same redis-server and upstream and measures each proxy in the same rounds (e.g. reference,candidate)")
 	gomaxprocs := fs.Int("credential-gomaxprocs", 0, "GOMAXPROCS of every credential process (0: Go's default, the CPU count)")
+	upstreamProcs := fs.Int("upstream-gomaxprocs", 0, "GOMAXPROCS of the fake upstream (0: Go's default)")
 	pin := fs.String("pin", "", "taskset CPU list per process, e.g. credential=1,redis=0,upstream=0,load=0; empty: no pinning")
 	var lo loadOptions
 	lo.bind(fs)
@@ -88,7 +89,11 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		"--dir", dir, "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log")); err != nil {
 		return err
 	}
-	up, err := start("upstream", nil, self, "upstream", "-addr", addr(ports[1]))
+	var upEnv []string
+	if *upstreamProcs > 0 {
+		upEnv = []string{"GOMAXPROCS=" + strconv.Itoa(*upstreamProcs)}
+	}
+	up, err := start("upstream", upEnv, self, "upstream", "-addr", addr(ports[1]))
 	if err != nil {
 		return err
 	}
@@ -130,7 +135,8 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	lo.grpcAddr, lo.upstreamURL, lo.redisAddr = addr(ports[2]), "http://"+addr(ports[1]), addr(ports[0])
-	fmt.Fprintf(stdout, "processes: redis-server, upstream, %d credential (GOMAXPROCS %s), load; pinning: %s\n", len(bins), gomaxprocsText(*gomaxprocs), pinText(*pin))
+	fmt.Fprintf(stdout, "processes: redis-server, upstream (GOMAXPROCS %s), %d credential (GOMAXPROCS %s), load; pinning: %s\n",
+		gomaxprocsText(*upstreamProcs), len(bins), gomaxprocsText(*gomaxprocs), pinText(*pin))
 	cmd := exec.CommandContext(ctx, self, append([]string{"load"}, lo.args()...)...)
 	if c, ok := cpus["load"]; ok {
 		cmd = exec.CommandContext(ctx, "taskset", append([]string{"-c", c, self, "load"}, lo.args()...)...)
