@@ -1,7 +1,7 @@
 package fence_test
 
 import (
-	"slices"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -131,18 +131,20 @@ func runConcurrent(b *testing.B, fns []func() error) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
 }
 
-// runInterleaved runs all variants side by side in short turns (rotating
-// which goes first) and reports each variant's ops/s over all its turns plus
-// the two goal ratios. On a shared machine the background load changes
-// within a second; turns of a few milliseconds expose every variant to the
-// same load, where whole sub-benchmarks run apart would not.
+// runInterleaved runs all variants side by side in short turns, in a new
+// random order each round, and reports each variant's rate over all its
+// turns (calls / time spent in them) and the two goal ratios of those
+// rates: guarded/raw, and fenced/bestlock against the faster of redislock
+// and redsync. On a shared machine the background load changes within a
+// second; turns of a few milliseconds expose every variant to the same load,
+// where whole sub-benchmarks run apart would not.
 //
-//   - guarded/raw: the median over rounds of the round's guarded-write rate
-//     over its raw EVALSHA rate (a fixed pair, compared round by round).
-//   - fenced/bestlock: the fenced cycle's median rate over rounds against
-//     the larger of redislock's and redsync's median rates: "the faster
-//     lock" is the library that is faster, not whichever had the luckier
-//     round (a per-round max of two noisy rates is biased upward).
+// Why these choices: with a fixed rotation each variant always followed the
+// same one, and on a quiet VM that alone moved the fenced cycle's median
+// per-round rate by a third (after redsync's slow turns the CPUs idle
+// deeper); per-turn rates are bimodal there, so medians jump between modes,
+// and a per-round max of two noisy rates favours the reference. Rates over
+// all turns in a random order have none of these biases.
 //
 // b.N is the number of calls per variant.
 func runInterleaved(b *testing.B, vs []benchVariant, conc int) {
@@ -156,27 +158,22 @@ func runInterleaved(b *testing.B, vs []benchVariant, conc int) {
 	turn := 100 * min(conc, 4)
 	rounds := max(1, b.N/turn)
 	total := make([]time.Duration, len(vs))
-	rates := map[string][]float64{}
-	var guarded []float64
+	order := rand.New(rand.NewPCG(1, uint64(conc))) // a new order each round, the same each run
 	b.ResetTimer()
-	for r := range rounds {
-		rate := map[string]float64{}
-		for k := range vs {
-			i := (r + k) % len(vs)
-			d := runTurn(b, fns[i], turn)
-			total[i] += d
-			rate[vs[i].name] = float64(turn) / d.Seconds()
-			rates[vs[i].name] = append(rates[vs[i].name], rate[vs[i].name])
+	for range rounds {
+		for _, i := range order.Perm(len(vs)) {
+			total[i] += runTurn(b, fns[i], turn)
 		}
-		guarded = append(guarded, rate["guarded-write"]/rate["raw-evalsha"])
 	}
 	b.StopTimer()
+	rate := map[string]float64{}
 	for i, v := range vs {
-		b.ReportMetric(float64(rounds*turn)/total[i].Seconds(), v.name+"-ops/s")
+		rate[v.name] = float64(rounds*turn) / total[i].Seconds()
+		b.ReportMetric(rate[v.name], v.name+"-ops/s")
 	}
-	b.ReportMetric(median(guarded), "guarded/raw")
-	b.ReportMetric(median(rates["fenced-acquire-release"])/
-		max(median(rates["redislock-obtain-release"]), median(rates["redsync-lock-unlock"])), "fenced/bestlock")
+	b.ReportMetric(rate["guarded-write"]/rate["raw-evalsha"], "guarded/raw")
+	b.ReportMetric(rate["fenced-acquire-release"]/
+		max(rate["redislock-obtain-release"], rate["redsync-lock-unlock"]), "fenced/bestlock")
 }
 
 // runTurn makes n calls split over one goroutine per fn and returns how long
@@ -199,13 +196,4 @@ func runTurn(b *testing.B, fns []func() error, n int) time.Duration {
 	}
 	wg.Wait()
 	return time.Since(start)
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
