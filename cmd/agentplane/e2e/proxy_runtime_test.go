@@ -38,9 +38,11 @@ import (
 	session "agentplane.dev/services/session/server"
 )
 
-// agentplaneBin is the real all-in-one binary, built once: the sandbox
-// service launches it as the wrapper, which runs its scripted runtime.
-var agentplaneBin string
+// wrapperBin is the real agentplane-wrapper binary, built once, as deployed
+// (the image's AGENTPLANE_WRAPPER_BIN): the sandbox service launches it as the
+// wrapper, which runs its scripted runtime. TestDev covers the all-in-one
+// binary in that role.
+var wrapperBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "agentplane-e2e-bin-")
@@ -48,11 +50,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	agentplaneBin = filepath.Join(dir, "agentplane")
-	build := exec.Command("go", "build", "-o", agentplaneBin, "..")
+	wrapperBin = filepath.Join(dir, "agentplane-wrapper")
+	build := exec.Command("go", "build", "-o", wrapperBin, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build agentplane:", err)
+		fmt.Fprintln(os.Stderr, "build agentplane-wrapper:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -171,7 +173,7 @@ func startSuite(t testing.TB) *suite {
 	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
 	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
 	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
-	bcfg.SandboxRoot, bcfg.WrapperBin = s.root, agentplaneBin
+	bcfg.SandboxRoot, bcfg.WrapperBin = s.root, wrapperBin
 
 	scfg := session.DefaultConfig()
 	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
