@@ -147,6 +147,22 @@ func TestProxyIngestAgainstRealIngest(t *testing.T) {
 	require.Len(t, exp.Items, 1)
 	require.JSONEq(t, `{"text":"hello"}`, string(exp.Items[0].Payload))
 
+	// The title route: a session item "title"; an older version is ignored.
+	code, body = call("PUT", "/ingest/v1/sessions/rs-s2/title", wt.GetHandle(), `{"title":"Fix the build","version":2}`)
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = call("PUT", "/ingest/v1/sessions/rs-s2/title", sib.GetHandle(), `{"title":"Stale","version":1}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.JSONEq(t, `{"applied":0,"ignored":1}`, withoutCursor(t, body))
+	code, body = call("GET", "/ingest/v1/sessions/rs-s2/export", wt.GetHandle(), "")
+	require.Equal(t, http.StatusOK, code, body)
+	exp.Items = nil
+	require.NoError(t, json.Unmarshal([]byte(body), &exp))
+	titles := map[string]string{}
+	for _, it := range exp.Items {
+		titles[it.ItemID] = string(it.Payload)
+	}
+	require.JSONEq(t, `{"title":"Fix the build"}`, titles["title"], "export: %s", body)
+
 	// v1: the per-session handle writes its own root only.
 	code, body = call("POST", "/ingest/v1/sessions/rs-s3/items", ps.GetHandle(), batch)
 	require.Equal(t, http.StatusOK, code, body)
@@ -171,4 +187,15 @@ func TestProxyIngestAgainstRealIngest(t *testing.T) {
 	require.NoError(t, err)
 	code, _ = call("POST", "/ingest/v1/sessions/rs-s2/items", wt.GetHandle(), batch)
 	require.Equal(t, http.StatusUnauthorized, code)
+}
+
+// withoutCursor drops the cursor from an ingest answer (it depends on time).
+func withoutCursor(t *testing.T, body string) string {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &m))
+	delete(m, "cursor")
+	b, err := json.Marshal(m)
+	require.NoError(t, err)
+	return string(b)
 }

@@ -360,3 +360,41 @@ func corrupt(h string) string {
 	}
 	return h[:len(h)-1] + string(last)
 }
+
+// The title route stores a runtime session's title as its "title" session
+// item, under the same policy as items: any member root for a worktree
+// handle (v2), the own root for a per-session handle (v1).
+func TestProxyTitle(t *testing.T) {
+	h := startHarness(t)
+	wtm := h.mint(t, "sbx-a", "/w/repo", "s1", "sk-1", wt, 100)
+	_, err := h.adopt(t, "sbx-a", "/w/repo", "s2", "sk-2", 100)
+	require.NoError(t, err)
+	psm := h.mint(t, "sbx-a", "/w/per", "s3", "sk-3", ps, 100)
+	title := func(path, handle, body string) int {
+		return h.do(t, "PUT", "/s/sbx-a/ingest/v1/sessions/"+path+"/title", handle, nil, strings.NewReader(body)).StatusCode
+	}
+
+	require.Equal(t, http.StatusOK, title("rs-s2", wtm.handle, `{"title":"Fix the build","version":3}`))
+	require.Equal(t, http.StatusOK, title("rs-s3", psm.handle, `{"title":"Per session","version":1}`))
+	require.Equal(t, http.StatusForbidden, title("rs-s1", psm.handle, `{"title":"x","version":1}`))
+	require.Equal(t, http.StatusForbidden, title("rs-stranger", wtm.handle, `{"title":"x","version":1}`))
+	for _, bad := range []string{`{"title":"","version":1}`, `{"title":"x","version":0}`, `{"title":"a\nb","version":1}`,
+		`{"title":"x","version":1,"extra":true}`, `not json`, `{"title":"` + strings.Repeat("x", 257) + `","version":1}`} {
+		require.Equal(t, http.StatusBadRequest, title("rs-s2", wtm.handle, bad), bad)
+	}
+	require.Equal(t, http.StatusNotFound, h.do(t, "GET", "/s/sbx-a/ingest/v1/sessions/rs-s2/title", wtm.handle, nil, nil).StatusCode)
+
+	h.ingest.mu.Lock()
+	defer h.ingest.mu.Unlock()
+	require.Len(t, h.ingest.ingests, 2, "refused and bad requests reach ingest never")
+	v2 := h.ingest.ingests[0]
+	require.Equal(t, "rs-s2", v2.GetRuntimeSessionId())
+	require.Equal(t, "rs-s1", v2.GetScope().GetV2().GetResolvingRuntimeSessionId())
+	require.Len(t, v2.GetItems(), 1)
+	it := v2.GetItems()[0]
+	require.Equal(t, "title", it.GetItemId())
+	require.Equal(t, ingestv1.ItemType_ITEM_TYPE_SESSION, it.GetType())
+	require.Equal(t, uint64(3), it.GetVersion())
+	require.JSONEq(t, `{"title":"Fix the build"}`, string(it.GetPayload()))
+	require.Equal(t, "rs-s3", h.ingest.ingests[1].GetScope().GetV1().GetRuntimeSessionId())
+}

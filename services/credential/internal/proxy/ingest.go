@@ -54,7 +54,7 @@ func typeName(t ingestv1.ItemType) string {
 	return strings.ToLower(strings.TrimPrefix(t.String(), "ITEM_TYPE_"))
 }
 
-// serveIngest handles ingest/v1/sessions/{runtime_session_id}/{items|export}.
+// serveIngest handles ingest/v1/sessions/{runtime_session_id}/{items|export|title}.
 // The network policy admits a per-session handle to its own runtime session
 // (v1 metadata) and a worktree handle to any live member root of its scope
 // (v2 metadata naming the member it resolved through).
@@ -65,7 +65,8 @@ func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, re
 		return
 	}
 	rsid, op := rest[2], rest[3]
-	if (op != "items" || r.Method != http.MethodPost) && (op != "export" || r.Method != http.MethodGet) {
+	if (op != "items" || r.Method != http.MethodPost) && (op != "export" || r.Method != http.MethodGet) &&
+		(op != "title" || r.Method != http.MethodPut) {
 		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
 		return
 	}
@@ -92,6 +93,10 @@ func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, re
 			out.Items = append(out.Items, itemToJSON(it))
 		}
 		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	if op == "title" {
+		p.serveTitle(w, r, res, rsid, meta)
 		return
 	}
 	var batch BatchJSON
