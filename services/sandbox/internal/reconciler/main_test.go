@@ -76,5 +76,11 @@ func launcher() error {
 		return err
 	}
 	pids = append(pids, fmt.Sprint(o.PID))
-	return os.WriteFile(os.Getenv("T_PIDS"), []byte(strings.Join(pids, " ")), 0o644)
+	// Written whole, then renamed: the test reads the file as soon as it
+	// exists, and os.WriteFile creates it before writing.
+	tmp := os.Getenv("T_PIDS") + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strings.Join(pids, " ")), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, os.Getenv("T_PIDS"))
 }
