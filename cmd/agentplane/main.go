@@ -13,7 +13,6 @@ import (
 
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
-	"agentplane.dev/services/sandbox/runtime/scripted"
 	sandbox "agentplane.dev/services/sandbox/server"
 	"agentplane.dev/services/sandbox/wrapper"
 	session "agentplane.dev/services/session/server"
@@ -41,14 +40,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	if code, ok := wrapper.Subcommand(args); ok {
+		return code
+	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
-	case "wrapper":
-		return wrapper.Main(rest)
 	case "runtime":
-		if len(rest) > 0 && rest[0] == "scripted" {
-			return scripted.Main(rest[1:])
-		}
 		fmt.Fprintln(stderr, "usage: agentplane runtime scripted")
 		return 2
 	case "-h", "--help", "help":

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 
-	"agentplane.dev/services/sandbox/runtime/scripted"
 	"agentplane.dev/services/sandbox/wrapper"
 )
 
@@ -24,12 +23,8 @@ const usage = `usage:
 `
 
 func main() {
-	args := os.Args[1:]
-	switch {
-	case len(args) > 0 && args[0] == "wrapper":
-		os.Exit(wrapper.Main(args[1:]))
-	case len(args) > 1 && args[0] == "runtime" && args[1] == "scripted":
-		os.Exit(scripted.Main(args[2:]))
+	if code, ok := wrapper.Subcommand(os.Args[1:]); ok {
+		os.Exit(code)
 	}
 	fmt.Fprint(os.Stderr, usage)
 	os.Exit(2)

@@ -10,18 +10,14 @@ import (
 	"os/signal"
 	"syscall"
 
-	"agentplane.dev/services/sandbox/runtime/scripted"
 	"agentplane.dev/services/sandbox/server"
 	"agentplane.dev/services/sandbox/wrapper"
 )
 
 func main() {
 	args := os.Args[1:]
-	switch {
-	case len(args) > 0 && args[0] == "wrapper":
-		os.Exit(wrapper.Main(args[1:]))
-	case len(args) > 1 && args[0] == "runtime" && args[1] == "scripted":
-		os.Exit(scripted.Main(args[2:]))
+	if code, ok := wrapper.Subcommand(args); ok {
+		os.Exit(code)
 	}
 	cfg, err := server.LoadConfig(args, os.LookupEnv)
 	if err != nil {
