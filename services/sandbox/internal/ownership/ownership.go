@@ -9,6 +9,7 @@ package ownership
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -58,8 +59,13 @@ func Current(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (
 	if err != nil {
 		return "", 0, err
 	}
-	tok, owner, _ := strings.Cut(v, ":")
-	t, _ := strconv.ParseUint(tok, 10, 64)
+	// A value that is not "<token>:<owner>" is not absence: report it, so
+	// no caller takes over a sandbox it cannot prove is free.
+	tok, owner, ok := strings.Cut(v, ":")
+	t, err := strconv.ParseUint(tok, 10, 64)
+	if !ok || err != nil || t == 0 || owner == "" {
+		return "", 0, fmt.Errorf("ownership: malformed owner lease of sandbox %s", sandboxID)
+	}
 	return owner, t, nil
 }
 

@@ -117,3 +117,17 @@ func TestIsStale(t *testing.T) {
 	require.False(t, IsStale(errors.New("connection refused")))
 	require.False(t, IsStale(nil))
 }
+
+// A lease value that is not "<token>:<owner>" is an error, not a free
+// sandbox.
+func TestCurrentRefusesAMalformedLease(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	for _, v := range []string{"garbage", "0:owner", "12:", "x:owner", ":owner"} {
+		require.NoError(t, rdb.Set(ctx, fence.LeaseKey("sb-bad"), v, 0).Err())
+		owner, token, err := Current(ctx, rdb, "sb-bad")
+		require.Error(t, err, "value %q", v)
+		require.Empty(t, owner)
+		require.Zero(t, token)
+	}
+}
