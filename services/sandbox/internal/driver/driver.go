@@ -329,6 +329,9 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 		cancel()
 		return nil, err
 	}
+	if len(snap.Unparsable) > 0 {
+		d.log.Warn("sandbox records skipped: they do not parse", "sandbox", id, "records", snap.Unparsable)
+	}
 	if err := store.Index(sctx, d.cfg.Redis, id); err != nil {
 		_ = o.Release(context.Background())
 		cancel()

@@ -85,6 +85,9 @@ type Snapshot struct {
 	Scopes       map[string]*scope.Scope
 	Wrappers     map[string]*Wrapper
 	Slots        map[string]*Slot
+	// Unparsable names the records skipped because they did not parse
+	// ("routes/<field>", ...), so the caller can tell an operator.
+	Unparsable []string
 }
 
 // Writer runs guarded writes (the sandbox's Owner).
@@ -93,9 +96,9 @@ type Writer interface {
 	Token() uint64
 }
 
-// Load reads a sandbox. A record that does not parse is skipped (its route
-// is re-prepared by the session service; a wrapper it described can no
-// longer authenticate and is stopped by its lease).
+// Load reads a sandbox. A record that does not parse is skipped and named in
+// Unparsable (its route is re-prepared by the session service; a wrapper it
+// described can no longer authenticate and is stopped by its lease).
 func Load(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (Snapshot, error) {
 	s := Snapshot{Routes: map[string]*Route{}, Scopes: map[string]*scope.Scope{}, Wrappers: map[string]*Wrapper{}, Slots: map[string]*Slot{}}
 	alloc, err := rdb.HGet(ctx, Key(sandboxID, "meta"), "allocation_id").Result()
@@ -103,28 +106,30 @@ func Load(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (Sna
 		return s, err
 	}
 	s.AllocationID = alloc
-	if err := loadHash(ctx, rdb, Key(sandboxID, "routes"), s.Routes); err != nil {
+	if err := loadHash(ctx, rdb, sandboxID, "routes", s.Routes, &s.Unparsable); err != nil {
 		return s, err
 	}
-	if err := loadHash(ctx, rdb, Key(sandboxID, "scopes"), s.Scopes); err != nil {
+	if err := loadHash(ctx, rdb, sandboxID, "scopes", s.Scopes, &s.Unparsable); err != nil {
 		return s, err
 	}
-	if err := loadHash(ctx, rdb, Key(sandboxID, "wrappers"), s.Wrappers); err != nil {
+	if err := loadHash(ctx, rdb, sandboxID, "wrappers", s.Wrappers, &s.Unparsable); err != nil {
 		return s, err
 	}
-	return s, loadHash(ctx, rdb, Key(sandboxID, "slots"), s.Slots)
+	return s, loadHash(ctx, rdb, sandboxID, "slots", s.Slots, &s.Unparsable)
 }
 
-func loadHash[T any](ctx context.Context, rdb redis.UniversalClient, key string, into map[string]*T) error {
-	m, err := rdb.HGetAll(ctx, key).Result()
+func loadHash[T any](ctx context.Context, rdb redis.UniversalClient, sandboxID, kind string, into map[string]*T, unparsable *[]string) error {
+	m, err := rdb.HGetAll(ctx, Key(sandboxID, kind)).Result()
 	if err != nil {
 		return err
 	}
 	for k, v := range m {
 		var t T
-		if json.Unmarshal([]byte(v), &t) == nil {
-			into[k] = &t
+		if json.Unmarshal([]byte(v), &t) != nil {
+			*unparsable = append(*unparsable, kind+"/"+k)
+			continue
 		}
+		into[k] = &t
 	}
 	return nil
 }

@@ -161,6 +161,9 @@ func TestLoadSkipsRecordsThatDoNotParse(t *testing.T) {
 	}
 	got, err := Load(ctx, rdb, "sb1")
 	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"routes/torn", "routes/wrong-shape", "scopes/torn", "scopes/wrong-shape",
+		"wrappers/torn", "wrappers/wrong-shape", "slots/torn", "slots/wrong-shape"}, got.Unparsable)
+	got.Unparsable = nil
 	require.Equal(t, want, got)
 }
 
