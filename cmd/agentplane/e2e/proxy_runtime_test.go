@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/logging/logtest"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -94,7 +94,7 @@ type suite struct {
 	up      *upstream
 	attKey  []byte
 	root    string
-	logs    *syncBuffer
+	logs    *logtest.Buffer
 	stopped func()
 	// run makes the suite's sandbox ids its own: wrappers are found by
 	// their sandbox marker in /proc, machine-wide, so two suites (a repeated
@@ -102,27 +102,10 @@ type suite struct {
 	run string
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // captureStderr sends everything written to os.Stderr (where every
 // service's slog handler writes) to a buffer until the test ends.
-func captureStderr(t testing.TB) *syncBuffer {
-	buf := &syncBuffer{}
+func captureStderr(t testing.TB) *logtest.Buffer {
+	buf := &logtest.Buffer{}
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
 	orig := os.Stderr

@@ -1,13 +1,11 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,32 +15,15 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/logging/logtest"
 )
-
-// syncBuffer collects a child's stderr.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // replica is a sandbox-service replica running as its own process.
 type replica struct {
 	name   string
 	addr   string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *logtest.Buffer
 	client sandboxv1.SandboxServiceClient
 	done   chan struct{}
 }
@@ -75,7 +56,7 @@ func startReplica(t *testing.T, name, addr, peers, root, notifyAddr string) *rep
 		"AGENTPLANE_SANDBOX_RECONNECT_WINDOW=20s",
 		"AGENTPLANE_LOG_FORMAT=text",
 	}
-	r := &replica{name: name, addr: addr, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	r := &replica{name: name, addr: addr, cmd: cmd, stderr: &logtest.Buffer{}, done: make(chan struct{})}
 	cmd.Stderr = r.stderr
 	require.NoError(t, cmd.Start())
 	go func() { _ = cmd.Wait(); close(r.done) }()

@@ -18,6 +18,7 @@ import (
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/logging/logtest"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/session/internal/service"
 )
@@ -54,7 +55,7 @@ type env struct {
 	svc     *service.Service
 	api     sessionv1.SessionServiceClient
 	notify  sessionv1.SessionNotifyServiceClient
-	logs    *lockedBuffer
+	logs    *logtest.Buffer
 }
 
 type envOpt func(*Config)
@@ -71,7 +72,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	rs := redistest.Start(t)
 	e := &env{t: t, rdb: rs.Client(t), redis: rs, sandbox: newFakeSandbox(), creds: newFakeCredential(),
 		ingest: &fakeIngest{deleted: map[string]bool{}},
-		clock:  &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}, logs: &lockedBuffer{}}
+		clock:  &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}, logs: &logtest.Buffer{}}
 	cfg := DefaultConfig()
 	cfg.RedisURL = "redis://" + rs.Addr()
 	cfg.MetricsAddr = ""
