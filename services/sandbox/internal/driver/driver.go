@@ -127,13 +127,7 @@ type Driver struct {
 // their reconnect window) to the replica that takes the sandboxes over.
 func (d *Driver) CloseWrapperStreams() {
 	d.closing.Store(true)
-	d.mu.Lock()
-	all := make([]*sandbox, 0, len(d.sandboxes))
-	for _, sb := range d.sandboxes {
-		all = append(all, sb)
-	}
-	d.mu.Unlock()
-	for _, sb := range all {
+	for _, sb := range d.owned() {
 		sb.mu.Lock()
 		for _, c := range sb.conns {
 			c.close()
@@ -438,13 +432,7 @@ func (d *Driver) drop(sb *sandbox, why string) {
 }
 
 func (d *Driver) dropAll() {
-	d.mu.Lock()
-	all := make([]*sandbox, 0, len(d.sandboxes))
-	for _, sb := range d.sandboxes {
-		all = append(all, sb)
-	}
-	d.mu.Unlock()
-	for _, sb := range all {
+	for _, sb := range d.owned() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = sb.owner.Release(ctx)
 		cancel()

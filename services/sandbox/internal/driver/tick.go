@@ -2,6 +2,8 @@ package driver
 
 import (
 	"context"
+	"maps"
+	"slices"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
@@ -9,15 +11,17 @@ import (
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
+// owned returns the sandboxes this replica drives now (a copy: callers
+// work on them without holding d.mu).
+func (d *Driver) owned() []*sandbox {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Collect(maps.Values(d.sandboxes))
+}
+
 // tick applies the allocation timers of every owned sandbox.
 func (d *Driver) tick(ctx context.Context) {
-	d.mu.Lock()
-	all := make([]*sandbox, 0, len(d.sandboxes))
-	for _, sb := range d.sandboxes {
-		all = append(all, sb)
-	}
-	d.mu.Unlock()
-	for _, sb := range all {
+	for _, sb := range d.owned() {
 		d.tickSandbox(ctx, sb)
 	}
 }

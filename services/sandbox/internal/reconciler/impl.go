@@ -132,6 +132,20 @@ func (r *Reconciler) ref(sandboxID, runtimeKey string) (keyRef, error) {
 	return keyRef{sandbox: sandboxID, key: runtimeKey, fence: f}, err
 }
 
+// open locks a runtime key and reads its lease; on success the caller
+// defers unlock.
+func (r *Reconciler) open(ctx context.Context, sandboxID, runtimeKey string) (k keyRef, e leasestore.Entry, unlock func(), err error) {
+	if k, err = r.ref(sandboxID, runtimeKey); err != nil {
+		return k, e, nil, err
+	}
+	unlock = r.lock(sandboxID, runtimeKey)
+	if e, err = r.get(ctx, k); err != nil {
+		unlock()
+		return k, e, nil, err
+	}
+	return k, e, unlock, nil
+}
+
 func (r *Reconciler) get(ctx context.Context, k keyRef) (leasestore.Entry, error) {
 	e, err := r.store.Get(ctx, k.fence.Resource, k.key)
 	if err == nil && e.Quarantined != nil {
@@ -152,15 +166,11 @@ func (r *Reconciler) apply(ctx context.Context, k keyRef, e leasestore.Entry, ev
 
 // event applies one event under the key lock.
 func (r *Reconciler) event(ctx context.Context, sandboxID, runtimeKey string, ev lease.Event) error {
-	k, err := r.ref(sandboxID, runtimeKey)
+	k, e, unlock, err := r.open(ctx, sandboxID, runtimeKey)
 	if err != nil {
 		return err
 	}
-	defer r.lock(sandboxID, runtimeKey)()
-	e, err := r.get(ctx, k)
-	if err != nil {
-		return err
-	}
+	defer unlock()
 	_, err = r.apply(ctx, k, e, ev)
 	return err
 }
@@ -171,15 +181,11 @@ func (r *Reconciler) event(ctx context.Context, sandboxID, runtimeKey string, ev
 // discovery finds exactly the lease's wrapper. Any other discovery requests
 // a stop of the whole runtime key and refuses.
 func (r *Reconciler) EnsureWrapper(ctx context.Context, sandboxID, runtimeKey string, launch LaunchFunc) (Decision, error) {
-	k, err := r.ref(sandboxID, runtimeKey)
+	k, e, unlock, err := r.open(ctx, sandboxID, runtimeKey)
 	if err != nil {
 		return Decision{}, err
 	}
-	defer r.lock(sandboxID, runtimeKey)()
-	e, err := r.get(ctx, k)
-	if err != nil {
-		return Decision{}, err
-	}
+	defer unlock()
 	if e.Lease.HoldsDelivery() {
 		return r.refuse(e.Lease, "stop pending")
 	}
@@ -283,15 +289,11 @@ func (r *Reconciler) RetainWarm(ctx context.Context, sandboxID, runtimeKey, inst
 // wrapper of the key is still there it requests a stop; if the provider
 // cannot look it changes nothing and returns ErrInspectionFailed.
 func (r *Reconciler) WrapperGone(ctx context.Context, sandboxID, runtimeKey, instance string) error {
-	k, err := r.ref(sandboxID, runtimeKey)
+	k, e, unlock, err := r.open(ctx, sandboxID, runtimeKey)
 	if err != nil {
 		return err
 	}
-	defer r.lock(sandboxID, runtimeKey)()
-	e, err := r.get(ctx, k)
-	if err != nil {
-		return err
-	}
+	defer unlock()
 	if e.Lease.State != lease.OwnsWrapper || e.Lease.Instance != instance {
 		return nil // stale
 	}
@@ -321,15 +323,11 @@ func (r *Reconciler) RequestStop(ctx context.Context, sandboxID, runtimeKey, rea
 // wrapper found under a none lease gets a stop requested. An inspection
 // failure is never absence.
 func (r *Reconciler) AbsenceVerified(ctx context.Context, sandboxID, runtimeKey string) (bool, time.Duration, error) {
-	k, err := r.ref(sandboxID, runtimeKey)
+	k, e, unlock, err := r.open(ctx, sandboxID, runtimeKey)
 	if err != nil {
 		return false, 0, err
 	}
-	defer r.lock(sandboxID, runtimeKey)()
-	e, err := r.get(ctx, k)
-	if err != nil {
-		return false, 0, err
-	}
+	defer unlock()
 	if e.Lease.State == lease.None {
 		switch d := r.cfg.Provider.Discover(ctx, sandboxID, runtimeKey); d.Kind {
 		case provider.Absent:
