@@ -9,16 +9,25 @@ import (
 )
 
 // Every script of the package goes through run. Calls made at the same time
-// on one client are sent together: while one batch is on the wire, later
-// calls queue, and when it returns one of the queued callers sends the whole
-// queue as one pipeline (one write, one read on one connection for all of
-// them) and hands on to the next. Under load this divides the socket
-// syscalls and wake-ups, which are most of the cost of a Redis call on both
-// sides, by the batch size. A lone caller sends its script itself, directly,
-// so one goroutine sees no hand-off and no change.
+// on one client are sent together: while lanes batches are on the wire,
+// later calls queue, and when a batch returns one of the queued callers
+// sends the whole queue as one pipeline (one write, one read on one
+// connection for all of them) and hands on to the next. Under load this
+// divides the socket syscalls and wake-ups, which are most of the cost of a
+// Redis call on both sides, by the batch size. A caller that finds a lane
+// free sends its script itself, directly, so one goroutine sees no hand-off
+// and no change.
 //
 // Each script stays atomic and runs between its caller's call and return,
 // so batching changes no outcome; it only shares round trips.
+
+// lanes is how many batches may be on the wire at once per client. With a
+// single lane the client and Redis take turns: Redis runs a whole batch of
+// scripts while the client waits, then the client wakes the batch's callers
+// while Redis idles. A few lanes let the two overlap. Measured at 8
+// goroutines on 2 cores (docs/benchmarks.md), 4 lanes beat both 1 and 8,
+// and 8 lanes there means no batching at all.
+const lanes = 4
 
 // batchers holds one batcher per client. Clients live as long as the
 // process, so the map stays small.
@@ -53,7 +62,7 @@ func run(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys []s
 type batcher struct {
 	rdb   pipeliner
 	mu    sync.Mutex
-	busy  bool    // a batch is on the wire (or being sent)
+	busy  int     // batches on the wire (or being sent), at most lanes
 	queue []*call // calls waiting for the next batch
 }
 
@@ -71,8 +80,8 @@ type call struct {
 
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
 	b.mu.Lock()
-	if !b.busy {
-		b.busy = true
+	if b.busy < lanes {
+		b.busy++
 		b.mu.Unlock()
 		cmd := script.Run(ctx, b.rdb, keys, args...)
 		b.handOn()
@@ -82,8 +91,8 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
 	// No select on ctx: a queued caller may be the one that must send the
-	// batch, and the batch it is in is at most two round trips away; the
-	// client's read and write timeouts bound both.
+	// batch, and its batch goes out as soon as any batch on the wire
+	// returns; the client's read and write timeouts bound both.
 	<-c.wake
 	if c.batch != nil {
 		b.send(c.batch)
@@ -92,14 +101,14 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	return c.cmd
 }
 
-// handOn makes the first queued caller send everything queued, or marks
-// the batcher idle.
+// handOn makes the first queued caller send everything queued on the lane
+// that just came free, or frees the lane.
 func (b *batcher) handOn() {
 	b.mu.Lock()
 	q := b.queue
 	b.queue = nil
 	if len(q) == 0 {
-		b.busy = false
+		b.busy--
 		b.mu.Unlock()
 		return
 	}

@@ -14,27 +14,30 @@ import (
 	"agentplane.dev/pkg/redistest"
 )
 
-// gate is a hook that holds the first single command sent while it is
-// closed, so a test can queue calls behind it, and records pipeline sizes.
+// gate is a hook that holds the next single commands sent while it is
+// armed, so a test can fill every lane and queue calls behind them, and
+// records pipeline sizes.
 type gate struct {
 	mu        sync.Mutex
-	hold      chan struct{} // closed to let the held command go
-	held      chan struct{} // closed once a command is held
-	armed     bool
+	hold      chan struct{} // closed to let the held commands go
+	held      chan struct{} // one value per held command
+	armed     int           // how many more commands to hold
 	pipelines []int
 }
 
-func newGate() *gate { return &gate{hold: make(chan struct{}), held: make(chan struct{})} }
+func newGate() *gate { return &gate{hold: make(chan struct{}), held: make(chan struct{}, 64)} }
 
 func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		g.mu.Lock()
-		hold := g.armed
-		g.armed = false
+		hold := g.armed > 0
+		if hold {
+			g.armed--
+		}
 		g.mu.Unlock()
 		if hold {
-			close(g.held)
+			g.held <- struct{}{}
 			<-g.hold
 		}
 		return next(ctx, cmd)
@@ -50,9 +53,9 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 		return next(ctx, cmds)
 	}
 }
-func (g *gate) arm() {
+func (g *gate) arm(n int) {
 	g.mu.Lock()
-	g.armed = true
+	g.armed = n
 	g.mu.Unlock()
 }
 func (g *gate) sizes() []int {
@@ -72,27 +75,44 @@ func gatedLease(t *testing.T, res string) (*redis.Client, *gate, *fence.Lease) {
 	return rdb, g, l
 }
 
-// holdOnTheWire runs call and holds it on the wire; let lets it go and
-// returns its error.
-func holdOnTheWire(g *gate, call func() error) (let func() error) {
-	g.arm()
-	done := make(chan error, 1)
+// holdOnTheWire runs call, plus renewals of l to fill the other lanes, and
+// holds them all on the wire as single commands, so that further calls
+// queue; let lets them go and returns the first error.
+func holdOnTheWire(t *testing.T, g *gate, l *fence.Lease, call func() error) (let func() error) {
+	t.Helper()
+	g.arm(fence.Lanes)
+	done := make(chan error, fence.Lanes)
 	go func() { done <- call() }()
-	<-g.held
+	for range fence.Lanes - 1 {
+		go func() { done <- l.Renew(ctx) }()
+	}
+	for i := range fence.Lanes {
+		select {
+		case <-g.held:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("only %d of %d lanes sent a call directly", i, fence.Lanes)
+		}
+	}
 	return func() error {
 		close(g.hold)
-		return <-done
+		var first error
+		for range fence.Lanes {
+			if err := <-done; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
 	}
 }
 
-// Calls made while another is on the wire go out together in one pipeline,
-// each with its own correct outcome; a lone call is sent alone.
+// Calls made while every lane is on the wire go out together in one
+// pipeline, each with its own correct outcome; a lone call is sent alone.
 func TestConcurrentCallsShareOnePipeline(t *testing.T) {
 	rdb, g, first := gatedLease(t, "b0")
 	require.Empty(t, g.sizes(), "a lone call is not pipelined")
 
 	// Hold a guarded write on the wire, queue acquires behind it.
-	let := holdOnTheWire(g, func() error { return first.Guard(ctx, fence.Set(fence.Key("b0", "k"), "v", 0)) })
+	let := holdOnTheWire(t, g, first, func() error { return first.Guard(ctx, fence.Set(fence.Key("b0", "k"), "v", 0)) })
 	const n = 10
 	leases := make([]*fence.Lease, n)
 	errs := make([]error, n)
@@ -124,7 +144,7 @@ func TestConcurrentCallsShareOnePipeline(t *testing.T) {
 func TestPipelinedCallsSurviveScriptFlush(t *testing.T) {
 	rdb, g, l := gatedLease(t, "f")
 	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-	let := holdOnTheWire(g, func() error { return l.Renew(ctx) })
+	let := holdOnTheWire(t, g, l, func() error { return l.Renew(ctx) })
 	const n = 8
 	errs := make(chan error, n)
 	for i := range n {
@@ -146,7 +166,7 @@ func TestPipelinedCallsSurviveScriptFlush(t *testing.T) {
 // the pipeline runs without the sender's cancellation.
 func TestCancelledSenderDoesNotFailTheBatch(t *testing.T) {
 	rdb, g, l := gatedLease(t, "c")
-	let := holdOnTheWire(g, func() error { return l.Renew(ctx) })
+	let := holdOnTheWire(t, g, l, func() error { return l.Renew(ctx) })
 	// The first queued call heads the next batch and sends it; its
 	// context is cancelled before that.
 	cctx, cancel := context.WithCancel(ctx)

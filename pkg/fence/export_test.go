@@ -15,3 +15,6 @@ func QueuedForTest(rdb any) int {
 	defer bt.mu.Unlock()
 	return len(bt.queue)
 }
+
+// Lanes is how many batches may be on the wire at once per client.
+const Lanes = lanes
