@@ -38,10 +38,14 @@ func Hold(ctx context.Context, rdb redis.Scripter, resource, owner string, ttl t
 	}
 	h := &Holder{lease: l, done: make(chan struct{}), stop: make(chan struct{})}
 	// Redis started the TTL after begin, so begin+ttl is a safe local
-	// deadline.
+	// deadline. The deadline may already have passed (a slow or paused
+	// acquire), so the timer can fire at once: lose reads h.watchdog under
+	// h.mu, which is held until it is set.
+	h.mu.Lock()
 	h.watchdog = time.AfterFunc(ttl-time.Since(begin), func() {
 		h.lose(fmt.Errorf("%w: lease deadline passed without renewal", ErrLeaseLost))
 	})
+	h.mu.Unlock()
 	h.wg.Add(1)
 	go h.renew(ctx)
 	return h, nil
