@@ -11,7 +11,7 @@ BIN   := $(CURDIR)/.cache/bin
 BUF   := $(BIN)/buf
 # Modules of go.work; `go list ./...` does not work at a workspace root.
 MODULES = $(shell go list -m -f '{{.Dir}}')
-GOTEST_FLAGS ?= -count=1 -timeout 15m
+GOTEST_FLAGS ?= -race -count=1 -timeout 20m
 
 .PHONY: all tools generate check-generated lint proto-lint vet golangci test test-go bench helm-check dev build clean
 
