@@ -256,3 +256,36 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	defer wr.mu.Unlock()
 	require.Len(t, wr.launched, 1, "one wrapper for the directory")
 }
+
+// TestPrepareWhileRunStarts: the gRPC server takes calls before the
+// driver's loop has started, so a Prepare can race Run's start. Under the
+// race detector (make test) this failed while Run set the parent context
+// of owned sandboxes; every sandbox must still stop when Run stops.
+func TestPrepareWhileRunStarts(t *testing.T) {
+	rs := redistest.Start(t)
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
+	d := New(Config{
+		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0),
+		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
+	})
+	runCtx, stopRun := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { d.Run(runCtx); close(ran) }()
+
+	_, err := d.Prepare(context.Background(), RouteSpec{SessionID: "s1", SandboxID: "sbx-early", Directory: "/repo", CredentialClass: "static"})
+	require.NoError(t, err)
+	<-prov.launched
+	d.mu.Lock()
+	sb := d.sandboxes["sbx-early"]
+	d.mu.Unlock()
+	require.NotNil(t, sb)
+
+	stopRun()
+	<-ran
+	select {
+	case <-sb.ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a sandbox owned before Run started outlived Run")
+	}
+}

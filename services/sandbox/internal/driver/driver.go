@@ -107,9 +107,13 @@ type Metrics struct {
 
 // Driver drives owned sandboxes.
 type Driver struct {
-	cfg     Config
-	log     *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// ctx is the parent of every owned sandbox's context. It is made in
+	// New, not taken from Run, because Prepare can arrive before Run
+	// starts; Run cancels it when it stops.
 	ctx     context.Context
+	cancel  context.CancelFunc
 	Metrics Metrics
 
 	mu        sync.Mutex
@@ -144,7 +148,8 @@ func New(cfg Config) *Driver {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{cfg: cfg, log: cfg.Logger, ctx: context.Background(), sandboxes: map[string]*sandbox{}, acquiring: map[string]chan struct{}{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Driver{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, sandboxes: map[string]*sandbox{}, acquiring: map[string]chan struct{}{}}
 }
 
 // sandbox is one owned sandbox.
@@ -225,7 +230,7 @@ func (c *Conn) send(m *sandboxv1.ConnectResponse) bool {
 
 // Run scans for sandboxes without an owner and ticks timers until ctx ends.
 func (d *Driver) Run(ctx context.Context) {
-	d.ctx = ctx
+	defer d.cancel()
 	tick := time.NewTicker(d.tickEvery())
 	defer tick.Stop()
 	scan := time.NewTicker(max(d.cfg.OwnerTTL/3, 50*time.Millisecond))
