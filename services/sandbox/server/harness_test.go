@@ -67,23 +67,31 @@ func runMain(m *testing.M) int {
 
 // note is one notification the fake session service received.
 type note struct {
-	Kind, Session, Instance, Reason, RuntimeSessionID string
-	FenceToken                                        uint64
-	Text                                              string
+	Kind, Session, Sandbox, Instance, Reason, RuntimeSessionID string
+	FenceToken                                                 uint64
+	Text                                                       string
 }
 
 // fakeNotify is a real SessionNotifyService gRPC server recording calls.
 type fakeNotify struct {
 	sessionv1.UnimplementedSessionNotifyServiceServer
+	test  string // the test it serves; see sandboxTest
 	mu    sync.Mutex
 	notes []note
 	addr  string
 }
 
+// sandboxTest maps each sandbox id uniqueSandbox made to its test. All
+// tests share one Redis, and a service takes over the sandboxes that
+// earlier tests' services left behind, notifying its own test's sink about
+// them (every test names its session "s1"); a sink records only its own
+// test's sandboxes.
+var sandboxTest sync.Map // sandbox id -> test name
+
 func startNotify(t *testing.T) *fakeNotify {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	f := &fakeNotify{addr: lis.Addr().String()}
+	f := &fakeNotify{addr: lis.Addr().String(), test: t.Name()}
 	g := grpc.NewServer()
 	sessionv1.RegisterSessionNotifyServiceServer(g, f)
 	go func() { _ = g.Serve(lis) }()
@@ -92,6 +100,9 @@ func startNotify(t *testing.T) *fakeNotify {
 }
 
 func (f *fakeNotify) add(n note) {
+	if owner, ok := sandboxTest.Load(n.Sandbox); ok && owner != f.test {
+		return
+	}
 	f.mu.Lock()
 	f.notes = append(f.notes, n)
 	f.mu.Unlock()
@@ -128,39 +139,39 @@ func (f *fakeNotify) wait(t *testing.T, from int, kind, session string) (note, i
 }
 
 func (f *fakeNotify) NotifyRouteProgress(_ context.Context, r *sessionv1.NotifyRouteProgressRequest) (*sessionv1.NotifyRouteProgressResponse, error) {
-	f.add(note{Kind: "progress", Session: r.GetRoute().GetSessionId(), Text: r.GetProgress().GetStep(), FenceToken: r.GetRoute().GetFenceToken()})
+	f.add(note{Kind: "progress", Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), Text: r.GetProgress().GetStep(), FenceToken: r.GetRoute().GetFenceToken()})
 	return &sessionv1.NotifyRouteProgressResponse{}, nil
 }
 
 func (f *fakeNotify) NotifyRouteReady(_ context.Context, r *sessionv1.NotifyRouteReadyRequest) (*sessionv1.NotifyRouteReadyResponse, error) {
-	f.add(note{Kind: "ready", Session: r.GetRoute().GetSessionId(), Instance: r.GetWrapperInstance(), RuntimeSessionID: r.GetRuntimeSessionId(), FenceToken: r.GetRoute().GetFenceToken()})
+	f.add(note{Kind: "ready", Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), Instance: r.GetWrapperInstance(), RuntimeSessionID: r.GetRuntimeSessionId(), FenceToken: r.GetRoute().GetFenceToken()})
 	return &sessionv1.NotifyRouteReadyResponse{}, nil
 }
 
 func (f *fakeNotify) NotifyRouteReconnecting(_ context.Context, r *sessionv1.NotifyRouteReconnectingRequest) (*sessionv1.NotifyRouteReconnectingResponse, error) {
-	f.add(note{Kind: "reconnecting", Session: r.GetRoute().GetSessionId(), FenceToken: r.GetRoute().GetFenceToken()})
+	f.add(note{Kind: "reconnecting", Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), FenceToken: r.GetRoute().GetFenceToken()})
 	return &sessionv1.NotifyRouteReconnectingResponse{}, nil
 }
 
 func (f *fakeNotify) NotifyRouteFailed(_ context.Context, r *sessionv1.NotifyRouteFailedRequest) (*sessionv1.NotifyRouteFailedResponse, error) {
-	f.add(note{Kind: "failed", Session: r.GetRoute().GetSessionId(), Reason: r.GetReason()})
+	f.add(note{Kind: "failed", Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), Reason: r.GetReason()})
 	return &sessionv1.NotifyRouteFailedResponse{}, nil
 }
 
 func (f *fakeNotify) NotifyRouteLost(_ context.Context, r *sessionv1.NotifyRouteLostRequest) (*sessionv1.NotifyRouteLostResponse, error) {
-	f.add(note{Kind: "lost", Session: r.GetRoute().GetSessionId(), Reason: r.GetReason()})
+	f.add(note{Kind: "lost", Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), Reason: r.GetReason()})
 	return &sessionv1.NotifyRouteLostResponse{}, nil
 }
 
 func (f *fakeNotify) NotifyRuntimeEvents(_ context.Context, r *sessionv1.NotifyRuntimeEventsRequest) (*sessionv1.NotifyRuntimeEventsResponse, error) {
 	for _, e := range r.GetEvents() {
-		f.add(note{Kind: "event:" + e.GetKind().String(), Session: r.GetRoute().GetSessionId(), Text: e.GetText()})
+		f.add(note{Kind: "event:" + e.GetKind().String(), Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), Text: e.GetText()})
 	}
 	return &sessionv1.NotifyRuntimeEventsResponse{}, nil
 }
 
 func (f *fakeNotify) NotifyTurnOutcome(_ context.Context, r *sessionv1.NotifyTurnOutcomeRequest) (*sessionv1.NotifyTurnOutcomeResponse, error) {
-	f.add(note{Kind: "outcome", Session: r.GetRoute().GetSessionId(), Reason: r.GetOutcome().GetResult().String(), Text: r.GetOutcome().GetLastMessageId()})
+	f.add(note{Kind: "outcome", Session: r.GetRoute().GetSessionId(), Sandbox: r.GetRoute().GetSandboxId(), Reason: r.GetOutcome().GetResult().String(), Text: r.GetOutcome().GetLastMessageId()})
 	return &sessionv1.NotifyTurnOutcomeResponse{}, nil
 }
 
@@ -232,6 +243,7 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 
 func uniqueSandbox(t *testing.T) string {
 	sb := "sb-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	sandboxTest.Store(sb, t.Name())
 	t.Cleanup(func() { killSandbox(sb) })
 	return sb
 }
