@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -165,25 +166,47 @@ func startHarness(t testing.TB) *harness {
 }
 
 // startService runs one credential service process with cfg and returns
-// its gRPC client, proxy URL and metrics URL.
+// its gRPC client, proxy URL and metrics URL; it stops with the test.
 func startService(t testing.TB, cfg Config) (client credentialv1.CredentialServiceClient, proxyURL, metricsURL string) {
+	s := runService(t, cfg)
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s.client, s.proxyURL, s.metricsURL
+}
+
+type running struct {
+	client                       credentialv1.CredentialServiceClient
+	grpcAddr, proxyURL, metricsURL string
+	stop                         func() error // begins the shutdown and waits for RunWith's result
+}
+
+// runService runs one credential service process with cfg until stop.
+func runService(t testing.TB, cfg Config) running {
 	gl, pl, ml := listen(t), listen(t), listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- RunWith(ctx, cfg, Listeners{GRPC: gl, Proxy: pl, Metrics: ml}) }()
 	conn, err := grpcclient.Dial(gl.Addr().String(), internalTok)
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = conn.Close()
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop")
-		}
-	})
-	return credentialv1.NewCredentialServiceClient(conn), "http://" + pl.Addr().String(), "http://" + ml.Addr().String() + "/metrics"
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() {
+			_ = conn.Close()
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(30 * time.Second):
+				runErr = errors.New("server did not stop")
+			}
+		})
+		return runErr
+	}
+	return running{client: credentialv1.NewCredentialServiceClient(conn), grpcAddr: gl.Addr().String(),
+		proxyURL: "http://" + pl.Addr().String(), metricsURL: "http://" + ml.Addr().String() + "/metrics", stop: stop}
 }
 
 // replica starts a second credential service on the same Redis and keys,

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
@@ -180,10 +181,24 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		_ = rdb.Close()
 		return err
 	}
+	// The proxy stops taking requests when shutdown begins, in step with the
+	// gRPC drain, and has finished before Serve closes Redis: the close_redis
+	// step asks it to stop (if a failed Serve began the shutdown, ctx is
+	// still live) and waits for it.
+	stopProxy := make(chan struct{})
+	var stopProxyOnce sync.Once
+	requestProxyStop := func() { stopProxyOnce.Do(func() { close(stopProxy) }) }
+	proxyStopped := make(chan struct{})
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "credential", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
 		MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics, InternalToken: cfg.InternalToken,
 		DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+		OnShutdownStep: func(st grpcserver.ShutdownStep) {
+			if st == grpcserver.StepCloseRedis {
+				requestProxyStop()
+				<-proxyStopped
+			}
+		},
 	})
 	if err != nil {
 		_ = rdb.Close()
@@ -225,10 +240,8 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		}
 		proxyDone <- err
 	}()
-	// The proxy stops taking requests when shutdown begins, in step with the
-	// gRPC drain, and finishes before Serve closes Redis.
-	stopProxy := make(chan struct{})
 	go func() {
+		defer close(proxyStopped)
 		select {
 		case <-ctx.Done():
 		case <-stopProxy:
@@ -241,7 +254,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	}()
 	log.Info("credential proxy listening", "addr", pl.Addr().String())
 	serveErr := srv.Serve(ctx)
-	close(stopProxy)
+	requestProxyStop()
 	proxyErr := <-proxyDone
 	px.Close()
 	return errors.Join(serveErr, proxyErr)
