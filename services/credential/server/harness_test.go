@@ -4,13 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -178,9 +178,9 @@ func startService(t testing.TB, cfg Config) (client credentialv1.CredentialServi
 }
 
 type running struct {
-	client                       credentialv1.CredentialServiceClient
+	client                         credentialv1.CredentialServiceClient
 	grpcAddr, proxyURL, metricsURL string
-	stop                         func() error // begins the shutdown and waits for RunWith's result
+	stop                           func() error // begins the shutdown and waits for RunWith's result
 }
 
 // runService runs one credential service process with cfg until stop.
