@@ -404,6 +404,12 @@ func (d *Driver) watchOwner(sb *sandbox) {
 }
 
 func (d *Driver) staleWrite(sb *sandbox, err error) {
+	if sb.ctx.Err() != nil {
+		// Dropped (shutdown, lost lease): the write of a goroutine that was
+		// still finishing fails by design, and the sandbox is no longer ours.
+		d.log.Debug("sandbox state write after it was dropped", "sandbox", sb.id, "err", err)
+		return
+	}
 	if ownership.IsStale(err) {
 		d.Metrics.StaleTokenRejections.Add(1)
 		d.log.Warn("fenced write rejected: stale fencing token, another replica owns the sandbox", "sandbox", sb.id, "token", sb.owner.Token())
