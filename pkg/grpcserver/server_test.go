@@ -1,7 +1,6 @@
 package grpcserver_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -106,7 +105,7 @@ type harness struct {
 	rdb     redis.UniversalClient
 	metrics string // http://host:port/metrics
 	svc     *testService
-	logs    *syncBuffer
+	logs    *logtest.Buffer
 	done    chan error
 	cancel  context.CancelFunc
 }
@@ -121,7 +120,7 @@ func start(t *testing.T, mutate func(*grpcserver.Options)) *harness {
 	rdb, err := config.Redis(redisSrv.URL())
 	require.NoError(t, err)
 
-	h := &harness{rdb: rdb, svc: &testService{blocking: make(chan struct{})}, logs: &syncBuffer{}, done: make(chan error, 1)}
+	h := &harness{rdb: rdb, svc: &testService{blocking: make(chan struct{})}, logs: &logtest.Buffer{}, done: make(chan error, 1)}
 	h.metrics = "http://" + mlis.Addr().String() + "/metrics"
 	// Logs go to the test output and to a buffer the tests can search.
 	logger := slog.New(logging.WithTraceIDs(slog.NewTextHandler(io.MultiWriter(h.logs, t.Output()), &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -191,23 +190,6 @@ func (h *harness) check(t *testing.T, service string) healthpb.HealthCheckRespon
 	resp, err := healthpb.NewHealthClient(h.conn).Check(t.Context(), &healthpb.HealthCheckRequest{Service: service})
 	require.NoError(t, err)
 	return resp.GetStatus()
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestPanicBecomesInternalWithoutItsText(t *testing.T) {
