@@ -122,6 +122,12 @@ func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, re
 		}
 		req.Items = append(req.Items, item)
 	}
+	p.ingest(w, r, req)
+}
+
+// ingest sends req to ingest and answers with what it applied, ignored and
+// the cursor: the answer of both write routes, items and title.
+func (p *Proxy) ingest(w http.ResponseWriter, r *http.Request, req *ingestv1.IngestRequest) {
 	resp, err := p.cfg.Ingest.Ingest(r.Context(), req)
 	if err != nil {
 		writeGRPCError(w, err)

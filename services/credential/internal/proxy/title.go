@@ -67,12 +67,7 @@ func (p *Proxy) serveTitle(w http.ResponseWriter, r *http.Request, res *grants.R
 		writeGRPCError(w, err)
 		return
 	}
-	resp, err := p.cfg.Ingest.Ingest(r.Context(), &ingestv1.IngestRequest{RuntimeSessionId: rsid, Scope: meta, Items: []*ingestv1.Item{{
+	p.ingest(w, r, &ingestv1.IngestRequest{RuntimeSessionId: rsid, Scope: meta, Items: []*ingestv1.Item{{
 		ItemId: TitleItemID, Type: ingestv1.ItemType_ITEM_TYPE_SESSION, Version: t.Version, Payload: payload,
 	}}})
-	if err != nil {
-		writeGRPCError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"applied": resp.GetApplied(), "ignored": resp.GetIgnored(), "cursor": resp.GetCursor()})
 }
