@@ -41,4 +41,7 @@ func TestSigtermReleasesOwnership(t *testing.T) {
 	require.Empty(t, owner, "the stopped replica released its sandbox")
 	require.NotContains(t, r.stderr.String(), "state write failed")
 	require.NotContains(t, r.stderr.String(), "client is closed")
+	// The wrapper's stream ends saying why: this replica's shutdown, not a
+	// replaced stream or a moved sandbox.
+	require.Regexp(t, `grpc.method=Connect .*code = Unavailable desc = this sandbox-service replica is shutting down; reconnect`, r.stderr.String())
 }

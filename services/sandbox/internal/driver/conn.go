@@ -117,7 +117,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: now, Instance: w.Instance})
 	d.persistSlots(sb, []*store.Slot{slot})
 	if old := sb.conns[key]; old != nil {
-		old.close()
+		old.close(ErrStreamReplaced)
 	}
 	c := &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance, Contract: contract,
 		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{})}
@@ -217,7 +217,7 @@ func (d *Driver) Frame(c *Conn, f *sandboxv1.ConnectRequest) {
 	sb := d.sandboxes[c.SandboxID]
 	d.mu.Unlock()
 	if sb == nil {
-		c.close()
+		c.close(ErrOwnedElsewhere) // dropped since the Hello
 		return
 	}
 	now := d.cfg.Now()
@@ -283,7 +283,7 @@ func (d *Driver) routeOf(sb *sandbox, c *Conn, sessionID string) bool {
 
 // Disconnected records that a wrapper's stream ended.
 func (d *Driver) Disconnected(c *Conn) {
-	c.close()
+	c.close(nil) // the stream is over; nobody reads the reason
 	d.mu.Lock()
 	sb := d.sandboxes[c.SandboxID]
 	d.mu.Unlock()

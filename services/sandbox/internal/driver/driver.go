@@ -18,6 +18,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -95,6 +96,12 @@ var (
 	ErrClassMixed     = scope.ErrClassMixed
 	ErrScopeNotFound  = errors.New("scope not found")
 	ErrShuttingDown   = errors.New("the replica is shutting down")
+	// ErrStreamReplaced ends a wrapper stream when the same runtime key
+	// said Hello on a newer one.
+	ErrStreamReplaced = errors.New("the wrapper stream was replaced by a newer one")
+	// ErrStreamOverflow ends a wrapper stream that did not read its frames
+	// as fast as the driver sent them.
+	ErrStreamOverflow = errors.New("the wrapper did not keep up with its stream")
 )
 
 // Metrics the service exports.
@@ -134,7 +141,7 @@ func (d *Driver) CloseWrapperStreams() {
 	for _, sb := range d.owned() {
 		sb.mu.Lock()
 		for _, c := range sb.conns {
-			c.close()
+			c.close(ErrShuttingDown)
 		}
 		sb.mu.Unlock()
 	}
@@ -207,13 +214,26 @@ type Conn struct {
 	SandboxID, RuntimeKey, Instance string
 	// Contract is what the wrapper's Hello negotiated for its directory:
 	// the contract every route it serves is minted under.
-	Contract  scope.Contract
-	Send      chan *sandboxv1.ConnectResponse
+	Contract scope.Contract
+	Send     chan *sandboxv1.ConnectResponse
+	// Closed closes when the driver ends the stream; Err then says why.
 	Closed    chan struct{}
 	closeOnce sync.Once
+	why       error
 }
 
-func (c *Conn) close() { c.closeOnce.Do(func() { close(c.Closed) }) }
+// close ends the stream for why; the first reason wins.
+func (c *Conn) close(why error) {
+	c.closeOnce.Do(func() {
+		c.why = why
+		close(c.Closed)
+	})
+}
+
+// Err is why the driver ended the stream: ErrShuttingDown,
+// ErrOwnedElsewhere, ErrStreamReplaced or ErrStreamOverflow. Valid once
+// Closed is closed.
+func (c *Conn) Err() error { return c.why }
 
 func (c *Conn) send(m *sandboxv1.ConnectResponse) bool {
 	select {
@@ -223,7 +243,7 @@ func (c *Conn) send(m *sandboxv1.ConnectResponse) bool {
 		return true
 	default:
 		// A wrapper that cannot keep up loses its stream and reconnects.
-		c.close()
+		c.close(ErrStreamOverflow)
 		return false
 	}
 }
@@ -400,7 +420,7 @@ func (d *Driver) watchOwner(sb *sandbox) {
 	if err != nil {
 		d.staleWrite(sb, err)
 	}
-	d.drop(sb, "owner lease lost")
+	d.drop(sb, fmt.Errorf("%w: owner lease lost", ErrOwnedElsewhere))
 }
 
 func (d *Driver) staleWrite(sb *sandbox, err error) {
@@ -413,15 +433,15 @@ func (d *Driver) staleWrite(sb *sandbox, err error) {
 	if ownership.IsStale(err) {
 		d.Metrics.StaleTokenRejections.Add(1)
 		d.log.Warn("fenced write rejected: stale fencing token, another replica owns the sandbox", "sandbox", sb.id, "token", sb.owner.Token())
-		go d.drop(sb, "stale fencing token")
+		go d.drop(sb, fmt.Errorf("%w: stale fencing token", ErrOwnedElsewhere))
 		return
 	}
 	d.log.Warn("sandbox state write failed", "sandbox", sb.id, "err", err)
 }
 
-// drop stops driving sb: wrapper streams close (the wrappers reconnect to the
-// new owner) and the reconciler forgets the sandbox.
-func (d *Driver) drop(sb *sandbox, why string) {
+// drop stops driving sb: wrapper streams close for why (the wrappers
+// reconnect to the new owner) and the reconciler forgets the sandbox.
+func (d *Driver) drop(sb *sandbox, why error) {
 	d.mu.Lock()
 	if d.sandboxes[sb.id] == sb {
 		delete(d.sandboxes, sb.id)
@@ -434,12 +454,12 @@ func (d *Driver) drop(sb *sandbox, why string) {
 	}
 	sb.dropped = true
 	for _, c := range sb.conns {
-		c.close()
+		c.close(why)
 	}
 	sb.mu.Unlock()
 	d.cfg.Wrappers.Forget(sb.id)
 	sb.stop()
-	d.log.Info("stopped driving sandbox", "sandbox", sb.id, "why", why)
+	d.log.Info("stopped driving sandbox", "sandbox", sb.id, "why", why.Error())
 }
 
 func (d *Driver) dropAll() {
@@ -447,7 +467,7 @@ func (d *Driver) dropAll() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = sb.owner.Release(ctx)
 		cancel()
-		d.drop(sb, "shutdown")
+		d.drop(sb, ErrShuttingDown)
 	}
 }
 

@@ -47,6 +47,11 @@ func toStatus(err error) error {
 	case errors.Is(err, driver.ErrOwnedElsewhere):
 		return apierr.Error(codes.Unavailable, ReasonOwnedElsewhere, "another sandbox-service replica drives this sandbox",
 			apierr.RetryAfter(time.Second))
+	case errors.Is(err, driver.ErrStreamReplaced):
+		return apierr.Error(codes.Unavailable, ReasonUnavailable, "a newer stream of this runtime key replaced this one")
+	case errors.Is(err, driver.ErrStreamOverflow):
+		return apierr.Error(codes.Unavailable, ReasonUnavailable, "the wrapper did not read its stream fast enough; reconnect",
+			apierr.RetryAfter(time.Second))
 	case errors.Is(err, driver.ErrShuttingDown):
 		return apierr.Error(codes.Unavailable, ReasonUnavailable, "this sandbox-service replica is shutting down; reconnect",
 			apierr.RetryAfter(time.Second))

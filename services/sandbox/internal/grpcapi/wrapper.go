@@ -2,7 +2,6 @@ package grpcapi
 
 import (
 	"context"
-	"errors"
 
 	"google.golang.org/grpc/codes"
 
@@ -37,9 +36,6 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 	}
 	res, err := w.D.Hello(stream.Context(), h)
 	if err != nil {
-		if errors.Is(err, driver.ErrOwnedElsewhere) {
-			return toStatus(err)
-		}
 		return toStatus(err)
 	}
 	if res.Shutdown != nil {
@@ -79,7 +75,7 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 				case m := <-c.Send:
 					_ = stream.Send(m)
 				default:
-					return apierr.Error(codes.Unavailable, ReasonUnavailable, "the stream was replaced or the sandbox moved; reconnect")
+					return toStatus(c.Err())
 				}
 			}
 		case err := <-recvErr:
