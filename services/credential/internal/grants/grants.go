@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"agentplane.dev/pkg/fence"
+	"agentplane.dev/pkg/pause"
 	"agentplane.dev/services/credential/internal/handle"
 	"agentplane.dev/services/credential/internal/scope"
 	"agentplane.dev/services/credential/internal/sealer"
@@ -70,17 +71,6 @@ type Service struct {
 	cache  resolutionCache
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // outlastCaches returns once every resolution any replica verified before
 // the caller's write returned has expired. The 10% margin covers the
 // replicas' monotonic clocks running at different rates (NTP keeps them
@@ -102,7 +92,7 @@ func New(rdb redis.UniversalClient, key []byte, opts Options) (*Service, error) 
 		opts.Now = time.Now
 	}
 	if opts.Wait == nil {
-		opts.Wait = sleep
+		opts.Wait = pause.Sleep
 	}
 	return &Service{store: store.New(rdb), sealer: sl, policy: opts.Policy, now: opts.Now,
 		window: opts.TrustWindow, wait: opts.Wait, cache: resolutionCache{m: map[handle.Digest]*cached{}}}, nil

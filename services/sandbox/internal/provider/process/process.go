@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"agentplane.dev/pkg/pause"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
@@ -76,7 +77,7 @@ func New(cfg Config) (*Provider, error) {
 		cfg.ProcRoot = "/proc"
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = sleep
+		cfg.Sleep = pause.Sleep
 	}
 	if cfg.BaseEnv == nil {
 		cfg.BaseEnv = []string{"PATH=" + os.Getenv("PATH")}
@@ -88,17 +89,6 @@ func New(cfg Config) (*Provider, error) {
 		return nil, provider.SetupError("create root", err)
 	}
 	return &Provider{cfg: cfg, self: selfIdentity()}, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // SandboxDir is the directory of a sandbox.

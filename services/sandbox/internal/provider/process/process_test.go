@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"agentplane.dev/pkg/pause"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
@@ -120,7 +121,7 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 		mu.Lock()
 		waits = append(waits, d)
 		mu.Unlock()
-		return sleep(ctx, d)
+		return pause.Sleep(ctx, d)
 	}
 	o := launch(t, p, sb, "k", "i", "ignore-term", "/w")
 	res := p.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"})
