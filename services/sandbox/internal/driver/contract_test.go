@@ -44,6 +44,29 @@ func (w launchedWrapper) arg(name string) string {
 	return w.args[i+1]
 }
 
+// newTestDriver is a driver on a private redis-server over the test's
+// provider, wrapper-lease layer and credential service (nil: none). The
+// caller runs or drops it.
+func newTestDriver(t *testing.T, prov provider.AgentSandbox, wr Wrappers, creds credentialv1.CredentialServiceClient) *Driver {
+	return New(Config{
+		Redis: redistest.Start(t).Client(t), Provider: prov, Wrappers: wr, Credentials: creds,
+		Notifier:  notify.New(nil, slog.New(slog.DiscardHandler), 0),
+		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
+	})
+}
+
+// hello is the Hello the launched wrapper would say, with its launch
+// credential and the fencing token it was launched under.
+func (w launchedWrapper) hello(t *testing.T, sandboxID string, capabilities ...string) *sandboxv1.Hello {
+	token, err := strconv.ParseUint(w.arg("--fence-token"), 10, 64)
+	require.NoError(t, err)
+	return &sandboxv1.Hello{
+		SandboxId: sandboxID, AllocationId: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
+		InstanceId: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: token,
+		LaunchCredential: w.credential, ProtocolVersion: 1, Capabilities: capabilities,
+	}
+}
+
 // recordingProvider launches nothing: it records what a launch would hand
 // the wrapper, so the test can say the wrapper's Hello itself.
 type recordingProvider struct{ launched chan launchedWrapper }
@@ -139,13 +162,9 @@ func (w *heldWrappers) ensuredKeys() []string {
 // session id, but that kick found the route still being driven and was
 // dropped, so the route waited for a wrapper that had just been stopped.
 func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
-	rs := redistest.Start(t)
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
 	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
-	d := New(Config{
-		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0),
-		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
-	})
+	d := newTestDriver(t, prov, wr, nil)
 	t.Cleanup(d.dropAll)
 	ctx := context.Background()
 
@@ -154,13 +173,7 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	w := <-prov.launched
 	<-wr.held // the preparation that launched the wrapper is still running
 
-	gen, err := strconv.ParseUint(w.arg("--fence-token"), 10, 64)
-	require.NoError(t, err)
-	res, err := d.Hello(ctx, &sandboxv1.Hello{
-		SandboxId: "sbx-race", AllocationId: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
-		InstanceId: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: gen,
-		LaunchCredential: w.credential, ProtocolVersion: 1, // no worktree capability: per_session
-	})
+	res, err := d.Hello(ctx, w.hello(t, "sbx-race")) // no worktree capability: per_session
 	require.NoError(t, err)
 	require.NotNil(t, res.Shutdown, "the directory-keyed wrapper goes under per_session")
 	require.Equal(t, "/repo", <-wr.stopped)
@@ -205,14 +218,10 @@ func (m *mintRecorder) MintHandle(_ context.Context, req *credentialv1.MintHandl
 // minted and prepared under the worktree contract that Hello pinned, on the
 // one wrapper.
 func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
-	rs := redistest.Start(t)
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
 	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
 	creds := &mintRecorder{contracts: map[string]credentialv1.RuntimeContract{}}
-	d := New(Config{
-		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0), Credentials: creds,
-		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
-	})
+	d := newTestDriver(t, prov, wr, creds)
 	t.Cleanup(d.dropAll)
 	ctx := context.Background()
 
@@ -223,13 +232,7 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	w := <-prov.launched
 	<-wr.held
 
-	token, err := strconv.ParseUint(w.arg("--fence-token"), 10, 64)
-	require.NoError(t, err)
-	res, err := d.Hello(ctx, &sandboxv1.Hello{
-		SandboxId: "sbx-pin", AllocationId: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
-		InstanceId: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: token,
-		LaunchCredential: w.credential, ProtocolVersion: 1, Capabilities: []string{"worktree"},
-	})
+	res, err := d.Hello(ctx, w.hello(t, "sbx-pin", "worktree"))
 	require.NoError(t, err)
 	require.NotNil(t, res.Conn)
 	require.Equal(t, sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, res.Ack.GetHelloAck().GetContract())
@@ -262,13 +265,9 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 // race detector (make test) this failed while Run set the parent context
 // of owned sandboxes; every sandbox must still stop when Run stops.
 func TestPrepareWhileRunStarts(t *testing.T) {
-	rs := redistest.Start(t)
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
 	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
-	d := New(Config{
-		Redis: rs.Client(t), Provider: prov, Wrappers: wr, Notifier: notify.New(nil, slog.New(slog.DiscardHandler), 0),
-		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
-	})
+	d := newTestDriver(t, prov, wr, nil)
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { d.Run(runCtx); close(ran) }()
