@@ -40,7 +40,8 @@
 //  2. drain delay (Options.DrainDelay), long enough for them to notice;
 //  3. GracefulStop raced against Options.ShutdownTimeout, then a hard Stop, so long-lived
 //     streams (watchers, wrapper control streams) cannot hold the process forever;
-//  4. close Redis, only after no handler can still use it;
+//  4. close Redis, only after no handler can still use it: the background work started with
+//     Server.Go is stopped and waited for first;
 //  5. flush telemetry, after the last span ended;
 //  6. stop the metrics HTTP server last, so scrapes see the whole shutdown.
 //

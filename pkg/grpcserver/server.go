@@ -112,6 +112,12 @@ type Server struct {
 	reg     *prometheus.Registry
 
 	serveOnce sync.Once
+
+	// Background work started with Go: its context ends, and Serve waits
+	// for it, at the close_redis step.
+	background     sync.WaitGroup
+	backgroundCtx  context.Context
+	stopBackground context.CancelFunc
 }
 
 // New builds the server. Register services on it (it is a grpc.ServiceRegistrar), then Serve.
@@ -131,6 +137,7 @@ func New(opts Options) (*Server, error) {
 	setDefaults(&opts)
 
 	s := &Server{opts: opts, log: opts.Logger.With("component", "grpcserver"), reg: opts.Registry}
+	s.backgroundCtx, s.stopBackground = context.WithCancel(context.Background())
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
@@ -266,8 +273,26 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 // order. It returns nil after a clean shutdown that ctx asked for. Call it once.
 func (s *Server) Serve(ctx context.Context) error {
 	err := errors.New("grpcserver: Serve called twice")
-	s.serveOnce.Do(func() { err = s.serve(ctx) })
+	s.serveOnce.Do(func() {
+		err = s.serve(ctx)
+		s.endBackground() // also when Serve failed before any shutdown
+	})
 	return err
+}
+
+// Go runs f, the service's own background work (loops that write Redis,
+// a second listener), for the life of the server. f's context ends at the
+// close_redis step of the shutdown, after the last gRPC call, and the step
+// waits for f to return before Redis closes, so f's last writes still land
+// (docs/decisions.md #19). It also ends when Serve returns without a
+// shutdown. Call Go before Serve.
+func (s *Server) Go(f func(ctx context.Context)) {
+	s.background.Go(func() { f(s.backgroundCtx) })
+}
+
+func (s *Server) endBackground() {
+	s.stopBackground()
+	s.background.Wait()
 }
 
 func (s *Server) serve(ctx context.Context) error {
@@ -353,6 +378,7 @@ func (s *Server) shutdown(stopCheck func(), metricsSrv *http.Server) {
 	}
 
 	s.step(StepCloseRedis)
+	s.endBackground()
 	if err := s.opts.Redis.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
 		s.log.Warn("closing redis", "error", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -389,5 +390,54 @@ func TestLogLinesCarryTheCallersTraceID(t *testing.T) {
 	for _, line := range lines {
 		require.Contains(t, line, "trace_id="+traceID)
 		require.Contains(t, line, "span_id=")
+	}
+}
+
+// Background work started with Go ends at the close_redis step, after the
+// last call, and its last Redis write lands before Redis closes; a Serve
+// that fails before any shutdown ends it too.
+func TestBackgroundWorkEndsBeforeRedisCloses(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		steps []grpcserver.ShutdownStep
+	)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	rdb, err := config.Redis(redisSrv.URL())
+	require.NoError(t, err)
+	srv, err := grpcserver.New(grpcserver.Options{Name: "bg", Logger: logtest.New(t), Redis: rdb, Listener: lis,
+		OnShutdownStep: func(s grpcserver.ShutdownStep) {
+			mu.Lock()
+			steps = append(steps, s)
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	var lastWrite error
+	var stepsAtEnd []grpcserver.ShutdownStep
+	srv.Go(func(ctx context.Context) {
+		<-ctx.Done()
+		mu.Lock()
+		stepsAtEnd = slices.Clone(steps)
+		mu.Unlock()
+		lastWrite = rdb.Set(context.Background(), "bg:last", "written", 0).Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, grpcserver.StepCloseRedis, stepsAtEnd[len(stepsAtEnd)-1], "ended at close_redis, not before")
+	require.Contains(t, stepsAtEnd, grpcserver.StepGracefulStop)
+	require.NoError(t, lastWrite, "the last write lands before Redis closes")
+
+	failing, err := grpcserver.New(grpcserver.Options{Name: "fail", Logger: logtest.New(t), Redis: rdb, Addr: "127.0.0.1:-1"})
+	require.NoError(t, err)
+	ended := make(chan struct{})
+	failing.Go(func(ctx context.Context) { <-ctx.Done(); close(ended) })
+	require.Error(t, failing.Serve(context.Background()))
+	select {
+	case <-ended:
+	default:
+		t.Fatal("Serve returned before its background work ended")
 	}
 }

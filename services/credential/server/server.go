@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sync"
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
@@ -181,24 +180,10 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		_ = rdb.Close()
 		return err
 	}
-	// The proxy stops taking requests when shutdown begins, in step with the
-	// gRPC drain, and has finished before Serve closes Redis: the close_redis
-	// step asks it to stop (if a failed Serve began the shutdown, ctx is
-	// still live) and waits for it.
-	stopProxy := make(chan struct{})
-	var stopProxyOnce sync.Once
-	requestProxyStop := func() { stopProxyOnce.Do(func() { close(stopProxy) }) }
-	proxyStopped := make(chan struct{})
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "credential", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
 		MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics, InternalToken: cfg.InternalToken,
 		DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
-		OnShutdownStep: func(st grpcserver.ShutdownStep) {
-			if st == grpcserver.StepCloseRedis {
-				requestProxyStop()
-				<-proxyStopped
-			}
-		},
 	})
 	if err != nil {
 		_ = rdb.Close()
@@ -240,21 +225,23 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		}
 		proxyDone <- err
 	}()
-	go func() {
-		defer close(proxyStopped)
+	// The proxy stops taking requests when shutdown begins, in step with the
+	// gRPC drain, and has finished before Serve closes Redis: background
+	// work ends at the close_redis step, which waits for it (also when a
+	// failed Serve began the shutdown and ctx is still live).
+	srv.Go(func(stop context.Context) {
 		select {
 		case <-ctx.Done():
-		case <-stopProxy:
+		case <-stop.Done():
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 		defer cancel()
 		if err := hs.Shutdown(sctx); err != nil {
 			_ = hs.Close()
 		}
-	}()
+	})
 	log.Info("credential proxy listening", "addr", pl.Addr().String())
 	serveErr := srv.Serve(ctx)
-	requestProxyStop()
 	proxyErr := <-proxyDone
 	px.Close()
 	return errors.Join(serveErr, proxyErr)

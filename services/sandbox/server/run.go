@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -91,18 +90,6 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	drvRef.Store(drv)
 
-	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{}, 3)
-	var finishOnce sync.Once
-	finishLoops := func() {
-		finishOnce.Do(func() {
-			stopLoops()
-			for range 3 {
-				<-done
-			}
-		})
-	}
-
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "sandbox", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
@@ -111,20 +98,13 @@ func Run(ctx context.Context, cfg Config) error {
 		KeepaliveMinTime: time.Second,
 		// Wrapper streams never end by themselves: end them when the
 		// graceful stop begins so it waits only for real in-flight calls.
-		// The loops stop after the last call and before Redis closes: the
-		// driver's last act is releasing its sandboxes and writing their
-		// state, so another replica takes them over at once.
 		OnShutdownStep: func(st grpcserver.ShutdownStep) {
-			switch st {
-			case grpcserver.StepGracefulStop:
+			if st == grpcserver.StepGracefulStop {
 				drv.CloseWrapperStreams()
-			case grpcserver.StepCloseRedis:
-				finishLoops()
 			}
 		},
 	})
 	if err != nil {
-		stopLoops()
 		_ = rdb.Close()
 		return err
 	}
@@ -132,11 +112,13 @@ func Run(ctx context.Context, cfg Config) error {
 	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv})
 	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv})
 
-	go func() { notifier.Run(loops); done <- struct{}{} }()
-	go func() { _ = rec.Run(loops); done <- struct{}{} }()
-	go func() { drv.Run(loops); done <- struct{}{} }()
+	// The loops stop after the last call and before Redis closes: the
+	// driver's last act is releasing its sandboxes and writing their state,
+	// so another replica takes them over at once.
+	srv.Go(notifier.Run)
+	srv.Go(func(ctx context.Context) { _ = rec.Run(ctx) })
+	srv.Go(drv.Run)
 	err = srv.Serve(ctx)
-	finishLoops() // when Serve returned without a shutdown
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
