@@ -97,8 +97,8 @@ func ValidateResource(resource string) error {
 // The hot path does no number conversion (string.format alone cost more
 // server CPU than a GET): TIME's seconds and zero-padded µs concatenate to
 // the canonical decimal token (the µs need no padding 9 times in 10, and
-// skipping the two padding strings then saves ≈ 0.6 µs of Redis time), and canonical decimals compare by length,
-// then bytewise. Only a stored token that is not clearly below goes through
+// skipping the two padding strings then saves ≈ 0.6 µs of Redis time), and
+// canonical decimals compare by length, then bytewise. Only a stored token that is not clearly below goes through
 // tonumber; one that does not parse (malformed) counts as absent, as a
 // missing one does. Lua numbers are doubles, exact up to 2^53 (year 2255 in
 // µs), and '%.0f' keeps the stored form canonical (tostring would print
