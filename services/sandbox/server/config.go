@@ -34,6 +34,10 @@ type Config struct {
 	ProxyURL       string // SANDBOX_PROXY_URL: credential proxy base URL handed to runtimes
 	ControlAddrs   string // SANDBOX_CONTROL_ADDRS: addresses wrappers dial, comma separated; empty: GRPC_ADDR
 
+	// NotifyDrain (SANDBOX_NOTIFY_DRAIN) bounds sending the notifications
+	// still queued at shutdown, after the driver stopped; 0 drops them.
+	NotifyDrain time.Duration
+
 	ReplicaID string        // SANDBOX_REPLICA: this replica's name in owner leases
 	OwnerTTL  time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
 
@@ -53,6 +57,7 @@ func DefaultConfig() Config {
 		ProxyURL:    "http://127.0.0.1:7405",
 		ReplicaID:   fmt.Sprintf("%s-%d", host, os.Getpid()),
 		OwnerTTL:    15 * time.Second,
+		NotifyDrain: 5 * time.Second,
 		Timers:      allocation.DefaultTimers(),
 	}
 }
@@ -64,6 +69,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.WrapperBin, "WRAPPER_BIN", c.WrapperBin, "binary whose `wrapper` subcommand runs the wrapper; empty: this binary")
 	l.String(&c.WrapperArgs, "WRAPPER_ARGS", c.WrapperArgs, "extra wrapper flags, space separated")
 	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service (SessionNotifyService); empty only logs notifications")
+	l.Duration(&c.NotifyDrain, "SANDBOX_NOTIFY_DRAIN", c.NotifyDrain, "bound on sending queued notifications at shutdown; 0 drops them")
 	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only)")
 	l.String(&c.ProxyURL, "SANDBOX_PROXY_URL", c.ProxyURL, "credential proxy base URL handed to runtimes")
 	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial, comma separated; empty: GRPC_ADDR")
@@ -104,6 +110,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ": ") {
 		bad("SANDBOX_REPLICA", errors.New("required, without ':' or spaces"))
+	}
+	if c.NotifyDrain < 0 {
+		bad("SANDBOX_NOTIFY_DRAIN", errors.New("must not be negative"))
 	}
 	if c.OwnerTTL < 30*time.Millisecond {
 		bad("SANDBOX_OWNER_TTL", errors.New("must be at least 30ms"))

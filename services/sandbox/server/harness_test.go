@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -79,6 +82,18 @@ type fakeNotify struct {
 	mu    sync.Mutex
 	notes []note
 	addr  string
+	// refuse makes every call fail with Unavailable (the session service
+	// is down); refused counts those calls.
+	refuse  atomic.Bool
+	refused atomic.Int64
+}
+
+func (f *fakeNotify) gate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if f.refuse.Load() {
+		f.refused.Add(1)
+		return nil, status.Error(codes.Unavailable, "session service down (test)")
+	}
+	return h(ctx, req)
 }
 
 // sandboxTest maps each sandbox id uniqueSandbox made to its test. All
@@ -92,7 +107,7 @@ func startNotify(t *testing.T) *fakeNotify {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	f := &fakeNotify{addr: lis.Addr().String(), test: t.Name()}
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.UnaryInterceptor(f.gate))
 	sessionv1.RegisterSessionNotifyServiceServer(g, f)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)

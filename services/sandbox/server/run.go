@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -114,10 +115,20 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// The loops stop after the last call and before Redis closes: the
 	// driver's last act is releasing its sandboxes and writing their state,
-	// so another replica takes them over at once.
-	srv.Go(notifier.Run)
-	srv.Go(func(ctx context.Context) { _ = rec.Run(ctx) })
-	srv.Go(drv.Run)
+	// so another replica takes them over at once. Then the notifier drains,
+	// bounded, what is still queued (turn outcomes above all).
+	srv.Go(func(ctx context.Context) {
+		var loops sync.WaitGroup
+		loops.Go(func() { notifier.Run(ctx) })
+		loops.Go(func() { _ = rec.Run(ctx) })
+		loops.Go(func() { drv.Run(ctx) })
+		loops.Wait()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.NotifyDrain)
+		defer cancel()
+		if unsent := notifier.Drain(dctx); unsent > 0 {
+			log.Warn("notifications left unsent at shutdown", "count", unsent)
+		}
+	})
 	err = srv.Serve(ctx)
 	if errors.Is(err, context.Canceled) {
 		return nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/ownership"
 )
 
@@ -44,4 +45,35 @@ func TestSigtermReleasesOwnership(t *testing.T) {
 	// The wrapper's stream ends saying why: this replica's shutdown, not a
 	// replaced stream or a moved sandbox.
 	require.Regexp(t, `grpc.method=Connect .*code = Unavailable desc = this sandbox-service replica is shutting down; reconnect`, r.stderr.String())
+}
+
+// A turn outcome still queued when the replica stops (the session service
+// was down) goes out during the shutdown once the session service answers
+// again, instead of being lost and leaving its message accepted until the
+// session's no_outcome backstop.
+func TestShutdownSendsQueuedNotifications(t *testing.T) {
+	n := startNotify(t)
+	svc, stop := startStoppableService(t, context.Background(), n.addr, nil)
+	sb := uniqueSandbox(t)
+	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/drain"))
+
+	n.refuse.Store(true)
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
+	require.Eventually(t, func() bool { return n.refused.Load() > 0 }, 30*time.Second, 10*time.Millisecond,
+		"the turn's notifications are being retried")
+
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	// The session service comes back only once this replica stopped
+	// serving, when its notifier's loop is ending or has ended.
+	require.Eventually(t, func() bool {
+		_, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sb})
+		return err != nil
+	}, 30*time.Second, 5*time.Millisecond)
+	n.refuse.Store(false)
+	<-stopped
+
+	out, _, ok := n.find(i, "outcome", "s1")
+	require.True(t, ok, "the outcome was delivered during shutdown; got %+v", n.all()[i:])
+	require.Equal(t, "m1", out.Text)
 }

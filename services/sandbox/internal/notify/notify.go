@@ -56,34 +56,82 @@ func New(client sessionv1.SessionNotifyServiceClient, log *slog.Logger, giveUp t
 	return &Notifier{client: client, log: log, giveUp: giveUp, wake: make(chan struct{}, 1)}
 }
 
-// Run sends queued notifications until ctx ends.
+// Run sends queued notifications until ctx ends. A notification whose
+// sending ctx cut short stays queued, first, for Drain.
 func (n *Notifier) Run(ctx context.Context) {
 	for {
-		n.mu.Lock()
-		if len(n.queue) == 0 {
-			n.mu.Unlock()
-			select {
-			case <-ctx.Done():
-				return
-			case <-n.wake:
-				continue
-			}
+		j, ok := n.next(ctx, true)
+		if !ok {
+			return
 		}
-		j := n.queue[0]
-		n.queue = n.queue[1:]
-		n.mu.Unlock()
-		n.send(ctx, j)
+		if !n.send(ctx, j) {
+			n.requeue(j)
+			return
+		}
 		n.pending.Done()
 	}
 }
 
-// Flush waits until every queued notification was sent or dropped (tests).
+// Drain sends, in order, what is still queued once Run has returned and
+// the driver raised its last notification (a graceful shutdown), until the
+// queue is empty or ctx ends. It returns how many it left unsent; each is
+// logged. Without it a rolling restart would lose the turn outcomes still
+// queued, and their messages would wait for the session's no_outcome
+// backstop.
+func (n *Notifier) Drain(ctx context.Context) (unsent int) {
+	for {
+		j, ok := n.next(ctx, false)
+		if !ok {
+			return unsent
+		}
+		if ctx.Err() != nil || !n.send(ctx, j) {
+			n.log.Warn("notification not sent at shutdown", "kind", j.kind, "session", j.ref.SessionID)
+			unsent++
+		}
+		n.pending.Done()
+	}
+}
+
+// next takes the first queued notification. When the queue is empty it
+// waits for one if wait is set (until ctx ends), else it reports none.
+func (n *Notifier) next(ctx context.Context, wait bool) (job, bool) {
+	for {
+		n.mu.Lock()
+		if len(n.queue) > 0 {
+			j := n.queue[0]
+			n.queue = n.queue[1:]
+			n.mu.Unlock()
+			return j, true
+		}
+		n.mu.Unlock()
+		if !wait {
+			return job{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return job{}, false
+		case <-n.wake:
+		}
+	}
+}
+
+func (n *Notifier) requeue(j job) {
+	n.mu.Lock()
+	n.queue = append([]job{j}, n.queue...)
+	n.mu.Unlock()
+}
+
+// Flush waits until every queued notification was sent, dropped or left
+// unsent by Drain (tests).
 func (n *Notifier) Flush() { n.pending.Wait() }
 
-func (n *Notifier) send(ctx context.Context, j job) {
+// send delivers j, retrying while the session service is unavailable, and
+// reports whether j is done with: delivered, or dropped (not retryable, or
+// still failing after giveUp). It reports false when ctx ended first.
+func (n *Notifier) send(ctx context.Context, j job) bool {
 	n.log.Info("route notification", "kind", j.kind, "session", j.ref.SessionID, "sandbox", j.ref.SandboxID)
 	if n.client == nil {
-		return
+		return true
 	}
 	deadline := time.Now().Add(n.giveUp)
 	backoff := 100 * time.Millisecond
@@ -91,16 +139,18 @@ func (n *Notifier) send(ctx context.Context, j job) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := j.call(cctx, n.client)
 		cancel()
-		if err == nil {
-			return
-		}
-		if !retryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+		switch {
+		case err == nil:
+			return true
+		case ctx.Err() != nil:
+			return false
+		case !retryable(err) || time.Now().After(deadline):
 			n.log.Warn("notification dropped", "kind", j.kind, "session", j.ref.SessionID, "code", status.Code(err).String())
-			return
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)

@@ -215,14 +215,21 @@ func TestFlushWaitsForNotificationsRaisedBeforeRun(t *testing.T) {
 	require.Contains(t, logs.String(), "kind=ready session=s1")
 }
 
-func TestStopsRetryingWhenRunEnds(t *testing.T) {
-	// The session service stays unavailable: once Run's context ends, the
-	// notification being retried and the ones queued behind it are dropped,
-	// so shutdown (and Flush) does not wait out giveUp.
+// unavailable returns a session service that answers Unavailable to the
+// first 1000 calls of session s1.
+func unavailable() *sessionService {
 	svc := &sessionService{fail: map[string][]codes.Code{"s1": make([]codes.Code, 1000)}}
 	for i := range svc.fail["s1"] {
 		svc.fail["s1"][i] = codes.Unavailable
 	}
+	return svc
+}
+
+func TestStopsRetryingWhenRunEnds(t *testing.T) {
+	// The session service stays unavailable: once Run's context ends, Run
+	// returns without waiting out giveUp, and the notification being
+	// retried and the one queued behind it stay queued for Drain.
+	svc := unavailable()
 	n := New(serve(t, svc), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
 	stop := run(t, n)
 
@@ -230,9 +237,72 @@ func TestStopsRetryingWhenRunEnds(t *testing.T) {
 	n.Lost(ref("s2"), "wrapper gone")
 	require.Eventually(t, func() bool { attempts, _ := svc.calls(); return len(attempts) > 0 }, 10*time.Second, time.Millisecond)
 	stop()
-	n.Flush()
 
 	attempts, delivered := svc.calls()
 	require.Empty(t, delivered)
 	require.NotContains(t, attempts, "lost s2", "nothing is sent after Run's context ended")
+	n.mu.Lock()
+	queued := len(n.queue)
+	n.mu.Unlock()
+	require.Equal(t, 2, queued, "both notifications wait for Drain")
+}
+
+func TestDrainSendsWhatRunLeftInOrder(t *testing.T) {
+	// Run ends while the first notification is being retried (a restart of
+	// the sandbox replica); the session service comes back and Drain
+	// delivers it and everything raised after, in order.
+	svc := unavailable()
+	n := New(serve(t, svc), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
+	stop := run(t, n)
+
+	n.Outcome(ref("s1"), &runtimev1.TurnOutcome{})
+	require.Eventually(t, func() bool { attempts, _ := svc.calls(); return len(attempts) > 0 }, 10*time.Second, time.Millisecond)
+	stop()
+	n.Lost(ref("s2"), "wrapper gone") // raised by the driver's last act
+	svc.mu.Lock()
+	svc.fail["s1"] = nil // the session service is back
+	svc.mu.Unlock()
+
+	require.Zero(t, n.Drain(context.Background()))
+	n.Flush()
+	_, delivered := svc.calls()
+	require.Equal(t, []string{"outcome s1", "lost s2"}, delivered)
+}
+
+func TestDrainLeavesUnsentWhenItsContextEnds(t *testing.T) {
+	// The session service never comes back: Drain gives up when its
+	// context ends, counts and logs what it left, and Flush returns.
+	svc := unavailable()
+	var logs syncBuffer
+	n := New(serve(t, svc), slog.New(slog.NewTextHandler(&logs, nil)), 0)
+	n.Ready(ref("s1"), "rs1", "w1")
+	n.Lost(ref("s1"), "wrapper gone")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	require.Equal(t, 2, n.Drain(ctx))
+	n.Flush()
+
+	_, delivered := svc.calls()
+	require.Empty(t, delivered)
+	require.Contains(t, logs.String(), `msg="notification not sent at shutdown" kind=ready session=s1`)
+	require.Contains(t, logs.String(), `msg="notification not sent at shutdown" kind=lost session=s1`)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
