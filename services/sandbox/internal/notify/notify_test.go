@@ -19,6 +19,7 @@ import (
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/logging/logtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -273,7 +274,7 @@ func TestDrainLeavesUnsentWhenItsContextEnds(t *testing.T) {
 	// The session service never comes back: Drain gives up when its
 	// context ends, counts and logs what it left, and Flush returns.
 	svc := unavailable()
-	var logs syncBuffer
+	var logs logtest.Buffer
 	n := New(serve(t, svc), slog.New(slog.NewTextHandler(&logs, nil)), 0)
 	n.Ready(ref("s1"), "rs1", "w1")
 	n.Lost(ref("s1"), "wrapper gone")
@@ -287,22 +288,4 @@ func TestDrainLeavesUnsentWhenItsContextEnds(t *testing.T) {
 	require.Empty(t, delivered)
 	require.Contains(t, logs.String(), `msg="notification not sent at shutdown" kind=ready session=s1`)
 	require.Contains(t, logs.String(), `msg="notification not sent at shutdown" kind=lost session=s1`)
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
