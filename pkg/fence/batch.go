@@ -24,10 +24,13 @@ import (
 // lanes is how many batches may be on the wire at once per client. With a
 // single lane the client and Redis take turns: Redis runs a whole batch of
 // scripts while the client waits, then the client wakes the batch's callers
-// while Redis idles. A few lanes let the two overlap. Measured at 8
-// goroutines on 2 cores (docs/benchmarks.md), 4 lanes beat both 1 and 8,
-// and 8 lanes there means no batching at all.
-const lanes = 4
+// while Redis idles. Several lanes let the two overlap, and below lanes
+// callers nobody waits for a hand-off: a queued caller costs a goroutine
+// wake-up, which a batch of two barely pays for. Measured side by side at 8
+// and 64 goroutines on 2 cores (docs/benchmarks.md): 6 lanes beat 4 and 8
+// at 8 goroutines (the fenced cycle ahead of the lock libraries in every
+// run) and still batch well at 64.
+const lanes = 6
 
 // batchers holds one batcher per client. Clients live as long as the
 // process, so the map stays small.
