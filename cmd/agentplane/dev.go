@@ -125,10 +125,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	_ = tw.Flush()
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return named("session", session.Run(gctx, ses)) })
-	g.Go(func() error { return named("sandbox", sandbox.Run(gctx, sbx)) })
-	g.Go(func() error { return named("credential", credential.Run(gctx, cred)) })
-	g.Go(func() error { return named("ingest", ingest.Run(gctx, ing)) })
+	// The sandbox service stops first and the others once it has: up to its
+	// last act it sends notifications (turn outcomes) to the session service
+	// and calls the credential service.
+	peersCtx, stopPeers := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopPeers()
+	g.Go(func() error { defer stopPeers(); return named("sandbox", sandbox.Run(gctx, sbx)) })
+	g.Go(func() error { return named("session", session.Run(peersCtx, ses)) })
+	g.Go(func() error { return named("credential", credential.Run(peersCtx, cred)) })
+	g.Go(func() error { return named("ingest", ingest.Run(peersCtx, ing)) })
 	err = g.Wait()
 	// The wrappers would wait out their reconnect window; dev owns the
 	// sandbox root and deletes it, so it stops what still runs there.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/logging/logtest"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -78,7 +80,8 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 		"--sandbox-root", root, "--port-base", strconv.Itoa(base))
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	cmd.Stderr = t.Output()
+	var logs logtest.Buffer
+	cmd.Stderr = io.MultiWriter(t.Output(), &logs)
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -144,6 +147,8 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	}
 	require.Empty(t, redisServers(t, redisPort), "no redis-server started by dev is left running")
 	require.Empty(t, sandboxprocs.Under(root), "no wrapper or runtime started by dev is left running")
+	// The sandbox stopped while the session service still answered.
+	require.False(t, strings.Contains(logs.String(), "not sent at shutdown"), "a notification was left unsent (log above)")
 }
 
 func waitServing(t *testing.T, conn *grpc.ClientConn, addr string) {
