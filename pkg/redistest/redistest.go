@@ -343,18 +343,28 @@ func (s *Server) waitReady(exited <-chan struct{}) error {
 	}
 }
 
-// shutdown asks redis to exit with SHUTDOWN SAVE|NOSAVE and waits for it.
-func (s *Server) shutdown(mode string) error {
+// running returns the redis-server process and its exit channel, or a nil
+// cmd when it was never started or has exited.
+func (s *Server) running() (*exec.Cmd, chan struct{}) {
 	s.mu.Lock()
 	cmd, exited := s.cmd, s.exited
 	s.mu.Unlock()
 	if cmd == nil {
-		return nil
+		return nil, nil
 	}
 	select {
 	case <-exited:
-		return nil
+		return nil, nil
 	default:
+		return cmd, exited
+	}
+}
+
+// shutdown asks redis to exit with SHUTDOWN SAVE|NOSAVE and waits for it.
+func (s *Server) shutdown(mode string) error {
+	cmd, exited := s.running()
+	if cmd == nil {
+		return nil
 	}
 	_ = cmd.Process.Signal(syscall.SIGCONT) // a paused server cannot shut down
 	c := redis.NewClient(&redis.Options{Network: s.Network(), Addr: s.Addr(), MaxRetries: -1})
@@ -389,16 +399,9 @@ func (s *Server) signal(sig syscall.Signal) error {
 }
 
 func (s *Server) signalAndWait(sig syscall.Signal) error {
-	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.mu.Unlock()
+	cmd, exited := s.running()
 	if cmd == nil {
 		return nil
-	}
-	select {
-	case <-exited:
-		return nil
-	default:
 	}
 	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("signal %v: %w", sig, err)
