@@ -151,3 +151,34 @@ func TestOwnerFailoverBetweenReplicas(t *testing.T) {
 	}
 	require.Equal(t, ready.Instance, back.Instance)
 }
+
+// A replica killed with -9 loses the notifications it had not forwarded: its
+// queue is in memory. The wrapper sends its recent turn outcomes again on
+// each new stream, so the replica that takes over forwards the outcome and
+// the session's message does not wait for the no_outcome backstop.
+func TestOutcomeSurvivesOwnerKill(t *testing.T) {
+	n := startNotify(t)
+	root := t.TempDir()
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	peers := addrA + "," + addrB
+	a := startReplica(t, "replica-a", addrA, peers, root, n.addr)
+	sb := uniqueSandbox(t)
+	_, err := a.client.Prepare(context.Background(), route(sb, "s1", "/repo/replay"))
+	require.NoError(t, err)
+	_, i := n.wait(t, 0, "ready", "s1")
+
+	// The session service refuses the turn's outcome: A holds it, retrying.
+	n.refuseOutcomes.Store(true)
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, &service{client: a.client}, sb, "s1", "m1", "hello"))
+	require.Eventually(t, func() bool { return n.refused.Load() > 0 }, 30*time.Second, 10*time.Millisecond,
+		"replica A forwards the outcome")
+	require.NoError(t, a.cmd.Process.Kill())
+	<-a.done
+	n.refuseOutcomes.Store(false)
+
+	b := startReplica(t, "replica-b", addrB, peers, root, n.addr)
+	require.Eventually(t, func() bool { owner, _ := b.owner(t, sb); return owner == "replica-b" }, 20*time.Second, 20*time.Millisecond)
+	out, _ := n.wait(t, i, "outcome", "s1")
+	require.Equal(t, "m1", out.Text)
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
+}

@@ -83,13 +83,14 @@ type fakeNotify struct {
 	notes []note
 	addr  string
 	// refuse makes every call fail with Unavailable (the session service
-	// is down); refused counts those calls.
-	refuse  atomic.Bool
-	refused atomic.Int64
+	// is down), refuseOutcomes only turn outcomes; refused counts the calls
+	// refused.
+	refuse, refuseOutcomes atomic.Bool
+	refused                atomic.Int64
 }
 
-func (f *fakeNotify) gate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if f.refuse.Load() {
+func (f *fakeNotify) gate(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if f.refuse.Load() || f.refuseOutcomes.Load() && strings.HasSuffix(info.FullMethod, "/NotifyTurnOutcome") {
 		f.refused.Add(1)
 		return nil, status.Error(codes.Unavailable, "session service down (test)")
 	}

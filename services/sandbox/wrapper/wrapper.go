@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,6 +186,14 @@ type routeState struct {
 	ready            bool
 }
 
+// keptOutcomes is how many sent turn outcomes a wrapper sends again on each
+// new stream. A Send that returned nil only queued the frame, and a replica
+// forwards outcomes to the session service from memory: when it dies, what
+// it had not forwarded is lost, and the turn's messages would wait for the
+// session's no_outcome backstop. The session service settles a turn once
+// (by turn id), so an outcome that arrives twice changes nothing.
+const keptOutcomes = 16
+
 type wrapper struct {
 	opts Options
 	log  *slog.Logger
@@ -194,6 +203,7 @@ type wrapper struct {
 	runtime  *runtimeProc
 	busy     map[string]bool
 	outbox   []*sandboxv1.ConnectRequest // frames waiting for a stream
+	sent     []*sandboxv1.ConnectRequest // the last keptOutcomes outcome frames sent; see replaySent
 	wake     chan struct{}
 	shutdown chan struct{}
 }
@@ -286,6 +296,7 @@ func (w *wrapper) serve(ctx context.Context, addr string) (connected, shutdown b
 		w.opts.ReconnectWindow = d
 	}
 	w.log.Info("connected", "addr", addr, "contract", ack.GetContract().String())
+	w.replaySent()
 
 	sendErr := make(chan error, 1)
 	go func() { sendErr <- w.sendLoop(ctx, stream) }()
@@ -341,6 +352,9 @@ func (w *wrapper) sendLoop(ctx context.Context, stream sandboxv1.WrapperControlS
 				w.mu.Unlock()
 				return err
 			}
+			if f.GetOutcome() != nil {
+				w.keepSent(f)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -351,6 +365,31 @@ func (w *wrapper) sendLoop(ctx context.Context, stream sandboxv1.WrapperControlS
 				return err
 			}
 		}
+	}
+}
+
+// keepSent remembers a sent outcome frame (once: a replayed frame is the
+// same pointer), keeping the last keptOutcomes.
+func (w *wrapper) keepSent(f *sandboxv1.ConnectRequest) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if slices.Contains(w.sent, f) {
+		return
+	}
+	w.sent = append(w.sent, f)
+	if len(w.sent) > keptOutcomes {
+		w.sent = slices.Clone(w.sent[len(w.sent)-keptOutcomes:])
+	}
+}
+
+// replaySent puts the kept outcomes, in the order they were sent, ahead of
+// the outbox for the stream that just connected. Its Hello already
+// restored the routes they belong to.
+func (w *wrapper) replaySent() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.sent) > 0 {
+		w.outbox = append(slices.Clone(w.sent), w.outbox...)
 	}
 }
 
