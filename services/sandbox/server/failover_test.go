@@ -87,17 +87,24 @@ func (r *replica) owner(t *testing.T, sb string) (string, uint64) {
 	return st.GetSandbox().GetOwner(), st.GetSandbox().GetFenceToken()
 }
 
+// startPair starts a fake session service and two replicas, A and B, on one
+// sandbox root; each lists both as the addresses wrappers dial.
+func startPair(t *testing.T) (n *fakeNotify, a, b *replica) {
+	n = startNotify(t)
+	root := t.TempDir()
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	peers := addrA + "," + addrB
+	a = startReplica(t, "replica-a", addrA, peers, root, n.addr)
+	b = startReplica(t, "replica-b", addrB, peers, root, n.addr)
+	return n, a, b
+}
+
 // Two replicas on one Redis: the owner paused with SIGSTOP loses the sandbox
 // to the other, and its write after SIGCONT is rejected by the fence; the
 // owner killed with -9 is replaced by the other. The wrapper follows the
 // owner each time (reconnect keeping its route).
 func TestOwnerFailoverBetweenReplicas(t *testing.T) {
-	n := startNotify(t)
-	root := t.TempDir()
-	addrA, addrB := freeAddr(t), freeAddr(t)
-	peers := addrA + "," + addrB
-	a := startReplica(t, "replica-a", addrA, peers, root, n.addr)
-	b := startReplica(t, "replica-b", addrB, peers, root, n.addr)
+	n, a, b := startPair(t)
 	sb := uniqueSandbox(t)
 
 	_, err := a.client.Prepare(context.Background(), route(sb, "s1", "/repo/f"))
@@ -157,11 +164,7 @@ func TestOwnerFailoverBetweenReplicas(t *testing.T) {
 // each new stream, so the replica that takes over forwards the outcome and
 // the session's message does not wait for the no_outcome backstop.
 func TestOutcomeSurvivesOwnerKill(t *testing.T) {
-	n := startNotify(t)
-	root := t.TempDir()
-	addrA, addrB := freeAddr(t), freeAddr(t)
-	peers := addrA + "," + addrB
-	a := startReplica(t, "replica-a", addrA, peers, root, n.addr)
+	n, a, b := startPair(t)
 	sb := uniqueSandbox(t)
 	_, err := a.client.Prepare(context.Background(), route(sb, "s1", "/repo/replay"))
 	require.NoError(t, err)
@@ -176,7 +179,6 @@ func TestOutcomeSurvivesOwnerKill(t *testing.T) {
 	<-a.done
 	n.refuseOutcomes.Store(false)
 
-	b := startReplica(t, "replica-b", addrB, peers, root, n.addr)
 	require.Eventually(t, func() bool { owner, _ := b.owner(t, sb); return owner == "replica-b" }, 20*time.Second, 20*time.Millisecond)
 	out, _ := n.wait(t, i, "outcome", "s1")
 	require.Equal(t, "m1", out.Text)
