@@ -148,7 +148,7 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	require.Empty(t, redisServers(t, redisPort), "no redis-server started by dev is left running")
 	require.Empty(t, sandboxprocs.Under(root), "no wrapper or runtime started by dev is left running")
 	// The sandbox stopped while the session service still answered.
-	require.False(t, strings.Contains(logs.String(), "not sent at shutdown"), "a notification was left unsent (log above)")
+	require.Zero(t, strings.Count(logs.String(), "not sent at shutdown"), "notifications left unsent (log above)")
 }
 
 func waitServing(t *testing.T, conn *grpc.ClientConn, addr string) {
