@@ -99,17 +99,24 @@ func startPair(t *testing.T) (n *fakeNotify, a, b *replica) {
 	return n, a, b
 }
 
+// readyOn prepares session s1 on directory dir of a new sandbox through
+// replica r and waits for its ready notification (and its index).
+func readyOn(t *testing.T, n *fakeNotify, r *replica, dir string) (sandbox string, ready note, i int) {
+	t.Helper()
+	sandbox = uniqueSandbox(t)
+	_, err := r.client.Prepare(context.Background(), route(sandbox, "s1", dir))
+	require.NoError(t, err)
+	ready, i = n.wait(t, 0, "ready", "s1")
+	return sandbox, ready, i
+}
+
 // Two replicas on one Redis: the owner paused with SIGSTOP loses the sandbox
 // to the other, and its write after SIGCONT is rejected by the fence; the
 // owner killed with -9 is replaced by the other. The wrapper follows the
 // owner each time (reconnect keeping its route).
 func TestOwnerFailoverBetweenReplicas(t *testing.T) {
 	n, a, b := startPair(t)
-	sb := uniqueSandbox(t)
-
-	_, err := a.client.Prepare(context.Background(), route(sb, "s1", "/repo/f"))
-	require.NoError(t, err)
-	ready, i := n.wait(t, 0, "ready", "s1")
+	sb, ready, i := readyOn(t, n, a, "/repo/f")
 	owner, tokA := b.owner(t, sb)
 	require.Equal(t, "replica-a", owner)
 	require.Equal(t, tokA, ready.FenceToken)
@@ -165,10 +172,7 @@ func TestOwnerFailoverBetweenReplicas(t *testing.T) {
 // the session's message does not wait for the no_outcome backstop.
 func TestOutcomeSurvivesOwnerKill(t *testing.T) {
 	n, a, b := startPair(t)
-	sb := uniqueSandbox(t)
-	_, err := a.client.Prepare(context.Background(), route(sb, "s1", "/repo/replay"))
-	require.NoError(t, err)
-	_, i := n.wait(t, 0, "ready", "s1")
+	sb, _, i := readyOn(t, n, a, "/repo/replay")
 
 	// The session service refuses the turn's outcome: A holds it, retrying.
 	n.refuseOutcomes.Store(true)
