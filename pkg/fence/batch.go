@@ -28,8 +28,8 @@ import (
 // callers nobody waits for a hand-off: a queued caller costs a goroutine
 // wake-up, which a batch of two barely pays for. Measured side by side at 8
 // and 64 goroutines on 2 cores (docs/benchmarks.md): 6 lanes beat 4 and 8
-// at 8 goroutines (the fenced cycle ahead of the lock libraries in every
-// run) and still batch well at 64.
+// at 8 goroutines (the fenced cycle ahead of the lock libraries by the
+// median) and still batch well at 64.
 const lanes = 6
 
 // batchers holds one batcher per client. Clients live as long as the

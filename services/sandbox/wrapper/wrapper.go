@@ -384,13 +384,18 @@ func (w *wrapper) keepSent(f *sandboxv1.ConnectRequest) {
 
 // replaySent puts the kept outcomes, in the order they were sent, ahead of
 // the outbox for the stream that just connected. Its Hello already
-// restored the routes they belong to.
+// restored the routes they belong to. A replay the last stream broke off
+// is still in the outbox and is not queued twice.
 func (w *wrapper) replaySent() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.sent) > 0 {
-		w.outbox = append(slices.Clone(w.sent), w.outbox...)
+	var again []*sandboxv1.ConnectRequest
+	for _, f := range w.sent {
+		if !slices.Contains(w.outbox, f) {
+			again = append(again, f)
+		}
 	}
+	w.outbox = append(again, w.outbox...)
 }
 
 func (w *wrapper) heartbeat() *sandboxv1.ConnectRequest {
