@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -27,9 +28,11 @@ import (
 
 // devOptions are the flags of `agentplane dev`.
 type devOptions struct {
-	redisURL        string
-	sandboxRoot     string
-	internalToken   string
+	redisURL          string
+	redisURLFile      string
+	sandboxRoot       string
+	internalToken     string
+	internalTokenFile string
 	drainDelay      time.Duration
 	shutdownTimeout time.Duration
 	logFormat       string
@@ -57,7 +60,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL to use; empty starts a private redis-server (or, where none is installed, an in-memory Redis)")
 	fs.StringVar(&o.sandboxRoot, "sandbox-root", "", "directory of the process provider's sandboxes; empty: a new temporary directory")
-	fs.StringVar(&o.internalToken, "internal-token", "", "service-to-service bearer token; empty disables the check")
+	fs.StringVar(&o.redisURLFile, "redis-file", "", "file holding the Redis URL (when it carries a password)")
+	fs.StringVar(&o.internalToken, "internal-token", "", "service-to-service bearer token; empty disables the check (prefer --internal-token-file)")
+	fs.StringVar(&o.internalTokenFile, "internal-token-file", "", "file holding the service-to-service bearer token")
 	fs.DurationVar(&o.drainDelay, "drain-delay", 500*time.Millisecond, "time between NOT_SERVING and stopping on SIGTERM")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
 	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
@@ -67,6 +72,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if o.portBase < 1 || o.portBase+2003 > 65535 {
 		return fmt.Errorf("--port-base %d: the ports base..base+2003 must lie in 1..65535", o.portBase)
+	}
+	if err := o.readSecretFiles(stderr); err != nil {
+		return err
 	}
 
 	scratch, err := os.MkdirTemp("", "agentplane-dev-")
@@ -116,6 +124,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "agentplane dev (pid %d): Redis %s\n", os.Getpid(), redisWhat)
+
 	fmt.Fprintln(tw, "SERVICE\tgRPC\tMETRICS\tNOTES")
 	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, ses.MetricsAddr)
 	fmt.Fprintf(tw, "sandbox\t%s\t%s\tprocess provider, sandboxes in %s\n", sbx.GRPCAddr, sbx.MetricsAddr, sbx.SandboxRoot)
@@ -144,6 +153,50 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return err
 }
 
+// readSecretFiles reads the secret flags' file forms (config.ReadSecretFile's rules) and
+// warns about a secret given on the command line, which every local user can read.
+func (o *devOptions) readSecretFiles(stderr io.Writer) error {
+	for _, s := range []struct {
+		flag       string
+		value      *string
+		file       string
+		secretWhen func(string) bool
+	}{
+		{"redis", &o.redisURL, o.redisURLFile, func(u string) bool { return redact(u) != u }},
+		{"internal-token", &o.internalToken, o.internalTokenFile, func(string) bool { return true }},
+	} {
+		switch {
+		case s.file != "" && *s.value != "":
+			return fmt.Errorf("give either --%s or --%s-file, not both", s.flag, s.flag)
+		case s.file != "":
+			v, err := config.ReadSecretFile(s.file)
+			if err != nil {
+				return fmt.Errorf("--%s-file: %w", s.flag, err)
+			}
+			*s.value = v
+		case *s.value != "" && s.secretWhen(*s.value):
+			fmt.Fprintf(stderr, "WARNING: --%s is on the command line, which every process on the host can read; pass --%s-file instead\n", s.flag, s.flag)
+		}
+	}
+	return nil
+}
+
+// redact hides the credentials of a URL (a Redis URL may carry a password).
+func redact(rawURL string) string {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return rawURL
+	}
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		return scheme + "://xxxxx@" + authority[i+1:] + tail
+	}
+	return rawURL
+}
+
 func named(service string, err error) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", service, err)
@@ -155,7 +208,7 @@ func named(service string, err error) error {
 // was started for it.
 func devRedis(url, dir string, stderr io.Writer) (string, string, func(), error) {
 	if url != "" {
-		return url, url, func() {}, nil
+		return url, redact(url), func() {}, nil
 	}
 	if _, err := exec.LookPath(redistest.Binary); err == nil {
 		if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"agentplane.dev/pkg/nodump"
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
@@ -51,6 +52,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
+	}
+
+	switch cmd {
+	case "dev", "session", "sandbox", "credential", "ingest":
+		// Before any secret is read: no other process of this uid may read our memory or
+		// environment. (The wrapper, above, stays dumpable: its sandbox service reads its markers.)
+		if err := nodump.Set(); err != nil {
+			fmt.Fprintf(stderr, "agentplane %s: %v\n", cmd, err)
+			return 1
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

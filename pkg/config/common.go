@@ -8,19 +8,24 @@ import (
 	"os"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"agentplane.dev/pkg/logging"
 )
 
 // Common is the configuration every service embeds (docs/development.md lists the names).
 type Common struct {
-	RedisURL        string        // REDIS_URL: see Redis for the accepted forms
+	RedisURL        string        // REDIS_URL (secret: may carry a password): see Redis for the accepted forms
+	RedisPassword   string        // REDIS_PASSWORD (secret): overrides the URL's password; how the chart passes it
 	GRPCAddr        string        // GRPC_ADDR: host:port of the gRPC listener
 	MetricsAddr     string        // METRICS_ADDR: host:port of the /metrics HTTP listener; empty disables it
-	InternalToken   string        // INTERNAL_TOKEN: service-to-service bearer token; empty disables the check (dev only)
+	InternalToken   string        // INTERNAL_TOKEN (secret): service-to-service bearer token; empty disables the check (dev only)
 	DrainDelay      time.Duration // DRAIN_DELAY: time between NOT_SERVING and stopping, for load balancers to notice
 	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT: bound on GracefulStop before a hard stop
 	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn, error
 	LogFormat       string        // LOG_FORMAT: json or text
+
+	plainSecrets []PlainSecret // secrets given as values, not files: Logger warns about them
 }
 
 // DefaultCommon returns the defaults for a service listening on grpcAddr and metricsAddr.
@@ -35,17 +40,29 @@ func DefaultCommon(grpcAddr, metricsAddr string) Common {
 	}
 }
 
-// Bind registers the common settings on l, with c's current values as defaults.
+// Bind registers the common settings on l, with c's current values as defaults. Once l has
+// parsed, c knows which secrets of every setting bound on l (the service's own too) were given
+// as values rather than files, and Logger warns about them.
 func (c *Common) Bind(l *Loader) {
-	l.String(&c.RedisURL, "REDIS_URL", c.RedisURL, "Redis URL: redis://, rediss://, unix://, redis+sentinel://, redis+cluster://")
+	l.Secret(&c.RedisURL, "REDIS_URL", c.RedisURL, "Redis URL: redis://, rediss://, unix://, redis+sentinel://, redis+cluster://")
+	l.Secret(&c.RedisPassword, "REDIS_PASSWORD", c.RedisPassword, "Redis password, used instead of the URL's")
 	l.String(&c.GRPCAddr, "GRPC_ADDR", c.GRPCAddr, "gRPC listen address")
 	l.String(&c.MetricsAddr, "METRICS_ADDR", c.MetricsAddr, "Prometheus /metrics listen address; empty disables it")
-	l.String(&c.InternalToken, "INTERNAL_TOKEN", c.InternalToken, "service-to-service bearer token; empty disables the check (dev only)")
+	l.Secret(&c.InternalToken, "INTERNAL_TOKEN", c.InternalToken, "service-to-service bearer token; empty disables the check (dev only)")
 	l.Duration(&c.DrainDelay, "DRAIN_DELAY", c.DrainDelay, "delay between reporting NOT_SERVING and stopping")
 	l.Duration(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout, "bound on graceful stop before a hard stop")
 	level := c.LogLevel
 	l.TextVar(&c.LogLevel, "LOG_LEVEL", level, "log level: debug, info, warn, error")
 	l.String(&c.LogFormat, "LOG_FORMAT", c.LogFormat, "log format: json or text")
+	l.parsed = append(l.parsed, func() {
+		c.plainSecrets = nil
+		for _, s := range l.PlainSecrets() {
+			// A Redis URL is a secret only when it carries credentials.
+			if s.Name != "REDIS_URL" || redisURLHasUserinfo(c.RedisURL) {
+				c.plainSecrets = append(c.plainSecrets, s)
+			}
+		}
+	})
 }
 
 // Validate checks every common setting and returns all problems at once, each naming its
@@ -56,7 +73,7 @@ func (c *Common) Validate() error {
 
 	if c.RedisURL == "" {
 		bad("REDIS_URL", errors.New("required"))
-	} else if _, err := parseRedisURL(c.RedisURL); err != nil {
+	} else if _, err := parseRedisURL(c.RedisURL, c.RedisPassword); err != nil {
 		bad("REDIS_URL", err)
 	}
 	if err := checkAddr(c.GRPCAddr); err != nil {
@@ -79,10 +96,28 @@ func (c *Common) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Logger builds the process logger from LogFormat and LogLevel (call after Validate).
+// Logger builds the process logger from LogFormat and LogLevel (call after Validate, once at
+// start) and warns on it about each secret given as a value rather than a file.
 func (c *Common) Logger() *slog.Logger {
 	f, _ := logging.ParseFormat(c.LogFormat)
-	return logging.New(os.Stderr, f, c.LogLevel)
+	log := logging.New(os.Stderr, f, c.LogLevel)
+	for _, s := range c.plainSecrets {
+		env, _ := Names(s.Name)
+		log.Warn(s.Warning(), "setting", env)
+	}
+	return log
+}
+
+// PlainSecrets lists the secrets the loader found given as values rather than files.
+func (c *Common) PlainSecrets() []PlainSecret { return c.plainSecrets }
+
+// Redis returns a client for RedisURL, with RedisPassword (when set) as the password.
+func (c *Common) Redis() (redis.UniversalClient, error) {
+	newClient, err := parseRedisURL(c.RedisURL, c.RedisPassword)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(), nil
 }
 
 func checkAddr(addr string) error {

@@ -4,7 +4,8 @@
 //
 // Every setting has one name, e.g. "REDIS_URL": the environment variable is
 // AGENTPLANE_REDIS_URL and the flag is --redis-url. The environment sets the flag's default;
-// a flag given on the command line wins.
+// a flag given on the command line wins. A secret setting (Loader.Secret) also has a file
+// form, AGENTPLANE_REDIS_URL_FILE and --redis-url-file, which is how production passes it.
 package config
 
 import (
@@ -34,6 +35,9 @@ type Loader struct {
 	fs        *flag.FlagSet
 	lookupEnv func(string) (string, bool)
 	envErrs   map[string]error // by flag name; dropped when the flag is given explicitly
+	secrets   []secretSetting  // bound by Secret, resolved by Parse
+	plain     []PlainSecret    // secrets Parse found given as values, not files
+	parsed    []func()         // run at the end of a successful Parse
 }
 
 // NewLoader binds to fs and reads the environment through lookupEnv (os.LookupEnv in main,
@@ -113,7 +117,14 @@ func (l *Loader) Parse(args []string) error {
 			errs = append(errs, err)
 		}
 	})
-	return errors.Join(errs...)
+	errs = append(errs, l.resolveSecrets()...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, f := range l.parsed {
+		f()
+	}
+	return nil
 }
 
 type durationValue struct{ p *time.Duration }

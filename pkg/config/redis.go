@@ -27,14 +27,34 @@ import (
 // client honours context deadlines on the socket (ContextTimeoutEnabled), so a caller's
 // bound holds even when Redis is paused rather than down.
 func Redis(rawURL string) (redis.UniversalClient, error) {
-	newClient, err := parseRedisURL(rawURL)
+	newClient, err := parseRedisURL(rawURL, "")
 	if err != nil {
 		return nil, err
 	}
 	return newClient(), nil
 }
 
-func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
+// parseRedisURL parses rawURL; a non-empty password replaces the URL's. Its errors never
+// quote the URL, which may carry a password.
+func parseRedisURL(rawURL, password string) (func() redis.UniversalClient, error) {
+	newClient, err := parseRedisURLQuoting(rawURL, password)
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = fmt.Errorf("invalid URL: %w", ue.Err)
+	}
+	return newClient, err
+}
+
+// redisURLHasUserinfo reports whether rawURL carries a user or password.
+func redisURLHasUserinfo(rawURL string) bool {
+	_, rest, _ := strings.Cut(rawURL, "://")
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		rest = rest[:i]
+	}
+	return strings.Contains(rest, "@")
+}
+
+func parseRedisURLQuoting(rawURL, password string) (func() redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
 		return nil, errors.New("want a URL like redis://host:port")
@@ -44,6 +64,9 @@ func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
 		o, err := redis.ParseURL(rawURL)
 		if err != nil {
 			return nil, err
+		}
+		if password != "" {
+			o.Password = password
 		}
 		o.ContextTimeoutEnabled = true
 		o.MaintNotificationsConfig = noMaintNotifications()
@@ -70,6 +93,9 @@ func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
 		// and sending AUTH to a sentinel that has none fails the connection.
 		o.Username, o.Password = o.SentinelUsername, o.SentinelPassword
 		o.SentinelUsername, o.SentinelPassword = "", ""
+		if password != "" {
+			o.Password = password
+		}
 		o.ContextTimeoutEnabled = true // (go-redis keeps maintenance notifications off for Sentinel)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(o) }, nil
 
@@ -84,6 +110,9 @@ func parseRedisURL(rawURL string) (func() redis.UniversalClient, error) {
 		o, err := redis.ParseClusterURL(base.String())
 		if err != nil {
 			return nil, err
+		}
+		if password != "" {
+			o.Password = password
 		}
 		o.ContextTimeoutEnabled = true
 		o.MaintNotificationsConfig = noMaintNotifications()

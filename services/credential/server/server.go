@@ -32,8 +32,8 @@ import (
 // Config is the credential service's configuration.
 type Config struct {
 	config.Common
-	CredentialKey    string        // CREDENTIAL_KEY: base64 32-byte AES-256-GCM key for secrets at rest; empty: random per process (dev)
-	AttestationKey   string        // ATTESTATION_KEY: base64 HMAC key (≥ 32 bytes) shared with upstreams; empty: random per process (dev)
+	CredentialKey    string        // CREDENTIAL_KEY (secret): base64 32-byte AES-256-GCM key for secrets at rest; empty: random per process (dev)
+	AttestationKey   string        // ATTESTATION_KEY (secret): base64 HMAC key (≥ 32 bytes) shared with upstreams; empty: random per process (dev)
 	ProxyAddr        string        // PROXY_ADDR: HTTP listen address of the credential proxy
 	ProviderUpstream string        // PROVIDER_UPSTREAM: base URL of the OpenAI-compatible provider; empty disables the route
 	BackendUpstream  string        // BACKEND_UPSTREAM: base URL of the backend; empty disables the route
@@ -60,8 +60,8 @@ func DefaultConfig() Config {
 // Bind registers every setting on l with c's values as defaults.
 func (c *Config) Bind(l *config.Loader) {
 	c.Common.Bind(l)
-	l.String(&c.CredentialKey, "CREDENTIAL_KEY", c.CredentialKey, "base64 32-byte key encrypting backing credentials at rest; empty: a random key per process (dev only)")
-	l.String(&c.AttestationKey, "ATTESTATION_KEY", c.AttestationKey, "base64 HMAC key (at least 32 bytes) for proxy attestations; empty: a random key per process (dev only)")
+	l.Secret(&c.CredentialKey, "CREDENTIAL_KEY", c.CredentialKey, "base64 32-byte key encrypting backing credentials at rest; empty: a random key per process (dev only)")
+	l.Secret(&c.AttestationKey, "ATTESTATION_KEY", c.AttestationKey, "base64 HMAC key (at least 32 bytes) for proxy attestations; empty: a random key per process (dev only)")
 	l.String(&c.ProxyAddr, "PROXY_ADDR", c.ProxyAddr, "credential proxy HTTP listen address")
 	l.String(&c.ProviderUpstream, "PROVIDER_UPSTREAM", c.ProviderUpstream, "OpenAI-compatible provider base URL for the provider/* route; empty disables it")
 	l.String(&c.BackendUpstream, "BACKEND_UPSTREAM", c.BackendUpstream, "backend base URL for the backend/* route; empty disables it")
@@ -169,7 +169,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
-	rdb, err := config.Redis(cfg.RedisURL)
+	rdb, err := cfg.Redis()
 	if err != nil {
 		return err
 	}
@@ -249,13 +249,13 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 
 func keys(cfg Config, log *slog.Logger) (credKey, attKey []byte, err error) {
 	if cfg.CredentialKey == "" {
-		log.Warn("AGENTPLANE_CREDENTIAL_KEY is not set: using a random key for this process; stored credentials will not survive a restart (dev only)")
+		log.Warn("AGENTPLANE_CREDENTIAL_KEY_FILE (or AGENTPLANE_CREDENTIAL_KEY) is not set: using a random key for this process; stored credentials will not survive a restart (dev only)")
 		credKey = sealer.RandomKey()
 	} else if credKey, err = sealer.ParseKey(cfg.CredentialKey); err != nil {
 		return nil, nil, err
 	}
 	if cfg.AttestationKey == "" {
-		log.Warn("AGENTPLANE_ATTESTATION_KEY is not set: using a random key for this process; upstreams cannot verify attestations (dev only)")
+		log.Warn("AGENTPLANE_ATTESTATION_KEY_FILE (or AGENTPLANE_ATTESTATION_KEY) is not set: using a random key for this process; upstreams cannot verify attestations (dev only)")
 		attKey = sealer.RandomKey()
 	} else if attKey, err = parseAttestationKey(cfg.AttestationKey); err != nil {
 		return nil, nil, err

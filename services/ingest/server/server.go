@@ -81,7 +81,7 @@ func run(ctx context.Context, cfg Config, lis net.Listener) error {
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
-	rdb, err := config.Redis(cfg.RedisURL)
+	rdb, err := cfg.Redis()
 	if err != nil {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return config.ErrorFor("REDIS_URL", err)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -30,7 +29,7 @@ import (
 // serves until ctx ends; nil after a clean drain.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger().With("service", "sandbox", "replica", cfg.ReplicaID)
-	rdb, err := config.Redis(cfg.RedisURL)
+	rdb, err := cfg.Redis()
 	if err != nil {
 		return err
 	}

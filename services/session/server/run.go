@@ -11,7 +11,6 @@ import (
 
 	"agentplane.dev/pkg/grpcclient"
 
-	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -42,7 +41,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		log = logging.New(h.logOutput, logging.JSON, cfg.LogLevel)
 	}
 	log = log.With("service", "session")
-	rdb, err := config.Redis(cfg.RedisURL)
+	rdb, err := cfg.Redis()
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"agentplane.dev/pkg/nodump"
 	"agentplane.dev/services/sandbox/server"
 	"agentplane.dev/services/sandbox/wrapper"
 )
@@ -18,6 +19,11 @@ func main() {
 	args := os.Args[1:]
 	if code, ok := wrapper.Subcommand(args); ok {
 		os.Exit(code)
+	}
+	// Before any secret is read: no other process of this uid may read our memory or environment.
+	if err := nodump.Set(); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox:", err)
+		os.Exit(2)
 	}
 	cfg, err := server.LoadConfig(args, os.LookupEnv)
 	if err != nil {
