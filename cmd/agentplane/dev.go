@@ -33,10 +33,10 @@ type devOptions struct {
 	sandboxRoot       string
 	internalToken     string
 	internalTokenFile string
-	drainDelay      time.Duration
-	shutdownTimeout time.Duration
-	logFormat       string
-	portBase        int
+	drainDelay        time.Duration
+	shutdownTimeout   time.Duration
+	logFormat         string
+	portBase          int
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,

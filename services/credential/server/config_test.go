@@ -1,9 +1,14 @@
 package server
 
 import (
+	"encoding/base64"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/pkg/config"
 )
 
 func TestLoadConfigNamesBadSettings(t *testing.T) {
@@ -27,4 +32,39 @@ func TestLoadConfigNamesBadSettings(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:7405", cfg.ProxyAddr)
 	require.Equal(t, DefaultConfig().GrantTTL, cfg.GrantTTL)
+}
+
+// TestKeysFromFiles: both keys are secret settings with a file form; a bad key read from a
+// file is reported by the file's variable, without its content.
+func TestKeysFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, v string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(v), 0o600))
+		return p
+	}
+	credKey := base64.StdEncoding.EncodeToString(make([]byte, 32))
+	attKey := base64.StdEncoding.EncodeToString([]byte("an-attestation-key-of-32-bytes!!"))
+	env := map[string]string{
+		"AGENTPLANE_REDIS_URL":            "redis://127.0.0.1:1",
+		"AGENTPLANE_CREDENTIAL_KEY_FILE":  write("cred", credKey+"\n"),
+		"AGENTPLANE_ATTESTATION_KEY_FILE": write("att", attKey+"\n"),
+	}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	cfg, err := LoadConfig(nil, lookup)
+	require.NoError(t, err)
+	require.Equal(t, credKey, cfg.CredentialKey)
+	require.Equal(t, attKey, cfg.AttestationKey)
+	require.Empty(t, cfg.PlainSecrets())
+
+	env["AGENTPLANE_CREDENTIAL_KEY_FILE"] = write("short", "c2hvcnQ=\n")
+	_, err = LoadConfig(nil, lookup)
+	require.ErrorContains(t, err, "AGENTPLANE_CREDENTIAL_KEY (--credential-key): key is 5 bytes, want 32")
+	require.NotContains(t, err.Error(), "c2hvcnQ=")
+
+	delete(env, "AGENTPLANE_CREDENTIAL_KEY_FILE")
+	env["AGENTPLANE_CREDENTIAL_KEY"] = credKey
+	cfg, err = LoadConfig(nil, lookup)
+	require.NoError(t, err, "the environment form still works")
+	require.Equal(t, []config.PlainSecret{{Name: "CREDENTIAL_KEY"}}, cfg.PlainSecrets())
 }
