@@ -164,23 +164,88 @@ func TestGracePeriodFollowsShutdown(t *testing.T) {
 	}
 }
 
-// TestRedisPasswordInURL: a password from the Secret reaches AGENTPLANE_REDIS_URL through
-// $(REDIS_PASSWORD); a URL with its own credentials is left alone.
-func TestRedisPasswordInURL(t *testing.T) {
-	for _, tc := range []struct{ url, want string }{
-		{"redis://r:6379/0", "redis://:$(REDIS_PASSWORD)@r:6379/0"},
-		{"redis+sentinel://s1:26379,s2:26379/mymaster/0", "redis+sentinel://:$(REDIS_PASSWORD)@s1:26379,s2:26379/mymaster/0"},
-		{"rediss://user:pw@r:6380", "rediss://user:pw@r:6380"},
-	} {
-		r, err := render(t, map[string]any{"redis": map[string]any{"url": tc.url, "password": "s3cret"}})
+// TestRedisPasswordFromFile: a password from the Secret reaches the services as a file
+// (AGENTPLANE_REDIS_PASSWORD_FILE), the URL stays as given, and a URL carrying a password
+// fails to render with guidance; a user name alone may stay in the URL.
+func TestRedisPasswordFromFile(t *testing.T) {
+	for _, url := range []string{"redis://r:6379/0", "redis+sentinel://s1:26379,s2:26379/mymaster/0", "rediss://acl-user@r:6380"} {
+		vals := map[string]any{"redis": map[string]any{"url": url, "password": "s3cret"}}
+		r, err := render(t, vals)
 		if err != nil {
 			t.Fatal(err)
 		}
+		checkAll(t, r, valuesOf(t, vals))
 		for _, w := range r.workloads() {
-			if got := envValue(w.pod.Spec.Containers[0], "AGENTPLANE_REDIS_URL"); got != tc.want {
-				t.Errorf("%s: AGENTPLANE_REDIS_URL = %q, want %q", w.component, got, tc.want)
+			c := w.pod.Spec.Containers[0]
+			if w.component == "redis" {
+				continue
+			}
+			if got := envValue(c, "AGENTPLANE_REDIS_URL"); got != url {
+				t.Errorf("%s: AGENTPLANE_REDIS_URL = %q, want %q", w.component, got, url)
+			}
+			if envValue(c, "AGENTPLANE_REDIS_PASSWORD_FILE") == "" {
+				t.Errorf("%s: no AGENTPLANE_REDIS_PASSWORD_FILE", w.component)
 			}
 		}
+	}
+	for _, url := range []string{"rediss://user:pw@r:6380", "redis+sentinel://:pw@s1:26379,s2:26379/m", "unix://:pw@/run/redis.sock"} {
+		_, err := render(t, map[string]any{"redis": map[string]any{"url": url}})
+		if err == nil || !strings.Contains(err.Error(), "redis.url carries a password: put it in redis.password") {
+			t.Errorf("%s: want the password-in-URL message, got %v", url, err)
+		}
+	}
+}
+
+// TestSandboxIsolation: sandbox.isolation renders AGENTPLANE_SANDBOX_ISOLATION and, for
+// namespaces (the default), the pod settings bubblewrap needs; none renders none of them
+// and warns in NOTES.txt; anything else is refused by the schema.
+func TestSandboxIsolation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+	}{
+		{"default", map[string]any{}},
+		{"namespaces", map[string]any{"sandbox": map[string]any{"isolation": "namespaces"}}},
+		{"none", map[string]any{"sandbox": map[string]any{"isolation": "none"}}},
+		{"localhost seccomp profile", map[string]any{"sandbox": map[string]any{"namespaces": map[string]any{
+			"seccompProfile": map[string]any{"type": "Localhost", "localhostProfile": "profiles/agentplane-sandbox.json"}}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.vals["redis"] = map[string]any{"url": "redis://r:6379/0"}
+			r, err := render(t, tc.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkAll(t, r, valuesOf(t, tc.vals)) // checkIsolation asserts what each value renders
+		})
+	}
+	_, err := render(t, map[string]any{"redis": map[string]any{"url": "redis://r:6379/0"}, "sandbox": map[string]any{"isolation": "off"}})
+	if err == nil || !strings.Contains(err.Error(), "/sandbox/isolation") {
+		t.Fatalf("want a schema error on /sandbox/isolation, got %v", err)
+	}
+}
+
+// TestNoSecretValueInEnv: with every secret given in values, no value reaches any
+// container's environment, arguments or the ConfigMap; each service gets only its own keys.
+func TestNoSecretValueInEnv(t *testing.T) {
+	vals := map[string]any{
+		"redis": map[string]any{"password": "redis-pw-value", "bundled": map[string]any{"enabled": true}},
+		"secrets": map[string]any{
+			"internalToken":  "internal-token-value",
+			"credentialKey":  "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+			"attestationKey": "attestation-key-value-attestation-key-value",
+		},
+	}
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAll(t, r, valuesOf(t, vals))
+	if len(r.secrets) != 1 || len(r.secrets[0].Data) != 4 {
+		t.Fatalf("want the managed Secret with 4 keys, got %d Secrets", len(r.secrets))
+	}
+	if got := string(r.secrets[0].Data["internal-token"]); got != "internal-token-value" {
+		t.Fatalf("the Secret holds %q, not the value given", got)
 	}
 }
 

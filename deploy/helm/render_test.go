@@ -234,6 +234,8 @@ func checkAll(t *testing.T, r *rendered, v chartutil.Values) {
 	checkReferences(t, r, v)
 	checkNetworkPolicies(t, r, v)
 	checkNotes(t, r)
+	checkSecretsAsFiles(t, r, v)
+	checkIsolation(t, r, v)
 }
 
 func checkWorkloads(t *testing.T, r *rendered, v chartutil.Values) {
@@ -314,30 +316,15 @@ func checkWorkloads(t *testing.T, r *rendered, v chartutil.Values) {
 	}
 }
 
-// checkRedisEnv: AGENTPLANE_REDIS_URL is set, and a $(REDIS_PASSWORD) reference in it is
-// defined earlier in the list (the kubelet only expands variables defined before).
+// checkRedisEnv: AGENTPLANE_REDIS_URL is set and carries no password (that is a file).
 func checkRedisEnv(t *testing.T, component string, c corev1.Container) {
 	t.Helper()
-	url, urlAt, pwAt := "", -1, -1
-	for i, e := range c.Env {
-		switch e.Name {
-		case "AGENTPLANE_REDIS_URL":
-			url, urlAt = e.Value, i
-		case "REDIS_PASSWORD":
-			pwAt = i
-			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
-				t.Errorf("%s: REDIS_PASSWORD does not come from a Secret", component)
-			}
-		}
-	}
+	url := envValue(c, "AGENTPLANE_REDIS_URL")
 	if url == "" || !strings.Contains(url, "://") {
 		t.Errorf("%s: AGENTPLANE_REDIS_URL = %q", component, url)
 	}
-	if strings.Contains(url, "$(REDIS_PASSWORD)") && (pwAt < 0 || pwAt > urlAt) {
-		t.Errorf("%s: AGENTPLANE_REDIS_URL uses $(REDIS_PASSWORD) but it is not defined before it", component)
-	}
-	if pwAt >= 0 && !strings.Contains(url, "$(REDIS_PASSWORD)") && !strings.Contains(url, "@") {
-		t.Errorf("%s: REDIS_PASSWORD is set but AGENTPLANE_REDIS_URL %q does not use it", component, url)
+	if strings.Contains(url, "$(") {
+		t.Errorf("%s: AGENTPLANE_REDIS_URL %q expands an environment variable", component, url)
 	}
 }
 
@@ -643,6 +630,21 @@ func checkReferences(t *testing.T, r *rendered, v chartutil.Values) {
 			for _, ef := range c.EnvFrom {
 				if ef.ConfigMapRef != nil && findConfigMap(r, ef.ConfigMapRef.Name) == nil {
 					t.Errorf("%s: envFrom ConfigMap %q not rendered", w.component, ef.ConfigMapRef.Name)
+				}
+			}
+			for _, vol := range spec.Volumes {
+				if vol.Secret == nil || (existing != nil && existing != "" && vol.Secret.SecretName == existing) {
+					continue
+				}
+				s := findSecret(r, vol.Secret.SecretName)
+				if s == nil {
+					t.Errorf("%s: volume %s mounts Secret %q, not rendered", w.component, vol.Name, vol.Secret.SecretName)
+					continue
+				}
+				for _, it := range vol.Secret.Items {
+					if _, ok := s.Data[it.Key]; !ok {
+						t.Errorf("%s: volume %s mounts key %q missing from Secret %s", w.component, vol.Name, it.Key, s.Name)
+					}
 				}
 			}
 			for _, e := range c.Env {

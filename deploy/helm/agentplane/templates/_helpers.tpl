@@ -79,34 +79,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if or .Values.redis.usePassword .Values.redis.password .Values.redis.bundled.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* The Redis URL the services use. Fails when no Redis is configured. */}}
+{{/*
+The Redis URL the services use. Fails when no Redis is configured, and when the URL carries a
+password: that belongs in the Secret (redis.password or the existing Secret's key), which the
+services read from a file (AGENTPLANE_REDIS_PASSWORD_FILE), while the URL is a plain value.
+*/}}
 {{- define "agentplane.redisURL" -}}
+{{- $url := "" -}}
 {{- if .Values.redis.url -}}
-{{- .Values.redis.url -}}
+{{- $url = .Values.redis.url -}}
 {{- else if .Values.redis.bundled.enabled -}}
-{{- printf "redis://%s-redis.%s.svc:6379/0" (include "agentplane.fullname" .) .Release.Namespace -}}
+{{- $url = printf "redis://%s-redis.%s.svc:6379/0" (include "agentplane.fullname" .) .Release.Namespace -}}
 {{- else -}}
 {{- fail "agentplane: no Redis configured: set redis.url to an external Redis (redis://, rediss://, redis+sentinel://, redis+cluster://, unix://) or redis.bundled.enabled=true to try the chart" -}}
 {{- end -}}
+{{- if regexMatch "^[^:]+://[^/?@]*:[^/?@]*@" $url -}}
+{{- fail "agentplane: redis.url carries a password: put it in redis.password (or the existing Secret's redis-password key with redis.usePassword=true); the services read it from a mounted file" -}}
 {{- end -}}
-
-{{/*
-The Redis URL as the containers see it. With a password from the Secret, the URL gets
-":$(REDIS_PASSWORD)@" as its userinfo, which the kubelet expands from the REDIS_PASSWORD env
-var defined just before it (AGENTPLANE_REDIS_URL is the only Redis setting the services read).
-A URL that already carries userinfo is left alone.
-*/}}
-{{- define "agentplane.redisURLForPods" -}}
-{{- $url := include "agentplane.redisURL" . -}}
-{{- $scheme := (splitList "://" $url | first) -}}
-{{- $rest := trimPrefix (printf "%s://" $scheme) $url -}}
-{{- $authority := regexReplaceAll "[/?].*$" $rest "" -}}
-{{- if and (include "agentplane.redisPasswordEnabled" .) (not (contains "@" $authority)) -}}
-{{- printf "%s://:$(REDIS_PASSWORD)@%s" $scheme $rest -}}
-{{- else -}}
 {{- $url -}}
 {{- end -}}
-{{- end -}}
+
+{{/* Where each pod mounts its Secret keys as files. */}}
+{{- define "agentplane.secretsDir" -}}/etc/agentplane/secrets{{- end -}}
 
 {{/* gRPC address a peer dials. Call with (dict "root" $ "component" "sandbox"). */}}
 {{- define "agentplane.peerAddr" -}}
@@ -137,6 +131,13 @@ A URL that already carries userinfo is left alone.
 {{- define "agentplane.containerSecurityContext" -}}
 {{- /* A shallow overlay, not mergeOverwrite: mergeOverwrite ignores false, so a component could not turn readOnlyRootFilesystem off. */ -}}
 {{- $base := deepCopy .root.Values.containerSecurityContext -}}
+{{- $c := index .root.Values .component -}}
+{{- if and (eq .component "sandbox") (eq $c.isolation "namespaces") -}}
+{{- /* What bubblewrap needs (statefulset-sandbox.yaml); the component's own overlay below still wins. */ -}}
+{{- $_ := set $base "procMount" "Unmasked" -}}
+{{- $_ := set $base "seccompProfile" $c.namespaces.seccompProfile -}}
+{{- $_ := set $base "appArmorProfile" $c.namespaces.appArmorProfile -}}
+{{- end -}}
 {{- range $k, $v := ((index .root.Values .component).containerSecurityContext | default dict) -}}
 {{- $_ := set $base $k $v -}}
 {{- end -}}

@@ -8,6 +8,16 @@ Every service is the same image and binary; the first argument picks the subcomm
 {{- $c := index $root.Values $component -}}
 {{- $secret := include "agentplane.secretName" $root -}}
 {{- $keys := $root.Values.secrets.keys -}}
+{{- $isolated := and (eq $component "sandbox") (eq $c.isolation "namespaces") -}}
+{{- /* The secrets this service reads, each mounted as a file and named by its AGENTPLANE_*_FILE. */ -}}
+{{- $secretFiles := list (dict "env" "AGENTPLANE_INTERNAL_TOKEN_FILE" "key" $keys.internalToken "path" "internal-token") -}}
+{{- if include "agentplane.redisPasswordEnabled" $root -}}
+{{- $secretFiles = append $secretFiles (dict "env" "AGENTPLANE_REDIS_PASSWORD_FILE" "key" $keys.redisPassword "path" "redis-password") -}}
+{{- end -}}
+{{- if eq $component "credential" -}}
+{{- $secretFiles = append $secretFiles (dict "env" "AGENTPLANE_CREDENTIAL_KEY_FILE" "key" $keys.credentialKey "path" "credential-key") -}}
+{{- $secretFiles = append $secretFiles (dict "env" "AGENTPLANE_ATTESTATION_KEY_FILE" "key" $keys.attestationKey "path" "attestation-key") -}}
+{{- end -}}
 metadata:
   labels:
     {{- include "agentplane.labels" . | nindent 4 }}
@@ -33,6 +43,11 @@ spec:
   # then GracefulStop bounded by AGENTPLANE_SHUTDOWN_TIMEOUT. The grace period covers both
   # plus a margin, so the kubelet never SIGKILLs a pod that is still within its bounds.
   terminationGracePeriodSeconds: {{ include "agentplane.terminationGracePeriodSeconds" $root }}
+  {{- if $isolated }}
+  # A user namespace of its own: bubblewrap nests each sandbox's user namespace in it, and
+  # the container's uids map to unprivileged host uids (statefulset-sandbox.yaml says why).
+  hostUsers: false
+  {{- end }}
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   {{- with $c.nodeSelector }}
@@ -76,23 +91,16 @@ spec:
           value: {{ printf ":%d" (int $c.ports.grpc) | quote }}
         - name: AGENTPLANE_METRICS_ADDR
           value: {{ printf ":%d" (int $c.ports.metrics) | quote }}
-        - name: AGENTPLANE_INTERNAL_TOKEN
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $keys.internalToken }}
-        {{- if include "agentplane.redisPasswordEnabled" $root }}
-        # Not an agentplane setting: only expanded into AGENTPLANE_REDIS_URL below. The
-        # password must be URL-safe (percent-encode it in the Secret otherwise).
-        - name: REDIS_PASSWORD
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $keys.redisPassword }}
+        # Secrets are files in the secrets volume, never environment values.
+        {{- range $secretFiles }}
+        - name: {{ .env }}
+          value: {{ printf "%s/%s" (include "agentplane.secretsDir" $root) .path | quote }}
         {{- end }}
         - name: AGENTPLANE_REDIS_URL
-          value: {{ include "agentplane.redisURLForPods" $root | quote }}
+          value: {{ include "agentplane.redisURL" $root | quote }}
         {{- if eq $component "sandbox" }}
+        - name: AGENTPLANE_SANDBOX_ISOLATION
+          value: {{ $c.isolation | quote }}
         - name: AGENTPLANE_SANDBOX_ROOT
           value: {{ $c.root | quote }}
         - name: AGENTPLANE_WRAPPER_BIN
@@ -103,16 +111,6 @@ spec:
         {{- if eq $component "credential" }}
         - name: AGENTPLANE_PROXY_ADDR
           value: {{ printf ":%d" (int $c.ports.proxy) | quote }}
-        - name: AGENTPLANE_CREDENTIAL_KEY
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $keys.credentialKey }}
-        - name: AGENTPLANE_ATTESTATION_KEY
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $keys.attestationKey }}
         {{- end }}
         {{- with $c.extraEnv }}
         {{- toYaml . | nindent 8 }}
@@ -149,6 +147,9 @@ spec:
       volumeMounts:
         - name: tmp
           mountPath: /tmp
+        - name: secrets
+          mountPath: {{ include "agentplane.secretsDir" $root }}
+          readOnly: true
         {{- if eq $component "sandbox" }}
         - name: sandbox-root
           mountPath: {{ $c.root }}
@@ -158,6 +159,16 @@ spec:
     - name: tmp
       emptyDir:
         sizeLimit: 1Gi
+    # Only the keys this service reads; group-readable for the pod's fsGroup, nothing else.
+    - name: secrets
+      secret:
+        secretName: {{ $secret }}
+        defaultMode: 288 # 0440
+        items:
+          {{- range $secretFiles }}
+          - key: {{ .key }}
+            path: {{ .path }}
+          {{- end }}
     {{- if and (eq $component "sandbox") (not $c.persistence.enabled) }}
     - name: sandbox-root
       emptyDir:
