@@ -87,19 +87,18 @@ func (s *Service) trusted(v, now time.Time) bool {
 // cached less than the trust window ago costs no Redis command; one used in
 // the second half of its window is read again in the background, so a
 // handle in steady use is never read on a request's path. A refusal
-// comes from Redis, except a sandbox mismatch (a scope's sandbox never
-// changes): a cached entry past its own expiry is read again, it may have
-// been reissued.
+// always comes from Redis, a sandbox mismatch too (a cached answer would
+// be faster, and tell the sandboxes apart by timing): a cached entry past
+// its own expiry is read again, it may have been reissued.
 func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved, error) {
 	if _, err := handle.Parse(raw); err != nil {
 		return nil, ErrMalformedHandle
 	}
 	d := handle.DigestOf(raw)
 	now := s.now() // before the reads: the trust window starts here
-	if c := s.cache.get(d); c != nil && s.trusted(c.verified, now) && c.r.entry.Live(now) {
-		if c.r.Grant.Scope.SandboxID != sandboxID {
-			return nil, scope.ErrSandboxMismatch
-		}
+	// A cached resolution under another sandbox's URL is refused through
+	// the store like every other refusal, not at once from the cache.
+	if c := s.cache.get(d); c != nil && s.trusted(c.verified, now) && c.r.entry.Live(now) && c.r.Grant.Scope.SandboxID == sandboxID {
 		if now.Sub(c.verified) >= s.window/2 && c.refreshing.CompareAndSwap(false, true) {
 			go s.refresh(d, c.r, sandboxID)
 		}
@@ -107,7 +106,9 @@ func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 	}
 	r, err := s.resolveFromStore(ctx, d, sandboxID)
 	if err != nil {
-		s.cache.drop(d)
+		if !errors.Is(err, scope.ErrSandboxMismatch) { // the handle's own sandbox keeps its cached resolution
+			s.cache.drop(d)
+		}
 		return nil, err
 	}
 	if s.window > 0 {
@@ -138,30 +139,50 @@ func (s *Service) refresh(d handle.Digest, old *Resolved, sandboxID string) {
 	s.cache.put(d, &cached{r: r, verified: now})
 }
 
+// absentKey names a scope and a credential that never exist (no scope id
+// or credential ref is empty): a refusal reads them in place of the ones it
+// did not find, so that every refusal costs the same three reads.
+const absentKey = ""
+
+// resolveFromStore reads the digest's scope, the scope's state and the
+// resolving member's backing credential. Every refusal (unknown, expired,
+// retired, no live member, another sandbox's) makes all three reads, the
+// missing ones on absentKey, so its answer takes as long as any other
+// refusal's and its timing does not tell which it was (issue 19). Only a
+// store failure returns early.
 func (s *Service) resolveFromStore(ctx context.Context, d handle.Digest, sandboxID string) (*Resolved, error) {
+	var refused error
 	id, err := s.store.ScopeOfDigest(ctx, d.String())
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, scope.ErrUnknownHandle
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		id, refused = absentKey, scope.ErrUnknownHandle
+	case err != nil:
 		return nil, err
 	}
 	st, version, err := s.store.LoadScope(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if st == nil {
-		return nil, scope.ErrUnknownHandle
+	var res scope.Resolution
+	switch {
+	case refused != nil:
+	case st == nil:
+		refused = scope.ErrUnknownHandle
+	default:
+		res, err = st.Resolve(d, sandboxID, s.now())
+		refused = err
 	}
-	res, err := st.Resolve(d, sandboxID, s.now())
-	if err != nil {
-		return nil, err
+	ref := res.Member.CredentialRef
+	if refused != nil {
+		ref = absentKey
 	}
-	cred, err := s.store.GetCredential(ctx, res.Member.CredentialRef)
-	if errors.Is(err, store.ErrNotFound) {
+	cred, err := s.store.GetCredential(ctx, ref)
+	switch {
+	case refused != nil:
+		return nil, refused
+	case errors.Is(err, store.ErrNotFound):
 		return nil, scope.ErrNoLiveMember
-	}
-	if err != nil {
+	case err != nil:
 		return nil, err
 	}
 	secret, err := s.sealer.Open(cred.Sealed, "credential:"+res.Member.CredentialRef)
