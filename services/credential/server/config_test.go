@@ -68,3 +68,33 @@ func TestKeysFromFiles(t *testing.T) {
 	require.NoError(t, err, "the environment form still works")
 	require.Equal(t, []config.PlainSecret{{Name: "CREDENTIAL_KEY"}}, cfg.PlainSecrets())
 }
+
+// The proxy's allowlists are validated at start: a method that echoes or
+// tunnels, a header the proxy always strips, or a malformed name fails
+// fast with the setting's name.
+func TestLoadConfigProxyAllowlists(t *testing.T) {
+	for name, bad := range map[string]string{
+		"AGENTPLANE_PROXY_PROVIDER_METHODS": "GET,TRACE",
+		"AGENTPLANE_PROXY_BACKEND_METHODS":  "get",
+		"AGENTPLANE_PROXY_PROVIDER_HEADERS": "Accept,Authorization",
+		"AGENTPLANE_PROXY_BACKEND_HEADERS":  "X-Forwarded-*",
+	} {
+		env := map[string]string{"AGENTPLANE_REDIS_URL": "redis://127.0.0.1:1", name: bad}
+		_, err := LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+		require.ErrorContains(t, err, name, bad)
+	}
+	for _, bad := range []string{"CONNECT", "", "G ET"} {
+		_, err := LoadConfig([]string{"-redis-url", "redis://127.0.0.1:1", "-proxy-backend-methods", bad}, func(string) (string, bool) { return "", false })
+		require.ErrorContains(t, err, "AGENTPLANE_PROXY_BACKEND_METHODS", bad)
+	}
+	_, err := LoadConfig([]string{"-redis-url", "redis://127.0.0.1:1", "-proxy-provider-headers", "Bad Header"}, func(string) (string, bool) { return "", false })
+	require.ErrorContains(t, err, "AGENTPLANE_PROXY_PROVIDER_HEADERS")
+
+	cfg, err := LoadConfig([]string{"-redis-url", "redis://127.0.0.1:1", "-proxy-backend-methods", "GET,OPTIONS", "-proxy-backend-headers", "Accept,X-Custom-*"},
+		func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	_, backend, err := cfg.policies()
+	require.NoError(t, err)
+	require.Equal(t, []string{"GET", "OPTIONS"}, backend.Methods)
+	require.Equal(t, []string{"Accept", "X-Custom-*"}, backend.Headers)
+}

@@ -52,7 +52,7 @@ func TestProxyProviderHeaders(t *testing.T) {
 	for _, name := range callerHeaders {
 		for _, spelling := range []string{name, strings.ToLower(name), strings.ToUpper(name), mixedCase(name)} {
 			t.Run(spelling, func(t *testing.T) {
-				hdr := http.Header{spelling: {"caller-value"}, "X-Keep": {"kept"}, "Content-Type": {"application/json"}}
+				hdr := http.Header{spelling: {"caller-value"}, "Openai-Beta": {"kept"}, "Content-Type": {"application/json"}}
 				if strings.EqualFold(name, "X-Hop-Named") {
 					hdr["cOnNeCtIoN"] = []string{spelling}
 				}
@@ -67,7 +67,7 @@ func TestProxyProviderHeaders(t *testing.T) {
 					require.Empty(t, got.Header.Values(name), "caller header %s reached the upstream", spelling)
 				}
 				require.Equal(t, []string{"Bearer " + secret}, got.Header.Values("Authorization"))
-				require.Equal(t, "kept", got.Header.Get("X-Keep"))
+				require.Equal(t, "kept", got.Header.Get("OpenAI-Beta"))
 				require.Empty(t, got.Header.Values("X-Forwarded-For"))
 				c, err := attestation.Verify(h.attKey, got.Header.Get(attestation.Header), time.Now())
 				require.NoError(t, err)
@@ -382,7 +382,7 @@ func TestProxyTitle(t *testing.T) {
 		`{"title":"x","version":1,"extra":true}`, `not json`, `{"title":"` + strings.Repeat("x", 257) + `","version":1}`} {
 		require.Equal(t, http.StatusBadRequest, title("rs-s2", wtm.handle, bad), bad)
 	}
-	require.Equal(t, http.StatusNotFound, h.do(t, "GET", "/s/sbx-a/ingest/v1/sessions/rs-s2/title", wtm.handle, nil, nil).StatusCode)
+	require.Equal(t, http.StatusMethodNotAllowed, h.do(t, "GET", "/s/sbx-a/ingest/v1/sessions/rs-s2/title", wtm.handle, nil, nil).StatusCode)
 
 	h.ingest.mu.Lock()
 	defer h.ingest.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
@@ -38,6 +39,10 @@ type Config struct {
 	ProviderUpstream string        // PROVIDER_UPSTREAM: base URL of the OpenAI-compatible provider; empty disables the route
 	BackendUpstream  string        // BACKEND_UPSTREAM: base URL of the backend; empty disables the route
 	IngestAddr       string        // INGEST_ADDR: gRPC address of the ingest service
+	ProviderMethods  string        // PROXY_PROVIDER_METHODS: methods the provider route forwards (comma-separated)
+	ProviderHeaders  string        // PROXY_PROVIDER_HEADERS: request headers the provider route forwards
+	BackendMethods   string        // PROXY_BACKEND_METHODS: methods the backend route forwards
+	BackendHeaders   string        // PROXY_BACKEND_HEADERS: request headers the backend route forwards
 	OverlapWindow    time.Duration // OVERLAP_WINDOW: how long a rotated-out handle still resolves
 	GrantTTL         time.Duration // GRANT_TTL: lifetime of a grant
 	ReissueBelow     time.Duration // GRANT_REISSUE_BELOW: re-issue on delivery when less remains
@@ -47,13 +52,17 @@ type Config struct {
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
 func DefaultConfig() Config {
 	return Config{
-		Common:        config.DefaultCommon("127.0.0.1:7403", "127.0.0.1:9403"),
-		ProxyAddr:     "127.0.0.1:7405",
-		IngestAddr:    "127.0.0.1:7404",
-		OverlapWindow: 5 * time.Minute,
-		GrantTTL:      4 * time.Hour,
-		ReissueBelow:  time.Hour,
-		TrustWindow:   25 * time.Millisecond,
+		Common:          config.DefaultCommon("127.0.0.1:7403", "127.0.0.1:9403"),
+		ProxyAddr:       "127.0.0.1:7405",
+		IngestAddr:      "127.0.0.1:7404",
+		ProviderMethods: strings.Join(proxy.DefaultProviderPolicy.Methods, ","),
+		ProviderHeaders: strings.Join(proxy.DefaultProviderPolicy.Headers, ","),
+		BackendMethods:  strings.Join(proxy.DefaultBackendPolicy.Methods, ","),
+		BackendHeaders:  strings.Join(proxy.DefaultBackendPolicy.Headers, ","),
+		OverlapWindow:   5 * time.Minute,
+		GrantTTL:        4 * time.Hour,
+		ReissueBelow:    time.Hour,
+		TrustWindow:     25 * time.Millisecond,
 	}
 }
 
@@ -66,6 +75,10 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.ProviderUpstream, "PROVIDER_UPSTREAM", c.ProviderUpstream, "OpenAI-compatible provider base URL for the provider/* route; empty disables it")
 	l.String(&c.BackendUpstream, "BACKEND_UPSTREAM", c.BackendUpstream, "backend base URL for the backend/* route; empty disables it")
 	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route")
+	l.String(&c.ProviderMethods, "PROXY_PROVIDER_METHODS", c.ProviderMethods, "comma-separated methods the provider/* route forwards (others: 405); TRACE and CONNECT are never allowed")
+	l.String(&c.ProviderHeaders, "PROXY_PROVIDER_HEADERS", c.ProviderHeaders, "comma-separated request headers the provider/* route forwards (a trailing * matches a prefix); others are dropped")
+	l.String(&c.BackendMethods, "PROXY_BACKEND_METHODS", c.BackendMethods, "comma-separated methods the backend/* route forwards (others: 405); TRACE and CONNECT are never allowed")
+	l.String(&c.BackendHeaders, "PROXY_BACKEND_HEADERS", c.BackendHeaders, "comma-separated request headers the backend/* route forwards (a trailing * matches a prefix); others are dropped")
 	l.Duration(&c.OverlapWindow, "OVERLAP_WINDOW", c.OverlapWindow, "how long a rotated-out handle still resolves")
 	l.Duration(&c.GrantTTL, "GRANT_TTL", c.GrantTTL, "lifetime of a handle grant")
 	l.Duration(&c.ReissueBelow, "GRANT_REISSUE_BELOW", c.ReissueBelow, "re-issue a grant on delivery when less than this remains")
@@ -100,6 +113,9 @@ func (c *Config) Validate() error {
 	if c.IngestAddr == "" {
 		bad("INGEST_ADDR", errors.New("required"))
 	}
+	if _, _, err := c.policies(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.OverlapWindow < 0 {
 		bad("OVERLAP_WINDOW", errors.New("must not be negative"))
 	}
@@ -125,6 +141,22 @@ func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, e
 		return cfg, err
 	}
 	return cfg, cfg.Validate()
+}
+
+// policies parses the proxy routes' allowlists; an error names the setting.
+func (c *Config) policies() (provider, backend proxy.RoutePolicy, err error) {
+	var errs []error
+	parse := func(name, v string, f func(string) ([]string, error), dst *[]string) {
+		var perr error
+		if *dst, perr = f(v); perr != nil {
+			errs = append(errs, config.ErrorFor(name, perr))
+		}
+	}
+	parse("PROXY_PROVIDER_METHODS", c.ProviderMethods, proxy.ParseMethods, &provider.Methods)
+	parse("PROXY_PROVIDER_HEADERS", c.ProviderHeaders, proxy.ParseHeaders, &provider.Headers)
+	parse("PROXY_BACKEND_METHODS", c.BackendMethods, proxy.ParseMethods, &backend.Methods)
+	parse("PROXY_BACKEND_HEADERS", c.BackendHeaders, proxy.ParseHeaders, &backend.Headers)
+	return provider, backend, errors.Join(errs...)
 }
 
 func parseAttestationKey(s string) ([]byte, error) {
@@ -199,8 +231,10 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	defer conn.Close()
 	provider, _ := parseUpstream(cfg.ProviderUpstream)
 	backend, _ := parseUpstream(cfg.BackendUpstream)
+	providerPolicy, backendPolicy, _ := cfg.policies()
 	px, err := proxy.New(proxy.Config{
 		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend,
+		Provider: providerPolicy, Backend: backendPolicy,
 		Ingest: ingestv1.NewIngestServiceClient(conn), AttestationKey: attKey,
 		Registerer: srv.Registry(), Logger: log,
 	})
@@ -215,7 +249,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 			return fmt.Errorf("proxy listen: %w", err)
 		}
 	}
-	hs := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	hs := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: proxy.MaxHeadBytes,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	proxyDone := make(chan error, 1)
 	go func() {

@@ -34,6 +34,7 @@ type forwarder struct {
 type upstreamConn struct {
 	key  string
 	conn net.Conn
+	head *headLimit // under br: bounds what a response head may read
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	used time.Time // when it last went idle
@@ -52,12 +53,52 @@ func newForwarder() *forwarder {
 // handler can only abort the response.
 var errAfterHeaders = errors.New("upstream failed after the response started")
 
+// errResponseHead: the upstream's response head was over the bounds.
+var errResponseHead = errors.New("upstream response head too large")
+
+// headLimit passes reads through to the connection; while on, it fails
+// once more than left bytes were read (the response head plus what the
+// bufio.Reader reads ahead of it).
+type headLimit struct {
+	conn net.Conn
+	on   bool
+	left int
+}
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if !l.on {
+		return l.conn.Read(p)
+	}
+	if l.left <= 0 {
+		return 0, errResponseHead
+	}
+	if len(p) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.conn.Read(p)
+	l.left -= n
+	return n, err
+}
+
+// readBufferSize is the upstream connection's read buffer.
+const readBufferSize = 4 << 10
+
 // forward sends out (an absolute-URL client request whose body is the
 // caller's) and streams the filtered response to w. An error before anything
 // was written to w leaves w untouched (the caller answers 502).
-func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *http.Request) error {
+//
+// g names what must never reach the caller (see echo.go): a response head
+// holding it, over the header bounds or with a body the proxy cannot read
+// is refused before anything is written (errEchoed, errResponseHead,
+// errEncoded).
+func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *http.Request, g echoGuard) error {
 	resp, uc, err := f.roundTrip(ctx, out)
 	if err != nil {
+		return err
+	}
+	if err := checkResponseHead(resp, g); err != nil {
+		_ = resp.Body.Close()
+		_ = uc.conn.Close()
 		return err
 	}
 	// Cancellation of the caller (or a stalled upstream the caller gives up
@@ -70,10 +111,12 @@ func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *htt
 		h[k] = vs
 	}
 	w.WriteHeader(resp.StatusCode)
-	err = copyBody(w, resp)
+	err = copyBody(w, resp, g)
 	FilterResponse(resp.Trailer)
 	for k, vs := range resp.Trailer {
-		h[http.TrailerPrefix+k] = vs
+		if !g.inHeader(http.Header{k: vs}) {
+			h[http.TrailerPrefix+k] = vs
+		}
 	}
 	if !stop() || err != nil || resp.Close {
 		_ = uc.conn.Close()
@@ -101,7 +144,7 @@ func (f *forwarder) roundTrip(ctx context.Context, out *http.Request) (*http.Res
 			return resp, uc, nil
 		}
 		_ = uc.conn.Close()
-		if !reused || attempt > 0 || out.Body != nil || ctx.Err() != nil {
+		if !reused || attempt > 0 || out.Body != nil || ctx.Err() != nil || errors.Is(err, errResponseHead) {
 			return nil, nil, err
 		}
 	}
@@ -119,6 +162,8 @@ func exchange(ctx context.Context, uc *upstreamConn, out *http.Request) (*http.R
 	if err := uc.bw.Flush(); err != nil {
 		return nil, err
 	}
+	uc.head.on, uc.head.left = true, MaxResponseHeaderBytes+readBufferSize
+	defer func() { uc.head.on = false }()
 	for {
 		resp, err := http.ReadResponse(uc.br, out)
 		if err != nil {
@@ -186,7 +231,12 @@ func (f *forwarder) get(ctx context.Context, u *url.URL) (*upstreamConn, bool, e
 	if err != nil {
 		return nil, false, err
 	}
-	return &upstreamConn{key: key, conn: conn, br: bufio.NewReaderSize(conn, 4<<10), bw: bufio.NewWriterSize(conn, 4<<10)}, false, nil
+	return newUpstreamConn(key, conn), false, nil
+}
+
+func newUpstreamConn(key string, conn net.Conn) *upstreamConn {
+	head := &headLimit{conn: conn}
+	return &upstreamConn{key: key, conn: conn, head: head, br: bufio.NewReaderSize(head, readBufferSize), bw: bufio.NewWriterSize(conn, 4<<10)}
 }
 
 func (f *forwarder) dial(ctx context.Context, u *url.URL) (net.Conn, error) {
@@ -279,19 +329,41 @@ func announceTrailers(h http.Header, resp *http.Response) {
 	}
 }
 
-// copyBody streams resp's body to w, flushing every chunk of a response of
-// unknown length or an event stream (SSE) so the runtime sees it at once.
-func copyBody(w http.ResponseWriter, resp *http.Response) error {
+// checkResponseHead refuses a response head over the bounds, holding
+// something g guards, or announcing a body encoding the proxy cannot scrub.
+func checkResponseHead(resp *http.Response, g echoGuard) error {
+	fields, size := headerSize(resp.Header)
+	if tf, ts := headerSize(resp.Trailer); fields+tf > MaxResponseHeaders || size+ts > MaxResponseHeaderBytes {
+		return errResponseHead
+	}
+	if g.inHeader(resp.Header) {
+		return errEchoed
+	}
+	for _, ce := range resp.Header.Values("Content-Encoding") {
+		for e := range strings.SplitSeq(ce, ",") {
+			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
+				return errEncoded
+			}
+		}
+	}
+	return nil
+}
+
+// copyBody streams resp's body to w through g's scrubber, flushing every
+// chunk of a response of unknown length or an event stream (SSE) so the
+// runtime sees it at once.
+func copyBody(w http.ResponseWriter, resp *http.Response, g echoGuard) error {
 	defer resp.Body.Close()
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(w)
 	flush := resp.ContentLength == -1 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	sc := scrubber{g: g}
 	for {
 		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if _, err := w.Write(buf[:n]); err != nil {
+		if out := sc.next(buf[:n], rerr == io.EOF); len(out) > 0 {
+			if _, err := w.Write(out); err != nil {
 				return err
 			}
 			if flush {

@@ -34,7 +34,7 @@ func front(t *testing.T, f *forwarder, upstream string) (*httptest.Server, chan 
 		if r.ContentLength == 0 {
 			out.Body = nil
 		}
-		err := f.forward(r.Context(), w, out)
+		err := f.forward(r.Context(), w, out, echoGuard{})
 		errs <- err
 		if err != nil && !errors.Is(err, errAfterHeaders) {
 			w.WriteHeader(http.StatusBadGateway)
@@ -224,7 +224,7 @@ func TestForwardSendsSmallRequestInOneWrite(t *testing.T) {
 	defer client.Close()
 	defer server.Close()
 	cc := &countingConn{Conn: client}
-	uc := &upstreamConn{conn: cc, br: bufio.NewReader(cc), bw: bufio.NewWriter(cc)}
+	uc := newUpstreamConn("", cc)
 	got := make(chan string, 1)
 	go func() {
 		req, err := http.ReadRequest(bufio.NewReader(server))

@@ -64,18 +64,63 @@ func connectionNamed(h http.Header) map[string]bool {
 	return named
 }
 
-// FilterRequest deletes every header a caller must not pass upstream. It
+// FilterRequest deletes every header a caller must not pass upstream
+// whatever a route's allowlist says (the allowlist applies after it). It
 // matches names case-insensitively, also in maps not built by net/http.
 func FilterRequest(h http.Header) {
 	named := connectionNamed(h)
 	var buf [64]byte
 	for k := range h {
 		n := lowerName(&buf, k)
-		if hopByHop[string(n)] || named[string(n)] || callerCredential[string(n)] ||
-			bytes.HasPrefix(n, xForwarded) || bytes.HasPrefix(n, xAgentplane) || hasCredentialFragment(n) {
+		if named[string(n)] || strippedName(n) {
 			delete(h, k)
 		}
 	}
+}
+
+// strippedName reports whether a lower-case request header name is one the
+// proxy always strips: hop-by-hop, a caller's credential or identity,
+// x-forwarded-*, x-agentplane-*.
+func strippedName(n []byte) bool {
+	return hopByHop[string(n)] || callerCredential[string(n)] ||
+		bytes.HasPrefix(n, xForwarded) || bytes.HasPrefix(n, xAgentplane) || hasCredentialFragment(n)
+}
+
+func stripped(lower string) bool { return strippedName([]byte(lower)) }
+
+// keepAllowed deletes every header p does not allowlist.
+func keepAllowed(h http.Header, p *RoutePolicy) {
+	var buf [64]byte
+	for k := range h {
+		if !p.allowsHeader(lowerName(&buf, k)) {
+			delete(h, k)
+		}
+	}
+}
+
+// Header bounds, both ways (docs/credential.md). A caller's request beyond
+// them is 431 before anything else is looked at; an upstream's response
+// beyond them is refused with 502. The HTTP server's own MaxHeaderBytes
+// (maxHeadBytes) cuts off a larger request head before the handler runs.
+const (
+	MaxRequestHeaders      = 100
+	MaxRequestHeaderBytes  = 32 << 10
+	MaxResponseHeaders     = 200
+	MaxResponseHeaderBytes = 64 << 10
+	// MaxHeadBytes is the http.Server MaxHeaderBytes for the proxy.
+	MaxHeadBytes = 64 << 10
+)
+
+// headerSize returns the number of header fields in h and their size as
+// sent (name, ": ", value, CRLF).
+func headerSize(h http.Header) (fields, bytes int) {
+	for k, vs := range h {
+		for _, v := range vs {
+			fields++
+			bytes += len(k) + len(v) + 4
+		}
+	}
+	return fields, bytes
 }
 
 var (

@@ -58,18 +58,9 @@ func typeName(t ingestv1.ItemType) string {
 // The network policy admits a per-session handle to its own runtime session
 // (v1 metadata) and a worktree handle to any live member root of its scope
 // (v2 metadata naming the member it resolved through).
+// ServeHTTP has checked the operation and its method (ingestOp).
 func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, res *grants.Resolved) {
-	rest := t.Rest
-	if len(rest) != 4 || rest[0] != "v1" || rest[1] != "sessions" || rest[2] == "" {
-		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
-		return
-	}
-	rsid, op := rest[2], rest[3]
-	if (op != "items" || r.Method != http.MethodPost) && (op != "export" || r.Method != http.MethodGet) &&
-		(op != "title" || r.Method != http.MethodPut) {
-		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
-		return
-	}
+	rsid, op := t.Rest[2], t.Rest[3]
 	meta, ok := scopeMetadata(res, rsid)
 	if !ok {
 		p.deny(w, "policy", http.StatusForbidden, "runtime session not admitted for this handle")
@@ -168,6 +159,17 @@ func (p *Proxy) register(r *http.Request, res *grants.Resolved, rsid string) err
 
 // maxRegistered bounds the set of runtime sessions known to be registered.
 const maxRegistered = 100_000
+
+// ingestOp returns the operation of an ingest path,
+// v1/sessions/{runtime_session_id}/{items|export|title}.
+func ingestOp(t Target) (string, bool) {
+	rest := t.Rest
+	if len(rest) != 4 || rest[0] != "v1" || rest[1] != "sessions" || rest[2] == "" {
+		return "", false
+	}
+	_, ok := ingestMethods[rest[3]]
+	return rest[3], ok
+}
 
 func scopeMetadata(res *grants.Resolved, rsid string) (*ingestv1.ScopeMetadata, bool) {
 	if res.Grant.Kind == handle.PerSession {

@@ -36,6 +36,9 @@ type Config struct {
 	Resolver         Resolver
 	ProviderUpstream *url.URL // nil: the provider route answers 404
 	BackendUpstream  *url.URL // nil: the backend route answers 404
+	// Provider and Backend are the routes' method and header allowlists;
+	// zero: DefaultProviderPolicy, DefaultBackendPolicy.
+	Provider, Backend RoutePolicy
 	Ingest           ingestv1.IngestServiceClient
 	AttestationKey   []byte
 	Registerer       prometheus.Registerer // proxy denial metrics; nil: not registered
@@ -46,6 +49,7 @@ type Config struct {
 // Proxy is the http.Handler.
 type Proxy struct {
 	cfg     Config
+	routes  map[Route]*RoutePolicy // provider, backend (compiled)
 	fwd     *forwarder
 	metrics *metrics
 
@@ -82,14 +86,22 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), att: map[*grants.Resolved]signed{}}, nil
+	provider, backend := cfg.Provider.compile(DefaultProviderPolicy), cfg.Backend.compile(DefaultBackendPolicy)
+	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), att: map[*grants.Resolved]signed{},
+		routes: map[Route]*RoutePolicy{RouteProvider: &provider, RouteBackend: &backend}}, nil
 }
 
 // copyBuffers are the response body copy buffers.
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler. What the caller controls is checked
+// before its handle is looked at, cheapest first: the header bounds, the
+// path, the route, the route's method allowlist.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if n, size := headerSize(r.Header); n > MaxRequestHeaders || size > MaxRequestHeaderBytes {
+		p.deny(w, "headers_too_large", http.StatusRequestHeaderFieldsTooLarge, "too many or too large request headers")
+		return
+	}
 	t, err := ParseTarget(r.RequestURI)
 	switch {
 	case errors.Is(err, ErrBadPath):
@@ -102,6 +114,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	upstream := p.upstreamOf(t.Route)
 	if t.Route != RouteIngest && upstream == nil {
 		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
+		return
+	}
+	if allow, ok := p.methodAllowed(t, r.Method); !ok {
+		if allow == "" {
+			p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
+			return
+		}
+		w.Header().Set("Allow", allow)
+		p.deny(w, "method", http.StatusMethodNotAllowed, "method not allowed on this route")
 		return
 	}
 	raw, ok := bearer(r.Header)
@@ -118,17 +139,46 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveIngest(w, r, t, res)
 		return
 	}
-	out := p.outgoing(r, upstream, t, res)
-	if err := p.fwd.forward(r.Context(), w, out); err != nil {
-		if r.Context().Err() == nil { // a caller that went away is not an upstream failure
-			p.metrics.upstreamErrors.Inc()
-			p.cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", t.Route, "error", err.Error())
-		}
-		if errors.Is(err, errAfterHeaders) {
-			panic(http.ErrAbortHandler) // the status is out: cut the response short, never end it cleanly
-		}
-		writeError(w, http.StatusBadGateway, "upstream unavailable")
+	out, att := p.outgoing(r, upstream, t, res)
+	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att))
+	switch {
+	case err == nil:
+		return
+	case errors.Is(err, errEchoed):
+		p.cfg.Logger.WarnContext(r.Context(), "proxy refused an upstream response that echoed a credential", "route", t.Route)
+		p.deny(w, "response_echo", http.StatusBadGateway, "upstream response refused")
+		return
+	case errors.Is(err, errResponseHead):
+		p.deny(w, "response_headers_too_large", http.StatusBadGateway, "upstream response refused")
+		return
+	case errors.Is(err, errEncoded):
+		p.deny(w, "response_encoded", http.StatusBadGateway, "upstream response refused")
+		return
 	}
+	if r.Context().Err() == nil { // a caller that went away is not an upstream failure
+		p.metrics.upstreamErrors.Inc()
+		p.cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", t.Route, "error", err.Error())
+	}
+	if errors.Is(err, errAfterHeaders) {
+		panic(http.ErrAbortHandler) // the status is out: cut the response short, never end it cleanly
+	}
+	writeError(w, http.StatusBadGateway, "upstream unavailable")
+}
+
+// methodAllowed checks the method against the route's allowlist; when it
+// is refused, allow is the Allow header of the 405 ("" : no such ingest
+// operation, a 404).
+func (p *Proxy) methodAllowed(t Target, method string) (allow string, ok bool) {
+	if t.Route == RouteIngest {
+		op, known := ingestOp(t)
+		if !known {
+			return "", false
+		}
+		want := ingestMethods[op]
+		return want, method == want
+	}
+	pol := p.routes[t.Route]
+	return pol.allow(), pol.allowsMethod(method)
 }
 
 func (p *Proxy) upstreamOf(r Route) *url.URL {
@@ -215,8 +265,9 @@ func (p *Proxy) attestation(res *grants.Resolved) (string, error) {
 
 // outgoing builds the upstream request: the checked path under the upstream
 // base, the caller's query, the filtered headers, the backing credential and
-// the attestation. It takes over r's header map and body.
-func (p *Proxy) outgoing(r *http.Request, upstream *url.URL, t Target, res *grants.Resolved) *http.Request {
+// the attestation (returned too: the response must not echo it). It takes
+// over r's header map and body.
+func (p *Proxy) outgoing(r *http.Request, upstream *url.URL, t Target, res *grants.Resolved) (*http.Request, string) {
 	u := *upstream
 	base := strings.TrimSuffix(u.EscapedPath(), "/")
 	esc := make([]string, len(t.Rest))
@@ -228,8 +279,10 @@ func (p *Proxy) outgoing(r *http.Request, upstream *url.URL, t Target, res *gran
 	u.RawQuery = t.RawQuery
 	h := r.Header
 	FilterRequest(h)
+	keepAllowed(h, p.routes[t.Route])
 	h.Set("Authorization", "Bearer "+string(res.Secret))
-	if att, err := p.attestation(res); err == nil {
+	att, err := p.attestation(res)
+	if err == nil {
 		h.Set(attestation.Header, att)
 	}
 	if _, ok := h["User-Agent"]; !ok {
@@ -242,7 +295,7 @@ func (p *Proxy) outgoing(r *http.Request, upstream *url.URL, t Target, res *gran
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
-	return out
+	return out, att
 }
 
 // Close drops idle upstream connections (after the HTTP server stopped).
