@@ -50,6 +50,9 @@ func newUpstream(t testing.TB) *upstream {
 		u.got = append(u.got, r.Clone(context.Background()))
 		u.hit[r.URL.Path]++
 		u.mu.Unlock()
+		if echo(w, r) {
+			return
+		}
 		switch r.URL.Path {
 		case "/base/redirect":
 			http.Redirect(w, r, "/base/elsewhere", http.StatusFound)
