@@ -39,11 +39,11 @@ type Config struct {
 	// Provider and Backend are the routes' method and header allowlists;
 	// zero: DefaultProviderPolicy, DefaultBackendPolicy.
 	Provider, Backend RoutePolicy
-	Ingest           ingestv1.IngestServiceClient
-	AttestationKey   []byte
-	Registerer       prometheus.Registerer // proxy denial metrics; nil: not registered
-	Logger           *slog.Logger
-	Now              func() time.Time
+	Ingest            ingestv1.IngestServiceClient
+	AttestationKey    []byte
+	Registerer        prometheus.Registerer // proxy denial metrics; nil: not registered
+	Logger            *slog.Logger
+	Now               func() time.Time
 }
 
 // Proxy is the http.Handler.
