@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/paging"
 	"agentplane.dev/services/ingest/internal/history"
 	"agentplane.dev/services/ingest/internal/scope"
 	"agentplane.dev/services/ingest/internal/store"
@@ -222,10 +223,10 @@ func (s *Service) admitRead(ctx context.Context, id string, pbScope *ingestv1.Sc
 	return s.scopes.Admit(ctx, md, id)
 }
 
-// Export pages: at most maxPageSize items and, beyond the first item, exportPageBytes of
-// payloads, so a page fits a client's default 4 MiB receive limit.
+// Export pages: page_size items at most (the shared rule of pkg/paging) and, beyond the
+// first item, exportPageBytes of payloads, so a page fits a client's default 4 MiB
+// receive limit.
 const (
-	maxPageSize     = 1000
 	exportPageBytes = 3 << 20
 	pageTokenPrefix = "after:"
 )
@@ -234,9 +235,9 @@ const (
 // page_size is set.
 func (s *Service) Export(ctx context.Context, req *ingestv1.ExportRequest) (*ingestv1.ExportResponse, error) {
 	var extra []history.Violation
-	page := store.Page{Limit: min(int(req.GetPageSize()), maxPageSize)}
-	if req.GetPageSize() < 0 {
-		extra = append(extra, history.Violation{Field: "page_size", Description: "must not be negative"})
+	page := store.Page{Limit: int(req.GetPageSize())}
+	if d := paging.Check(req.GetPageSize()); d != "" {
+		extra = append(extra, history.Violation{Field: "page_size", Description: d})
 	}
 	if page.Limit > 0 {
 		page.MaxBytes = exportPageBytes

@@ -3,6 +3,7 @@ package grpcapi_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"agentplane.dev/pkg/apierr"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/paging"
 	"agentplane.dev/services/ingest/internal/grpcapi"
 )
 
@@ -397,4 +399,13 @@ func TestExportPages(t *testing.T) {
 	_, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: -1, PageToken: "!!"})
 	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"page_size", "page_token"}, violationFields(err))
+	// The cap every list call shares (pkg/paging): above it is refused, not clamped.
+	for _, size := range []int32{paging.MaxPageSize + 1, math.MaxInt32} {
+		_, err = h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: size})
+		requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+		require.Equal(t, []string{"page_size"}, violationFields(err))
+	}
+	resp, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: paging.MaxPageSize})
+	require.NoError(t, err)
+	require.NotEmpty(t, resp.GetItems())
 }

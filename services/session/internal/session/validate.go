@@ -6,6 +6,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"agentplane.dev/pkg/paging"
 )
 
 // Limits of outside input.
@@ -17,7 +19,7 @@ const (
 	MaxLabels       = 16
 	MaxLabelLen     = 63
 	MaxSecretBytes  = 16 << 10
-	MaxPageSize     = 500
+	MaxPageSize     = paging.MaxPageSize
 )
 
 // CheckID checks a client- or server-chosen id: 1 to 64 of [a-zA-Z0-9_-].
@@ -123,10 +125,11 @@ func CheckLabels(field string, labels map[string]string) []Violation {
 	return vs
 }
 
-// CheckPageSize checks a page size (0 means the default).
+// CheckPageSize checks a page size (0 means the default): the rule every
+// list call of every service shares (pkg/paging).
 func CheckPageSize(field string, n int32) []Violation {
-	if n < 0 || n > MaxPageSize {
-		return []Violation{{field, fmt.Sprintf("must be 0 to %d", MaxPageSize)}}
+	if d := paging.Check(n); d != "" {
+		return []Violation{{field, d}}
 	}
 	return nil
 }
