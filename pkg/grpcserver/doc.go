@@ -20,12 +20,25 @@
 //  4. Prometheus metrics (grpc_server_*): before auth so rejected calls are counted by code
 //     too; after recovery so a handler panic cannot skip the metric's bookkeeping mid-call.
 //  5. Internal auth: a bearer token in `authorization: Bearer <token>` metadata, compared
-//     in constant time. Health and reflection are exempt (probes and grpcurl carry no
-//     token), and Options.AuthExempt exempts methods that authenticate callers themselves,
-//     e.g. the wrapper control stream and its launch credential. An empty token disables
-//     the check (dev only).
-//  6. Validation: requests implementing Validator are checked last, so unauthenticated
-//     callers learn nothing about request shapes and handlers only see valid input.
+//     in constant time. Health is exempt (probes carry no token); reflection is not, since
+//     it lists the internal services (grpcurl -H 'authorization: Bearer <token>').
+//     Options.AuthExempt exempts methods that authenticate callers themselves, e.g. the
+//     wrapper control stream and its launch credential. An empty token disables the check
+//     (dev only).
+//  6. Validation: a request that did not decode is refused with INVALID_ARGUMENT
+//     MALFORMED_REQUEST, then requests implementing Validator are checked, last, so
+//     unauthenticated callers learn nothing about request shapes and handlers only see
+//     valid input.
+//
+// # Decoding
+//
+// The server's codec (grpc.ForceServerCodecV2) is protobuf, except that a message that
+// fails to decode (truncated, invalid UTF-8 in a string field) is reset and marked instead
+// of failing: grpc-go would answer INTERNAL before any interceptor ran, uncounted in
+// grpc_server_handled_total and without ErrorInfo. Stage 6 turns the mark into the status,
+// so such calls are logged and counted like any other. A unary request is decoded before
+// the interceptors; a small stage right after the metrics forgets its mark when auth
+// refused the call first.
 //
 // # Health
 //

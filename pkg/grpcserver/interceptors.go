@@ -71,22 +71,41 @@ func validate(msg any) error {
 	return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, err.Error())
 }
 
-func validateUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// validateUnary refuses a request that did not decode (MALFORMED_REQUEST) or does not
+// validate.
+func (s *Server) validateUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := s.codec.take(req); err != nil {
+		return nil, err
+	}
 	if err := validate(req); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
 }
 
-func validateStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, validatingStream{ss})
+// forgetMalformed drops the decode mark of a unary request whose call ended before the
+// validation stage (auth refused it): a unary request is decoded before any interceptor.
+func (s *Server) forgetMalformed(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	defer func() { _ = s.codec.take(req) }()
+	return handler(ctx, req)
 }
 
-// validatingStream validates each message a client sends on a stream as it is received.
-type validatingStream struct{ grpc.ServerStream }
+func (s *Server) validateStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, validatingStream{ss, s.codec})
+}
+
+// validatingStream checks each message a client sends on a stream as it is received: a
+// stream message is decoded inside the interceptors, after auth.
+type validatingStream struct {
+	grpc.ServerStream
+	codec *decodeCodec
+}
 
 func (s validatingStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if err := s.codec.take(m); err != nil {
 		return err
 	}
 	return validate(m)

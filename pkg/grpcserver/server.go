@@ -110,6 +110,7 @@ type Server struct {
 	health  *health.Server
 	metrics *grpcprom.ServerMetrics
 	reg     *prometheus.Registry
+	codec   *decodeCodec
 
 	serveOnce sync.Once
 
@@ -136,7 +137,7 @@ func New(opts Options) (*Server, error) {
 	}
 	setDefaults(&opts)
 
-	s := &Server{opts: opts, log: opts.Logger.With("component", "grpcserver"), reg: opts.Registry}
+	s := &Server{opts: opts, log: opts.Logger.With("component", "grpcserver"), reg: opts.Registry, codec: newDecodeCodec()}
 	s.backgroundCtx, s.stopBackground = context.WithCancel(context.Background())
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
@@ -158,7 +159,7 @@ func New(opts Options) (*Server, error) {
 	notProbe := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !isProbe(c.FullMethod()) })
 	needsAuth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
 		m := c.FullMethod()
-		return !isProbe(m) && (opts.AuthExempt == nil || !opts.AuthExempt(m))
+		return !isHealth(m) && (opts.AuthExempt == nil || !opts.AuthExempt(m))
 	})
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		panics.Inc()
@@ -170,6 +171,7 @@ func New(opts Options) (*Server, error) {
 		recovery.UnaryServerInterceptor(recoveryOpt),
 		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(opts.Logger), logOpts...), notProbe),
 		s.metrics.UnaryServerInterceptor(),
+		s.forgetMalformed,
 	}
 	stream := []grpc.StreamServerInterceptor{
 		recovery.StreamServerInterceptor(recoveryOpt),
@@ -183,8 +185,8 @@ func New(opts Options) (*Server, error) {
 	} else {
 		s.log.Warn("internal auth disabled: no internal token configured (dev only)")
 	}
-	unary = append(unary, validateUnary)
-	stream = append(stream, validateStream)
+	unary = append(unary, s.validateUnary)
+	stream = append(stream, s.validateStream)
 
 	otelOpts := []otelgrpc.Option{
 		otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return !isProbe(info.FullMethodName) }),
@@ -197,6 +199,7 @@ func New(opts Options) (*Server, error) {
 	}
 	serverOpts := append([]grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
+		grpc.ForceServerCodecV2(s.codec),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
@@ -243,11 +246,17 @@ func setDefaults(o *Options) {
 	}
 }
 
-// isProbe reports whether a method belongs to health or reflection, which are exempt from
-// auth and logging and not traced.
+// isProbe reports whether a method belongs to health or reflection, which are not logged
+// and not traced.
 func isProbe(fullMethod string) bool {
-	return strings.HasPrefix(fullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/") ||
-		strings.HasPrefix(fullMethod, "/grpc.reflection.")
+	return isHealth(fullMethod) || strings.HasPrefix(fullMethod, "/grpc.reflection.")
+}
+
+// isHealth reports whether a method belongs to health, the one service exempt from auth:
+// probes carry no token. Reflection lists the internal services, so it needs the token
+// when one is configured (grpcurl -H 'authorization: Bearer <token>').
+func isHealth(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/")
 }
 
 // slogAdapter is the go-grpc-middleware logging adapter; records keep the call's context so

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -69,11 +70,11 @@ func unary(name string, h func(ctx context.Context, s *testService, req echoRequ
 	return grpc.MethodDesc{
 		MethodName: name,
 		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
-			req := echoRequest{&wrapperspb.StringValue{}}
-			if err := dec(&req); err != nil {
+			req := &echoRequest{&wrapperspb.StringValue{}} // decoded into and passed on, as generated code does
+			if err := dec(req); err != nil {
 				return nil, err
 			}
-			call := func(ctx context.Context, r any) (any, error) { return h(ctx, srv.(*testService), r.(echoRequest)) }
+			call := func(ctx context.Context, r any) (any, error) { return h(ctx, srv.(*testService), *r.(*echoRequest)) }
 			return icpt(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/test.Echo/" + name}, call)
 		},
 	}
@@ -259,9 +260,19 @@ func TestAuth(t *testing.T) {
 	_, err = h.call(t.Context(), "Exempt", "x")
 	require.NoError(t, err, "an exempt method authenticates its callers itself")
 
-	// Health and reflection need no token.
+	// Health needs no token (probes carry none); reflection lists the internal services,
+	// so it does.
 	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
 	rc, err := reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(t.Context())
+	require.NoError(t, err)
+	_, err = rc.Recv()
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "reflection without the token")
+	require.Equal(t, grpcserver.ReasonMissingCredentials, apierr.Reason(err))
+	rc, err = reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(withToken("wrong"))
+	require.NoError(t, err)
+	_, err = rc.Recv()
+	require.Equal(t, grpcserver.ReasonInvalidCredentials, apierr.Reason(err))
+	rc, err = reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(withToken("s3cret-token"))
 	require.NoError(t, err)
 	require.NoError(t, rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
 	resp, err := rc.Recv()
@@ -440,4 +451,68 @@ func TestBackgroundWorkEndsBeforeRedisCloses(t *testing.T) {
 	default:
 		t.Fatal("Serve returned before its background work ended")
 	}
+}
+
+// rawCodec sends and receives message bytes as they are, so a test can send
+// what no generated client would.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// Malformed request bytes: field 1 (a proto3 string) with invalid UTF-8,
+// and a length that runs past the end of the message.
+var malformed = map[string][]byte{
+	"invalid utf-8": {0x0a, 0x02, 0xff, 0xfe},
+	"truncated":     {0x0a, 0x05, 'a'},
+}
+
+// A request that does not decode is INVALID_ARGUMENT with MALFORMED_REQUEST, after auth,
+// and counted and logged like any other call (grpc-go alone answers INTERNAL before any
+// interceptor).
+func TestMalformedRequests(t *testing.T) {
+	h := start(t, func(o *grpcserver.Options) { o.InternalToken = "tok" })
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer tok")
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
+	for name, body := range malformed {
+		for _, method := range []string{"/test.Echo/Echo", "/grpc.health.v1.Health/Check"} {
+			var out []byte
+			err := h.conn.Invoke(ctx, method, &body, &out, grpc.ForceCodecV2(rawCodec{}))
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%s %s: %v", name, method, err)
+			require.Equal(t, grpcserver.ReasonMalformedRequest, apierr.Reason(err), "%s %s", name, method)
+		}
+		// Health Watch is a server stream: its request is decoded inside the interceptors.
+		st, err := h.conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, "/grpc.health.v1.Health/Watch", grpc.ForceCodecV2(rawCodec{}))
+		require.NoError(t, err)
+		require.NoError(t, st.SendMsg(&body))
+		require.NoError(t, st.CloseSend())
+		var out []byte
+		err = st.RecvMsg(&out)
+		require.Equal(t, grpcserver.ReasonMalformedRequest, apierr.Reason(err), name)
+	}
+	// Without the token the caller learns nothing else.
+	body := malformed["truncated"]
+	var out []byte
+	err := h.conn.Invoke(t.Context(), "/test.Echo/Echo", &body, &out, grpc.ForceCodecV2(rawCodec{}))
+	require.Equal(t, grpcserver.ReasonMissingCredentials, apierr.Reason(err))
+	// The handler still serves good requests.
+	got, err := h.call(ctx, "Echo", "fine")
+	require.NoError(t, err)
+	require.Equal(t, "fine", got)
+
+	resp, err := http.Get(h.metrics)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	require.Contains(t, string(metrics), `grpc_server_handled_total{grpc_code="InvalidArgument",grpc_method="Echo",grpc_service="test.Echo",grpc_type="unary"} 2`)
+	require.Contains(t, string(metrics), `grpc_server_handled_total{grpc_code="InvalidArgument",grpc_method="Check",grpc_service="grpc.health.v1.Health",grpc_type="unary"} 2`)
+	require.Contains(t, h.logs.String(), "grpc.code=InvalidArgument")
 }
