@@ -45,8 +45,11 @@ type rawCodec struct{}
 func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
 }
-func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error { *v.(*[]byte) = data.Materialize(); return nil }
-func (rawCodec) Name() string                                { return "proto" }
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
 
 // invalidUTF8 encodes a message of type md whose first string field (at
 // the top or nested in a message field) holds invalid UTF-8; nil when md
