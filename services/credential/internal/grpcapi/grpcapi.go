@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/ident"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/handle"
@@ -93,11 +94,29 @@ func (v violations) err() error {
 }
 
 func (v *violations) scope(sc *credentialv1.Scope) scope.Scope {
-	v.need(sc.GetSandboxId() != "", "scope.sandbox_id", "required")
-	v.need(len(sc.GetSandboxId()) <= 128, "scope.sandbox_id", "at most 128 bytes")
-	v.need(len(sc.GetDirectory()) > 0 && sc.GetDirectory()[0] == '/', "scope.directory", "an absolute directory is required")
-	v.need(len(sc.GetDirectory()) <= 4096, "scope.directory", "at most 4096 bytes")
+	v.id("scope.sandbox_id", sc.GetSandboxId())
+	v.directory("scope.directory", sc.GetDirectory())
 	return scope.Scope{SandboxID: sc.GetSandboxId(), Directory: sc.GetDirectory()}
+}
+
+// id and directory check ids and worktree directories as every API does
+// (pkg/ident): an internal caller gets no "..", "s/.." or "../x" past them.
+func (v *violations) id(field, s string) {
+	if d := ident.ID(s); d != "" {
+		*v = append(*v, apierr.FieldViolation(field, d))
+	}
+}
+
+func (v *violations) optionalID(field, s string) {
+	if s != "" {
+		v.id(field, s)
+	}
+}
+
+func (v *violations) directory(field, s string) {
+	if d := ident.Directory(s); d != "" {
+		*v = append(*v, apierr.FieldViolation(field, d))
+	}
 }
 
 func (v *violations) class(c credentialv1.CredentialClass, field string) scope.Class {
@@ -112,10 +131,11 @@ func (v *violations) class(c credentialv1.CredentialClass, field string) scope.C
 }
 
 func (v *violations) member(m *credentialv1.Member, ref string) scope.Member {
-	v.need(m.GetSessionId() != "", "member.session_id", "required")
-	v.need(m.GetRuntimeSessionId() != "", "member.runtime_session_id", "required")
-	v.need(m.GetUserId() != "", "member.user_id", "required")
-	v.need(ref != "", "credential_ref", "required")
+	v.id("member.session_id", m.GetSessionId())
+	v.id("member.runtime_session_id", m.GetRuntimeSessionId())
+	v.id("member.user_id", m.GetUserId())
+	v.optionalID("member.org_id", m.GetOrgId())
+	v.id("credential_ref", ref)
 	return scope.Member{SessionID: m.GetSessionId(), RuntimeSessionID: m.GetRuntimeSessionId(), UserID: m.GetUserId(), OrgID: m.GetOrgId(), CredentialRef: ref}
 }
 
@@ -158,7 +178,7 @@ func grantToProto(g grants.Grant) *credentialv1.Grant {
 // PutBackingCredential stores a secret sealed.
 func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.PutBackingCredentialRequest) (*credentialv1.PutBackingCredentialResponse, error) {
 	var v violations
-	v.need(req.GetSessionId() != "", "session_id", "required")
+	v.id("session_id", req.GetSessionId())
 	class := v.class(req.GetCredentialClass(), "credential_class")
 	v.need(req.GetSecret() != "", "secret", "required")
 	v.need(len(req.GetSecret()) <= 16<<10, "secret", "at most 16 KiB")
@@ -175,7 +195,7 @@ func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.Put
 // DeleteBackingCredential deletes a secret; idempotent.
 func (s *Server) DeleteBackingCredential(ctx context.Context, req *credentialv1.DeleteBackingCredentialRequest) (*credentialv1.DeleteBackingCredentialResponse, error) {
 	var v violations
-	v.need(req.GetCredentialRef() != "", "credential_ref", "required")
+	v.id("credential_ref", req.GetCredentialRef())
 	if err := v.err(); err != nil {
 		return nil, err
 	}
@@ -248,7 +268,7 @@ func (s *Server) RotateHandle(ctx context.Context, req *credentialv1.RotateHandl
 func (s *Server) ResolveHandle(ctx context.Context, req *credentialv1.ResolveHandleRequest) (*credentialv1.ResolveHandleResponse, error) {
 	var v violations
 	v.need(req.GetHandle() != "", "handle", "required")
-	v.need(req.GetSandboxId() != "", "sandbox_id", "required")
+	v.id("sandbox_id", req.GetSandboxId())
 	if err := v.err(); err != nil {
 		return nil, err
 	}
@@ -263,7 +283,7 @@ func (s *Server) ResolveHandle(ctx context.Context, req *credentialv1.ResolveHan
 func (s *Server) ReleaseMember(ctx context.Context, req *credentialv1.ReleaseMemberRequest) (*credentialv1.ReleaseMemberResponse, error) {
 	var v violations
 	sc := v.scope(req.GetScope())
-	v.need(req.GetSessionId() != "", "session_id", "required")
+	v.id("session_id", req.GetSessionId())
 	tok := v.fence(req.GetFenceToken())
 	if err := v.err(); err != nil {
 		return nil, err
@@ -300,7 +320,7 @@ func (s *Server) RetireScope(ctx context.Context, req *credentialv1.RetireScopeR
 func (s *Server) CheckScopeMember(ctx context.Context, req *credentialv1.CheckScopeMemberRequest) (*credentialv1.CheckScopeMemberResponse, error) {
 	var v violations
 	sc := v.scope(req.GetScope())
-	v.need(req.GetRuntimeSessionId() != "", "runtime_session_id", "required")
+	v.id("runtime_session_id", req.GetRuntimeSessionId())
 	if err := v.err(); err != nil {
 		return nil, err
 	}

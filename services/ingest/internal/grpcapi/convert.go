@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/ident"
 	"agentplane.dev/services/ingest/internal/history"
 	"agentplane.dev/services/ingest/internal/scope"
 )
@@ -46,15 +47,10 @@ func runtimeSessionToProto(rs history.RuntimeSession) *ingestv1.RuntimeSession {
 func scopeFromProto(pb *ingestv1.ScopeMetadata) (scope.Metadata, []history.Violation) {
 	switch v := pb.GetVersion().(type) {
 	case *ingestv1.ScopeMetadata_V1:
-		return scope.Metadata{V1: &scope.V1{RuntimeSessionID: v.V1.GetRuntimeSessionId()}}, nil
+		return scope.Metadata{V1: &scope.V1{RuntimeSessionID: v.V1.GetRuntimeSessionId()}}, nil // compared with the validated target
 	case *ingestv1.ScopeMetadata_V2:
-		var vs []history.Violation
-		if v.V2.GetSandboxId() == "" {
-			vs = append(vs, history.Violation{Field: "scope.v2.sandbox_id", Description: "required"})
-		}
-		if v.V2.GetDirectory() == "" {
-			vs = append(vs, history.Violation{Field: "scope.v2.directory", Description: "required"})
-		}
+		vs := history.ValidateRef("scope.v2.sandbox_id", v.V2.GetSandboxId(), ident.ID)
+		vs = append(vs, history.ValidateRef("scope.v2.directory", v.V2.GetDirectory(), ident.Directory)...)
 		vs = append(vs, history.ValidateRuntimeSessionID("scope.v2.resolving_runtime_session_id", v.V2.GetResolvingRuntimeSessionId())...)
 		return scope.Metadata{V2: &scope.V2{
 			SandboxID: v.V2.GetSandboxId(), Directory: v.V2.GetDirectory(),

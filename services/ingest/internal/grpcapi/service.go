@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/ident"
 	"agentplane.dev/pkg/paging"
 	"agentplane.dev/services/ingest/internal/history"
 	"agentplane.dev/services/ingest/internal/scope"
@@ -70,7 +71,15 @@ func (s *Service) Register(reg grpc.ServiceRegistrar) { ingestv1.RegisterIngestS
 // CreateRuntimeSession registers a runtime session; idempotent.
 func (s *Service) CreateRuntimeSession(ctx context.Context, req *ingestv1.CreateRuntimeSessionRequest) (*ingestv1.CreateRuntimeSessionResponse, error) {
 	rs := req.GetRuntimeSession()
-	if err := history.Invalid(history.ValidateRuntimeSessionID("runtime_session.runtime_session_id", rs.GetRuntimeSessionId())); err != nil {
+	vs := history.ValidateRuntimeSessionID("runtime_session.runtime_session_id", rs.GetRuntimeSessionId())
+	// The session, sandbox and directory are optional (a runtime session first seen through
+	// Ingest has none), but when given they obey the rules of every API.
+	vs = append(vs, history.ValidateRef("runtime_session.session_id", rs.GetSessionId(), ident.OptionalID)...)
+	vs = append(vs, history.ValidateRef("runtime_session.sandbox_id", rs.GetSandboxId(), ident.OptionalID)...)
+	if rs.GetDirectory() != "" {
+		vs = append(vs, history.ValidateRef("runtime_session.directory", rs.GetDirectory(), ident.Directory)...)
+	}
+	if err := history.Invalid(vs); err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
 	stored, err := s.store.CreateRuntimeSession(ctx, history.RuntimeSession{

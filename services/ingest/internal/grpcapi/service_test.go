@@ -409,3 +409,25 @@ func TestExportPages(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, resp.GetItems())
 }
+
+// Issue 19 item 7: CreateRuntimeSession refuses what the public API refuses
+// in its ids and directory, each with a field violation; nothing is stored.
+func TestCreateRuntimeSessionValidatesIDsAndDirectory(t *testing.T) {
+	h := start(t)
+	ctx := context.Background()
+	_, err := h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
+		RuntimeSessionId: "rs-1", SessionId: "s/..", SandboxId: "..", Directory: "../x",
+	}})
+	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	require.Equal(t, []string{"runtime_session.session_id", "runtime_session.sandbox_id", "runtime_session.directory"}, violationFields(err))
+	for _, id := range []string{"..", ".", "a/b", "rs:1"} {
+		_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{RuntimeSessionId: id}})
+		require.Equal(t, []string{"runtime_session.runtime_session_id"}, violationFields(err), id)
+	}
+	_, err = h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs-1"})
+	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
+	_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
+		RuntimeSessionId: "rs-1", SessionId: "s1", SandboxId: "sbx-a", Directory: "/w/repo",
+	}})
+	require.NoError(t, err)
+}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"agentplane.dev/pkg/ident"
 )
 
 // Limits of DESIGN.md section 6.
@@ -119,10 +121,16 @@ func ValidID(s string) bool {
 	return true
 }
 
-// ValidateRuntimeSessionID returns the violation of a bad runtime session id at field.
+// ValidateRuntimeSessionID returns the violation of a bad runtime session id at field: the
+// id rule of every API (pkg/ident), stricter than an item id's (no "..").
 func ValidateRuntimeSessionID(field, id string) []Violation {
-	if !ValidID(id) {
-		return []Violation{{Field: field, Description: "must be 1 to 128 characters of [a-zA-Z0-9_.:-]"}}
+	return ValidateRef(field, id, ident.ID)
+}
+
+// ValidateRef returns the violation check reports for v at field (an ident rule).
+func ValidateRef(field, v string, check func(string) string) []Violation {
+	if d := check(v); d != "" {
+		return []Violation{{Field: field, Description: d}}
 	}
 	return nil
 }

@@ -1,38 +1,21 @@
 package grpcapi
 
 import (
-	"path"
-	"strings"
-	"unicode/utf8"
-
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/ident"
 )
 
-const maxID = 128
+// validID accepts the ids every API accepts (pkg/ident): 1..64 of letters, digits, '-'
+// and '_'; never "..", a '/', or braces (they are Redis hash tags).
+func validID(s string) bool { return ident.ID(s) == "" }
 
-// validID accepts the ids the session service issues: 1..128 bytes of
-// letters, digits and -_.:; never braces (they are Redis hash tags).
-func validID(s string) bool {
-	if s == "" || len(s) > maxID {
-		return false
-	}
-	for _, r := range s {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.', r == ':':
-		default:
-			return false
-		}
-	}
-	return true
-}
+// idRule is the field violation text of a bad id.
+const idRule = "1-64 of [A-Za-z0-9_-]"
 
-// validDirectory accepts an absolute, normalized path.
-func validDirectory(d string) bool {
-	return len(d) <= 4096 && utf8.ValidString(d) && strings.HasPrefix(d, "/") && path.Clean(d) == d &&
-		!strings.ContainsAny(d, "\x00\\")
-}
+// validDirectory accepts an absolute, normalized path (pkg/ident).
+func validDirectory(d string) bool { return ident.Directory(d) == "" }
 
 type violations []apierr.Option
 

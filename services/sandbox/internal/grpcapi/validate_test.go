@@ -4,6 +4,8 @@ import (
 	"path"
 	"strings"
 	"testing"
+
+	"agentplane.dev/pkg/ident"
 )
 
 func FuzzValidDirectory(f *testing.F) {
@@ -25,7 +27,7 @@ func FuzzValidID(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
-		if validID(id) && (strings.ContainsAny(id, "{} /\x00") || len(id) > maxID || id == "") {
+		if validID(id) && (strings.ContainsAny(id, "{} /.\x00") || len(id) > ident.MaxIDLen || id == "") {
 			t.Fatalf("accepted %q", id)
 		}
 	})

@@ -2,19 +2,19 @@ package session
 
 import (
 	"fmt"
-	"path"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
+	"agentplane.dev/pkg/ident"
 	"agentplane.dev/pkg/paging"
 )
 
 // Limits of outside input.
 const (
-	MaxIDLen        = 64
+	MaxIDLen        = ident.MaxIDLen
 	MaxContentBytes = 256 << 10
-	MaxDirectoryLen = 4096
+	MaxDirectoryLen = ident.MaxDirectoryLen
 	MaxRepoURLLen   = 2048
 	MaxLabels       = 16
 	MaxLabelLen     = 63
@@ -22,51 +22,22 @@ const (
 	MaxPageSize     = paging.MaxPageSize
 )
 
-// CheckID checks a client- or server-chosen id: 1 to 64 of [a-zA-Z0-9_-].
-func CheckID(field, v string) []Violation {
-	if v == "" {
-		return []Violation{{field, "required"}}
-	}
-	if len(v) > MaxIDLen {
-		return []Violation{{field, fmt.Sprintf("at most %d characters", MaxIDLen)}}
-	}
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return []Violation{{field, "only letters, digits, '_' and '-' are allowed"}}
-		}
-	}
-	return nil
-}
+// CheckID checks a client- or server-chosen id: 1 to 64 of [a-zA-Z0-9_-]
+// (pkg/ident, the rule of every API).
+func CheckID(field, v string) []Violation { return violation(field, ident.ID(v)) }
 
 // CheckOptionalID is CheckID for an id that may be empty.
-func CheckOptionalID(field, v string) []Violation {
-	if v == "" {
-		return nil
-	}
-	return CheckID(field, v)
-}
+func CheckOptionalID(field, v string) []Violation { return violation(field, ident.OptionalID(v)) }
 
 // CheckDirectory checks a worktree directory: absolute, already normalized
-// (no "..", ".", "//" or trailing slash), printable UTF-8.
-func CheckDirectory(field, v string) []Violation {
-	switch {
-	case v == "":
-		return []Violation{{field, "required"}}
-	case len(v) > MaxDirectoryLen:
-		return []Violation{{field, fmt.Sprintf("at most %d bytes", MaxDirectoryLen)}}
-	case !utf8.ValidString(v):
-		return []Violation{{field, "must be valid UTF-8"}}
-	case strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) || r == '\\' }):
-		return []Violation{{field, "must not contain control characters or backslashes"}}
-	case !strings.HasPrefix(v, "/"):
-		return []Violation{{field, "must be an absolute path"}}
-	case path.Clean(v) != v:
-		return []Violation{{field, "must be normalized (no '..', '.', '//' or trailing '/')"}}
-	case v == "/":
-		return []Violation{{field, "must not be the root directory"}}
+// (no "..", ".", "//" or trailing slash), printable UTF-8 (pkg/ident).
+func CheckDirectory(field, v string) []Violation { return violation(field, ident.Directory(v)) }
+
+func violation(field, desc string) []Violation {
+	if desc == "" {
+		return nil
 	}
-	return nil
+	return []Violation{{field, desc}}
 }
 
 // CheckContent checks message text: 1 byte to 256 KiB of UTF-8.
