@@ -51,6 +51,9 @@ func (a *NotifyAPI) NotifyRouteReady(ctx context.Context, r *sessionv1.NotifyRou
 	if err := validateRoute(r.GetRoute()); err != nil {
 		return nil, a.fail(ctx, err)
 	}
+	if err := session.Invalid(session.CheckOptionalID("runtime_session_id", r.GetRuntimeSessionId())); err != nil {
+		return nil, a.fail(ctx, err)
+	}
 	err := a.svc.RouteReady(ctx, r.GetRoute().GetSessionId(), notice(r.GetRoute()), r.GetRuntimeSessionId(), r.GetWrapperInstance())
 	return &sessionv1.NotifyRouteReadyResponse{}, a.fail(ctx, err)
 }
