@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -162,7 +163,7 @@ func call(ctx context.Context, conn *grpc.ClientConn, m protoreflect.MethodDescr
 	if err != nil {
 		return err
 	}
-	if err := st.SendMsg(&body); err != nil && err != io.EOF {
+	if err := st.SendMsg(&body); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	_ = st.CloseSend()
