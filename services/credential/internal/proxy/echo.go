@@ -71,20 +71,24 @@ type scrubber struct {
 
 // next returns the part of pending+p that is safe to send, with every
 // complete needle masked; it keeps the rest, unless last (the end of the
-// stream: no needle completes after it). The result is valid until the
-// next call.
+// stream: no needle completes after it). It may mask p in place; the
+// result is valid until the next call.
 func (s *scrubber) next(p []byte, last bool) []byte {
 	if len(s.g.needles) == 0 {
 		return p
 	}
-	s.buf = append(append(s.buf[:0], s.pending...), p...)
-	mask(s.buf, s.g.needles)
+	b := p // usually nothing is held back: work in the caller's buffer, copy nothing
+	if len(s.pending) > 0 {
+		s.buf = append(append(s.buf[:0], s.pending...), p...)
+		b = s.buf
+	}
+	mask(b, s.g.needles)
 	hold := 0
 	if !last {
-		hold = heldBack(s.buf, s.g.needles)
+		hold = heldBack(b, s.g.needles)
 	}
-	s.pending = append(s.pending[:0], s.buf[len(s.buf)-hold:]...)
-	return s.buf[:len(s.buf)-hold]
+	s.pending = append(s.pending[:0], b[len(b)-hold:]...)
+	return b[:len(b)-hold]
 }
 
 // mask overwrites every occurrence of each needle in b with '*'. Each
