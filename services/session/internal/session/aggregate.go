@@ -220,7 +220,8 @@ type Notice struct {
 }
 
 // Accepts reports whether a route notification applies: it names the
-// session's sandbox and does not come from a deposed sandbox owner.
+// session's sandbox and comes from its current sandbox owner (a fencing
+// token, never zero, not older than the newest seen).
 func (a *Aggregate) Accepts(n Notice) bool {
 	if a.Session.State == StateDeleting {
 		return false
@@ -228,7 +229,7 @@ func (a *Aggregate) Accepts(n Notice) bool {
 	if n.SandboxID != "" && n.SandboxID != a.Session.SandboxID {
 		return false
 	}
-	return n.FenceToken == 0 || n.FenceToken >= a.Session.Route.FenceToken
+	return n.FenceToken != 0 && n.FenceToken >= a.Session.Route.FenceToken
 }
 
 // Preparing records that preparation started or reached step.
