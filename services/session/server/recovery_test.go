@@ -39,4 +39,3 @@ func TestForgedFenceTokensAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	e.waitState("s1", "m1", sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
 }
-
