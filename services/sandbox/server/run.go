@@ -86,7 +86,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
 		ReplicaID: cfg.ReplicaID, OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"),
-		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{Logger: log.With("component", "capacity")})},
+		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
+			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")})},
 	})
 	drvRef.Store(drv)
 
