@@ -110,8 +110,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	registerMetrics(srv.Registry(), drv)
-	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv})
-	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv})
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
+	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv, Log: log})
 
 	// The loops stop after the last call and before Redis closes: the
 	// driver's last act is releasing its sandboxes and writing their state,

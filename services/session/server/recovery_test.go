@@ -39,3 +39,20 @@ func TestForgedFenceTokensAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	e.waitState("s1", "m1", sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
 }
+
+// Issue 18 item 6: while Redis is down GetSession and SendMessage answer
+// UNAVAILABLE STORE_UNAVAILABLE with RetryInfo, not INTERNAL (WatchSession:
+// TestWatchSurfacesRedisOutage).
+func TestStoreOutageIsUnavailable(t *testing.T) {
+	e := newEnv(t)
+	e.create("s1", "u1", "/work/repo")
+	require.NoError(t, e.redis.Kill())
+	_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
+	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
+	d, ok := apierr.RetryDelay(err)
+	require.True(t, ok, "RetryInfo")
+	require.Positive(t, d)
+	_, err = e.api.SendMessage(e.ctx, &sessionv1.SendMessageRequest{SessionId: "s1", MessageId: "m1", Content: "hi"})
+	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
+	e.redis.Start(t)
+}

@@ -151,7 +151,7 @@ func TestWatchSessionResumesFromCursorWithoutLossOrRepeat(t *testing.T) {
 	e.create("s1", "u1", "/work/repo")
 	emit := func(from, to int) {
 		for i := from; i < to; i++ {
-			_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route("s1", 0),
+			_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route("s1", 1),
 				Events: []*runtimev1.RuntimeEvent{{EventId: fmt.Sprint("e", i), Kind: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_PROGRESS, Text: fmt.Sprint(i)}}})
 			require.NoError(t, err)
 		}

@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"log/slog"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -16,7 +17,8 @@ import (
 // Sandbox serves SandboxService.
 type Sandbox struct {
 	sandboxv1.UnimplementedSandboxServiceServer
-	D *driver.Driver
+	D   *driver.Driver
+	Log *slog.Logger // internal errors are logged here (toStatus)
 }
 
 var classNames = map[sandboxv1.CredentialClass]string{
@@ -43,7 +45,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 		UserID: r.GetUserId(), OrgID: r.GetOrgId(), CredentialRef: r.GetCredentialRef(), CredentialClass: classNames[r.GetCredentialClass()],
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	return &sandboxv1.PrepareResponse{Route: routeView(view, "")}, nil
 }
@@ -65,7 +67,7 @@ func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*
 	}
 	sent, view, err := s.D.Deliver(ctx, req.GetSandboxId(), req.GetSessionId(), msgs)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	res := sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY
 	if sent {
@@ -84,7 +86,7 @@ func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sa
 	}
 	st, err := s.D.Status(ctx, req.GetSandboxId(), req.GetSessionId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	out := &sandboxv1.StatusResponse{Sandbox: &sandboxv1.SandboxStatus{
 		SandboxId: st.SandboxID, Owner: st.Owner, FenceToken: st.FenceToken, AllocationId: st.AllocationID,
@@ -117,7 +119,7 @@ func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sand
 	}
 	sent, err := s.D.Abort(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetMessageId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	return &sandboxv1.AbortResponse{Sent: sent}, nil
 }
@@ -137,7 +139,7 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 	}
 	rel, err := s.D.ReleaseRoute(ctx, req.GetSandboxId(), req.GetSessionId(), reason)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	out := &sandboxv1.ReleaseRouteResponse{LastMember: rel.LastMember, AbsenceVerified: rel.AbsenceVerified,
 		LeaseState: leaseProto(lease.Lease{State: rel.Lease})}
@@ -157,7 +159,7 @@ func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) 
 	}
 	sc, err := s.D.Scope(ctx, req.GetSandboxId(), req.GetDirectory())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	out := &sandboxv1.WorktreeScope{SandboxId: sc.SandboxID, Directory: sc.Directory, Contract: driver.ContractProto(sc.Contract)}
 	for c, name := range classNames {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -67,6 +68,9 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
 	case errors.Is(err, session.ErrConflictRetries):
 		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
+	case ctx.Err() == nil && storeerr.Unavailable(err):
+		log.WarnContext(ctx, "state store unavailable", "error", err)
+		return apierr.StoreUnavailable()
 	}
 	return apierr.Unexpected(ctx, log, err)
 }
