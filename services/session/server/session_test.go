@@ -240,8 +240,8 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 		e.clock.Advance(100 * time.Millisecond)
 		return e.sandbox.count(e.sandbox.releases, "s1") >= 3
 	}, "reconciler retries the release")
-	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{s1}:del").Val(), "intent kept")
-	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{s1}:meta").Val())
+	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{ses/s1}:del").Val(), "intent kept")
+	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{ses/s1}:meta").Val())
 	_, kept := e.creds.secret("cref-s1")
 	require.True(t, kept, "the backing credential is deleted only after verified absence")
 
@@ -255,10 +255,10 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 	_, stillThere := e.creds.secret("cref-s1")
 	require.False(t, stillThere, "backing credential deleted")
 	require.True(t, e.ingest.wasDeleted("rt-s1"))
-	keys, err := e.rdb.Keys(e.ctx, "ses:{s1}:*").Result()
+	keys, err := e.rdb.Keys(e.ctx, "ses:{ses/s1}:*").Result()
 	require.NoError(t, err)
 	require.Empty(t, keys)
-	loc := e.rdb.HGetAll(e.ctx, "ses:wipe:{s1}").Val()
+	loc := e.rdb.HGetAll(e.ctx, "ses:wipe:{ses/s1}").Val()
 	require.Equal(t, "/work/repo", loc["directory"])
 	require.NotEmpty(t, loc["sandbox_id"])
 	for _, idx := range []string{"ses:idx:org:org1", "ses:idx:user:org1:u1"} {

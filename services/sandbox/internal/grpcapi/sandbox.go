@@ -31,7 +31,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	r := req.GetRoute()
 	var v violations
 	v.check(validID(r.GetSessionId()), "route.session_id", "1-128 of [A-Za-z0-9-_.:]")
-	v.check(validID(r.GetSandboxId()), "route.sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validSandboxID(r.GetSandboxId()), "route.sandbox_id", sandboxIDRule)
 	v.check(validDirectory(r.GetDirectory()), "route.directory", "an absolute normalized path")
 	_, ok := classNames[r.GetCredentialClass()]
 	v.check(ok, "route.credential_class", "DELEGATED or STATIC")
@@ -54,7 +54,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*sandboxv1.DeliverResponse, error) {
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", "1-128 of [A-Za-z0-9-_.:]")
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(len(req.GetMessages()) > 0 && len(req.GetMessages()) <= 256, "messages", "1 to 256 messages")
 	msgs := make([]driver.Message, 0, len(req.GetMessages()))
 	for _, m := range req.GetMessages() {
@@ -79,7 +79,7 @@ func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*
 // Status describes a sandbox.
 func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sandboxv1.StatusResponse, error) {
 	var v violations
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetSessionId() == "" || validID(req.GetSessionId()), "session_id", "1-128 of [A-Za-z0-9-_.:]")
 	if err := v.err("invalid status request"); err != nil {
 		return nil, err
@@ -112,7 +112,7 @@ func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sa
 func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sandboxv1.AbortResponse, error) {
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", "1-128 of [A-Za-z0-9-_.:]")
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetMessageId() == "" || validID(req.GetMessageId()), "message_id", "1-128 of [A-Za-z0-9-_.:]")
 	if err := v.err("invalid abort"); err != nil {
 		return nil, err
@@ -128,7 +128,7 @@ func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sand
 func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteRequest) (*sandboxv1.ReleaseRouteResponse, error) {
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", "1-128 of [A-Za-z0-9-_.:]")
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(len(req.GetReason()) <= 64, "reason", "at most 64 bytes")
 	if err := v.err("invalid release"); err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 // GetScope returns a worktree scope.
 func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) (*sandboxv1.GetScopeResponse, error) {
 	var v violations
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(validDirectory(req.GetDirectory()), "directory", "an absolute normalized path")
 	if err := v.err("invalid scope request"); err != nil {
 		return nil, err

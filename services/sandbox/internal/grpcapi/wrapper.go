@@ -33,7 +33,7 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 	if h == nil {
 		return apierr.Error(codes.InvalidArgument, ReasonHelloRequired, "the first frame must be Hello")
 	}
-	if !validID(h.GetSandboxId()) {
+	if !validSandboxID(h.GetSandboxId()) {
 		return stream.Send(driver.Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "unknown sandbox"))
 	}
 	res, err := w.D.Hello(stream.Context(), h)
