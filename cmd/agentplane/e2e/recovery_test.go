@@ -33,3 +33,31 @@ func TestSandboxIDEqualToASessionIDDoesNotBlockItsDeletion(t *testing.T) {
 	require.Zero(t, s.deleteSession(t, a.GetSessionId()), "a's deletion was never blocked")
 	s.deleteSession(t, b.GetSessionId())
 }
+
+// Issue 18 item 1 (process level): kill -9 of the sandbox service with
+// wrappers up, restart after the wrappers exited (the reconnect window
+// passed): the new wrapper's first Hello retires the scope's accepted
+// handles (an older owner fence's), so every session of the directory, and
+// a new one, completes its next message at once.
+func TestRestartPastReconnectWindowRetiresAcceptedHandles(t *testing.T) {
+	s, sbx := startProcSuite(t)
+	a := s.create(t, "sbx-restart", "/work/e2e-restart", newSecret())
+	b := s.create(t, "sbx-restart", "/work/e2e-restart", newSecret())
+	s.turn(t, a.GetSessionId(), "m1", "before the crash")
+	s.turn(t, b.GetSessionId(), "m1", "before the crash too")
+	require.NotEmpty(t, wrapperPIDs(t, a.GetSandboxId()))
+
+	sbx.kill9()
+	waitNoWrappers(t, a.GetSandboxId())
+	sbx.start()
+
+	s.turn(t, a.GetSessionId(), "m2", "after the restart")
+	s.turn(t, b.GetSessionId(), "m2", "after the restart too")
+	c := s.create(t, "sbx-restart", "/work/e2e-restart", newSecret())
+	s.turn(t, c.GetSessionId(), "m1", "a newcomer")
+
+	for _, id := range []string{a.GetSessionId(), b.GetSessionId(), c.GetSessionId()} {
+		s.deleteSession(t, id)
+	}
+	require.Empty(t, wrapperPIDs(t, a.GetSandboxId()))
+}

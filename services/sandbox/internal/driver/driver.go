@@ -217,7 +217,11 @@ type Conn struct {
 	Contract scope.Contract
 	Send     chan *sandboxv1.ConnectResponse
 	// Closed closes when the driver ends the stream; Err then says why.
-	Closed    chan struct{}
+	Closed chan struct{}
+	// retired closes once the scope's accepted handles are retired after a
+	// wrapper restart (at once when none need retiring): no handle is
+	// minted for this wrapper before, so the retirement never revokes one.
+	retired   chan struct{}
 	closeOnce sync.Once
 	why       error
 }

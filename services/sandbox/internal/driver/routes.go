@@ -297,6 +297,13 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 	sb.mu.Unlock()
 	handle := ""
 	if d.cfg.Credentials != nil {
+		select {
+		case <-c.retired:
+		case <-c.Closed:
+			return // the wrapper's next stream prepares the route again
+		case <-sb.ctx.Done():
+			return
+		}
 		h, adopted, err := d.mint(sb.ctx, sb.id, alloc, token, spec)
 		if err != nil {
 			d.log.Warn("handle mint failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
