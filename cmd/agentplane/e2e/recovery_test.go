@@ -2,11 +2,16 @@ package e2e
 
 import (
 	"context"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -60,4 +65,48 @@ func TestRestartPastReconnectWindowRetiresAcceptedHandles(t *testing.T) {
 		s.deleteSession(t, id)
 	}
 	require.Empty(t, wrapperPIDs(t, a.GetSandboxId()))
+}
+
+// Issue 18 item 7 (e2e): a re-preparation after a lost route gives the route
+// a new runtime session id; deletion tombstones the history of every runtime
+// session the session ever had, not only the latest.
+func TestDeletionTombstonesEveryRuntimeSessionsHistory(t *testing.T) {
+	s := startSuite(t)
+	sess := s.create(t, "sbx-hist", "/work/e2e-hist", newSecret())
+	s.turn(t, sess.GetSessionId(), "m1", "the user's first words")
+	first := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
+	require.NotEmpty(t, first)
+	requireHistory(t, s, first)
+
+	// The wrapper dies: the route is lost, the next message re-prepares it.
+	pids := wrapperPIDs(t, sess.GetSandboxId())
+	require.NotEmpty(t, pids)
+	for _, p := range pids {
+		pid, err := strconv.Atoi(p)
+		require.NoError(t, err)
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	require.Eventually(t, func() bool {
+		return s.routeView(t, sess.GetSessionId()).GetState() != sessionv1.RouteState_ROUTE_STATE_READY
+	}, 60*time.Second, 50*time.Millisecond, "the route is no longer ready after its wrapper died")
+	s.turn(t, sess.GetSessionId(), "m2", "after the wrapper died")
+	second := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
+	require.NotEqual(t, first, second, "the re-prepared route has a new runtime session")
+	requireHistory(t, s, second)
+
+	s.deleteSession(t, sess.GetSessionId())
+	for _, rs := range []string{first, second} {
+		_, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
+		require.Equal(t, codes.NotFound, status.Code(err), "history of %s survived the deletion: %v", rs, err)
+	}
+}
+
+// requireHistory waits until ingest holds items of the runtime session.
+func requireHistory(t *testing.T, s *suite, rs string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
+		return err == nil && len(resp.GetItems()) > 0
+	}, 30*time.Second, 50*time.Millisecond, "history of %s", rs)
 }

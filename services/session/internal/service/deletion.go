@@ -127,14 +127,18 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		}
 	}
 	if !in.HistoryDeleted {
-		if s.history != nil && in.RuntimeSessionID != "" {
-			pctx, cancel := s.peerCtx(ctx)
-			err := s.history.Delete(pctx, in.RuntimeSessionID)
-			cancel()
-			if err != nil {
-				return postpone("delete_history", 0, err)
+		if s.history != nil {
+			// Every runtime session the session ever had, not only the
+			// latest: each re-preparation started a new history.
+			for _, rsid := range in.HistoryIDs() {
+				pctx, cancel := s.peerCtx(ctx)
+				err := s.history.Delete(pctx, rsid)
+				cancel()
+				if err != nil {
+					return postpone("delete_history", 0, err)
+				}
 			}
-		} else if s.history == nil {
+		} else {
 			s.log.InfoContext(ctx, "ingest service not configured: history deletion skipped", "session_id", id)
 		}
 		in.HistoryDeleted = true

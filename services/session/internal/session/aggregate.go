@@ -100,6 +100,7 @@ func (a *Aggregate) setRoute(v RouteView, now time.Time) {
 	v.UpdateTime = now
 	old := a.Session.Route
 	a.Session.Route = v
+	a.Session.recordRuntimeSession(v.RuntimeSessionID)
 	a.touch(now)
 	old.UpdateTime, v.UpdateTime = time.Time{}, time.Time{}
 	if old != v {
@@ -264,6 +265,15 @@ func (a *Aggregate) Ready(n Notice, runtimeSessionID, wrapperInstance string, no
 		v.WrapperInstance = old
 	}
 	a.setRoute(v, now)
+}
+
+// SawRuntimeSession records a runtime session id the sandbox named for the
+// route (in a synchronous view, before any ready notification), so that
+// deletion tombstones its history too.
+func (a *Aggregate) SawRuntimeSession(id string, now time.Time) {
+	if a.Session.recordRuntimeSession(id) {
+		a.touch(now)
+	}
 }
 
 // Reconnecting records a dropped wrapper stream that may come back; work is kept.

@@ -86,3 +86,20 @@ func TestSandboxForIsDeterministicPerUser(t *testing.T) {
 	require.NotEqual(t, SandboxFor("ou", ""), SandboxFor("o", "u"))
 	require.Empty(t, CheckID("sandbox_id", SandboxFor("o", "u")))
 }
+
+// Issue 18 item 7: every runtime session id the route had is kept, once,
+// and the deletion intent carries all of them.
+func TestEveryRuntimeSessionIDIsRecordedForDeletion(t *testing.T) {
+	a := agg()
+	n := Notice{FenceToken: 1}
+	a.Ready(n, "rs_1", "w1", t0)
+	a.Lost(n, t0)
+	a.SawRuntimeSession("rs_2", t0)
+	a.Ready(n, "rs_2", "w2", t0)
+	a.Ready(n, "rs_2", "w2", t0)
+	require.Equal(t, []string{"rs_1", "rs_2"}, a.Session.RuntimeSessionIDs)
+	in := a.BeginDeletion("client", t0)
+	require.Equal(t, []string{"rs_1", "rs_2"}, in.HistoryIDs())
+	old := DeletionIntent{RuntimeSessionID: "rs_9"} // persisted before runtime_session_ids existed
+	require.Equal(t, []string{"rs_9"}, old.HistoryIDs())
+}
