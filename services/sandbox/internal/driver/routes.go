@@ -464,7 +464,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	r := sb.routes[sessionID]
 	if r == nil {
 		sb.mu.Unlock()
-		return Release{LastMember: false, AbsenceVerified: true, Lease: lease.None}, nil
+		return d.releaseUnrouted(ctx, sb, sessionID, reason)
 	}
 	key, dir := r.RuntimeKey, r.Directory
 	first := r.State != store.RouteReleased
@@ -524,6 +524,75 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		d.forgetRoute(sb, sessionID)
 	}
 	return Release{LastMember: true, AbsenceVerified: ok, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+}
+
+// releaseUnrouted releases a session the sandbox holds no (parsable) route
+// record of. That is no proof that nothing of it runs: the record may not
+// parse, or a crash may have lost it while its wrapper lived on. It fails
+// closed: absence is verified only when every runtime key that could be the
+// session's has lease none and discovery absent — its per-session key, the
+// directory of a scope that lists it, and every key no live route of
+// another session holds. Those keys serve nobody else, so they are stopped.
+func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, reason string) (Release, error) {
+	sb.mu.Lock()
+	held := map[string]bool{}
+	for id, o := range sb.routes {
+		if id != sessionID && o.RuntimeKey != "" && o.State != store.RouteReleased && o.State != store.RouteFailed {
+			held[o.RuntimeKey] = true
+		}
+	}
+	candidates := map[string]bool{sessionID: true}
+	for dir, sc := range sb.scopes {
+		if _, ok := sc.Members[sessionID]; ok {
+			candidates[dir] = true
+			sc.Leave(sessionID)
+			d.persistScope(sb, sc)
+		}
+	}
+	for key := range sb.slots {
+		candidates[key] = true
+	}
+	var keys []string
+	conns := map[string]*Conn{}
+	for key := range candidates {
+		if !held[key] {
+			keys = append(keys, key)
+			if c := sb.conns[key]; c != nil {
+				conns[key] = c
+			}
+		}
+	}
+	sb.mu.Unlock()
+	rel := Release{LastMember: true, AbsenceVerified: true, Lease: lease.None}
+	for _, key := range keys {
+		ok, retry, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key)
+		if err != nil {
+			return Release{}, err // inspection failure is never absence
+		}
+		if ok {
+			continue
+		}
+		l, err := d.cfg.Wrappers.Lease(ctx, sb.id, key)
+		if err != nil {
+			return Release{}, err
+		}
+		if l.State == lease.OwnsWrapper {
+			if c := conns[key]; c != nil {
+				c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+			}
+			if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
+				return Release{}, err
+			}
+			if l, err = d.cfg.Wrappers.Lease(ctx, sb.id, key); err != nil {
+				return Release{}, err
+			}
+		}
+		d.log.Warn("release without a route record: a runtime key that may be the session's is not verified absent",
+			"sandbox", sb.id, "session", sessionID, "runtime_key", key, "lease", string(l.State))
+		rel.AbsenceVerified, rel.Lease = false, l.State
+		rel.RetryAfter = max(rel.RetryAfter, retry, time.Second)
+	}
+	return rel, nil
 }
 
 func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {
