@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -55,4 +57,46 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	_, err = e.api.SendMessage(e.ctx, &sessionv1.SendMessageRequest{SessionId: "s1", MessageId: "m1", Content: "hi"})
 	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
 	e.redis.Start(t)
+}
+
+// Issue 18 item 11: a watch cursor older than the trimmed part of the event
+// log answers OUT_OF_RANGE CURSOR_EXPIRED with the oldest usable cursor,
+// which then resumes without error.
+func TestWatchCursorOlderThanTheTrimmedLogIsRefused(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.EventCap = 1000 })
+	e.create("s1", "u1", "/work/repo")
+	e.emitRuntime("s1", "first")
+	s1, err := e.api.WatchSession(e.ctx, &sessionv1.WatchSessionRequest{SessionId: "s1"})
+	require.NoError(t, err)
+	var old string
+	for old == "" {
+		resp, err := s1.Recv()
+		require.NoError(t, err)
+		if resp.GetEvent().GetRuntimeEvent() != nil {
+			old = resp.GetEvent().GetCursor()
+		}
+	}
+	// MAXLEN ~ trims whole stream nodes (100 entries): write well past the cap.
+	for b := range 14 {
+		var evs []*runtimev1.RuntimeEvent
+		for i := range 100 {
+			id := fmt.Sprint("e", b, "-", i)
+			evs = append(evs, &runtimev1.RuntimeEvent{EventId: id, Kind: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_PROGRESS, Text: id})
+		}
+		_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route("s1", 1), Events: evs})
+		require.NoError(t, err)
+	}
+	w, err := e.api.WatchSession(e.ctx, &sessionv1.WatchSessionRequest{SessionId: "s1", Cursor: old})
+	require.NoError(t, err)
+	_, err = w.Recv()
+	requireStatus(t, err, codes.OutOfRange, "CURSOR_EXPIRED")
+	oldest := apierr.Info(err).GetMetadata()["oldest_cursor"]
+	require.NotEmpty(t, oldest)
+	require.Equal(t, "cursor", apierr.FieldViolations(err)[0].GetField())
+
+	w, err = e.api.WatchSession(e.ctx, &sessionv1.WatchSessionRequest{SessionId: "s1", Cursor: oldest})
+	require.NoError(t, err)
+	resp, err := w.Recv()
+	require.NoError(t, err, "the oldest cursor resumes")
+	require.NotNil(t, resp.GetEvent())
 }

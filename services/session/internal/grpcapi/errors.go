@@ -25,6 +25,7 @@ const (
 	ReasonDeletionPendingCleanup = "DELETION_PENDING_CLEANUP"
 	ReasonPeerUnavailable        = "PEER_UNAVAILABLE"
 	ReasonSessionBusy            = "SESSION_BUSY"
+	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
 )
 
@@ -33,6 +34,7 @@ const (
 func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var invalid *session.InvalidError
 	var pending *session.DeletionPendingError
+	var expired *session.CursorExpiredError
 	switch {
 	case err == nil:
 		return nil
@@ -63,6 +65,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.FailedPrecondition, ReasonDeletionPendingCleanup,
 			"deletion is persisted; cleanup is not verified yet and continues in the background",
 			apierr.RetryAfter(pending.RetryAfter), apierr.Metadata("pending_step", pending.Step))
+	case errors.As(err, &expired):
+		return apierr.Error(codes.OutOfRange, ReasonCursorExpired,
+			"the cursor is older than the retained event log; events after it were trimmed",
+			apierr.FieldViolation("cursor", "older than the retained event log"), apierr.Metadata("oldest_cursor", expired.Oldest))
 	case errors.Is(err, session.ErrPeerUnavailable):
 		log.WarnContext(ctx, "peer unavailable", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
