@@ -100,3 +100,23 @@ func TestWatchCursorOlderThanTheTrimmedLogIsRefused(t *testing.T) {
 	require.NoError(t, err, "the oldest cursor resumes")
 	require.NotNil(t, resp.GetEvent())
 }
+
+// Issue 18 item 10: an exhausted wrapper lease after its final observation
+// (the sandbox answers lease_state EXHAUSTED, absence not verified) lets
+// the deletion complete, per DESIGN.md 3.5; a stop_needed one does not.
+func TestExhaustedLeaseAllowsDeletion(t *testing.T) {
+	e := newEnv(t)
+	e.create("s1", "u1", "/work/repo")
+	e.sandbox.inspectionFails.Store(true)
+	_, err := e.api.DeleteSession(e.ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
+	requireStatus(t, err, codes.FailedPrecondition, "DELETION_PENDING_CLEANUP")
+
+	e.sandbox.inspectionFails.Store(false)
+	e.sandbox.exhaustedLease.Store(true)
+	eventually(t, func() bool {
+		_, err := e.api.DeleteSession(e.ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
+		return err == nil || apierr.Reason(err) == "SESSION_NOT_FOUND"
+	}, "deletion completes on the exhausted lease")
+	_, err = e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
+	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+}

@@ -142,6 +142,9 @@ func (w *heldWrappers) RequestStop(_ context.Context, _, key, _ string) error {
 	w.stopped <- key
 	return nil
 }
+func (w *heldWrappers) DeletionAllowed(ctx context.Context, sb, key string) (bool, time.Duration, error) {
+	return w.AbsenceVerified(ctx, sb, key)
+}
 func (w *heldWrappers) AbsenceVerified(context.Context, string, string) (bool, time.Duration, error) {
 	return true, 0, nil
 }

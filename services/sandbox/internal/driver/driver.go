@@ -55,6 +55,9 @@ type Wrappers interface {
 	WrapperGone(ctx context.Context, sandboxID, runtimeKey, instance string) error
 	RequestStop(ctx context.Context, sandboxID, runtimeKey, reason string) error
 	AbsenceVerified(ctx context.Context, sandboxID, runtimeKey string) (bool, time.Duration, error)
+	// DeletionAllowed is AbsenceVerified plus DESIGN.md 3.5's exception: an
+	// exhausted lease allows deletion after a final observation.
+	DeletionAllowed(ctx context.Context, sandboxID, runtimeKey string) (bool, time.Duration, error)
 	Lease(ctx context.Context, sandboxID, runtimeKey string) (lease.Lease, error)
 }
 

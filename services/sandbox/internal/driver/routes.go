@@ -448,8 +448,35 @@ func (d *Driver) Abort(ctx context.Context, sandboxID, sessionID, messageID stri
 // Release is the result of ReleaseRoute.
 type Release struct {
 	LastMember, AbsenceVerified bool
-	Lease                       lease.State
-	RetryAfter                  time.Duration
+	// ExhaustedFinal: a session-delete release whose runtime key's lease is
+	// exhausted and had its final observation (DESIGN.md 3.5): the deletion
+	// may complete although absence is not verified; the lease stays
+	// exhausted and tracked.
+	ExhaustedFinal bool
+	Lease          lease.State
+	RetryAfter     time.Duration
+}
+
+// ReasonSessionDelete is the release reason of a session deletion, the only
+// one the exhausted-lease exception applies to.
+const ReasonSessionDelete = "session-delete"
+
+// deletionCheck verifies a released runtime key: absence, or for a
+// deletion also an exhausted lease after its final observation.
+func (d *Driver) deletionCheck(ctx context.Context, sandboxID, key, reason string) (absent, exhaustedFinal bool, l lease.Lease, retry time.Duration, err error) {
+	check := d.cfg.Wrappers.AbsenceVerified
+	if reason == ReasonSessionDelete {
+		check = d.cfg.Wrappers.DeletionAllowed
+	}
+	ok, retry, err := check(ctx, sandboxID, key)
+	if err != nil {
+		return false, false, lease.Lease{}, 0, err
+	}
+	if l, err = d.cfg.Wrappers.Lease(ctx, sandboxID, key); err != nil {
+		return false, false, lease.Lease{}, 0, err
+	}
+	exhaustedFinal = ok && l.State != lease.None
+	return ok && !exhaustedFinal, exhaustedFinal, l, retry, nil
 }
 
 // ReleaseRoute removes the session from its runtime key; the last member
@@ -515,15 +542,20 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
 		}
 	}
-	ok, retry, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key)
+	ok, exhausted, l, retry, err := d.deletionCheck(ctx, sb.id, key, reason)
 	if err != nil {
-		ok = false
+		// Inspection failure is never absence.
+		d.log.Warn("release: absence not checked", "sandbox", sb.id, "runtime_key", key, "err", err)
+		return Release{LastMember: true, Lease: l.State, RetryAfter: time.Second}, nil
 	}
-	l, _ := d.cfg.Wrappers.Lease(ctx, sb.id, key)
-	if ok {
+	if exhausted {
+		d.log.Warn("deletion allowed on an exhausted wrapper lease after its final observation; the lease stays tracked",
+			"sandbox", sb.id, "session", sessionID, "runtime_key", key)
+	}
+	if ok || exhausted {
 		d.forgetRoute(sb, sessionID)
 	}
-	return Release{LastMember: true, AbsenceVerified: ok, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+	return Release{LastMember: true, AbsenceVerified: ok, ExhaustedFinal: exhausted, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
 }
 
 // releaseUnrouted releases a session the sandbox holds no (parsable) route
@@ -565,16 +597,16 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 	sb.mu.Unlock()
 	rel := Release{LastMember: true, AbsenceVerified: true, Lease: lease.None}
 	for _, key := range keys {
-		ok, retry, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key)
+		ok, exhausted, l, retry, err := d.deletionCheck(ctx, sb.id, key, reason)
 		if err != nil {
 			return Release{}, err // inspection failure is never absence
 		}
 		if ok {
 			continue
 		}
-		l, err := d.cfg.Wrappers.Lease(ctx, sb.id, key)
-		if err != nil {
-			return Release{}, err
+		if exhausted {
+			rel.ExhaustedFinal, rel.Lease = true, l.State
+			continue
 		}
 		if l.State == lease.OwnsWrapper {
 			if c := conns[key]; c != nil {
@@ -591,6 +623,11 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 			"sandbox", sb.id, "session", sessionID, "runtime_key", key, "lease", string(l.State))
 		rel.AbsenceVerified, rel.Lease = false, l.State
 		rel.RetryAfter = max(rel.RetryAfter, retry, time.Second)
+	}
+	if !rel.AbsenceVerified {
+		rel.ExhaustedFinal = false // another key still runs: nothing is allowed yet
+	} else if rel.ExhaustedFinal {
+		rel.AbsenceVerified = false // allowed by the exception, not verified
 	}
 	return rel, nil
 }

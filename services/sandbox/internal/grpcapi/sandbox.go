@@ -141,9 +141,15 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
-	out := &sandboxv1.ReleaseRouteResponse{LastMember: rel.LastMember, AbsenceVerified: rel.AbsenceVerified,
-		LeaseState: leaseProto(lease.Lease{State: rel.Lease})}
-	if !rel.AbsenceVerified {
+	// EXHAUSTED is reported only when the exhausted lease had its final
+	// observation and the deletion may complete (DESIGN.md 3.5); before, an
+	// exhausted lease reads as the stop_needed it is.
+	state := leaseProto(lease.Lease{State: rel.Lease})
+	if rel.ExhaustedFinal {
+		state = sandboxv1.LeaseState_LEASE_STATE_EXHAUSTED
+	}
+	out := &sandboxv1.ReleaseRouteResponse{LastMember: rel.LastMember, AbsenceVerified: rel.AbsenceVerified, LeaseState: state}
+	if !rel.AbsenceVerified && !rel.ExhaustedFinal {
 		out.RetryAfter = durationpb.New(rel.RetryAfter)
 	}
 	return out, nil

@@ -99,6 +99,10 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		case err != nil:
 			// Could not ask: never read as absence.
 			return postpone("release_route", 0, err)
+		case rel.ExhaustedFinal:
+			// DESIGN.md 3.5: an exhausted lease allows deletion after a final
+			// observation; the sandbox keeps tracking the lease.
+			s.log.WarnContext(ctx, "deletion continues on an exhausted wrapper lease (absence not verified)", "session_id", id)
 		case !rel.AbsenceVerified:
 			return postpone("verify_absence", rel.RetryAfter, nil)
 		}
