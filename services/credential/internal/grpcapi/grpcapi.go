@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"agentplane.dev/pkg/apierr"
-	"agentplane.dev/pkg/storeerr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/handle"
 	"agentplane.dev/services/credential/internal/scope"
