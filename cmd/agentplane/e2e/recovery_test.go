@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"agentplane.dev/pkg/apierr"
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
@@ -109,4 +111,38 @@ func requireHistory(t *testing.T, s *suite, rs string) {
 		resp, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
 		return err == nil && len(resp.GetItems()) > 0
 	}, 30*time.Second, 50*time.Millisecond, "history of %s", rs)
+}
+
+// Issue 18 item 9 (e2e): a failed ReleaseMember is persisted intent,
+// retried until it succeeds, and the deletion does not complete before: the
+// deleted session never stays a live member of its scope.
+func TestMemberReleaseIsRetriedBeforeDeletionCompletes(t *testing.T) {
+	s, _, credCut := startProcSuiteCut(t)
+	a := s.create(t, "sbx-member", "/work/e2e-member", newSecret())
+	b := s.create(t, "sbx-member", "/work/e2e-member", newSecret())
+	s.turn(t, a.GetSessionId(), "m1", "a speaks")
+	s.turn(t, b.GetSessionId(), "m1", "b speaks")
+	rootA := s.routeView(t, a.GetSessionId()).GetRuntimeSessionId()
+	sc := &credentialv1.Scope{SandboxId: a.GetSandboxId(), Directory: "/work/e2e-member"}
+	live := func() bool {
+		resp, err := s.cred.CheckScopeMember(context.Background(), &credentialv1.CheckScopeMemberRequest{Scope: sc, RuntimeSessionId: rootA})
+		require.NoError(t, err)
+		return resp.GetLive()
+	}
+	require.True(t, live())
+
+	credCut.setCut(true) // the sandbox cannot reach the credential service
+	for range 3 {
+		_, err := s.ses.DeleteSession(context.Background(), &sessionv1.DeleteSessionRequest{SessionId: a.GetSessionId()})
+		require.Error(t, err, "the deletion completed while the session is still a scope member")
+		require.Equal(t, "DELETION_PENDING_CLEANUP", apierr.Reason(err), "%v", err)
+		time.Sleep(300 * time.Millisecond)
+	}
+	require.True(t, live(), "the member is not released yet")
+
+	credCut.setCut(false)
+	s.deleteSession(t, a.GetSessionId())
+	require.False(t, live(), "the deleted session's root is no longer a live member")
+	s.turn(t, b.GetSessionId(), "m2", "b still works")
+	s.deleteSession(t, b.GetSessionId())
 }

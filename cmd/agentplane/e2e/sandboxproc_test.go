@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"io"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,9 +115,72 @@ func (p *sandboxProc) stop() {
 	}
 }
 
+// cutProxy forwards TCP to target until cut: then it drops every
+// connection and refuses new ones (the peer is unreachable) until healed.
+type cutProxy struct {
+	addr  string
+	cut   atomic.Bool
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+func startCutProxy(t testing.TB, target string) *cutProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &cutProxy{addr: l.Addr().String(), conns: map[net.Conn]bool{}}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = l.Close(); p.dropAll(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if p.cut.Load() {
+				_ = c.Close()
+				continue
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[s] = true, true
+			p.mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close(); _ = c.Close() })
+			wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close(); _ = s.Close() })
+		}
+	})
+	return p
+}
+
+func (p *cutProxy) dropAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+}
+
+// setCut cuts (true) or heals (false) the connection.
+func (p *cutProxy) setCut(cut bool) {
+	p.cut.Store(cut)
+	if cut {
+		p.dropAll()
+	}
+}
+
 // startProcSuite is the suite with the sandbox service in its own process
 // (session, credential and ingest in this one), on one private redis-server.
+// The sandbox reaches the credential service through credCut.
 func startProcSuite(t *testing.T) (*suite, *sandboxProc) {
+	s, p, _ := startProcSuiteCut(t)
+	return s, p
+}
+
+func startProcSuiteCut(t *testing.T) (*suite, *sandboxProc, *cutProxy) {
 	s := &suite{up: &upstream{}, root: t.TempDir(), run: newRunID()}
 	killProcessesUnder(t, s.root)
 	provider := httptest.NewServer(s.up)
@@ -151,11 +217,12 @@ func startProcSuite(t *testing.T) (*suite, *sandboxProc) {
 	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
 	go func() { done <- ingest.Run(ctx, icfg) }()
 	go func() { done <- session.Run(ctx, scfg) }()
+	credCut := startCutProxy(t, credGL.Addr().String())
 
 	p := &sandboxProc{t: t, logs: filepath.Join(t.TempDir(), "sandbox.log"), env: []string{
 		"AGENTPLANE_REDIS_URL=" + rs.URL(), "AGENTPLANE_GRPC_ADDR=" + sbxAddr, "AGENTPLANE_METRICS_ADDR=",
 		"AGENTPLANE_INTERNAL_TOKEN=" + token, "AGENTPLANE_DRAIN_DELAY=0s", "AGENTPLANE_LOG_FORMAT=json",
-		"AGENTPLANE_SESSION_ADDR=" + sesAddr, "AGENTPLANE_CREDENTIAL_ADDR=" + credGL.Addr().String(),
+		"AGENTPLANE_SESSION_ADDR=" + sesAddr, "AGENTPLANE_CREDENTIAL_ADDR=" + credCut.addr,
 		"AGENTPLANE_SANDBOX_PROXY_URL=http://" + proxyL.Addr().String(),
 		"AGENTPLANE_SANDBOX_ROOT=" + s.root, "AGENTPLANE_WRAPPER_BIN=" + wrapperBin,
 		"AGENTPLANE_SANDBOX_HEARTBEAT=" + procHeartbeat.String(), "AGENTPLANE_SANDBOX_DEAD_AFTER=" + procDeadAfter.String(),
@@ -189,7 +256,7 @@ func startProcSuite(t *testing.T) (*suite, *sandboxProc) {
 	s.ses = sessionv1.NewSessionServiceClient(dial(sesAddr))
 	s.cred = credentialv1.NewCredentialServiceClient(dial(credGL.Addr().String()))
 	s.ing = ingestv1.NewIngestServiceClient(dial(ingAddr))
-	return s, p
+	return s, p, credCut
 }
 
 func tail(b []byte, n int) []byte {

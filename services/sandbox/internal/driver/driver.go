@@ -184,6 +184,10 @@ type sandbox struct {
 	// completes: route preparation refused while a stop was pending waits
 	// on it rather than only on the refusal's RetryAfter.
 	stopped chan struct{}
+	// memberRetrying / memberRetryAt pace the tick's retries of pending
+	// member releases (retryMemberReleases).
+	memberRetrying bool
+	memberRetryAt  time.Time
 }
 
 // stopSignal returns the channel the next completed stop closes. The

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
@@ -504,6 +507,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	c := sb.conns[key]
 	if first {
 		r.State, r.Step = store.RouteReleased, ""
+		r.MemberReleasePending = d.cfg.Credentials != nil
 		d.persistRoute(sb, r)
 		if sc := sb.scopes[dir]; sc != nil {
 			sc.Leave(sessionID)
@@ -521,14 +525,11 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	if c != nil && first {
 		c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_ReleaseRoute{ReleaseRoute: &sandboxv1.ReleaseRoute{SessionId: sessionID}}})
 	}
-	if first && d.cfg.Credentials != nil {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := d.cfg.Credentials.ReleaseMember(cctx, &credentialv1.ReleaseMemberRequest{
-			Scope: &credentialv1.Scope{SandboxId: sb.id, Directory: dir}, SessionId: sessionID, FenceToken: sb.owner.Token()})
-		cancel()
-		if err != nil {
-			d.log.Warn("credential member release failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
-		}
+	if !d.releaseMember(ctx, sb, sessionID) {
+		// The session is still a member of its scope for the credential
+		// service: not released yet, whatever runs. Asked again on the next
+		// call (the session's deletion reconciler) and by the tick.
+		return Release{LastMember: last, Lease: lease.OwnsWrapper, RetryAfter: time.Second}, nil
 	}
 	if !last || key == "" {
 		d.forgetRoute(sb, sessionID)
@@ -556,6 +557,71 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		d.forgetRoute(sb, sessionID)
 	}
 	return Release{LastMember: true, AbsenceVerified: ok, ExhaustedFinal: exhausted, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+}
+
+// releaseMember carries out a released route's persisted member-release
+// intent: CredentialService.ReleaseMember under the owner's token, cleared
+// once it succeeded (NOT_FOUND: nothing left to release). It reports
+// whether nothing is pending any more.
+func (d *Driver) releaseMember(ctx context.Context, sb *sandbox, sessionID string) bool {
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil || r.State != store.RouteReleased || !r.MemberReleasePending || d.cfg.Credentials == nil {
+		sb.mu.Unlock()
+		return true
+	}
+	dir, token := r.Directory, sb.owner.Token()
+	sb.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := d.cfg.Credentials.ReleaseMember(cctx, &credentialv1.ReleaseMemberRequest{
+		Scope: &credentialv1.Scope{SandboxId: sb.id, Directory: dir}, SessionId: sessionID, FenceToken: token})
+	cancel()
+	if err != nil && status.Code(err) != codes.NotFound {
+		d.log.Warn("credential member release failed; retried", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
+		return false
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if r := sb.routes[sessionID]; r != nil && r.MemberReleasePending {
+		r.MemberReleasePending = false
+		d.persistRoute(sb, r)
+	}
+	return true
+}
+
+// memberRetryEvery spaces the tick's retries of pending member releases.
+const memberRetryEvery = 5 * time.Second
+
+// retryMemberReleases retries, off the tick's goroutine and one round at a
+// time, every pending member release of the sandbox: the persisted intent
+// is carried out even when no deletion asks again (a release for a stop).
+func (d *Driver) retryMemberReleases(sb *sandbox) {
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	if sb.memberRetrying || now.Before(sb.memberRetryAt) {
+		sb.mu.Unlock()
+		return
+	}
+	var ids []string
+	for id, r := range sb.routes {
+		if r.State == store.RouteReleased && r.MemberReleasePending {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		sb.mu.Unlock()
+		return
+	}
+	sb.memberRetrying, sb.memberRetryAt = true, now.Add(memberRetryEvery)
+	sb.mu.Unlock()
+	go func() {
+		for _, id := range ids {
+			d.releaseMember(sb.ctx, sb, id)
+		}
+		sb.mu.Lock()
+		sb.memberRetrying = false
+		sb.mu.Unlock()
+	}()
 }
 
 // releaseUnrouted releases a session the sandbox holds no (parsable) route

@@ -61,7 +61,12 @@ type Route struct {
 	RuntimeKey       string         `json:"runtime_key,omitempty"`
 	Contract         scope.Contract `json:"contract,omitempty"`
 	WrapperInstance  string         `json:"wrapper_instance,omitempty"`
-	Updated          time.Time      `json:"updated"`
+	// MemberReleasePending is the persisted intent of a released route
+	// whose session the credential service still lists as a scope member:
+	// ReleaseMember is retried until it succeeds, and the route record
+	// (with this intent) is kept until then.
+	MemberReleasePending bool      `json:"member_release_pending,omitempty"`
+	Updated              time.Time `json:"updated"`
 }
 
 // Wrapper is one launched wrapper; the launch credential is kept as its
