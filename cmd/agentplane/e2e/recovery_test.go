@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -145,4 +147,45 @@ func TestMemberReleaseIsRetriedBeforeDeletionCompletes(t *testing.T) {
 	require.False(t, live(), "the deleted session's root is no longer a live member")
 	s.turn(t, b.GetSessionId(), "m2", "b still works")
 	s.deleteSession(t, b.GetSessionId())
+}
+
+// Issue 18 chaos e2e: three worktrees, five sessions, kill -9 of the sandbox
+// service, restart after the reconnect window: every session completes its
+// next message; then deleting all leaves no process and no ingest history
+// of them.
+func TestChaosSandboxKilledPastReconnectWindow(t *testing.T) {
+	s, sbx := startProcSuite(t)
+	dirs := []string{"/work/chaos-a", "/work/chaos-a", "/work/chaos-b", "/work/chaos-b", "/work/chaos-c"}
+	var sessions []*sessionv1.Session
+	roots := map[string]bool{}
+	for i, dir := range dirs {
+		sess := s.create(t, "sbx-chaos", dir, newSecret())
+		sessions = append(sessions, sess)
+		s.turn(t, sess.GetSessionId(), "m1", "before the crash "+strconv.Itoa(i))
+		roots[s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()] = true
+	}
+	sandboxID := sessions[0].GetSandboxId()
+	require.NotEmpty(t, wrapperPIDs(t, sandboxID))
+
+	sbx.kill9()
+	waitNoWrappers(t, sandboxID)
+	sbx.start()
+
+	for i, sess := range sessions {
+		s.turn(t, sess.GetSessionId(), "m2", "after the restart "+strconv.Itoa(i))
+		roots[s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()] = true
+	}
+	for rs := range roots {
+		requireHistory(t, s, rs)
+	}
+
+	for _, sess := range sessions {
+		s.deleteSession(t, sess.GetSessionId())
+	}
+	require.Empty(t, wrapperPIDs(t, sandboxID), "no process of the sessions remains")
+	require.Empty(t, sandboxprocs.Under(s.root), "no wrapper or runtime runs under the sandbox root")
+	for rs := range roots {
+		_, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
+		require.Equal(t, codes.NotFound, status.Code(err), "history %s remains: %v", rs, err)
+	}
 }

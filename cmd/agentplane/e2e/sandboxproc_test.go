@@ -13,8 +13,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -273,4 +273,3 @@ func waitNoWrappers(t *testing.T, sandboxID string) {
 	require.Eventually(t, func() bool { return len(wrapperPIDs(t, sandboxID)) == 0 }, 60*time.Second, 50*time.Millisecond,
 		"the wrappers of %s exit after their reconnect window", sandboxID)
 }
-
