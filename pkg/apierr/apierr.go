@@ -150,3 +150,17 @@ func Unexpected(ctx context.Context, log *slog.Logger, err error) error {
 	log.ErrorContext(ctx, "internal error", "error", err)
 	return Error(codes.Internal, ReasonInternal, "internal error")
 }
+
+// ReasonStoreUnavailable is the reason of every service's answer while its
+// state store (Redis) cannot be reached or cannot serve.
+const ReasonStoreUnavailable = "STORE_UNAVAILABLE"
+
+// StoreRetryDelay is the RetryInfo of STORE_UNAVAILABLE: a reconnect or a
+// failover usually completes within it.
+const StoreRetryDelay = time.Second
+
+// StoreUnavailable is the status of a state-store outage: UNAVAILABLE, so
+// clients retry, with RetryInfo.
+func StoreUnavailable() error {
+	return Error(codes.Unavailable, ReasonStoreUnavailable, "the state store is unavailable; retry", RetryAfter(StoreRetryDelay))
+}

@@ -2,7 +2,6 @@ package fence
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -45,7 +44,7 @@ type pipeliner interface {
 }
 
 // run runs script with EVALSHA (EVAL when Redis lost its script cache).
-func run(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func run(ctx context.Context, rdb redis.Scripter, script *luaScript, keys []string, args ...any) *redis.Cmd {
 	var p pipeliner
 	switch c := rdb.(type) {
 	case *redis.Client:
@@ -53,7 +52,7 @@ func run(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys []s
 	case *redis.ClusterClient:
 		p = c
 	default:
-		return script.Run(ctx, rdb, keys, args...)
+		return runScript(ctx, rdb, script, keys, args)
 	}
 	b, ok := batchers.Load(rdb)
 	if !ok {
@@ -73,7 +72,7 @@ type batcher struct {
 // with its result (cmd set) or to send the batch it heads.
 type call struct {
 	ctx    context.Context
-	script *redis.Script
+	script *luaScript
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
@@ -81,12 +80,12 @@ type call struct {
 	wake   chan struct{}
 }
 
-func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
+func (b *batcher) run(ctx context.Context, script *luaScript, keys []string, args []any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < lanes {
 		b.busy++
 		b.mu.Unlock()
-		cmd := script.Run(ctx, b.rdb, keys, args...)
+		cmd := runScript(ctx, b.rdb, script, keys, args)
 		b.handOn()
 		return cmd
 	}
@@ -128,18 +127,22 @@ func (b *batcher) handOn() {
 func (b *batcher) send(q []*call) {
 	ctx := context.WithoutCancel(q[0].ctx)
 	if len(q) == 1 {
-		q[0].cmd = q[0].script.Run(ctx, b.rdb, q[0].keys, q[0].args...)
+		q[0].cmd = runScript(ctx, b.rdb, q[0].script, q[0].keys, q[0].args)
 		b.handOn()
 		return
 	}
 	pipe := b.rdb.Pipeline()
 	for _, c := range q {
-		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		if c.script.once {
+			c.cmd = c.script.queueOnce(ctx, pipe, c.keys, c.args) // the pipeline is then never resent
+		} else {
+			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are in each call's cmd
 	for _, c := range q {
-		if err := c.cmd.Err(); errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
-			c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
+		if isNoScript(c.cmd.Err()) {
+			c.cmd = runScript(ctx, b.rdb, c.script, c.keys, c.args)
 		}
 	}
 	b.handOn()

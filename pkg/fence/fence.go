@@ -103,11 +103,11 @@ func ValidateResource(resource string) error {
 // missing one does. Lua numbers are doubles, exact up to 2^53 (year 2255 in
 // µs), and '%.0f' keeps the stored form canonical (tostring would print
 // 1.7e+15). KEYS: token, lease. ARGV: owner, ttl ms.
-var acquireScript = redis.NewScript(`
+var acquireScript = newLua(`
 local t = redis.call('TIME')
 local s = #t[2] == 6 and t[1] .. t[2] or t[1] .. string.sub('00000' .. t[2], -6)
 if not redis.call('SET', KEYS[2], s .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.error_reply('` + heldReply + `')
+  return redis.error_reply('`+heldReply+`')
 end
 local last = redis.pcall('SET', KEYS[1], s, 'GET')
 if type(last) == 'table' then -- token key of another type: undo the claim
@@ -123,26 +123,26 @@ if last and (#last > #s or (#last == #s and last >= s)) then
   end
 end
 return s
-`)
+`, true) // once: a repeat would find its own grant and report the lease held
 
 // renewScript extends the lease only if it still holds exactly this
 // token:owner; an expired lease is never recreated. KEYS: lease. ARGV:
 // "token:owner", ttl ms.
-var renewScript = redis.NewScript(`
+var renewScript = newLua(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('` + lostReply + `')
+  return redis.error_reply('`+lostReply+`')
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-`)
+`, false) // safe to repeat
 
 // releaseScript deletes the lease only if it holds exactly this token:owner.
 // The token key stays: it is the floor for the next grant.
-var releaseScript = redis.NewScript(`
+var releaseScript = newLua(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('` + lostReply + `')
+  return redis.error_reply('`+lostReply+`')
 end
 return redis.call('DEL', KEYS[1])
-`)
+`, true) // once: a repeat would report the released lease lost
 
 // guardPrelude is the token check every guarded script starts with. It
 // compares strings: the stored token is canonical decimal, so a zero,

@@ -49,7 +49,7 @@ func PExpire(key string, ttl time.Duration) Op {
 // token holds, per op: command, number of keys, number of args, args. Keys
 // come in order from KEYS[2..]. Only the constructors above build ops, so
 // the command set is fixed.
-var opsScript = NewGuardedScript(`
+var opsScript = newOpsScript(`
 local k, a = 2, 2
 while a <= #ARGV do
   local argv = {ARGV[a]}
@@ -75,7 +75,7 @@ var oneOpScripts = map[string]*GuardedScript{
 }
 
 func oneOpScript(cmd string) *GuardedScript {
-	return NewGuardedScript(`
+	return newOpsScript(`
 redis.call('` + cmd + `', KEYS[2], unpack(ARGV, 2))
 return 1
 `)
@@ -178,11 +178,20 @@ func guardErr(resource string, err error) error {
 // in the same script and round trip. In the body, KEYS[1] and ARGV[1] are
 // the token key and token; the caller's keys start at KEYS[2] and its args
 // at ARGV[2].
-type GuardedScript struct{ s *redis.Script }
+type GuardedScript struct{ s *luaScript }
 
-// NewGuardedScript prepends the token check to body.
+// NewGuardedScript prepends the token check to body. go-redis never sends
+// it twice (a caller's body, such as a compare-and-set, need not be safe to
+// repeat): after a timeout the caller gets the error, and must read the
+// state again to learn whether the script ran.
 func NewGuardedScript(body string) *GuardedScript {
-	return &GuardedScript{s: redis.NewScript(guardPrelude + body)}
+	return &GuardedScript{s: newLua(guardPrelude+body, true)}
+}
+
+// newOpsScript is a guarded script of Op writes (SET, HSET, DEL, PEXPIRE),
+// safe to repeat, so go-redis' retries stay on.
+func newOpsScript(body string) *GuardedScript {
+	return &GuardedScript{s: newLua(guardPrelude+body, false)}
 }
 
 // Run runs the script with EVALSHA (falling back to EVAL once if Redis lost

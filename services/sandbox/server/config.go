@@ -16,6 +16,7 @@ import (
 
 	"agentplane.dev/pkg/config"
 	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/capacity"
 )
 
 // Config is the sandbox service's configuration.
@@ -43,6 +44,12 @@ type Config struct {
 
 	Timers allocation.Timers // SANDBOX_CREATE_TIMEOUT, _HELLO_TIMEOUT, _HEARTBEAT, _DEAD_AFTER, _RECONNECT_WINDOW, _IDLE_STOP
 
+	// CapacityThreshold (SANDBOX_CAPACITY_THRESHOLD) is the free space a
+	// cold workspace needs (DESIGN.md 3.4); StaleAge (SANDBOX_STALE_AGE) is
+	// the mtime age past which stale cleanup may remove a directory.
+	CapacityThreshold ByteSize
+	StaleAge          time.Duration
+
 	// Listener, when set, is used instead of GRPCAddr (tests, agentplane dev).
 	Listener net.Listener
 }
@@ -59,6 +66,9 @@ func DefaultConfig() Config {
 		OwnerTTL:    15 * time.Second,
 		NotifyDrain: 5 * time.Second,
 		Timers:      allocation.DefaultTimers(),
+
+		CapacityThreshold: capacity.DefaultThreshold,
+		StaleAge:          capacity.DefaultStaleAge,
 	}
 }
 
@@ -81,6 +91,9 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.Timers.DeadAfter, "SANDBOX_DEAD_AFTER", c.Timers.DeadAfter, "a wrapper without heartbeat this long is disconnected")
 	l.Duration(&c.Timers.ReconnectWindow, "SANDBOX_RECONNECT_WINDOW", c.Timers.ReconnectWindow, "how long a disconnected wrapper may reconnect")
 	l.Duration(&c.Timers.IdleStop, "SANDBOX_IDLE_STOP", c.Timers.IdleStop, "stop a wrapper after this long without activity")
+	def := c.CapacityThreshold
+	l.Var(&c.CapacityThreshold, "SANDBOX_CAPACITY_THRESHOLD", &def, "free space a cold workspace needs (bytes, or with KiB/MiB/GiB/TiB)")
+	l.Duration(&c.StaleAge, "SANDBOX_STALE_AGE", c.StaleAge, "stale cleanup removes only directories older than this (by mtime)")
 }
 
 // Validate checks every setting and names the variable and flag of each bad one.
@@ -125,6 +138,12 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			bad(name, errors.New("must be positive"))
 		}
+	}
+	if c.CapacityThreshold == 0 {
+		bad("SANDBOX_CAPACITY_THRESHOLD", errors.New("must be positive"))
+	}
+	if c.StaleAge < time.Minute {
+		bad("SANDBOX_STALE_AGE", errors.New("must be at least 1m: a younger directory may be a route being prepared"))
 	}
 	if c.Timers.DeadAfter <= c.Timers.Heartbeat {
 		bad("SANDBOX_DEAD_AFTER", errors.New("must exceed SANDBOX_HEARTBEAT"))

@@ -86,7 +86,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
 		ReplicaID: cfg.ReplicaID, OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"),
-		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{Logger: log.With("component", "capacity")})},
+		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
+			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")})},
 	})
 	drvRef.Store(drv)
 
@@ -109,8 +110,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	registerMetrics(srv.Registry(), drv)
-	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv})
-	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv})
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
+	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv, Log: log})
 
 	// The loops stop after the last call and before Redis closes: the
 	// driver's last act is releasing its sandboxes and writing their state,

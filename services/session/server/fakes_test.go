@@ -39,6 +39,9 @@ type fakeSandbox struct {
 	readyOnPrepare atomic.Bool
 	// inspectionFails makes ReleaseRoute report absence not verified.
 	inspectionFails atomic.Bool
+	// exhaustedLease makes ReleaseRoute report an exhausted lease after its
+	// final observation (absence not verified, deletion allowed).
+	exhaustedLease atomic.Bool
 	// deliverNotReady makes Deliver answer NOT_READY.
 	deliverNotReady atomic.Bool
 
@@ -95,6 +98,10 @@ func (f *fakeSandbox) ReleaseRoute(_ context.Context, r *sandboxv1.ReleaseRouteR
 		// The provider could not inspect: a stop is requested, absence unknown.
 		return &sandboxv1.ReleaseRouteResponse{LastMember: true, AbsenceVerified: false,
 			LeaseState: sandboxv1.LeaseState_LEASE_STATE_STOP_NEEDED, RetryAfter: durationpb.New(20 * time.Millisecond)}, nil
+	}
+	if f.exhaustedLease.Load() {
+		return &sandboxv1.ReleaseRouteResponse{LastMember: true, AbsenceVerified: false,
+			LeaseState: sandboxv1.LeaseState_LEASE_STATE_EXHAUSTED, RetryAfter: durationpb.New(10 * time.Minute)}, nil
 	}
 	f.released[r.GetSessionId()] = true
 	return &sandboxv1.ReleaseRouteResponse{LastMember: true, AbsenceVerified: true, LeaseState: sandboxv1.LeaseState_LEASE_STATE_NONE}, nil

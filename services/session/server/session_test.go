@@ -151,7 +151,7 @@ func TestWatchSessionResumesFromCursorWithoutLossOrRepeat(t *testing.T) {
 	e.create("s1", "u1", "/work/repo")
 	emit := func(from, to int) {
 		for i := from; i < to; i++ {
-			_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route("s1", 0),
+			_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route("s1", 1),
 				Events: []*runtimev1.RuntimeEvent{{EventId: fmt.Sprint("e", i), Kind: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_PROGRESS, Text: fmt.Sprint(i)}}})
 			require.NoError(t, err)
 		}
@@ -240,8 +240,8 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 		e.clock.Advance(100 * time.Millisecond)
 		return e.sandbox.count(e.sandbox.releases, "s1") >= 3
 	}, "reconciler retries the release")
-	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{s1}:del").Val(), "intent kept")
-	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{s1}:meta").Val())
+	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{ses/s1}:del").Val(), "intent kept")
+	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{ses/s1}:meta").Val())
 	_, kept := e.creds.secret("cref-s1")
 	require.True(t, kept, "the backing credential is deleted only after verified absence")
 
@@ -255,10 +255,10 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 	_, stillThere := e.creds.secret("cref-s1")
 	require.False(t, stillThere, "backing credential deleted")
 	require.True(t, e.ingest.wasDeleted("rt-s1"))
-	keys, err := e.rdb.Keys(e.ctx, "ses:{s1}:*").Result()
+	keys, err := e.rdb.Keys(e.ctx, "ses:{ses/s1}:*").Result()
 	require.NoError(t, err)
 	require.Empty(t, keys)
-	loc := e.rdb.HGetAll(e.ctx, "ses:wipe:{s1}").Val()
+	loc := e.rdb.HGetAll(e.ctx, "ses:wipe:{ses/s1}").Val()
 	require.Equal(t, "/work/repo", loc["directory"])
 	require.NotEmpty(t, loc["sandbox_id"])
 	for _, idx := range []string{"ses:idx:org:org1", "ses:idx:user:org1:u1"} {

@@ -13,13 +13,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
 func (e *env) emitRuntime(sid, id string) {
 	e.t.Helper()
-	_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route(sid, 0),
+	_, err := e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route(sid, 1),
 		Events: []*runtimev1.RuntimeEvent{{EventId: id, Kind: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_PROGRESS, Text: id}}})
 	require.NoError(e.t, err)
 }
@@ -107,7 +108,8 @@ func TestWatchSurfacesRedisOutage(t *testing.T) {
 	for err == nil {
 		_, err = s1.Recv()
 	}
-	require.Equal(t, codes.Internal, status.Code(err), "got %v", err)
+	require.Equal(t, codes.Unavailable, status.Code(err), "got %v", err)
+	require.Equal(t, apierr.ReasonStoreUnavailable, apierr.Reason(err), "got %v", err)
 	e.redis.Start(t)
 	// go-redis probes a failed dial in the background for up to a second
 	// after the watcher's client closed; let it end before goleak looks.

@@ -15,6 +15,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	"agentplane.dev/pkg/ident"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/handle"
 	"agentplane.dev/services/credential/internal/scope"
@@ -74,6 +75,9 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return apierr.Error(codes.Unauthenticated, ReasonHandleInvalid, "handle invalid, expired, revoked or without a live member")
 	case errors.Is(err, scope.ErrSandboxMismatch):
 		return apierr.Error(codes.PermissionDenied, ReasonHandleSandboxMismatch, "handle belongs to another sandbox")
+	case ctx.Err() == nil && storeerr.Unavailable(err):
+		s.log.WarnContext(ctx, "state store unavailable", "error", err)
+		return apierr.StoreUnavailable()
 	}
 	return apierr.Unexpected(ctx, s.log, err)
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/ingest/internal/history"
 	"agentplane.dev/services/ingest/internal/scope"
 	"agentplane.dev/services/ingest/internal/store"
@@ -57,6 +58,9 @@ func (s *Service) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, scope.ErrUnavailable):
 		s.log.WarnContext(ctx, "scope membership check failed", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonScopeCheckUnavailable, "scope membership check unavailable", apierr.RetryAfter(scopeCheckRetryDelay))
+	case ctx.Err() == nil && storeerr.Unavailable(err):
+		s.log.WarnContext(ctx, "state store unavailable", "error", err)
+		return apierr.StoreUnavailable()
 	default:
 		return apierr.Unexpected(ctx, s.log, err)
 	}

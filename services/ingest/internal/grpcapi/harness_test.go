@@ -69,6 +69,7 @@ type harness struct {
 	rdb        redis.UniversalClient
 	credential *fakeCredential
 	store      *store.Store
+	redis      *redistest.Server
 }
 
 // start runs the ingest service over bufconn on a real grpcserver (with internal auth) in
@@ -130,5 +131,5 @@ func start(t *testing.T) *harness {
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = anon.Close() })
-	return &harness{client: ingestv1.NewIngestServiceClient(conn), anonymous: ingestv1.NewIngestServiceClient(anon), rdb: rdb, credential: fake, store: st}
+	return &harness{client: ingestv1.NewIngestServiceClient(conn), anonymous: ingestv1.NewIngestServiceClient(anon), rdb: rdb, credential: fake, store: st, redis: redisSrv}
 }

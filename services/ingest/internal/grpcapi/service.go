@@ -192,11 +192,17 @@ func (s *Service) IngestStream(stream grpc.ClientStreamingServer[ingestv1.Ingest
 		if err != nil {
 			return fail(s.toStatus(ctx, err))
 		}
-		if !isAdmitted(b) {
+		// v2 admission depends on live membership, which a release ends at
+		// any time: every v2 batch is checked again, so a member released
+		// mid-stream stops writing with its next batch. v1 and internal
+		// admission depend on nothing that changes; they are checked once.
+		if b.md.V2 != nil || !isAdmitted(b) {
 			if err := s.scopes.Admit(ctx, b.md, b.runtimeSessionID); err != nil {
 				return fail(s.toStatus(ctx, err))
 			}
-			admitted = append(admitted, admission{b.md, b.runtimeSessionID})
+			if b.md.V2 == nil {
+				admitted = append(admitted, admission{b.md, b.runtimeSessionID})
+			}
 		}
 		encoded := store.Encode(b.items)
 		if err := wait(); err != nil {

@@ -352,7 +352,9 @@ func TestScopeV2(t *testing.T) {
 	}
 }
 
-func TestIngestStreamChecksMembershipOncePerScope(t *testing.T) {
+// v2 membership is asked on every batch (issue 18 item 14; it was once per
+// stream, so a member released mid-stream kept writing).
+func TestIngestStreamChecksMembershipOnEveryV2Batch(t *testing.T) {
 	h := start(t)
 	h.credential.join("sbx", "/w", "rs-a")
 	ctx := context.Background()
@@ -366,7 +368,7 @@ func TestIngestStreamChecksMembershipOncePerScope(t *testing.T) {
 	require.Equal(t, int64(5), total.GetBatches())
 	h.credential.mu.Lock()
 	defer h.credential.mu.Unlock()
-	require.Equal(t, 1, h.credential.calls)
+	require.Equal(t, 5, h.credential.calls)
 }
 
 func TestExportPages(t *testing.T) {

@@ -44,8 +44,11 @@ type Config struct {
 	Logger         *slog.Logger
 }
 
-// DefaultThreshold is 2 GiB.
-const DefaultThreshold = 2 << 30
+// Defaults of DESIGN.md 3.4.
+const (
+	DefaultThreshold = 2 << 30 // 2 GiB
+	DefaultStaleAge  = 20 * time.Minute
+)
 
 // Admission admits cold workspaces.
 type Admission struct {
@@ -59,7 +62,7 @@ func New(disk Disk, cfg Config) *Admission {
 		cfg.ThresholdBytes = DefaultThreshold
 	}
 	if cfg.StaleAge == 0 {
-		cfg.StaleAge = 20 * time.Minute
+		cfg.StaleAge = DefaultStaleAge
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -114,13 +114,17 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		}()
 		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, "the directory uses the per_session contract")
 	}
+	// The first Hello of a launched instance is a wrapper (re)start: nothing
+	// the scope accepted before reached this runtime, and it may be a
+	// handle of an older owner fence, which no joiner could adopt.
+	fresh := slot.Alloc.Phase == allocation.Starting
 	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: now, Instance: w.Instance})
 	d.persistSlots(sb, []*store.Slot{slot})
 	if old := sb.conns[key]; old != nil {
 		old.close(ErrStreamReplaced)
 	}
 	c := &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance, Contract: contract,
-		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{})}
+		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{}), retired: make(chan struct{})}
 	sb.conns[key] = c
 	active := map[string]string{}
 	for _, a := range h.GetRoutes() {
@@ -149,6 +153,10 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		}
 	}
 	sb.mu.Unlock()
+	retire := contract == scope.Worktree && (restarted || fresh)
+	if !retire {
+		close(c.retired)
+	}
 	_ = d.cfg.Wrappers.StartupVerified(ctx, sb.id, key, w.Instance)
 	for _, id := range resumed {
 		sb.mu.Lock()
@@ -156,17 +164,20 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		sb.mu.Unlock()
 		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, w.Instance)
 	}
-	if len(prepare) > 0 {
-		go d.reprepare(sb, c, slot.Directory, sb.owner.Token(), contract == scope.Worktree && restarted, prepare)
+	if len(prepare) > 0 || retire {
+		go d.reprepare(sb, c, slot.Directory, sb.owner.Token(), retire, prepare)
 	}
 	d.log.Info("wrapper connected", "sandbox", sb.id, "runtime_key", key, "instance", w.Instance, "contract", string(contract))
 	return HelloResult{Conn: c, Ack: d.helloAck(contract)}, nil
 }
 
 // reprepare sends PrepareRoute for routes a (new) wrapper must open. After a
-// wrapper restart under the worktree contract the scope's accepted handles
-// are retired first (the old runtime may have leaked them), so the first
-// mint issues a fresh canonical handle and its siblings adopt it.
+// wrapper restart under the worktree contract (a fresh instance's first
+// Hello, or routes that another instance served) the scope's accepted
+// handles are retired first (DESIGN.md 5: the old runtime may have leaked
+// them, and an older owner fence's handle would refuse every joiner), so the
+// first mint issues a fresh canonical handle and its siblings adopt it. No
+// mint for this wrapper runs before (sendPrepare waits for c.retired).
 func (d *Driver) reprepare(sb *sandbox, c *Conn, dir string, fence uint64, retire bool, ids []string) {
 	if retire && d.cfg.Credentials != nil {
 		ctx, cancel := context.WithTimeout(sb.ctx, 10*time.Second)
@@ -177,6 +188,9 @@ func (d *Driver) reprepare(sb *sandbox, c *Conn, dir string, fence uint64, retir
 		if err != nil {
 			d.log.Warn("scope retire failed", "sandbox", sb.id, "code", errCode(err))
 		}
+	}
+	if retire {
+		close(c.retired)
 	}
 	for _, id := range ids {
 		d.sendPrepare(sb, c, id)

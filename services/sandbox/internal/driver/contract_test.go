@@ -142,6 +142,9 @@ func (w *heldWrappers) RequestStop(_ context.Context, _, key, _ string) error {
 	w.stopped <- key
 	return nil
 }
+func (w *heldWrappers) DeletionAllowed(ctx context.Context, sb, key string) (bool, time.Duration, error) {
+	return w.AbsenceVerified(ctx, sb, key)
+}
 func (w *heldWrappers) AbsenceVerified(context.Context, string, string) (bool, time.Duration, error) {
 	return true, 0, nil
 }
@@ -203,12 +206,21 @@ type mintRecorder struct {
 	credentialv1.CredentialServiceClient // any other call panics
 	mu                                   sync.Mutex
 	contracts                            map[string]credentialv1.RuntimeContract
+	calls                                []string // RetireScope and MintHandle, in order
+}
+
+func (m *mintRecorder) RetireScope(_ context.Context, req *credentialv1.RetireScopeRequest, _ ...grpc.CallOption) (*credentialv1.RetireScopeResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls = append(m.calls, "retire:"+req.GetReason().String())
+	return &credentialv1.RetireScopeResponse{}, nil
 }
 
 func (m *mintRecorder) MintHandle(_ context.Context, req *credentialv1.MintHandleRequest, _ ...grpc.CallOption) (*credentialv1.MintHandleResponse, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.contracts[req.GetMember().GetSessionId()] = req.GetContract()
+	m.calls = append(m.calls, "mint")
 	return &credentialv1.MintHandleResponse{Handle: "h-" + req.GetMember().GetSessionId()}, nil
 }
 
@@ -255,6 +267,8 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	defer creds.mu.Unlock()
 	wantMint := credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
 	require.Equal(t, map[string]credentialv1.RuntimeContract{"s1": wantMint, "s2": wantMint}, creds.contracts)
+	require.Equal(t, []string{"retire:RETIRE_REASON_WRAPPER_RESTART", "mint", "mint"}, creds.calls,
+		"a fresh wrapper's Hello retires the scope's accepted handles before any mint")
 	wr.mu.Lock()
 	defer wr.mu.Unlock()
 	require.Len(t, wr.launched, 1, "one wrapper for the directory")

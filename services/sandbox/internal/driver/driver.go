@@ -55,6 +55,9 @@ type Wrappers interface {
 	WrapperGone(ctx context.Context, sandboxID, runtimeKey, instance string) error
 	RequestStop(ctx context.Context, sandboxID, runtimeKey, reason string) error
 	AbsenceVerified(ctx context.Context, sandboxID, runtimeKey string) (bool, time.Duration, error)
+	// DeletionAllowed is AbsenceVerified plus DESIGN.md 3.5's exception: an
+	// exhausted lease allows deletion after a final observation.
+	DeletionAllowed(ctx context.Context, sandboxID, runtimeKey string) (bool, time.Duration, error)
 	Lease(ctx context.Context, sandboxID, runtimeKey string) (lease.Lease, error)
 }
 
@@ -181,6 +184,10 @@ type sandbox struct {
 	// completes: route preparation refused while a stop was pending waits
 	// on it rather than only on the refusal's RetryAfter.
 	stopped chan struct{}
+	// memberRetrying / memberRetryAt pace the tick's retries of pending
+	// member releases (retryMemberReleases).
+	memberRetrying bool
+	memberRetryAt  time.Time
 }
 
 // stopSignal returns the channel the next completed stop closes. The
@@ -217,7 +224,11 @@ type Conn struct {
 	Contract scope.Contract
 	Send     chan *sandboxv1.ConnectResponse
 	// Closed closes when the driver ends the stream; Err then says why.
-	Closed    chan struct{}
+	Closed chan struct{}
+	// retired closes once the scope's accepted handles are retired after a
+	// wrapper restart (at once when none need retiring): no handle is
+	// minted for this wrapper before, so the retirement never revokes one.
+	retired   chan struct{}
 	closeOnce sync.Once
 	why       error
 }
@@ -356,7 +367,7 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 		cancel()
 		return nil, err
 	}
-	if err := d.cfg.Wrappers.Adopt(sctx, id, reconciler.Fence{Resource: id, Token: o.Token()}); err != nil {
+	if err := d.cfg.Wrappers.Adopt(sctx, id, reconciler.Fence{Resource: ownership.Resource(id), Token: o.Token()}); err != nil {
 		d.log.Warn("reconciler adopt failed", "sandbox", id, "err", err)
 	}
 	sb := &sandbox{

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
@@ -297,6 +300,13 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 	sb.mu.Unlock()
 	handle := ""
 	if d.cfg.Credentials != nil {
+		select {
+		case <-c.retired:
+		case <-c.Closed:
+			return // the wrapper's next stream prepares the route again
+		case <-sb.ctx.Done():
+			return
+		}
 		h, adopted, err := d.mint(sb.ctx, sb.id, alloc, token, spec)
 		if err != nil {
 			d.log.Warn("handle mint failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
@@ -441,8 +451,35 @@ func (d *Driver) Abort(ctx context.Context, sandboxID, sessionID, messageID stri
 // Release is the result of ReleaseRoute.
 type Release struct {
 	LastMember, AbsenceVerified bool
-	Lease                       lease.State
-	RetryAfter                  time.Duration
+	// ExhaustedFinal: a session-delete release whose runtime key's lease is
+	// exhausted and had its final observation (DESIGN.md 3.5): the deletion
+	// may complete although absence is not verified; the lease stays
+	// exhausted and tracked.
+	ExhaustedFinal bool
+	Lease          lease.State
+	RetryAfter     time.Duration
+}
+
+// ReasonSessionDelete is the release reason of a session deletion, the only
+// one the exhausted-lease exception applies to.
+const ReasonSessionDelete = "session-delete"
+
+// deletionCheck verifies a released runtime key: absence, or for a
+// deletion also an exhausted lease after its final observation.
+func (d *Driver) deletionCheck(ctx context.Context, sandboxID, key, reason string) (absent, exhaustedFinal bool, l lease.Lease, retry time.Duration, err error) {
+	check := d.cfg.Wrappers.AbsenceVerified
+	if reason == ReasonSessionDelete {
+		check = d.cfg.Wrappers.DeletionAllowed
+	}
+	ok, retry, err := check(ctx, sandboxID, key)
+	if err != nil {
+		return false, false, lease.Lease{}, 0, err
+	}
+	if l, err = d.cfg.Wrappers.Lease(ctx, sandboxID, key); err != nil {
+		return false, false, lease.Lease{}, 0, err
+	}
+	exhaustedFinal = ok && l.State != lease.None
+	return ok && !exhaustedFinal, exhaustedFinal, l, retry, nil
 }
 
 // ReleaseRoute removes the session from its runtime key; the last member
@@ -457,7 +494,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	r := sb.routes[sessionID]
 	if r == nil {
 		sb.mu.Unlock()
-		return Release{LastMember: false, AbsenceVerified: true, Lease: lease.None}, nil
+		return d.releaseUnrouted(ctx, sb, sessionID, reason)
 	}
 	key, dir := r.RuntimeKey, r.Directory
 	first := r.State != store.RouteReleased
@@ -470,6 +507,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	c := sb.conns[key]
 	if first {
 		r.State, r.Step = store.RouteReleased, ""
+		r.MemberReleasePending = d.cfg.Credentials != nil
 		d.persistRoute(sb, r)
 		if sc := sb.scopes[dir]; sc != nil {
 			sc.Leave(sessionID)
@@ -487,14 +525,11 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	if c != nil && first {
 		c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_ReleaseRoute{ReleaseRoute: &sandboxv1.ReleaseRoute{SessionId: sessionID}}})
 	}
-	if first && d.cfg.Credentials != nil {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := d.cfg.Credentials.ReleaseMember(cctx, &credentialv1.ReleaseMemberRequest{
-			Scope: &credentialv1.Scope{SandboxId: sb.id, Directory: dir}, SessionId: sessionID, FenceToken: sb.owner.Token()})
-		cancel()
-		if err != nil {
-			d.log.Warn("credential member release failed", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
-		}
+	if !d.releaseMember(ctx, sb, sessionID) {
+		// The session is still a member of its scope for the credential
+		// service: not released yet, whatever runs. Asked again on the next
+		// call (the session's deletion reconciler) and by the tick.
+		return Release{LastMember: last, Lease: lease.OwnsWrapper, RetryAfter: time.Second}, nil
 	}
 	if !last || key == "" {
 		d.forgetRoute(sb, sessionID)
@@ -508,15 +543,159 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
 		}
 	}
-	ok, retry, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key)
+	ok, exhausted, l, retry, err := d.deletionCheck(ctx, sb.id, key, reason)
 	if err != nil {
-		ok = false
+		// Inspection failure is never absence.
+		d.log.Warn("release: absence not checked", "sandbox", sb.id, "runtime_key", key, "err", err)
+		return Release{LastMember: true, Lease: l.State, RetryAfter: time.Second}, nil
 	}
-	l, _ := d.cfg.Wrappers.Lease(ctx, sb.id, key)
-	if ok {
+	if exhausted {
+		d.log.Warn("deletion allowed on an exhausted wrapper lease after its final observation; the lease stays tracked",
+			"sandbox", sb.id, "session", sessionID, "runtime_key", key)
+	}
+	if ok || exhausted {
 		d.forgetRoute(sb, sessionID)
 	}
-	return Release{LastMember: true, AbsenceVerified: ok, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+	return Release{LastMember: true, AbsenceVerified: ok, ExhaustedFinal: exhausted, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+}
+
+// releaseMember carries out a released route's persisted member-release
+// intent: CredentialService.ReleaseMember under the owner's token, cleared
+// once it succeeded (NOT_FOUND: nothing left to release). It reports
+// whether nothing is pending any more.
+func (d *Driver) releaseMember(ctx context.Context, sb *sandbox, sessionID string) bool {
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil || r.State != store.RouteReleased || !r.MemberReleasePending || d.cfg.Credentials == nil {
+		sb.mu.Unlock()
+		return true
+	}
+	dir, token := r.Directory, sb.owner.Token()
+	sb.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := d.cfg.Credentials.ReleaseMember(cctx, &credentialv1.ReleaseMemberRequest{
+		Scope: &credentialv1.Scope{SandboxId: sb.id, Directory: dir}, SessionId: sessionID, FenceToken: token})
+	cancel()
+	if err != nil && status.Code(err) != codes.NotFound {
+		d.log.Warn("credential member release failed; retried", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
+		return false
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if r := sb.routes[sessionID]; r != nil && r.MemberReleasePending {
+		r.MemberReleasePending = false
+		d.persistRoute(sb, r)
+	}
+	return true
+}
+
+// memberRetryEvery spaces the tick's retries of pending member releases.
+const memberRetryEvery = 5 * time.Second
+
+// retryMemberReleases retries, off the tick's goroutine and one round at a
+// time, every pending member release of the sandbox: the persisted intent
+// is carried out even when no deletion asks again (a release for a stop).
+func (d *Driver) retryMemberReleases(sb *sandbox) {
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	if sb.memberRetrying || now.Before(sb.memberRetryAt) {
+		sb.mu.Unlock()
+		return
+	}
+	var ids []string
+	for id, r := range sb.routes {
+		if r.State == store.RouteReleased && r.MemberReleasePending {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		sb.mu.Unlock()
+		return
+	}
+	sb.memberRetrying, sb.memberRetryAt = true, now.Add(memberRetryEvery)
+	sb.mu.Unlock()
+	go func() {
+		for _, id := range ids {
+			d.releaseMember(sb.ctx, sb, id)
+		}
+		sb.mu.Lock()
+		sb.memberRetrying = false
+		sb.mu.Unlock()
+	}()
+}
+
+// releaseUnrouted releases a session the sandbox holds no (parsable) route
+// record of. That is no proof that nothing of it runs: the record may not
+// parse, or a crash may have lost it while its wrapper lived on. It fails
+// closed: absence is verified only when every runtime key that could be the
+// session's has lease none and discovery absent — its per-session key, the
+// directory of a scope that lists it, and every key no live route of
+// another session holds. Those keys serve nobody else, so they are stopped.
+func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, reason string) (Release, error) {
+	sb.mu.Lock()
+	held := map[string]bool{}
+	for id, o := range sb.routes {
+		if id != sessionID && o.RuntimeKey != "" && o.State != store.RouteReleased && o.State != store.RouteFailed {
+			held[o.RuntimeKey] = true
+		}
+	}
+	candidates := map[string]bool{sessionID: true}
+	for dir, sc := range sb.scopes {
+		if _, ok := sc.Members[sessionID]; ok {
+			candidates[dir] = true
+			sc.Leave(sessionID)
+			d.persistScope(sb, sc)
+		}
+	}
+	for key := range sb.slots {
+		candidates[key] = true
+	}
+	var keys []string
+	conns := map[string]*Conn{}
+	for key := range candidates {
+		if !held[key] {
+			keys = append(keys, key)
+			if c := sb.conns[key]; c != nil {
+				conns[key] = c
+			}
+		}
+	}
+	sb.mu.Unlock()
+	rel := Release{LastMember: true, AbsenceVerified: true, Lease: lease.None}
+	for _, key := range keys {
+		ok, exhausted, l, retry, err := d.deletionCheck(ctx, sb.id, key, reason)
+		if err != nil {
+			return Release{}, err // inspection failure is never absence
+		}
+		if ok {
+			continue
+		}
+		if exhausted {
+			rel.ExhaustedFinal, rel.Lease = true, l.State
+			continue
+		}
+		if l.State == lease.OwnsWrapper {
+			if c := conns[key]; c != nil {
+				c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+			}
+			if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
+				return Release{}, err
+			}
+			if l, err = d.cfg.Wrappers.Lease(ctx, sb.id, key); err != nil {
+				return Release{}, err
+			}
+		}
+		d.log.Warn("release without a route record: a runtime key that may be the session's is not verified absent",
+			"sandbox", sb.id, "session", sessionID, "runtime_key", key, "lease", string(l.State))
+		rel.AbsenceVerified, rel.Lease = false, l.State
+		rel.RetryAfter = max(rel.RetryAfter, retry, time.Second)
+	}
+	if !rel.AbsenceVerified {
+		rel.ExhaustedFinal = false // another key still runs: nothing is allowed yet
+	} else if rel.ExhaustedFinal {
+		rel.AbsenceVerified = false // allowed by the exception, not verified
+	}
+	return rel, nil
 }
 
 func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {

@@ -75,6 +75,7 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 		d.checkGone(ctx, sb, key)
 	}
 	d.checkStopped(ctx, sb)
+	d.retryMemberReleases(sb)
 }
 
 // stopping handles a timer-driven stop: routes of the key are lost (or fail

@@ -6,11 +6,13 @@ package grpcapi
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
@@ -29,8 +31,13 @@ const (
 	ReasonContractDowngrade = "RUNTIME_CONTRACT_DOWNGRADE"
 )
 
-// toStatus is the service's one error translator.
-func toStatus(err error) error {
+// toStatus is the service's one error translator. A store outage is
+// STORE_UNAVAILABLE; anything unrecognised is logged here and reaches the
+// client as INTERNAL without its text (never as an outage it may not be).
+func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	if log == nil {
+		log = slog.Default()
+	}
 	switch {
 	case err == nil:
 		return nil
@@ -58,8 +65,9 @@ func toStatus(err error) error {
 	case errors.Is(err, provider.ErrCapacityRejected):
 		return apierr.Error(codes.ResourceExhausted, ReasonCapacityRejected, "not enough free space for a cold workspace",
 			apierr.RetryAfter(30*time.Second))
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return apierr.Error(codes.DeadlineExceeded, ReasonUnavailable, "the request ended before the sandbox answered")
+	case ctx.Err() == nil && storeerr.Unavailable(err):
+		log.WarnContext(ctx, "state store unavailable", "error", err)
+		return apierr.StoreUnavailable()
 	}
-	return apierr.Error(codes.Unavailable, ReasonUnavailable, "the sandbox state store is unavailable", apierr.RetryAfter(time.Second))
+	return apierr.Unexpected(ctx, log, err)
 }

@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"log/slog"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -16,7 +17,8 @@ import (
 // Sandbox serves SandboxService.
 type Sandbox struct {
 	sandboxv1.UnimplementedSandboxServiceServer
-	D *driver.Driver
+	D   *driver.Driver
+	Log *slog.Logger // internal errors are logged here (toStatus)
 }
 
 var classNames = map[sandboxv1.CredentialClass]string{
@@ -29,7 +31,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	r := req.GetRoute()
 	var v violations
 	v.check(validID(r.GetSessionId()), "route.session_id", idRule)
-	v.check(validID(r.GetSandboxId()), "route.sandbox_id", idRule)
+	v.check(validSandboxID(r.GetSandboxId()), "route.sandbox_id", sandboxIDRule)
 	v.check(validDirectory(r.GetDirectory()), "route.directory", "an absolute normalized path")
 	_, ok := classNames[r.GetCredentialClass()]
 	v.check(ok, "route.credential_class", "DELEGATED or STATIC")
@@ -43,7 +45,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 		UserID: r.GetUserId(), OrgID: r.GetOrgId(), CredentialRef: r.GetCredentialRef(), CredentialClass: classNames[r.GetCredentialClass()],
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	return &sandboxv1.PrepareResponse{Route: routeView(view, "")}, nil
 }
@@ -52,7 +54,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*sandboxv1.DeliverResponse, error) {
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
-	v.check(validID(req.GetSandboxId()), "sandbox_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(len(req.GetMessages()) > 0 && len(req.GetMessages()) <= 256, "messages", "1 to 256 messages")
 	msgs := make([]driver.Message, 0, len(req.GetMessages()))
 	for _, m := range req.GetMessages() {
@@ -65,7 +67,7 @@ func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*
 	}
 	sent, view, err := s.D.Deliver(ctx, req.GetSandboxId(), req.GetSessionId(), msgs)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	res := sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY
 	if sent {
@@ -77,14 +79,14 @@ func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*
 // Status describes a sandbox.
 func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sandboxv1.StatusResponse, error) {
 	var v violations
-	v.check(validID(req.GetSandboxId()), "sandbox_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetSessionId() == "" || validID(req.GetSessionId()), "session_id", idRule)
 	if err := v.err("invalid status request"); err != nil {
 		return nil, err
 	}
 	st, err := s.D.Status(ctx, req.GetSandboxId(), req.GetSessionId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	out := &sandboxv1.StatusResponse{Sandbox: &sandboxv1.SandboxStatus{
 		SandboxId: st.SandboxID, Owner: st.Owner, FenceToken: st.FenceToken, AllocationId: st.AllocationID,
@@ -110,14 +112,14 @@ func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sa
 func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sandboxv1.AbortResponse, error) {
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
-	v.check(validID(req.GetSandboxId()), "sandbox_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetMessageId() == "" || validID(req.GetMessageId()), "message_id", idRule)
 	if err := v.err("invalid abort"); err != nil {
 		return nil, err
 	}
 	sent, err := s.D.Abort(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetMessageId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	return &sandboxv1.AbortResponse{Sent: sent}, nil
 }
@@ -126,7 +128,7 @@ func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sand
 func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteRequest) (*sandboxv1.ReleaseRouteResponse, error) {
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
-	v.check(validID(req.GetSandboxId()), "sandbox_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(len(req.GetReason()) <= 64, "reason", "at most 64 bytes")
 	if err := v.err("invalid release"); err != nil {
 		return nil, err
@@ -137,11 +139,17 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 	}
 	rel, err := s.D.ReleaseRoute(ctx, req.GetSandboxId(), req.GetSessionId(), reason)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
-	out := &sandboxv1.ReleaseRouteResponse{LastMember: rel.LastMember, AbsenceVerified: rel.AbsenceVerified,
-		LeaseState: leaseProto(lease.Lease{State: rel.Lease})}
-	if !rel.AbsenceVerified {
+	// EXHAUSTED is reported only when the exhausted lease had its final
+	// observation and the deletion may complete (DESIGN.md 3.5); before, an
+	// exhausted lease reads as the stop_needed it is.
+	state := leaseProto(lease.Lease{State: rel.Lease})
+	if rel.ExhaustedFinal {
+		state = sandboxv1.LeaseState_LEASE_STATE_EXHAUSTED
+	}
+	out := &sandboxv1.ReleaseRouteResponse{LastMember: rel.LastMember, AbsenceVerified: rel.AbsenceVerified, LeaseState: state}
+	if !rel.AbsenceVerified && !rel.ExhaustedFinal {
 		out.RetryAfter = durationpb.New(rel.RetryAfter)
 	}
 	return out, nil
@@ -150,14 +158,14 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 // GetScope returns a worktree scope.
 func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) (*sandboxv1.GetScopeResponse, error) {
 	var v violations
-	v.check(validID(req.GetSandboxId()), "sandbox_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(validDirectory(req.GetDirectory()), "directory", "an absolute normalized path")
 	if err := v.err("invalid scope request"); err != nil {
 		return nil, err
 	}
 	sc, err := s.D.Scope(ctx, req.GetSandboxId(), req.GetDirectory())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	out := &sandboxv1.WorktreeScope{SandboxId: sc.SandboxID, Directory: sc.Directory, Contract: driver.ContractProto(sc.Contract)}
 	for c, name := range classNames {

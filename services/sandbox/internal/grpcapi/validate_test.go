@@ -32,3 +32,29 @@ func FuzzValidID(f *testing.F) {
 		}
 	})
 }
+
+// Issue 18 item 5: sandbox ids shaped like another key, fence resource or a
+// path are refused.
+func TestSandboxIDsThatCouldCollideAreRefused(t *testing.T) {
+	for _, ok := range []string{"sbx-0123abcd", "sb_1", "A-b_9"} {
+		if !validSandboxID(ok) {
+			t.Errorf("refused %q", ok)
+		}
+	}
+	for _, bad := range []string{"", "..", ".", "cs:abc", "ses/s1", "sbx/x", "a{b}", "a b", "a.b", strings.Repeat("a", 65)} {
+		if validSandboxID(bad) {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+func FuzzValidSandboxID(f *testing.F) {
+	for _, s := range []string{"sbx-1", "..", "cs:x", "ses/a", "{t}", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if validSandboxID(id) && (strings.ContainsAny(id, "{}:/. \x00") || len(id) > maxSandboxID || id == "") {
+			t.Fatalf("accepted %q", id)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"log/slog"
 
 	"google.golang.org/grpc/codes"
 
@@ -17,7 +18,8 @@ const ConnectMethod = "/agentplane.sandbox.v1.WrapperControlService/Connect"
 // Wrapper serves WrapperControlService.
 type Wrapper struct {
 	sandboxv1.UnimplementedWrapperControlServiceServer
-	D *driver.Driver
+	D   *driver.Driver
+	Log *slog.Logger // internal errors are logged here (toStatus)
 }
 
 // Connect authenticates the wrapper's Hello, then relays frames both ways
@@ -31,12 +33,12 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 	if h == nil {
 		return apierr.Error(codes.InvalidArgument, ReasonHelloRequired, "the first frame must be Hello")
 	}
-	if !validID(h.GetSandboxId()) {
+	if !validSandboxID(h.GetSandboxId()) {
 		return stream.Send(driver.Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "unknown sandbox"))
 	}
 	res, err := w.D.Hello(stream.Context(), h)
 	if err != nil {
-		return toStatus(err)
+		return toStatus(stream.Context(), w.Log, err)
 	}
 	if res.Shutdown != nil {
 		return stream.Send(res.Shutdown)
@@ -75,7 +77,7 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 				case m := <-c.Send:
 					_ = stream.Send(m)
 				default:
-					return toStatus(c.Err())
+					return toStatus(ctx, w.Log, c.Err())
 				}
 			}
 		case err := <-recvErr:

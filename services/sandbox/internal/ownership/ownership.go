@@ -19,6 +19,12 @@ import (
 	"agentplane.dev/pkg/fence"
 )
 
+// Resource is the sandbox's pkg/fence resource, "sbx/<id>": every service
+// prefixes its fence resources, so a sandbox id chosen equal to a session id
+// (or to another service's resource) never names that one's lease or token.
+// Every key of the sandbox carries it as its hash tag.
+func Resource(sandboxID string) string { return "sbx/" + sandboxID }
+
 // ErrHeld means another replica owns the sandbox.
 var ErrHeld = fence.ErrLeaseHeld
 
@@ -31,7 +37,7 @@ type Owner struct {
 // Acquire takes the owner lease of sandboxID for replica, renewed every
 // ttl/3 until ctx ends, Release, or loss.
 func Acquire(ctx context.Context, rdb redis.UniversalClient, sandboxID, replica string, ttl time.Duration) (*Owner, error) {
-	h, err := fence.Hold(ctx, rdb, sandboxID, replica, ttl)
+	h, err := fence.Hold(ctx, rdb, Resource(sandboxID), replica, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +58,7 @@ func (o *Owner) Release(ctx context.Context) error { return o.h.Release(ctx) }
 
 // Current reads who owns sandboxID now ("" when nobody) and the newest token.
 func Current(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (string, uint64, error) {
-	v, err := rdb.Get(ctx, fence.LeaseKey(sandboxID)).Result()
+	v, err := rdb.Get(ctx, fence.LeaseKey(Resource(sandboxID))).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", 0, nil
 	}

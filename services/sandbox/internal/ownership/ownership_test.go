@@ -73,7 +73,7 @@ func TestCurrentReturnsReadErrors(t *testing.T) {
 func TestTakeoverFencesTheOldOwner(t *testing.T) {
 	ctx := t.Context()
 	rdb := redistest.Start(t).Client(t)
-	key := "sbx:" + fence.Key("sb1", "meta")
+	key := "sbx:" + fence.Key(Resource("sb1"), "meta")
 
 	// A short TTL only so that a's renewal notices the loss soon.
 	a, err := Acquire(ctx, rdb, "sb1", "replica-a", time.Second)
@@ -82,7 +82,7 @@ func TestTakeoverFencesTheOldOwner(t *testing.T) {
 
 	// a's lease is gone (as if it expired while a was paused), and b takes
 	// the sandbox over with a newer token.
-	require.NoError(t, rdb.Del(ctx, fence.LeaseKey("sb1")).Err())
+	require.NoError(t, rdb.Del(ctx, fence.LeaseKey(Resource("sb1"))).Err())
 	b, err := Acquire(ctx, rdb, "sb1", "replica-b", time.Minute)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Release(context.Background())) }()
@@ -124,7 +124,7 @@ func TestCurrentRefusesAMalformedLease(t *testing.T) {
 	ctx := t.Context()
 	rdb := redistest.Start(t).Client(t)
 	for _, v := range []string{"garbage", "0:owner", "12:", "x:owner", ":owner"} {
-		require.NoError(t, rdb.Set(ctx, fence.LeaseKey("sb-bad"), v, 0).Err())
+		require.NoError(t, rdb.Set(ctx, fence.LeaseKey(Resource("sb-bad")), v, 0).Err())
 		owner, token, err := Current(ctx, rdb, "sb-bad")
 		require.Error(t, err, "value %q", v)
 		require.Empty(t, owner)

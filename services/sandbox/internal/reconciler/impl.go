@@ -274,11 +274,6 @@ func (r *Reconciler) DeliveryAccepted(ctx context.Context, sandboxID, runtimeKey
 	return r.event(ctx, sandboxID, runtimeKey, lease.DeliveryAccepted{Instance: instance, Now: r.cfg.Now()})
 }
 
-// Reuse records that the wrapper of instance serves another route.
-func (r *Reconciler) Reuse(ctx context.Context, sandboxID, runtimeKey, instance string) error {
-	return r.event(ctx, sandboxID, runtimeKey, lease.Reuse{Instance: instance, Now: r.cfg.Now()})
-}
-
 // RetainWarm keeps the wrapper of instance until until (keep-warm after a
 // turn is now + Policy.KeepWarm).
 func (r *Reconciler) RetainWarm(ctx context.Context, sandboxID, runtimeKey, instance string, until time.Time) error {

@@ -18,7 +18,7 @@
 //	    // Launched or Reused; ErrRefused (with d.RetryAfter) when a stop is
 //	    // pending or discovery did not match, ErrInspectionFailed when the
 //	    // provider could not look.
-//	r.StartupVerified / DeliveryAccepted / Reuse / RetainWarm(ctx, sandboxID, runtimeKey, instance, ...)
+//	r.StartupVerified / DeliveryAccepted / RetainWarm(ctx, sandboxID, runtimeKey, instance, ...)
 //	    // lease events of the owned wrapper; stale instances change nothing.
 //	r.WrapperGone(ctx, sandboxID, runtimeKey, instance)
 //	    // the wrapper's stream ended for good: discover, and release the lease

@@ -1,13 +1,14 @@
 // Package store keeps sandbox state in Redis. Every key of a sandbox carries
-// the {sandbox-id} hash tag, the same tag as its owner lease's fence keys, so
-// each write is one guarded script on one slot: nothing is written unless the
-// writer still holds the newest owner token.
+// the {sbx/<sandbox-id>} hash tag, the owner lease's fence resource
+// (ownership.Resource), so each write is one guarded script on one slot:
+// nothing is written unless the writer still holds the newest owner token.
 //
-//	sbx:{id}:meta      hash: allocation_id
-//	sbx:{id}:routes    hash: session id → Route JSON
-//	sbx:{id}:scopes    hash: directory → scope.Scope JSON
-//	sbx:{id}:wrappers  hash: instance id → Wrapper JSON (launch credential digest only)
-//	sbx:{id}:slots     hash: runtime key → Slot JSON (allocation state)
+//	sbx:{sbx/id}:meta      hash: allocation_id
+//	sbx:{sbx/id}:routes    hash: session id → Route JSON
+//	sbx:{sbx/id}:scopes    hash: directory → scope.Scope JSON
+//	sbx:{sbx/id}:wrappers  hash: instance id → Wrapper JSON (launch credential digest only)
+//	sbx:{sbx/id}:slots     hash: runtime key → Slot JSON (allocation state)
+//	sbx:{sbx/id}:wrapper-leases  hash: runtime key → wrapper lease (internal/leasestore)
 //	sbx:index          set of sandbox ids with state (scanned for takeover; not fenced)
 package store
 
@@ -21,6 +22,7 @@ import (
 
 	"agentplane.dev/pkg/fence"
 	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/internal/scope"
 )
 
@@ -28,7 +30,9 @@ import (
 const IndexKey = "sbx:index"
 
 // Key returns a sandbox key.
-func Key(sandboxID, suffix string) string { return "sbx:" + fence.Key(sandboxID, suffix) }
+func Key(sandboxID, suffix string) string {
+	return "sbx:" + fence.Key(ownership.Resource(sandboxID), suffix)
+}
 
 // Route states.
 const (
@@ -57,7 +61,12 @@ type Route struct {
 	RuntimeKey       string         `json:"runtime_key,omitempty"`
 	Contract         scope.Contract `json:"contract,omitempty"`
 	WrapperInstance  string         `json:"wrapper_instance,omitempty"`
-	Updated          time.Time      `json:"updated"`
+	// MemberReleasePending is the persisted intent of a released route
+	// whose session the credential service still lists as a scope member:
+	// ReleaseMember is retried until it succeeds, and the route record
+	// (with this intent) is kept until then.
+	MemberReleasePending bool      `json:"member_release_pending,omitempty"`
+	Updated              time.Time `json:"updated"`
 }
 
 // Wrapper is one launched wrapper; the launch credential is kept as its
@@ -196,7 +205,7 @@ func PutSlots(ctx context.Context, w Writer, sandboxID string, slots []*Slot) er
 
 // DeleteRoute removes a route record.
 func DeleteRoute(ctx context.Context, w Writer, rdb redis.Scripter, sandboxID, sessionID string) error {
-	return hdel.Run(ctx, rdb, sandboxID, w.Token(), []string{Key(sandboxID, "routes")}, sessionID).Err()
+	return hdel.Run(ctx, rdb, ownership.Resource(sandboxID), w.Token(), []string{Key(sandboxID, "routes")}, sessionID).Err()
 }
 
 var hdel = fence.NewGuardedScript(`return redis.call('HDEL', KEYS[2], ARGV[2])`)

@@ -69,8 +69,8 @@ func put(ctx context.Context, w Writer, s Snapshot) error {
 }
 
 func TestKeysShareTheOwnerLeaseSlot(t *testing.T) {
-	require.Equal(t, "sbx:{sb1}:routes", Key("sb1", "routes"))
-	require.Equal(t, "sb1", fence.HashTag(Key("sb1", "routes")), "guarded by the owner lease of sb1")
+	require.Equal(t, "sbx:{sbx/sb1}:routes", Key("sb1", "routes"))
+	require.Equal(t, "sbx/sb1", fence.HashTag(Key("sb1", "routes")), "guarded by the owner lease of sb1")
 }
 
 func TestPutThenLoad(t *testing.T) {
@@ -116,7 +116,7 @@ func TestStaleOwnerChangesNothing(t *testing.T) {
 	require.NoError(t, put(ctx, old, sandboxState()))
 
 	// old's lease expires and replica b takes sb1 over.
-	require.NoError(t, rdb.Del(ctx, fence.LeaseKey("sb1")).Err())
+	require.NoError(t, rdb.Del(ctx, fence.LeaseKey(ownership.Resource("sb1"))).Err())
 	_, err = ownership.Acquire(ctx, rdb, "sb1", "replica-b", time.Minute)
 	require.NoError(t, err)
 

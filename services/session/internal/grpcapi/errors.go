@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -24,6 +25,7 @@ const (
 	ReasonDeletionPendingCleanup = "DELETION_PENDING_CLEANUP"
 	ReasonPeerUnavailable        = "PEER_UNAVAILABLE"
 	ReasonSessionBusy            = "SESSION_BUSY"
+	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
 )
 
@@ -32,6 +34,7 @@ const (
 func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var invalid *session.InvalidError
 	var pending *session.DeletionPendingError
+	var expired *session.CursorExpiredError
 	switch {
 	case err == nil:
 		return nil
@@ -62,11 +65,18 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.FailedPrecondition, ReasonDeletionPendingCleanup,
 			"deletion is persisted; cleanup is not verified yet and continues in the background",
 			apierr.RetryAfter(pending.RetryAfter), apierr.Metadata("pending_step", pending.Step))
+	case errors.As(err, &expired):
+		return apierr.Error(codes.OutOfRange, ReasonCursorExpired,
+			"the cursor is older than the retained event log; events after it were trimmed",
+			apierr.FieldViolation("cursor", "older than the retained event log"), apierr.Metadata("oldest_cursor", expired.Oldest))
 	case errors.Is(err, session.ErrPeerUnavailable):
 		log.WarnContext(ctx, "peer unavailable", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
 	case errors.Is(err, session.ErrConflictRetries):
 		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
+	case ctx.Err() == nil && storeerr.Unavailable(err):
+		log.WarnContext(ctx, "state store unavailable", "error", err)
+		return apierr.StoreUnavailable()
 	}
 	return apierr.Unexpected(ctx, log, err)
 }

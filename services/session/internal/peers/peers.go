@@ -94,7 +94,8 @@ func (p Sandbox) ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason 
 	}
 	return service.Release{
 		LastMember: resp.GetLastMember(), AbsenceVerified: resp.GetAbsenceVerified(),
-		RetryAfter: resp.GetRetryAfter().AsDuration(),
+		ExhaustedFinal: resp.GetLeaseState() == sandboxv1.LeaseState_LEASE_STATE_EXHAUSTED,
+		RetryAfter:     resp.GetRetryAfter().AsDuration(),
 	}, nil
 }
 

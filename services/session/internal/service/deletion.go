@@ -99,6 +99,10 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		case err != nil:
 			// Could not ask: never read as absence.
 			return postpone("release_route", 0, err)
+		case rel.ExhaustedFinal:
+			// DESIGN.md 3.5: an exhausted lease allows deletion after a final
+			// observation; the sandbox keeps tracking the lease.
+			s.log.WarnContext(ctx, "deletion continues on an exhausted wrapper lease (absence not verified)", "session_id", id)
 		case !rel.AbsenceVerified:
 			return postpone("verify_absence", rel.RetryAfter, nil)
 		}
@@ -127,14 +131,18 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		}
 	}
 	if !in.HistoryDeleted {
-		if s.history != nil && in.RuntimeSessionID != "" {
-			pctx, cancel := s.peerCtx(ctx)
-			err := s.history.Delete(pctx, in.RuntimeSessionID)
-			cancel()
-			if err != nil {
-				return postpone("delete_history", 0, err)
+		if s.history != nil {
+			// Every runtime session the session ever had, not only the
+			// latest: each re-preparation started a new history.
+			for _, rsid := range in.HistoryIDs() {
+				pctx, cancel := s.peerCtx(ctx)
+				err := s.history.Delete(pctx, rsid)
+				cancel()
+				if err != nil {
+					return postpone("delete_history", 0, err)
+				}
 			}
-		} else if s.history == nil {
+		} else {
 			s.log.InfoContext(ctx, "ingest service not configured: history deletion skipped", "session_id", id)
 		}
 		in.HistoryDeleted = true

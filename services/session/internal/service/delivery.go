@@ -201,6 +201,7 @@ func sameRoute(a, b session.RouteView) bool {
 func (s *Service) applyView(a *session.Aggregate, v session.RouteView) {
 	n := session.Notice{SandboxID: a.Session.SandboxID}
 	now := s.now()
+	a.SawRuntimeSession(v.RuntimeSessionID, now)
 	switch v.State {
 	case session.RouteReady:
 		a.Ready(n, v.RuntimeSessionID, v.WrapperInstance, now)

@@ -13,6 +13,9 @@ import (
 // (older fencing token) is acknowledged and dropped.
 
 func (s *Service) notify(ctx context.Context, id string, n session.Notice, load store.Load, fn func(*session.Aggregate)) (*session.Aggregate, error) {
+	if err := s.checkNotice(n); err != nil {
+		return nil, err
+	}
 	applied := false
 	a, err := s.update(ctx, id, load, func(a *session.Aggregate) error {
 		applied = a.Accepts(n)
@@ -71,6 +74,9 @@ func (s *Service) RouteLost(ctx context.Context, id string, n session.Notice) er
 
 // RuntimeEvents appends new runtime events to the log.
 func (s *Service) RuntimeEvents(ctx context.Context, id string, n session.Notice, events []store.RuntimeEvent) error {
+	if err := s.checkNotice(n); err != nil {
+		return err
+	}
 	a, err := s.store.Read(ctx, id, store.Load{})
 	if ErrNotFound(err) {
 		return nil
@@ -103,4 +109,10 @@ func (s *Service) TurnOutcome(ctx context.Context, id string, n session.Notice, 
 		a.Outcome("turn:"+o.TurnID, o.LastMessageID, o.Result, o.FailureReason, o.Payload, s.now())
 	})
 	return err
+}
+
+// checkNotice refuses a notification whose fencing token no sandbox owner
+// issued (zero, or far ahead of the clock) before anything is read.
+func (s *Service) checkNotice(n session.Notice) error {
+	return session.Invalid(session.CheckFenceToken("route.fence_token", n.FenceToken, s.now()))
 }

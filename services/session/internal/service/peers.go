@@ -23,7 +23,10 @@ type Sandbox interface {
 type Release struct {
 	LastMember      bool
 	AbsenceVerified bool
-	RetryAfter      time.Duration
+	// ExhaustedFinal: the runtime key's lease is exhausted and had its
+	// final observation; DESIGN.md 3.5 lets the deletion complete.
+	ExhaustedFinal bool
+	RetryAfter     time.Duration
 }
 
 // Credentials is what the session service needs of the credential service.

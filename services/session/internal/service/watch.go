@@ -28,9 +28,13 @@ func (s *Service) Watch(ctx context.Context, id, cursor string, send func(store.
 	}
 	switch cursor {
 	case "":
-		cursor = "0-0"
+		cursor = "0-0" // the oldest retained event: nothing to refuse
 	case "$":
 		if cursor, err = s.store.LastCursor(ctx, id); err != nil {
+			return err
+		}
+	default:
+		if err := s.store.CheckCursor(ctx, id, cursor); err != nil {
 			return err
 		}
 	}

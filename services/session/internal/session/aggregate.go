@@ -100,6 +100,7 @@ func (a *Aggregate) setRoute(v RouteView, now time.Time) {
 	v.UpdateTime = now
 	old := a.Session.Route
 	a.Session.Route = v
+	a.Session.recordRuntimeSession(v.RuntimeSessionID)
 	a.touch(now)
 	old.UpdateTime, v.UpdateTime = time.Time{}, time.Time{}
 	if old != v {
@@ -220,7 +221,8 @@ type Notice struct {
 }
 
 // Accepts reports whether a route notification applies: it names the
-// session's sandbox and does not come from a deposed sandbox owner.
+// session's sandbox and comes from its current sandbox owner (a fencing
+// token, never zero, not older than the newest seen).
 func (a *Aggregate) Accepts(n Notice) bool {
 	if a.Session.State == StateDeleting {
 		return false
@@ -228,7 +230,7 @@ func (a *Aggregate) Accepts(n Notice) bool {
 	if n.SandboxID != "" && n.SandboxID != a.Session.SandboxID {
 		return false
 	}
-	return n.FenceToken == 0 || n.FenceToken >= a.Session.Route.FenceToken
+	return n.FenceToken != 0 && n.FenceToken >= a.Session.Route.FenceToken
 }
 
 // Preparing records that preparation started or reached step.
@@ -263,6 +265,15 @@ func (a *Aggregate) Ready(n Notice, runtimeSessionID, wrapperInstance string, no
 		v.WrapperInstance = old
 	}
 	a.setRoute(v, now)
+}
+
+// SawRuntimeSession records a runtime session id the sandbox named for the
+// route (in a synchronous view, before any ready notification), so that
+// deletion tombstones its history too.
+func (a *Aggregate) SawRuntimeSession(id string, now time.Time) {
+	if a.Session.recordRuntimeSession(id) {
+		a.touch(now)
+	}
 }
 
 // Reconnecting records a dropped wrapper stream that may come back; work is kept.

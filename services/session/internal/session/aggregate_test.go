@@ -1,6 +1,7 @@
 package session
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -51,9 +52,20 @@ func TestNoticesFromOtherSandboxesOrOlderTokensAreDropped(t *testing.T) {
 	require.False(t, a.Accepts(Notice{SandboxID: "other"}))
 	require.False(t, a.Accepts(Notice{FenceToken: 6}))
 	require.True(t, a.Accepts(Notice{FenceToken: 7}))
-	require.True(t, a.Accepts(Notice{SandboxID: "sbx"}))
+	require.True(t, a.Accepts(Notice{SandboxID: "sbx", FenceToken: 8}))
+	require.False(t, a.Accepts(Notice{SandboxID: "sbx"}), "zero is no fencing token")
 	a.Session.State = StateDeleting
-	require.False(t, a.Accepts(Notice{}))
+	require.False(t, a.Accepts(Notice{FenceToken: 9}))
+}
+
+func TestFenceTokensNoOwnerIssuedAreRefused(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	require.NotEmpty(t, CheckFenceToken("f", 0, now), "zero")
+	require.NotEmpty(t, CheckFenceToken("f", math.MaxUint64, now), "2^64-1")
+	require.NotEmpty(t, CheckFenceToken("f", uint64(now.Add(MaxFenceLead+time.Second).UnixMicro()), now))
+	require.Empty(t, CheckFenceToken("f", uint64(now.UnixMicro()), now), "a token from Redis TIME now")
+	require.Empty(t, CheckFenceToken("f", uint64(now.Add(time.Hour).UnixMicro()), now), "clock skew")
+	require.Empty(t, CheckFenceToken("f", 5, now), "an old owner's token")
 }
 
 func TestBackoffGrowsAndHonoursPeer(t *testing.T) {
@@ -73,4 +85,21 @@ func TestSandboxForIsDeterministicPerUser(t *testing.T) {
 	require.NotEqual(t, SandboxFor("o", "u"), SandboxFor("o", "u2"))
 	require.NotEqual(t, SandboxFor("ou", ""), SandboxFor("o", "u"))
 	require.Empty(t, CheckID("sandbox_id", SandboxFor("o", "u")))
+}
+
+// Issue 18 item 7: every runtime session id the route had is kept, once,
+// and the deletion intent carries all of them.
+func TestEveryRuntimeSessionIDIsRecordedForDeletion(t *testing.T) {
+	a := agg()
+	n := Notice{FenceToken: 1}
+	a.Ready(n, "rs_1", "w1", t0)
+	a.Lost(n, t0)
+	a.SawRuntimeSession("rs_2", t0)
+	a.Ready(n, "rs_2", "w2", t0)
+	a.Ready(n, "rs_2", "w2", t0)
+	require.Equal(t, []string{"rs_1", "rs_2"}, a.Session.RuntimeSessionIDs)
+	in := a.BeginDeletion("client", t0)
+	require.Equal(t, []string{"rs_1", "rs_2"}, in.HistoryIDs())
+	old := DeletionIntent{RuntimeSessionID: "rs_9"} // persisted before runtime_session_ids existed
+	require.Equal(t, []string{"rs_9"}, old.HistoryIDs())
 }

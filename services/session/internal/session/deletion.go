@@ -1,6 +1,9 @@
 package session
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // DeletionIntent is persisted before any cleanup step and carries
 // everything the cleanup needs, so the reconciler can finish a deletion even
@@ -13,9 +16,11 @@ type DeletionIntent struct {
 	SandboxID        string    `json:"sandbox_id"`
 	Directory        string    `json:"directory"`
 	CredentialRef    string    `json:"credential_ref,omitempty"`
-	RuntimeSessionID string    `json:"runtime_session_id,omitempty"`
-	Reason           string    `json:"reason"` // client, retention
-	CreateTime       time.Time `json:"create_time"`
+	RuntimeSessionID string    `json:"runtime_session_id,omitempty"` // the latest (intents written before runtime_session_ids)
+	// RuntimeSessionIDs is every runtime session id the session ever had.
+	RuntimeSessionIDs []string  `json:"runtime_session_ids,omitempty"`
+	Reason            string    `json:"reason"` // client, retention
+	CreateTime        time.Time `json:"create_time"`
 
 	RouteReleased      bool `json:"route_released,omitempty"`
 	CredentialReleased bool `json:"credential_released,omitempty"`
@@ -31,8 +36,18 @@ func NewDeletionIntent(s *Session, reason string, now time.Time) DeletionIntent 
 	return DeletionIntent{
 		SessionID: s.ID, OrgID: s.OrgID, UserID: s.UserID, SessionCreate: s.CreateTime, SandboxID: s.SandboxID, Directory: s.Directory,
 		CredentialRef: s.CredentialRef, RuntimeSessionID: s.Route.RuntimeSessionID,
-		Reason: reason, CreateTime: now, NextAttempt: now,
+		RuntimeSessionIDs: slices.Clone(s.RuntimeSessionIDs),
+		Reason:            reason, CreateTime: now, NextAttempt: now,
 	}
+}
+
+// HistoryIDs is every runtime session whose history the deletion removes.
+func (d *DeletionIntent) HistoryIDs() []string {
+	ids := slices.Clone(d.RuntimeSessionIDs)
+	if d.RuntimeSessionID != "" && !slices.Contains(ids, d.RuntimeSessionID) {
+		ids = append(ids, d.RuntimeSessionID)
+	}
+	return ids
 }
 
 // Backoff is the persisted retry schedule of deletion attempts.

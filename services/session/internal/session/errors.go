@@ -44,6 +44,16 @@ func Invalid(vs []Violation) error {
 	return &InvalidError{Violations: vs}
 }
 
+// CursorExpiredError is a watch cursor older than the trimmed part of the
+// event log: resuming from it would silently skip the events trimmed since.
+// Oldest is the oldest cursor still available (resuming after it starts
+// at the first retained event).
+type CursorExpiredError struct{ Oldest string }
+
+func (e *CursorExpiredError) Error() string {
+	return "cursor older than the retained event log; oldest cursor " + e.Oldest
+}
+
 // DeletionPendingError means a deletion intent is persisted but the absence
 // of the session's processes is not verified yet; the reconciler keeps going.
 type DeletionPendingError struct {

@@ -8,6 +8,7 @@ package session
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"time"
 )
 
@@ -83,21 +84,35 @@ type RouteView struct {
 
 // Session is one agent conversation of a user on a worktree.
 type Session struct {
-	ID              string            `json:"id"`
-	UserID          string            `json:"user_id"`
-	OrgID           string            `json:"org_id"`
-	RepoURL         string            `json:"repo_url,omitempty"`
-	Directory       string            `json:"directory"`
-	CredentialClass CredentialClass   `json:"credential_class"`
-	CredentialRef   string            `json:"credential_ref,omitempty"`
-	SecretDigest    string            `json:"secret_digest"` // SHA-256 hex; for idempotent create only
-	SandboxID       string            `json:"sandbox_id"`
-	State           State             `json:"state"`
-	Route           RouteView         `json:"route"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	LastSeq         uint64            `json:"last_seq"`
-	CreateTime      time.Time         `json:"create_time"`
-	UpdateTime      time.Time         `json:"update_time"`
+	ID              string          `json:"id"`
+	UserID          string          `json:"user_id"`
+	OrgID           string          `json:"org_id"`
+	RepoURL         string          `json:"repo_url,omitempty"`
+	Directory       string          `json:"directory"`
+	CredentialClass CredentialClass `json:"credential_class"`
+	CredentialRef   string          `json:"credential_ref,omitempty"`
+	SecretDigest    string          `json:"secret_digest"` // SHA-256 hex; for idempotent create only
+	SandboxID       string          `json:"sandbox_id"`
+	State           State           `json:"state"`
+	Route           RouteView       `json:"route"`
+	// RuntimeSessionIDs is every runtime session id the route ever had
+	// (each re-preparation after a lost, failed or released route gets a
+	// new one, each with its own ingest history); deletion tombstones all.
+	RuntimeSessionIDs []string          `json:"runtime_session_ids,omitempty"`
+	Labels            map[string]string `json:"labels,omitempty"`
+	LastSeq           uint64            `json:"last_seq"`
+	CreateTime        time.Time         `json:"create_time"`
+	UpdateTime        time.Time         `json:"update_time"`
+}
+
+// recordRuntimeSession remembers a runtime session id of the route; it
+// reports whether the id was new.
+func (s *Session) recordRuntimeSession(id string) bool {
+	if id == "" || slices.Contains(s.RuntimeSessionIDs, id) {
+		return false
+	}
+	s.RuntimeSessionIDs = append(s.RuntimeSessionIDs, id)
+	return true
 }
 
 // Message is one user message. Content is stored apart from the state so

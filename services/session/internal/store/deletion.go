@@ -24,11 +24,11 @@ func (s *Store) Intent(ctx context.Context, id string) (*session.DeletionIntent,
 	return in, json.Unmarshal(raw, in)
 }
 
-// DeletionLease takes the session's reconciler lease (pkg/fence resource =
-// the session id, so fence keys share the session's hash tag). It returns
+// DeletionLease takes the session's reconciler lease (pkg/fence resource
+// Resource(id), so fence keys share the session's hash tag). It returns
 // fence.ErrLeaseHeld while another reconciler drives this deletion.
 func (s *Store) DeletionLease(ctx context.Context, id, owner string, ttl time.Duration) (*fence.Lease, error) {
-	return fence.Acquire(ctx, s.rdb, id, owner, ttl)
+	return fence.Acquire(ctx, s.rdb, Resource(id), owner, ttl)
 }
 
 // SaveIntent writes the intent under the reconciler's fencing token and
@@ -85,11 +85,11 @@ func (s *Store) Wipe(ctx context.Context, l *fence.Lease, in *session.DeletionIn
 		if len(batch) == 0 {
 			return nil
 		}
-		err := unlinkGuarded.Run(ctx, s.rdb, id, l.Token, batch).Err()
+		err := unlinkGuarded.Run(ctx, s.rdb, Resource(id), l.Token, batch).Err()
 		batch = batch[:0]
 		return err
 	}
-	iter := node.Scan(ctx, 0, "ses:{"+id+"}:*", 1000).Iterator()
+	iter := node.Scan(ctx, 0, key(id, "*"), 1000).Iterator()
 	for iter.Next(ctx) {
 		if k := iter.Val(); !last[k] {
 			batch = append(batch, k)
@@ -106,7 +106,7 @@ func (s *Store) Wipe(ctx context.Context, l *fence.Lease, in *session.DeletionIn
 	if err := flush(); err != nil {
 		return err
 	}
-	if err := unlinkGuarded.Run(ctx, s.rdb, id, l.Token, []string{key(id, "meta"), key(id, "del")}).Err(); err != nil {
+	if err := unlinkGuarded.Run(ctx, s.rdb, Resource(id), l.Token, []string{key(id, "meta"), key(id, "del")}).Err(); err != nil {
 		return err
 	}
 	member := indexMember(in.SessionCreate, id)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -127,6 +129,55 @@ func decodeAll(msgs []redis.XMessage) ([]StoredEvent, error) {
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// CheckCursor refuses a cursor from which resuming would silently skip
+// trimmed events: one below the id just before the first retained event of
+// a log that was trimmed (more entries were ever added than remain). The
+// refusal names that id, the oldest cursor still available. (Redis 7.0 does
+// not record trimmed ids in max-deleted-entry-id.)
+func (s *Store) CheckCursor(ctx context.Context, id, cursor string) error {
+	info, err := s.rdb.XInfoStream(ctx, key(id, "events")).Result()
+	if err != nil {
+		if strings.HasSuffix(err.Error(), "no such key") {
+			return nil // no event yet: nothing was trimmed
+		}
+		return err
+	}
+	if info.FirstEntry.ID == "" || info.EntriesAdded <= info.Length {
+		return nil
+	}
+	oldest := cursorJustBefore(info.FirstEntry.ID)
+	if !cursorBefore(cursor, oldest) {
+		return nil
+	}
+	return &session.CursorExpiredError{Oldest: oldest}
+}
+
+// cursorJustBefore is the greatest stream id below id: resuming after it
+// starts at id.
+func cursorJustBefore(id string) string {
+	ms, seq, _ := cutDash(id)
+	m, _ := strconv.ParseUint(ms, 10, 64)
+	q, _ := strconv.ParseUint(seq, 10, 64)
+	if q > 0 {
+		return strconv.FormatUint(m, 10) + "-" + strconv.FormatUint(q-1, 10)
+	}
+	return strconv.FormatUint(m-1, 10) + "-" + strconv.FormatUint(math.MaxUint64, 10)
+}
+
+// cursorBefore reports whether stream id a sorts before b (both valid).
+func cursorBefore(a, b string) bool {
+	ams, aseq, _ := cutDash(a)
+	bms, bseq, _ := cutDash(b)
+	am, _ := strconv.ParseUint(ams, 10, 64)
+	bm, _ := strconv.ParseUint(bms, 10, 64)
+	if am != bm {
+		return am < bm
+	}
+	as, _ := strconv.ParseUint(aseq, 10, 64)
+	bs, _ := strconv.ParseUint(bseq, 10, 64)
+	return as < bs
 }
 
 // ValidCursor reports whether c is a stream entry id ("<ms>-<seq>").

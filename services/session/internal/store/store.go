@@ -1,17 +1,19 @@
 // Package store keeps sessions in Redis.
 //
-// Keys (every key of one session carries the {session-id} hash tag, so a
-// session's transaction and scripts touch one Redis Cluster slot):
+// Keys (every key of one session carries the {ses/<id>} hash tag, the
+// session's pkg/fence resource, so a session's transaction and scripts touch
+// one Redis Cluster slot):
 //
-//	ses:{id}:meta     JSON session record
-//	ses:{id}:msgs     hash message id → JSON message state (no content)
-//	ses:{id}:content  hash message id → message text
-//	ses:{id}:order    zset seq → message id (every message, queue order)
-//	ses:{id}:active   zset seq → message id (queued and accepted only)
-//	ses:{id}:events   stream: the event log (MAXLEN ~ EventCap)
-//	ses:{id}:seen     set of recorded runtime event ids and turn ids
-//	ses:{id}:del      JSON deletion intent
-//	ses:wipe:{id}     wipe locator left after deletion
+//	ses:{ses/id}:meta     JSON session record
+//	ses:{ses/id}:msgs     hash message id → JSON message state (no content)
+//	ses:{ses/id}:content  hash message id → message text
+//	ses:{ses/id}:order    zset seq → message id (every message, queue order)
+//	ses:{ses/id}:active   zset seq → message id (queued and accepted only)
+//	ses:{ses/id}:events   stream: the event log (MAXLEN ~ EventCap)
+//	ses:{ses/id}:seen     set of recorded runtime event ids and turn ids
+//	ses:{ses/id}:del      JSON deletion intent
+//	ses:wipe:{ses/id}     wipe locator left after deletion
+//	fence:{ses/id}:token, fence:{ses/id}:lease   the deletion reconciler's lease
 //
 // Indexes (derived, written after the session's transaction; readers
 // tolerate stale entries): ses:idx:org:<org> and ses:idx:user:<org>:<user>
@@ -41,6 +43,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"agentplane.dev/pkg/fence"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -51,10 +54,16 @@ const (
 	maxRetries  = 100
 )
 
-func key(id, suffix string) string { return "ses:{" + id + "}:" + suffix }
+// Resource is the session's pkg/fence resource, "ses/<id>": every service
+// prefixes its fence resources, so no caller-chosen id of another service
+// (a sandbox id equal to a session id) can name this session's lease or
+// token. Every key of the session carries it as its hash tag.
+func Resource(id string) string { return "ses/" + id }
+
+func key(id, suffix string) string { return "ses:" + fence.Key(Resource(id), suffix) }
 
 // WipeLocatorKey is the key left behind by a wiped session.
-func WipeLocatorKey(id string) string { return "ses:wipe:{" + id + "}" }
+func WipeLocatorKey(id string) string { return "ses:wipe:{" + Resource(id) + "}" }
 
 func orgIndex(org string) string        { return "ses:idx:org:" + org }
 func userIndex(org, user string) string { return "ses:idx:user:" + org + ":" + user }

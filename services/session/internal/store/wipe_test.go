@@ -60,7 +60,7 @@ func TestWipeOfAMillionEventsStaysSmall(t *testing.T) {
 	t.Logf("wipe of %d events: heap growth %d B, total allocated %d B", wipeEvents, growth, allocated)
 	require.Less(t, growth, int64(64<<20))
 	require.Less(t, allocated, uint64(64<<20), "even cumulative allocation stays under the bound")
-	keys, err := rdb.Keys(ctx, "ses:{big}:*").Result()
+	keys, err := rdb.Keys(ctx, "ses:{ses/big}:*").Result()
 	require.NoError(t, err)
 	require.Empty(t, keys)
 	require.Equal(t, "sbx", rdb.HGet(ctx, WipeLocatorKey("big"), "sandbox_id").Val())

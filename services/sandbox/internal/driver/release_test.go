@@ -1,0 +1,46 @@
+package driver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/services/sandbox/internal/lease"
+)
+
+// exhaustedWrappers: every runtime key's lease is exhausted and had its
+// final observation; absence is never verified.
+type exhaustedWrappers struct{ *heldWrappers }
+
+func (exhaustedWrappers) AbsenceVerified(context.Context, string, string) (bool, time.Duration, error) {
+	return false, 10 * time.Minute, nil
+}
+func (exhaustedWrappers) DeletionAllowed(context.Context, string, string) (bool, time.Duration, error) {
+	return true, 0, nil
+}
+func (exhaustedWrappers) Lease(context.Context, string, string) (lease.Lease, error) {
+	return lease.Lease{State: lease.StopNeeded, Exhausted: true, FinalObserved: true}, nil
+}
+
+// Issue 18 item 10: the release path consults DeletionAllowed for a session
+// deletion only: an exhausted lease after its final observation lets the
+// deletion complete (ExhaustedFinal, absence still not claimed); any other
+// release keeps waiting for verified absence.
+func TestReleaseRouteWiresTheExhaustedLeaseRule(t *testing.T) {
+	wr := exhaustedWrappers{&heldWrappers{stopped: make(chan string, 8), launched: nil}}
+	d := newTestDriver(t, &recordingProvider{launched: make(chan launchedWrapper, 1)}, wr, nil)
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+
+	rel, err := d.ReleaseRoute(ctx, "sbx-ex", "s1", ReasonSessionDelete)
+	require.NoError(t, err)
+	require.True(t, rel.ExhaustedFinal, "deletion allowed on the exhausted lease")
+	require.False(t, rel.AbsenceVerified, "absence is not claimed")
+
+	rel, err = d.ReleaseRoute(ctx, "sbx-ex", "s2", "session-stop")
+	require.NoError(t, err)
+	require.False(t, rel.ExhaustedFinal, "only a deletion may use the exception")
+	require.False(t, rel.AbsenceVerified)
+}
