@@ -14,6 +14,7 @@ require (
 	github.com/charmbracelet/colorprofile v0.4.3
 	github.com/charmbracelet/x/ansi v0.11.9
 	github.com/charmbracelet/x/term v0.2.2
+	github.com/creack/pty v1.1.24
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sync v0.25.0
 	google.golang.org/grpc v1.85.0

@@ -81,11 +81,7 @@ type env struct {
 func (e *env) flags(usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(e.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported in one line by fail
-	addr := client.DefaultAddr
-	if v, ok := e.lookup("AGENTPLANE_ADDR"); ok && v != "" {
-		addr = v
-	}
-	fs.StringVar(&e.addr, "addr", addr, "session service address (env AGENTPLANE_ADDR; the default is agentplane dev's)")
+	fs.StringVar(&e.addr, "addr", e.env("AGENTPLANE_ADDR", client.DefaultAddr), "session service address (env AGENTPLANE_ADDR; the default is agentplane dev's)")
 	fs.StringVar(&e.output, "output", "human", "human, or json: one protojson object per line")
 	fs.BoolVar(&e.tls, "tls", false, "dial with TLS (system roots); the token, if any, comes from AGENTPLANE_TOKEN")
 	// flag calls Usage on every parse error too; help is printed by parse.
@@ -135,6 +131,14 @@ func (e *env) parse(fs *flag.FlagSet, args []string, npos int) (pos []string, co
 		return nil, e.fail(fmt.Errorf("want %d argument(s), got %d (%s -h)", npos, len(pos), e.name)), false
 	}
 	return pos, 0, true
+}
+
+// env returns the environment variable name, or def when it is unset or empty.
+func (e *env) env(name, def string) string {
+	if v, ok := e.lookup(name); ok && v != "" {
+		return v
+	}
+	return def
 }
 
 func (e *env) dial(extra ...client.Option) (*client.Client, error) {

@@ -27,15 +27,12 @@ type sessionOptions struct {
 func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
 	o := &sessionOptions{}
 	wd, _ := os.Getwd()
-	user := "dev"
-	if u, ok := e.lookup("USER"); ok && u != "" {
-		user = u
-	}
+	user := e.env("AGENTPLANE_USER", e.env("USER", "dev"))
 	fs.StringVar(&o.dir, "dir", wd, "worktree directory of the session")
 	fs.StringVar(&o.repo, "repo", "", "repository URL of the worktree (worktree.repo_url)")
 	fs.StringVar(&o.agent, "agent", "", "agent profile to run (needs a server that supports choosing one)")
-	fs.StringVar(&o.user, "user", user, "owning user id ($USER)")
-	fs.StringVar(&o.org, "org", "dev", "owning organization id")
+	fs.StringVar(&o.user, "user", user, "owning user id (env AGENTPLANE_USER, else $USER)")
+	fs.StringVar(&o.org, "org", e.env("AGENTPLANE_ORG", "dev"), "owning organization id (env AGENTPLANE_ORG)")
 	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox to run in (default: one per org and user)")
 	if withID {
 		fs.StringVar(&o.id, "id", "", "session id to use (default: a new one); repeating a create with it is idempotent")

@@ -78,7 +78,7 @@ func (e *env) unaryOnID(args []string, what string, call func(context.Context, *
 
 func (e *env) sessionList(args []string) int {
 	fs := e.flags("[flags]")
-	org := fs.String("org", "dev", "organization whose sessions to list")
+	org := fs.String("org", e.env("AGENTPLANE_ORG", "dev"), "organization whose sessions to list (env AGENTPLANE_ORG)")
 	user := fs.String("user", "", "only this user's sessions")
 	if _, code, ok := e.parse(fs, args, 0); !ok {
 		return code
