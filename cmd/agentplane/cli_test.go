@@ -43,7 +43,7 @@ var cliSuite struct {
 	// org makes the suite's sandbox ids its own (one sandbox per org and
 	// user): wrappers are found by sandbox id machine-wide, so a developer's
 	// own agentplane dev must never share one with the tests.
-	org string
+	org  string
 	dir  string
 	stop func()
 }

@@ -177,7 +177,7 @@ func (e *env) sessionDelete(args []string) int {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if err := c.DeleteSession(ctx, &sessionv1.DeleteSessionRequest{SessionId: pos[0]}); err != nil {
-		if ctx.Err() == context.Canceled { //nolint:errorlint // ctx.Err returns the sentinel itself
+		if ctx.Err() == context.Canceled {
 			return exitInterrupted
 		}
 		return e.fail(err)
@@ -209,7 +209,7 @@ func (e *env) withClient(fn func(context.Context, *client.Client) error) int {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	if err := fn(ctx, c); err != nil {
-		if ctx.Err() == context.Canceled { //nolint:errorlint // ctx.Err returns the sentinel itself
+		if ctx.Err() == context.Canceled {
 			return exitInterrupted
 		}
 		return e.fail(err)
