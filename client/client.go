@@ -135,12 +135,12 @@ func Dial(target string, opts ...Option) (*Client, error) {
 
 // New returns a client over a connection the caller dialled (and closes).
 // Only the retry options apply.
-func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
+func New(conn grpc.ClientConnInterface, opts ...Option) (*Client, error) {
 	s := newSettings(opts)
-	if s.retry.validate() != nil {
-		s.retry = DefaultRetryPolicy
+	if err := s.retry.validate(); err != nil {
+		return nil, err
 	}
-	return &Client{rpc: sessionv1.NewSessionServiceClient(conn), retry: s.retry, hook: s.hook}
+	return &Client{rpc: sessionv1.NewSessionServiceClient(conn), retry: s.retry, hook: s.hook}, nil
 }
 
 // Close closes the connection Dial opened.

@@ -2,6 +2,13 @@ package client
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
@@ -491,5 +499,46 @@ func TestDialSendsTokenAndTraceContext(t *testing.T) {
 
 func TestDialRejectsABadPolicy(t *testing.T) {
 	_, err := Dial("127.0.0.1:1", WithRetryPolicy(RetryPolicy{MaxAttempts: 0}))
+	require.ErrorIs(t, err, errBadPolicy)
+}
+
+// WithTLS dials with TLS: a client that trusts the server's certificate
+// gets through, a plaintext one does not.
+func TestDialWithTLS(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "session.test"},
+		DNSNames: []string{"session.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.Creds(credentials.NewServerTLSFromCert(&tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key})))
+	sessionv1.RegisterSessionServiceServer(srv, newFake())
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	c, err := Dial(lis.Addr().String(), WithTLS(&tls.Config{RootCAs: roots, ServerName: "session.test", MinVersion: tls.VersionTLS12}))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: "s1"})
+	require.NoError(t, err)
+
+	plain, err := Dial(lis.Addr().String(), WithRetryPolicy(RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+	require.NoError(t, err)
+	defer plain.Close()
+	_, err = plain.GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: "s1"})
+	require.Equal(t, codes.Unavailable, status.Code(err), "plaintext against a TLS server: %v", err)
+}
+
+func TestNewOverACallersConnection(t *testing.T) {
+	_, err := New(nil, WithRetryPolicy(RetryPolicy{}))
 	require.ErrorIs(t, err, errBadPolicy)
 }
