@@ -363,3 +363,11 @@ func TestCLISessionVerbs(t *testing.T) {
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "[SESSION_NOT_FOUND]")
 }
+
+// --timeout gives up following a turn that does not end: exit 1, one line
+// naming the session whose turn goes on.
+func TestCLIRunTimeoutGivesUp(t *testing.T) {
+	r := agentplane(t, "run", "--timeout", "2s", "--dir", t.TempDir(), "slow: longer than the timeout")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^agentplane run: no outcome within --timeout 2s; the turn goes on in session ses-[0-9a-f]+\n$`, r.stderr)
+}

@@ -166,8 +166,12 @@ func (e *env) run(args []string) int {
 	for ev, err := range c.Watch(ctx, sid, "") {
 		if err != nil {
 			r.Close()
-			if it.happened() {
+			switch {
+			case it.happened():
 				return exitInterrupted
+			case errors.Is(ctx.Err(), context.DeadlineExceeded):
+				fmt.Fprintf(e.stderr, "%s: no outcome within --timeout %s; the turn goes on in session %s\n", e.name, *timeout, sid)
+				return exitFailed
 			}
 			return e.fail(err)
 		}
