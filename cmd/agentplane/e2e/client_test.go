@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -13,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"agentplane.dev/client"
+	"agentplane.dev/cmd/agentplane/internal/cli"
 	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -352,4 +355,26 @@ func TestClientDeleteSessionWaitsThroughPendingCleanup(t *testing.T) {
 	_, err = c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: id})
 	require.Equal(t, client.ReasonSessionNotFound, client.Reason(err))
 	require.Empty(t, wrapperPIDs(t, sess.GetSandboxId()), "the wrapper is gone")
+}
+
+// TestCLIUsesTheInternalToken: against services that require the internal
+// token, the CLI sends AGENTPLANE_INTERNAL_TOKEN; without it the refusal is
+// one line and exit 2.
+func TestCLIUsesTheInternalToken(t *testing.T) {
+	s := startRestartable(t)
+	sess := s.create(t, s.client(t), "/work/client-cli-token")
+	get := []string{"session", "get", "--addr", s.addr, "--output", "json", sess.GetSessionId()}
+
+	t.Setenv("AGENTPLANE_INTERNAL_TOKEN", "") // empty: none
+	var out, errb bytes.Buffer
+	require.Equal(t, 2, cli.Main(get, &out, &errb), "without the token")
+	require.Regexp(t, `^agentplane session get: .*\[MISSING_CREDENTIALS\]\n$`, errb.String())
+
+	t.Setenv("AGENTPLANE_INTERNAL_TOKEN", token)
+	out.Reset()
+	errb.Reset()
+	require.Equal(t, 0, cli.Main(get, &out, &errb), "stderr: %s", errb.String())
+	got := &sessionv1.Session{}
+	require.NoError(t, protojson.Unmarshal(out.Bytes(), got))
+	require.Equal(t, sess.GetSessionId(), got.GetSessionId())
 }

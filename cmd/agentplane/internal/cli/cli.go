@@ -83,7 +83,7 @@ func (e *env) flags(usage string) *flag.FlagSet {
 	fs.SetOutput(io.Discard) // errors are reported in one line by fail
 	fs.StringVar(&e.addr, "addr", e.env("AGENTPLANE_ADDR", client.DefaultAddr), "session service address (env AGENTPLANE_ADDR; the default is agentplane dev's)")
 	fs.StringVar(&e.output, "output", "human", "human, or json: one protojson object per line")
-	fs.BoolVar(&e.tls, "tls", false, "dial with TLS (system roots); the token, if any, comes from AGENTPLANE_TOKEN")
+	fs.BoolVar(&e.tls, "tls", false, "dial with TLS (system roots); the token, if any, comes from AGENTPLANE_INTERNAL_TOKEN")
 	// flag calls Usage on every parse error too; help is printed by parse.
 	fs.Usage = func() {}
 	e.usage = func() {
@@ -143,7 +143,7 @@ func (e *env) env(name, def string) string {
 
 func (e *env) dial(extra ...client.Option) (*client.Client, error) {
 	opts := extra
-	if tok, ok := e.lookup("AGENTPLANE_TOKEN"); ok && tok != "" {
+	if tok, ok := e.lookup("AGENTPLANE_INTERNAL_TOKEN"); ok && tok != "" {
 		opts = append(opts, client.WithToken(tok))
 	}
 	if e.tls {

@@ -238,11 +238,7 @@ func (h *human) route(r *sessionv1.RouteView) {
 func (h *human) message(m *sessionv1.Message) {
 	switch m.GetState() {
 	case sessionv1.MessageState_MESSAGE_STATE_QUEUED:
-		if h.tty && h.progress == "" {
-			h.setProgress("queued")
-		} else if !h.tty {
-			h.setProgress("queued " + m.GetMessageId())
-		}
+		h.setProgress("queued " + m.GetMessageId())
 	case sessionv1.MessageState_MESSAGE_STATE_FAILED:
 		h.line(h.bad.Render(fmt.Sprintf("✗ message %s failed: %s", m.GetMessageId(), m.GetFailureReason())))
 	case sessionv1.MessageState_MESSAGE_STATE_CANCELLED:
