@@ -542,3 +542,20 @@ func TestNewOverACallersConnection(t *testing.T) {
 	_, err := New(nil, WithRetryPolicy(RetryPolicy{}))
 	require.ErrorIs(t, err, errBadPolicy)
 }
+
+// A watch cut by its context's deadline ends with context.DeadlineExceeded,
+// whichever noticed the deadline first: the stream or the context.
+func TestWatchEndsWithTheDeadline(t *testing.T) {
+	f := newFake()
+	f.watch = &watchLog{events: events(1), per: 100, breaks: []error{io.EOF}}
+	c := startFake(t, f)
+	for range 5 {
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		var last error
+		for _, err := range c.Watch(ctx, "s1", "") {
+			last = err
+		}
+		cancel()
+		require.ErrorIs(t, last, context.DeadlineExceeded)
+	}
+}

@@ -44,8 +44,8 @@ func (c *Client) Watch(ctx context.Context, sessionID, from string) iter.Seq2[*s
 			if errors.Is(err, errStopped) {
 				return
 			}
-			if ctx.Err() != nil {
-				yield(nil, ctx.Err())
+			if cerr := ctxErr(ctx); cerr != nil {
+				yield(nil, cerr)
 				return
 			}
 			if !errors.Is(err, io.EOF) && !Retryable(err) {
@@ -61,8 +61,8 @@ func (c *Client) Watch(ctx context.Context, sessionID, from string) iter.Seq2[*s
 				return
 			}
 			if !c.pause(ctx, Retry{Method: "WatchSession", Attempt: failures, Err: err, Delay: c.retry.delay(err, failures)}) {
-				if ctx.Err() != nil {
-					err = ctx.Err()
+				if cerr := ctxErr(ctx); cerr != nil {
+					err = cerr
 				}
 				yield(nil, err)
 				return
@@ -72,6 +72,18 @@ func (c *Client) Watch(ctx context.Context, sessionID, from string) iter.Seq2[*s
 }
 
 var errStopped = errors.New("the caller stopped the iteration")
+
+// ctxErr is ctx's error, also in the moment between its deadline passing
+// and ctx noticing: a stream cut by the deadline may report first.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
 
 // watchOnce runs one stream from cursor until it ends; it returns its error
 // (io.EOF when the server ended it) or errStopped when yield said stop.

@@ -169,7 +169,7 @@ func (e *env) run(args []string) int {
 			switch {
 			case it.happened():
 				return exitInterrupted
-			case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
 				fmt.Fprintf(e.stderr, "%s: no outcome within --timeout %s; the turn goes on in session %s\n", e.name, *timeout, sid)
 				return exitFailed
 			}
