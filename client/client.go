@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -34,6 +35,12 @@ import (
 
 // DefaultAddr is the session service of `agentplane dev`.
 const DefaultAddr = "127.0.0.1:7401"
+
+// ConnectBackoffMax is the longest wait between two connect attempts of a
+// failing connection: shorter than the retries of one call with the default
+// policy, so a call made while the service restarts gets through once it
+// is back.
+const ConnectBackoffMax = time.Second
 
 // Client calls one SessionService. It is safe for concurrent use.
 type Client struct {
@@ -119,6 +126,13 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(s.creds),
 		grpc.WithKeepaliveParams(s.keepalive),
+		// While a connection fails, calls fail at once until the next
+		// connect attempt; gRPC's default backoff (up to 2 minutes) would
+		// outlast every retry of a call after a restart of the service.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: ConnectBackoffMax},
+			MinConnectTimeout: 20 * time.Second,
+		}),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(
 			otelgrpc.WithPropagators(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
 		)),

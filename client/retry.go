@@ -43,10 +43,11 @@ type RetryPolicy struct {
 	WatchReconnectWindow time.Duration
 }
 
-// DefaultRetryPolicy: 5 attempts 100 ms to 5 s apart; Watch reconnects for
-// up to 2 minutes (a rolling restart of the session service).
+// DefaultRetryPolicy: 6 attempts 100 ms to 5 s apart (about 3 s of waits,
+// longer than ConnectBackoffMax); Watch reconnects for up to 2 minutes (a
+// rolling restart of the session service).
 var DefaultRetryPolicy = RetryPolicy{
-	MaxAttempts: 5, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
+	MaxAttempts: 6, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
 	WatchReconnectWindow: 2 * time.Minute,
 }
 

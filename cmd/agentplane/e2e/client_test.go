@@ -271,12 +271,16 @@ func TestClientRetriesStopAtTheDeadline(t *testing.T) {
 		MaxAttempts: 1_000_000, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 	}))
 	sess := s.create(t, c, "/work/client-deadline")
+	// A client with the default policy, connected before the outage.
+	plain := s.client(t)
+	_, err := plain.GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
+	require.NoError(t, err)
 	s.session.stop()
 
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	_, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
+	_, err = c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	waits := r.of("GetSession")
 	require.Greater(t, len(waits), 1, "it retried")
@@ -286,13 +290,22 @@ func TestClientRetriesStopAtTheDeadline(t *testing.T) {
 	}
 	r.mu.Unlock()
 
-	// Up again: the same client works.
+	// The default policy gives up while the service stays down; its
+	// connection keeps failing meanwhile.
+	for range 3 {
+		_, err = plain.GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
+		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	}
+
+	// Up again: the first call of either client gets through, although
+	// their connections failed for seconds (the connection's own backoff
+	// must not outlast the call's retries).
 	s.session.start(t)
-	ctx2, cancel2 := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel2()
-	got, err := c.GetSession(ctx2, &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
-	require.NoError(t, err)
-	require.Equal(t, sess.GetSessionId(), got.GetSessionId())
+	for _, cl := range []*client.Client{plain, c} {
+		got, err := cl.GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: sess.GetSessionId()})
+		require.NoError(t, err)
+		require.Equal(t, sess.GetSessionId(), got.GetSessionId())
+	}
 }
 
 // TestClientDeleteSessionWaitsThroughPendingCleanup: with the ingest service
