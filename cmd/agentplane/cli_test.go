@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,11 +32,9 @@ import (
 
 // CLI tests (issue 23): the built agentplane binary against a real suite,
 // `agentplane dev` as its own process with a private redis-server, shared
-// by the tests of this file and stopped by TestMain.
+// by the tests of this file (subtests of TestCLI).
 
 var cliSuite struct {
-	once sync.Once
-	err  error
 	bin  string
 	addr string
 	// org makes the suite's sandbox ids its own (one sandbox per org and
@@ -48,22 +45,41 @@ var cliSuite struct {
 	stop func()
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if cliSuite.stop != nil {
-		cliSuite.stop()
+// TestCLI starts the suite once and runs every CLI test against it as a
+// subtest (go test -run 'TestCLI/run_hello' picks one).
+func TestCLI(t *testing.T) {
+	t.Cleanup(func() {
+		if cliSuite.stop != nil {
+			cliSuite.stop()
+		}
+		if cliSuite.dir != "" {
+			_ = os.RemoveAll(cliSuite.dir)
+		}
+		cliSuite.bin, cliSuite.addr = "", ""
+	})
+	require.NoError(t, startCLISuite(t), "start the suite")
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"run_hello", cliRunHelloPrintsTheReply},
+		{"run_fail", cliRunFailedTurnExits1WithTheReason},
+		{"run_json", cliRunJSONLinesMatchWatchSession},
+		{"run_interrupt", cliRunInterruptCancelsTheMessage},
+		{"run_terminal", cliRunShowsAProgressLineOnATerminal},
+		{"run_timeout", cliRunTimeoutGivesUp},
+		{"bad_input", cliBadInputIsOneLineAndExit2},
+		{"session_verbs", cliSessionVerbs},
+		{"agent_flag", cliAgentFlag},
+	} {
+		t.Run(tc.name, tc.test)
 	}
-	if cliSuite.dir != "" {
-		_ = os.RemoveAll(cliSuite.dir)
-	}
-	os.Exit(code)
 }
 
-// suiteForCLI builds the binary and starts `agentplane dev` once.
+// suiteForCLI returns the binary and the address of TestCLI's suite.
 func suiteForCLI(t *testing.T) (bin, addr string) {
 	t.Helper()
-	cliSuite.once.Do(func() { cliSuite.err = startCLISuite(t) })
-	require.NoError(t, cliSuite.err, "start the suite")
+	require.NotEmpty(t, cliSuite.addr, "CLI tests run as subtests of TestCLI")
 	return cliSuite.bin, cliSuite.addr
 }
 
@@ -155,7 +171,7 @@ func sessionsClient(t *testing.T) sessionv1.SessionServiceClient {
 
 var headerRE = regexp.MustCompile(`session (ses-[0-9a-f]+) · `)
 
-func TestCLIRunHelloPrintsTheReply(t *testing.T) {
+func cliRunHelloPrintsTheReply(t *testing.T) {
 	r := agentplane(t, "run", "--dir", t.TempDir(), "hello")
 	require.Equal(t, 0, r.code)
 	require.Regexp(t, headerRE, r.stdout)
@@ -168,7 +184,7 @@ func TestCLIRunHelloPrintsTheReply(t *testing.T) {
 	require.Empty(t, r.stderr)
 }
 
-func TestCLIRunFailedTurnExits1WithTheReason(t *testing.T) {
+func cliRunFailedTurnExits1WithTheReason(t *testing.T) {
 	r := agentplane(t, "run", "--dir", t.TempDir(), "fail: the tests are red")
 	require.Equal(t, 1, r.code)
 	require.Regexp(t, `(?m)^✗ failed: tool_error — the scripted tool failed`, r.stdout)
@@ -176,7 +192,7 @@ func TestCLIRunFailedTurnExits1WithTheReason(t *testing.T) {
 
 // --output json: one protojson SessionEvent per line, exactly the events
 // WatchSession streams for the session from its start, up to the outcome.
-func TestCLIRunJSONLinesMatchWatchSession(t *testing.T) {
+func cliRunJSONLinesMatchWatchSession(t *testing.T) {
 	r := agentplane(t, "run", "--output", "json", "--dir", t.TempDir(), "hello json")
 	require.Equal(t, 0, r.code)
 	var events []*sessionv1.SessionEvent
@@ -206,7 +222,7 @@ func TestCLIRunJSONLinesMatchWatchSession(t *testing.T) {
 
 // Ctrl-C while the runtime works on a slow turn: the CLI stops the session,
 // its message ends cancelled, and the CLI exits 130.
-func TestCLIRunInterruptCancelsTheMessage(t *testing.T) {
+func cliRunInterruptCancelsTheMessage(t *testing.T) {
 	bin, addr := suiteForCLI(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -246,7 +262,7 @@ func TestCLIRunInterruptCancelsTheMessage(t *testing.T) {
 
 // On a terminal the preparation steps are one line rewritten in place
 // with the elapsed time.
-func TestCLIRunShowsAProgressLineOnATerminal(t *testing.T) {
+func cliRunShowsAProgressLineOnATerminal(t *testing.T) {
 	bin, addr := suiteForCLI(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -267,7 +283,7 @@ func TestCLIRunShowsAProgressLineOnATerminal(t *testing.T) {
 }
 
 // Bad input: one clear line on stderr, exit 2, no stack trace.
-func TestCLIBadInputIsOneLineAndExit2(t *testing.T) {
+func cliBadInputIsOneLineAndExit2(t *testing.T) {
 	closed := freeAddrForCLI(t)
 	for _, tc := range []struct {
 		name string
@@ -305,7 +321,7 @@ func freeAddrForCLI(t *testing.T) string {
 }
 
 // The session verbs, one after the other on one session.
-func TestCLISessionVerbs(t *testing.T) {
+func cliSessionVerbs(t *testing.T) {
 	dir := t.TempDir()
 	r := agentplane(t, "session", "create", "--dir", dir, "--repo", "https://example.com/r.git", "--output", "json")
 	require.Equal(t, 0, r.code)
@@ -365,7 +381,7 @@ func TestCLISessionVerbs(t *testing.T) {
 
 // --timeout gives up following a turn that does not end: exit 1, one line
 // naming the session whose turn goes on.
-func TestCLIRunTimeoutGivesUp(t *testing.T) {
+func cliRunTimeoutGivesUp(t *testing.T) {
 	r := agentplane(t, "run", "--timeout", "2s", "--dir", t.TempDir(), "slow: longer than the timeout")
 	require.Equal(t, 1, r.code)
 	require.Regexp(t, `^agentplane run: no outcome within --timeout 2s; the turn goes on in session ses-[0-9a-f]+\n$`, r.stderr)
@@ -374,7 +390,7 @@ func TestCLIRunTimeoutGivesUp(t *testing.T) {
 // --agent: refused in one line while the API has no agent field; passed
 // through (agent.profile) once it has one (issue 17), whatever the server
 // then says of the profile.
-func TestCLIAgentFlag(t *testing.T) {
+func cliAgentFlag(t *testing.T) {
 	r := agentplane(t, "session", "create", "--dir", t.TempDir(), "--agent", "scripted")
 	if (&sessionv1.CreateSessionRequest{}).ProtoReflect().Descriptor().Fields().ByName("agent") == nil {
 		require.Equal(t, 2, r.code)
