@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"agentplane.dev/cmd/agentplane/internal/cli"
 	"agentplane.dev/pkg/nodump"
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
@@ -22,6 +23,9 @@ import (
 const usage = `agentplane runs cloud coding-agent sessions.
 
 Usage:
+  agentplane run [flags] "prompt" create a session, send the prompt, follow the turn (agentplane run -h)
+  agentplane session create|get|list|send|watch|stop|delete ...
+                                  sessions for people, on the SessionService (agentplane session get -h)
   agentplane dev [flags]          all four services in one process (see agentplane dev -h)
   agentplane session [flags]      the session service (public SessionService)
   agentplane sandbox [flags]      the sandbox service (process provider)
@@ -40,6 +44,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
+	}
+	if cli.Handles(args) {
+		return cli.Main(args, stdout, stderr)
 	}
 	if code, ok := wrapper.Subcommand(args); ok {
 		return code

@@ -1,0 +1,206 @@
+// Package cli is the command line for people: `agentplane run` and
+// `agentplane session create|get|list|send|watch|stop|delete`, built on the
+// Go client (agentplane.dev/client).
+//
+// Exit codes: 0 done (a run's turn succeeded), 1 a run's turn failed or was
+// cancelled by someone else, 2 bad input or an error (one line on stderr),
+// 130 interrupted (Ctrl-C).
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"agentplane.dev/client"
+	"agentplane.dev/pkg/apierr"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+// Verbs of `agentplane session`; anything else after "session" runs the
+// session service.
+var sessionVerbs = []string{"create", "get", "list", "send", "watch", "stop", "delete"}
+
+// Handles reports whether args (after the binary name) are a CLI command.
+func Handles(args []string) bool {
+	switch {
+	case len(args) == 0:
+		return false
+	case args[0] == "run":
+		return true
+	case args[0] == "session" && len(args) > 1:
+		for _, v := range sessionVerbs {
+			if args[1] == v {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Main runs a CLI command (args start with "run" or "session <verb>") and
+// returns the exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	e := &env{stdout: stdout, stderr: stderr, lookup: os.LookupEnv}
+	if args[0] == "run" {
+		e.name = "agentplane run"
+		return e.run(args[1:])
+	}
+	e.name = "agentplane session " + args[1]
+	return e.session(args[1], args[2:])
+}
+
+// env is what every command shares: its name, output and connection flags.
+type env struct {
+	name           string
+	stdout, stderr io.Writer
+	lookup         func(string) (string, bool)
+
+	usage  func()
+	addr   string
+	output string
+	tls    bool
+}
+
+// flags returns a flag set with the shared flags: --addr, --output, --tls.
+func (e *env) flags(usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(e.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported in one line by fail
+	fs.StringVar(&e.addr, "addr", e.env("AGENTPLANE_ADDR", client.DefaultAddr), "session service address (env AGENTPLANE_ADDR; the default is agentplane dev's)")
+	fs.StringVar(&e.output, "output", "human", "human, or json: one protojson object per line")
+	fs.BoolVar(&e.tls, "tls", false, "dial with TLS (system roots); the token, if any, comes from AGENTPLANE_INTERNAL_TOKEN")
+	// flag calls Usage on every parse error too; help is printed by parse.
+	fs.Usage = func() {}
+	e.usage = func() {
+		fmt.Fprintf(e.stdout, "usage: %s %s\n\nflags:\n", e.name, usage)
+		fs.SetOutput(e.stdout)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	return fs
+}
+
+// parse parses flags anywhere among the arguments (`run "hi" --dir x` and
+// `run --dir x "hi"` alike; everything after "--" is positional) and returns
+// the positional ones. ok is false when the command must end with code.
+func (e *env) parse(fs *flag.FlagSet, args []string, npos int) (pos []string, code int, ok bool) {
+	var tail []string
+	for i, a := range args {
+		if a == "--" {
+			args, tail = args[:i], args[i+1:]
+			break
+		}
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				e.usage()
+				return nil, exitOK, false
+			}
+			return nil, e.fail(fmt.Errorf("%w (%s -h lists the flags)", err, e.name)), false
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	pos = append(pos, tail...)
+	if e.output != "human" && e.output != "json" {
+		return nil, e.fail(fmt.Errorf("--output %q: want human or json", e.output)), false
+	}
+	if e.addr == "" {
+		return nil, e.fail(errors.New("--addr is empty")), false
+	}
+	if npos >= 0 && len(pos) != npos {
+		return nil, e.fail(fmt.Errorf("want %d argument(s), got %d (%s -h)", npos, len(pos), e.name)), false
+	}
+	return pos, 0, true
+}
+
+// env returns the environment variable name, or def when it is unset or empty.
+func (e *env) env(name, def string) string {
+	if v, ok := e.lookup(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func (e *env) dial(extra ...client.Option) (*client.Client, error) {
+	opts := extra
+	if tok, ok := e.lookup("AGENTPLANE_INTERNAL_TOKEN"); ok && tok != "" {
+		opts = append(opts, client.WithToken(tok))
+	}
+	if e.tls {
+		opts = append(opts, client.WithTLS(nil))
+	}
+	return client.Dial(e.addr, opts...)
+}
+
+// fail writes err as one line on stderr and returns the usage exit code.
+func (e *env) fail(err error) int {
+	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, e.describe(err))
+	return exitUsage
+}
+
+// describe turns an error into one line for a person: the server's message
+// and reason, or what went wrong reaching it.
+func (e *env) describe(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) && apierr.Info(err) == nil {
+		return "timed out waiting for the session service at " + e.addr
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return oneLineText(err.Error())
+	}
+	info := apierr.Info(err)
+	if info == nil {
+		if st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded {
+			return fmt.Sprintf("cannot reach the session service at %s (is `agentplane dev` running? --addr or AGENTPLANE_ADDR sets the address): %s",
+				e.addr, transportCause(st.Message()))
+		}
+		return fmt.Sprintf("%s: %s", st.Code(), oneLineText(st.Message()))
+	}
+	msg := st.Message()
+	var fields []string
+	for _, v := range apierr.FieldViolations(err) {
+		fields = append(fields, v.GetField()+": "+v.GetDescription())
+	}
+	if len(fields) > 0 {
+		msg += " (" + strings.Join(fields, "; ") + ")"
+	}
+	if step := info.GetMetadata()["pending_step"]; step != "" {
+		msg += " (pending: " + step + ")"
+	}
+	return fmt.Sprintf("%s [%s]", oneLineText(msg), info.GetReason())
+}
+
+// transportCause keeps the end of a gRPC transport message ("... dial tcp
+// 127.0.0.1:1: connect: connection refused" → "connection refused").
+func transportCause(msg string) string {
+	msg = strings.Trim(msg, `"`)
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return strings.Trim(msg[i+2:], `"`)
+	}
+	return oneLineText(msg)
+}
+
+func oneLineText(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// callTimeout bounds each unary command.
+const callTimeout = 30 * time.Second

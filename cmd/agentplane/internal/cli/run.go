@@ -1,0 +1,269 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"agentplane.dev/client"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+// sessionOptions are the flags that describe a new session.
+type sessionOptions struct {
+	dir, repo, agent, user, org, sandbox, id string
+}
+
+func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
+	o := &sessionOptions{}
+	wd, _ := os.Getwd()
+	user := e.env("AGENTPLANE_USER", e.env("USER", "dev"))
+	fs.StringVar(&o.dir, "dir", wd, "worktree directory of the session")
+	fs.StringVar(&o.repo, "repo", "", "repository URL of the worktree (worktree.repo_url)")
+	fs.StringVar(&o.agent, "agent", "", "agent profile to run (needs a server that supports choosing one)")
+	fs.StringVar(&o.user, "user", user, "owning user id (env AGENTPLANE_USER, else $USER)")
+	fs.StringVar(&o.org, "org", e.env("AGENTPLANE_ORG", "dev"), "owning organization id (env AGENTPLANE_ORG)")
+	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox to run in (default: one per org and user)")
+	if withID {
+		fs.StringVar(&o.id, "id", "", "session id to use (default: a new one); repeating a create with it is idempotent")
+	}
+	return o
+}
+
+// errNoAgent: the API this binary was built with has no way to choose an
+// agent.
+var errNoAgent = errors.New("--agent: this server does not support choosing an agent yet")
+
+// request builds the CreateSession request. The backing credential comes
+// from AGENTPLANE_CREDENTIAL (never a flag: argv is visible to every user of
+// the machine); without it, a placeholder that the scripted runtime of
+// `agentplane dev` is content with.
+func (o *sessionOptions) request(e *env) (*sessionv1.CreateSessionRequest, error) {
+	dir, err := filepath.Abs(o.dir)
+	if err != nil {
+		return nil, fmt.Errorf("--dir: %w", err)
+	}
+	secret := "sk-agentplane-dev-placeholder"
+	if v, ok := e.lookup("AGENTPLANE_CREDENTIAL"); ok && v != "" {
+		secret = v
+	}
+	class := sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC
+	if v, _ := e.lookup("AGENTPLANE_CREDENTIAL_CLASS"); v == "delegated" {
+		class = sessionv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED
+	} else if v != "" && v != "static" {
+		return nil, fmt.Errorf("AGENTPLANE_CREDENTIAL_CLASS %q: want static or delegated", v)
+	}
+	req := &sessionv1.CreateSessionRequest{
+		SessionId: o.id, UserId: o.user, OrgId: o.org, SandboxId: o.sandbox,
+		Worktree:   &sessionv1.Worktree{Directory: filepath.Clean(dir), RepoUrl: o.repo},
+		Credential: &sessionv1.CredentialInput{Class: class, Secret: secret},
+	}
+	if err := setAgent(req, o.agent); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// setAgent sets agent.profile in req when the API has that field (issue
+// 17 adds it); it is looked up by name so this binary needs no change once
+// the field exists.
+func setAgent(req *sessionv1.CreateSessionRequest, profile string) error {
+	if profile == "" {
+		return nil
+	}
+	m := req.ProtoReflect()
+	agent := m.Descriptor().Fields().ByName("agent")
+	if agent == nil || agent.Message() == nil {
+		return errNoAgent
+	}
+	field := agent.Message().Fields().ByName("profile")
+	if field == nil || field.Kind() != protoreflect.StringKind {
+		return errNoAgent
+	}
+	m.Mutable(agent).Message().Set(field, protoreflect.ValueOfString(profile))
+	return nil
+}
+
+// run is `agentplane run`: create a session, send the prompt, follow the
+// turn to its outcome. Ctrl-C stops the session (cancelling the message) and
+// exits 130 once the message is cancelled; a second Ctrl-C exits at once.
+func (e *env) run(args []string) int {
+	fs := e.flags(`[flags] "prompt"`)
+	so := e.sessionFlags(fs, false)
+	timeout := fs.Duration("timeout", 0, "give up following the turn after this long (0: no limit)")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	req, err := so.request(e)
+	if err != nil {
+		return e.fail(err)
+	}
+	c, err := e.dial()
+	if err != nil {
+		return e.fail(err)
+	}
+	defer c.Close()
+
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if *timeout > 0 {
+		var cancelT context.CancelFunc
+		ctx, cancelT = context.WithTimeout(ctx, *timeout)
+		defer cancelT()
+	}
+	it := &interrupt{cancel: cancel, stop: func(id string) { e.stopAfterInterrupt(c, id) }}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		for {
+			select {
+			case <-sigs:
+				it.signal(e)
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	cctx, cancelC := context.WithTimeout(ctx, callTimeout)
+	sess, err := c.CreateSession(cctx, req)
+	cancelC()
+	if err != nil {
+		if it.happened() {
+			return exitInterrupted
+		}
+		return e.fail(err)
+	}
+	sid := sess.GetSessionId()
+	sctx, cancelS := context.WithTimeout(ctx, callTimeout)
+	msg, err := c.SendMessage(sctx, &sessionv1.SendMessageRequest{SessionId: sid, MessageId: client.NewMessageID(), Content: pos[0]})
+	cancelS()
+	if err != nil {
+		if it.happened() {
+			e.stopAfterInterrupt(c, sid) // the message may have been stored
+			return exitInterrupted
+		}
+		return e.fail(err)
+	}
+	it.watching(sid)
+
+	r := newRenderer(e.output, e.stdout, start)
+	r.Header(sess)
+	result := sessionv1.MessageState_MESSAGE_STATE_UNSPECIFIED
+	for ev, err := range c.Watch(ctx, sid, "") {
+		if err != nil {
+			r.Close()
+			switch {
+			case it.happened():
+				return exitInterrupted
+			case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+				fmt.Fprintf(e.stderr, "%s: no outcome within --timeout %s; the turn goes on in session %s\n", e.name, *timeout, sid)
+				return exitFailed
+			}
+			return e.fail(err)
+		}
+		r.Event(ev)
+		if st, done := settled(ev, msg.GetMessageId()); done {
+			result = st
+			break
+		}
+	}
+	r.Close()
+	switch {
+	case result == sessionv1.MessageState_MESSAGE_STATE_COMPLETED:
+		return exitOK
+	case result == sessionv1.MessageState_MESSAGE_STATE_CANCELLED && it.happened():
+		return exitInterrupted
+	default:
+		return exitFailed
+	}
+}
+
+// settled reports whether ev ends the message's turn, and how.
+func settled(ev *sessionv1.SessionEvent, messageID string) (sessionv1.MessageState, bool) {
+	if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+		switch o.GetResult() {
+		case runtimev1.TurnResult_TURN_RESULT_SUCCEEDED:
+			return sessionv1.MessageState_MESSAGE_STATE_COMPLETED, true
+		case runtimev1.TurnResult_TURN_RESULT_CANCELLED:
+			return sessionv1.MessageState_MESSAGE_STATE_CANCELLED, true
+		default:
+			return sessionv1.MessageState_MESSAGE_STATE_FAILED, true
+		}
+	}
+	if m := ev.GetMessage(); m != nil && m.GetMessageId() == messageID {
+		switch st := m.GetState(); st {
+		case sessionv1.MessageState_MESSAGE_STATE_COMPLETED, sessionv1.MessageState_MESSAGE_STATE_FAILED, sessionv1.MessageState_MESSAGE_STATE_CANCELLED:
+			return st, true
+		}
+	}
+	return 0, false
+}
+
+// interrupt is what Ctrl-C does to a run: before the message is sent it
+// ends the run; while following the turn the first one stops the session
+// (its message ends cancelled and the run exits 130), a second one ends
+// the run at once.
+type interrupt struct {
+	mu        sync.Mutex
+	n         int
+	sessionID string // set once the message is sent
+	cancel    context.CancelFunc
+	stop      func(sessionID string)
+}
+
+func (i *interrupt) signal(e *env) {
+	i.mu.Lock()
+	i.n++
+	n, id := i.n, i.sessionID
+	i.mu.Unlock()
+	if n > 1 || id == "" {
+		i.cancel()
+		return
+	}
+	fmt.Fprintln(e.stderr, "\ninterrupted: stopping the session (Ctrl-C again to quit at once)")
+	go func() {
+		i.stop(id)
+		// The cancelled message ends the run; if its event never comes, this does.
+		time.AfterFunc(30*time.Second, i.cancel)
+	}()
+}
+
+func (i *interrupt) watching(sessionID string) {
+	i.mu.Lock()
+	i.sessionID = sessionID
+	n := i.n
+	i.mu.Unlock()
+	if n > 0 { // interrupted while the message was being sent
+		go i.stop(sessionID)
+	}
+}
+
+func (i *interrupt) happened() bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.n > 0
+}
+
+// stopAfterInterrupt stops the session's work (its own deadline: the run's
+// context may be the one being cancelled).
+func (e *env) stopAfterInterrupt(c *client.Client, sessionID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if _, err := c.StopSession(ctx, &sessionv1.StopSessionRequest{SessionId: sessionID}); err != nil {
+		fmt.Fprintf(e.stderr, "%s: stopping session %s: %s\n", e.name, sessionID, e.describe(err))
+	}
+}

@@ -1,0 +1,256 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"agentplane.dev/client"
+	"agentplane.dev/pkg/apierr"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+// session runs `agentplane session <verb>`.
+func (e *env) session(verb string, args []string) int {
+	switch verb {
+	case "create":
+		return e.sessionCreate(args)
+	case "get":
+		return e.unaryOnID(args, "ID", func(ctx context.Context, c *client.Client, id string) (any, error) {
+			return c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: id})
+		})
+	case "stop":
+		return e.unaryOnID(args, "ID", func(ctx context.Context, c *client.Client, id string) (any, error) {
+			return c.StopSession(ctx, &sessionv1.StopSessionRequest{SessionId: id})
+		})
+	case "list":
+		return e.sessionList(args)
+	case "send":
+		return e.sessionSend(args)
+	case "watch":
+		return e.sessionWatch(args)
+	case "delete":
+		return e.sessionDelete(args)
+	}
+	return e.fail(fmt.Errorf("unknown verb %q", verb))
+}
+
+func (e *env) sessionCreate(args []string) int {
+	fs := e.flags("[flags]")
+	so := e.sessionFlags(fs, true)
+	if _, code, ok := e.parse(fs, args, 0); !ok {
+		return code
+	}
+	req, err := so.request(e)
+	if err != nil {
+		return e.fail(err)
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		s, err := c.CreateSession(ctx, req)
+		if err == nil {
+			e.showSession(s)
+		}
+		return err
+	})
+}
+
+// unaryOnID runs a call on one session id and shows its result.
+func (e *env) unaryOnID(args []string, what string, call func(context.Context, *client.Client, string) (any, error)) int {
+	fs := e.flags("[flags] " + what)
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		v, err := call(ctx, c, pos[0])
+		if s, ok := v.(*sessionv1.Session); ok && err == nil {
+			e.showSession(s)
+		}
+		return err
+	})
+}
+
+func (e *env) sessionList(args []string) int {
+	fs := e.flags("[flags]")
+	org := fs.String("org", e.env("AGENTPLANE_ORG", "dev"), "organization whose sessions to list (env AGENTPLANE_ORG)")
+	user := fs.String("user", "", "only this user's sessions")
+	if _, code, ok := e.parse(fs, args, 0); !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		if e.output == "human" {
+			fmt.Fprintln(tw, "SESSION\tSTATE\tROUTE\tUSER\tDIRECTORY\tCREATED")
+		}
+		for s, err := range c.ListSessions(ctx, &sessionv1.ListSessionsRequest{OrgId: *org, UserId: *user}) {
+			if err != nil {
+				return err
+			}
+			if e.output == "json" {
+				writeJSON(e.stdout, s)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSessionId(), enumName(s.GetState().String(), "SESSION_STATE_"),
+				routeText(s.GetRoute()), s.GetUserId(), s.GetWorktree().GetDirectory(), when(s.GetCreateTime()))
+		}
+		return tw.Flush()
+	})
+}
+
+func (e *env) sessionSend(args []string) int {
+	fs := e.flags(`[flags] ID "text"`)
+	id := fs.String("message-id", "", "message id (default: a new one); sending again with it delivers the message once")
+	pos, code, ok := e.parse(fs, args, 2)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		m, err := c.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: pos[0], MessageId: *id, Content: pos[1]})
+		if err != nil {
+			return err
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, m)
+			return nil
+		}
+		fmt.Fprintf(e.stdout, "message %s %s (#%d); follow it with: agentplane session watch %s\n",
+			m.GetMessageId(), enumName(m.GetState().String(), "MESSAGE_STATE_"), m.GetSequence(), m.GetSessionId())
+		return nil
+	})
+}
+
+// sessionWatch follows a session's events until Ctrl-C (exit 130).
+func (e *env) sessionWatch(args []string) int {
+	fs := e.flags("[flags] ID")
+	from := fs.String("from", "", `resume after this event cursor ("": the oldest retained event, "$": new events only)`)
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	c, err := e.dial()
+	if err != nil {
+		return e.fail(err)
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r := newRenderer(e.output, e.stdout, time.Now())
+	defer r.Close()
+	for ev, err := range c.Watch(ctx, pos[0], *from) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return exitInterrupted
+			}
+			r.Close()
+			return e.fail(err)
+		}
+		r.Event(ev)
+	}
+	return exitOK
+}
+
+// sessionDelete deletes a session, waiting through a pending cleanup.
+func (e *env) sessionDelete(args []string) int {
+	fs := e.flags("[flags] ID")
+	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the cleanup to be verified")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	c, err := e.dial(client.WithRetryHook(func(r client.Retry) {
+		if client.Reason(r.Err) == client.ReasonDeletionPendingCleanup && e.output == "human" {
+			fmt.Fprintf(e.stderr, "cleanup pending (%s); checking again in %s\n", pendingStep(r.Err), r.Delay.Round(time.Millisecond))
+		}
+	}))
+	if err != nil {
+		return e.fail(err)
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	if err := c.DeleteSession(ctx, &sessionv1.DeleteSessionRequest{SessionId: pos[0]}); err != nil {
+		if ctx.Err() == context.Canceled {
+			return exitInterrupted
+		}
+		return e.fail(err)
+	}
+	if e.output == "human" {
+		fmt.Fprintf(e.stdout, "deleted %s\n", pos[0])
+	} else {
+		fmt.Fprintf(e.stdout, "{\"deleted\":%q}\n", pos[0])
+	}
+	return exitOK
+}
+
+func pendingStep(err error) string {
+	if info := apierr.Info(err); info != nil && info.GetMetadata()["pending_step"] != "" {
+		return info.GetMetadata()["pending_step"]
+	}
+	return "in progress"
+}
+
+// withClient dials, runs fn under the call timeout and maps its error.
+func (e *env) withClient(fn func(context.Context, *client.Client) error) int {
+	c, err := e.dial()
+	if err != nil {
+		return e.fail(err)
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if err := fn(ctx, c); err != nil {
+		if ctx.Err() == context.Canceled {
+			return exitInterrupted
+		}
+		return e.fail(err)
+	}
+	return exitOK
+}
+
+func (e *env) showSession(s *sessionv1.Session) {
+	if e.output == "json" {
+		writeJSON(e.stdout, s)
+		return
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	where := s.GetWorktree().GetDirectory()
+	if u := s.GetWorktree().GetRepoUrl(); u != "" {
+		where += " (" + u + ")"
+	}
+	fmt.Fprintf(tw, "session\t%s\n", s.GetSessionId())
+	fmt.Fprintf(tw, "state\t%s\n", enumName(s.GetState().String(), "SESSION_STATE_"))
+	fmt.Fprintf(tw, "route\t%s\n", routeText(s.GetRoute()))
+	fmt.Fprintf(tw, "owner\t%s / %s\n", s.GetUserId(), s.GetOrgId())
+	fmt.Fprintf(tw, "worktree\t%s\n", where)
+	fmt.Fprintf(tw, "sandbox\t%s\n", s.GetSandboxId())
+	fmt.Fprintf(tw, "created\t%s\n", when(s.GetCreateTime()))
+	_ = tw.Flush()
+}
+
+func routeText(r *sessionv1.RouteView) string {
+	s := enumName(r.GetState().String(), "ROUTE_STATE_")
+	switch {
+	case r.GetStep() != "":
+		s += " (" + r.GetStep() + ")"
+	case r.GetFailureReason() != "":
+		s += " (" + r.GetFailureReason() + ")"
+	}
+	return s
+}
+
+func when(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().Local().Format(time.DateTime)
+}
