@@ -48,6 +48,7 @@ type Request struct {
 	Tools         []string
 	LastRole      string
 	LastText      string
+	Messages      int // how many messages the request carried
 	Time          time.Time
 }
 
@@ -130,6 +131,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Tools = append(rec.Tools, t.Function.Name)
 	}
 	workdir := ""
+	rec.Messages = len(req.Messages)
 	if n := len(req.Messages); n > 0 {
 		rec.LastRole, rec.LastText = req.Messages[n-1].Role, text(req.Messages[n-1].Content)
 		if m := workdirRE.FindStringSubmatch(text(req.Messages[0].Content)); m != nil {
