@@ -1,8 +1,12 @@
 package acp
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +15,7 @@ import (
 
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/wrapper/relay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
 
@@ -284,4 +289,65 @@ func waitExit(t *testing.T, rec *recorder) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the runtime did not report its exit")
 	}
+}
+
+// TestRotationReachesTheNextModelRequest: the agent calls the model at the
+// relay its config names; the relay adds the handle current at each
+// request, so after a credentials frame the next request carries the new
+// handle, from the same agent process. The handle is in no environment,
+// argument or config the agent can read.
+func TestRotationReachesTheNextModelRequest(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/provider/") { // history posts go to /ingest/
+			mu.Lock()
+			seen = append(seen, r.URL.Path+" "+r.Header.Get("Authorization"))
+			mu.Unlock()
+		}
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer up.Close()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	rec := &recorder{exited: make(chan struct{})}
+	rt, err := start(Config{
+		Spec: agents.Spec{Profile: "acp", Protocol: agents.ProtocolACP, Command: []string{self}, Env: []string{envFakeAgent + "=good"},
+			ConfigEnv: "FAKE_CONFIG", ConfigTemplate: `{"baseURL":"{{BASE_URL}}","apiKey":"{{API_KEY}}","model":"{{MODEL}}"}`, Model: "m1"},
+		Home: t.TempDir(), InitTimeout: 30 * time.Second,
+	}, "inst-rot", rec.hooks())
+	require.NoError(t, err)
+	t.Cleanup(rt.Stop)
+	const oldHandle, newHandle = "aph_old-handle-for-test", "aph_new-handle-for-test"
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(),
+		RuntimeSessionID: "rs_rot", Handle: oldHandle, ProxyURL: up.URL + "/s/sbx-1"}))
+	rec.wait(t, "ready", func(f runtimeproto.Frame) bool { return f.Type == runtimeproto.TypeRouteReady })
+
+	reply := func(id string) []string {
+		send(t, rt, "s1", id, "call the model")
+		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", id).Result)
+		for _, f := range rec.all() {
+			if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == id && f.Event.Kind == runtimeproto.KindMessage {
+				return strings.Split(f.Event.Text, "|")
+			}
+		}
+		t.Fatal("no reply")
+		return nil
+	}
+	first := reply("m1")
+	require.Equal(t, "200 OK", first[0])
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: []string{"s1"}, Handle: newHandle}))
+	second := reply("m2")
+	require.Equal(t, first[1], second[1], "the same agent process, not restarted")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{
+		"/s/sbx-1/provider/v1/chat/completions Bearer " + oldHandle,
+		"/s/sbx-1/provider/v1/chat/completions Bearer " + newHandle,
+	}, seen)
+	for _, part := range append(first[2:], second[2:]...) {
+		require.NotContains(t, part, "aph_", "no handle in the agent's config, environment or argv")
+	}
+	require.Contains(t, first[2], relay.DummyKey, "the config names the relay's dummy key")
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -116,6 +117,14 @@ func fakeAgent(mode string) {
 				result(id, map[string]any{"stopReason": "end_turn"})
 				continue
 			}
+			if strings.Contains(text, "call the model") {
+				// Like a real agent: read the provider config the wrapper
+				// wrote, call its base URL with its key, and report what the
+				// process can see of credentials.
+				update(sid, map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": callModel()}})
+				result(id, map[string]any{"stopReason": "end_turn"})
+				continue
+			}
 			if strings.Contains(text, "perm") {
 				send(map[string]any{"jsonrpc": "2.0", "id": 900, "method": "session/request_permission", "params": map[string]any{
 					"sessionId": sid, "toolCall": map[string]any{"toolCallId": "t-perm", "title": "rm", "kind": "delete"},
@@ -189,4 +198,27 @@ func fakeAgent(mode string) {
 			}
 		}
 	}
+}
+
+// callModel posts a chat completion to the base URL of the config named by
+// FAKE_CONFIG and returns "status|pid|config text|environment|argv".
+func callModel() string {
+	file := os.Getenv("FAKE_CONFIG")
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return "no config: " + err.Error()
+	}
+	var cfg struct {
+		BaseURL string `json:"baseURL"`
+		APIKey  string `json:"apiKey"`
+	}
+	_ = json.Unmarshal(raw, &cfg)
+	req, _ := http.NewRequest(http.MethodPost, cfg.BaseURL+"/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+	req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+	status := "unreachable"
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		status = resp.Status
+		_ = resp.Body.Close()
+	}
+	return strings.Join([]string{status, fmt.Sprint(os.Getpid()), string(raw), strings.Join(os.Environ(), " "), strings.Join(os.Args, " ")}, "|")
 }
