@@ -38,7 +38,8 @@ func agentsDir(t *testing.T) string {
 // test is skipped and says why.
 func requireAgent(t *testing.T, name string) string {
 	dir := agentsDir(t)
-	bin := filepath.Join(dir, "node_modules", ".bin", name)
+	bin := map[string]string{"opencode": filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode"),
+		"kilo": filepath.Join(dir, "node_modules", "@kilocode", "cli-linux-x64", "bin", "kilo")}[name]
 	if _, err := os.Stat(bin); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("pinned agent %s is not installed at %s (make agents): %v", name, bin, err)

@@ -154,16 +154,31 @@ func New(cfg Config) *Registry {
 	}
 	r := &Registry{profiles: map[string]Profile{Scripted: {Name: Scripted, Protocol: ProtocolJSONL}}, def: cfg.Default}
 	if cfg.Dir != "" {
-		bin := filepath.Join(cfg.Dir, "node_modules", ".bin")
-		r.profiles[OpenCode] = Profile{Name: OpenCode, Protocol: ProtocolACP, Command: []string{filepath.Join(bin, "opencode"), "acp"},
+		// The native builds themselves (no node launcher): inside the
+		// sandbox boundary only this directory needs binding read-only.
+		oc, kilo := OpenCodeBinary(cfg.Dir), KiloBinary(cfg.Dir)
+		r.profiles[OpenCode] = Profile{Name: OpenCode, Protocol: ProtocolACP, Command: []string{oc, "acp"},
 			ConfigEnv: "OPENCODE_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
-		r.profiles[Kilo] = Profile{Name: Kilo, Protocol: ProtocolACP, Command: []string{filepath.Join(bin, "kilo"), "acp"},
+		r.profiles[Kilo] = Profile{Name: Kilo, Protocol: ProtocolACP, Command: []string{kilo, "acp"},
+			// What Kilo's node launcher would set: its tree-sitter grammars.
+			Env:       []string{"KILO_TREE_SITTER_WASM_DIR=" + filepath.Join(filepath.Dir(kilo), "tree-sitter")},
 			ConfigEnv: "KILO_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
 	}
 	if len(cfg.ACPCommand) > 0 {
 		r.profiles[ACP] = Profile{Name: ACP, Protocol: ProtocolACP, Command: cfg.ACPCommand, Model: cfg.Model}
 	}
 	return r
+}
+
+// OpenCodeBinary and KiloBinary are where `make agents` (npm ci in
+// agents/) puts the pinned linux-x64 builds under dir.
+func OpenCodeBinary(dir string) string {
+	return filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")
+}
+
+// KiloBinary: see OpenCodeBinary.
+func KiloBinary(dir string) string {
+	return filepath.Join(dir, "node_modules", "@kilocode", "cli-linux-x64", "bin", "kilo")
 }
 
 // Names lists the configured profiles.
