@@ -14,8 +14,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	"agentplane.dev/pkg/apierr"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -377,4 +380,39 @@ func wrapperProcess(t *testing.T, instance string) int {
 	}
 	t.Fatalf("no wrapper with instance %s", instance)
 	return 0
+}
+
+// TestAgentProfileChecks: an unknown profile, or one that is not installed,
+// is refused at CreateSession with AGENT_UNAVAILABLE and a field violation;
+// a session that asks for another agent than the one its worktree runs
+// fails its route with agent_mismatch, and the first session goes on.
+func TestAgentProfileChecks(t *testing.T) {
+	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
+		c.AgentACP = filepath.Join(t.TempDir(), "no-such-agent") // configured, not installed
+	})
+	for _, profile := range []string{"nope", "acp"} {
+		_, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-prof-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/work/e2e-prof"},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+			Agent:      &sessionv1.Agent{Profile: profile},
+		})
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "profile %s: %v", profile, err)
+		require.Equal(t, "AGENT_UNAVAILABLE", apierr.Reason(err))
+		fv := apierr.FieldViolations(err)
+		require.Len(t, fv, 1)
+		require.Equal(t, "agent.profile", fv[0].GetField())
+	}
+
+	scripted := s.createAgent(t, "sbx-mix", "/work/e2e-mix", newSecret(), "scripted")
+	_, o := s.watchTurn(t, scripted.GetSessionId(), "m1", "hello", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
+	other := s.createAgent(t, "sbx-mix", "/work/e2e-mix", newSecret(), "opencode")
+	_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: other.GetSessionId(), MessageId: "m1", Content: "hi"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		v := s.routeView(t, other.GetSessionId())
+		return v.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED && v.GetFailureReason() == "agent_mismatch"
+	}, 2*time.Minute, 100*time.Millisecond, "the mismatched route fails with agent_mismatch")
+	_, o = s.watchTurn(t, scripted.GetSessionId(), "m2", "still here", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the worktree's own session is not affected")
 }

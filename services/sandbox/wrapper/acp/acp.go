@@ -530,7 +530,7 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 		summary = "stopReason " + res.StopReason
 	}
 	if text != "" {
-		r.event(rt, t.messageID, mapped{kind: runtimeproto.KindMessage, text: text})
+		r.event(rt, t.messageID, mapped{kind: runtimeproto.KindMessage, text: clip(text, maxMessage)})
 	}
 	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "idle"})
 	r.outcome(rt, m.MessageID, result, reason, summary)

@@ -40,10 +40,10 @@ func (r *Runtime) postHistory(rt *route, m runtimeproto.Frame, t *turn, reply, r
 		item("session", "session", 1, "", map[string]any{"runtime_session_id": rt.rsid, "directory": rt.dir,
 			"agent": r.cfg.Spec.Profile, "model": r.cfg.Spec.Model, "acp_session_id": rt.acpID}),
 		item(user, "message", 1, "session", map[string]any{"role": "user", "text": clip(m.Content, maxText)}),
-		item(answer, "message", 1, "session", map[string]any{"role": "assistant", "text": clip(reply, 256<<10), "result": result}),
+		item(answer, "message", 1, "session", map[string]any{"role": "assistant", "text": clip(reply, maxMessage), "result": result}),
 	}
 	if reply != "" {
-		items = append(items, item(answer+"-part-0", "part", 1, answer, map[string]any{"kind": "text", "text": clip(reply, 256<<10)}))
+		items = append(items, item(answer+"-part-0", "part", 1, answer, map[string]any{"kind": "text", "text": clip(reply, maxMessage)}))
 	}
 	for i, tc := range t.tools {
 		items = append(items, item(answer+"-tool-"+tc.ID, "part", 1, answer, compact(map[string]any{

@@ -38,8 +38,10 @@ func outcomeFor(stopReason string) (result, reason string) {
 
 // Bounds of what an event carries of the agent's raw tool input and output.
 const (
-	maxRaw  = 8 << 10
-	maxText = 16 << 10
+	maxRaw     = 8 << 10
+	maxText    = 16 << 10
+	maxChunk   = 64 << 10  // one streamed chunk's text
+	maxMessage = 256 << 10 // the full message at turn end
 )
 
 // update is the part of a SessionUpdate the mapping reads.
@@ -76,10 +78,10 @@ type toolNames map[string]string
 func mapUpdate(u update, raw json.RawMessage, names toolNames) []mapped {
 	switch u.SessionUpdate {
 	case updAgentChunk:
-		return []mapped{{kind: runtimeproto.KindMessageDelta, text: blockText(u.Content),
+		return []mapped{{kind: runtimeproto.KindMessageDelta, text: clip(blockText(u.Content), maxChunk),
 			data: compact(map[string]any{"acp_update": u.SessionUpdate, "acp_message_id": u.MessageID})}}
 	case updThoughtChunk:
-		return []mapped{{kind: runtimeproto.KindProgress, text: blockText(u.Content),
+		return []mapped{{kind: runtimeproto.KindProgress, text: clip(blockText(u.Content), maxChunk),
 			data: map[string]any{"acp_update": u.SessionUpdate, "thought": true}}}
 	case updToolCall, updToolUpdate:
 		name := names[u.ToolCallID]
