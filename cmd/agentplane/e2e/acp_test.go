@@ -27,7 +27,7 @@ import (
 
 // agentsDir is where `make agents` installs the pinned agents (the repo's
 // agents/), or AGENTPLANE_AGENTS_DIR.
-func agentsDir(t *testing.T) string {
+func agentsDir(t testing.TB) string {
 	if d := os.Getenv("AGENTPLANE_AGENTS_DIR"); d != "" {
 		return d
 	}

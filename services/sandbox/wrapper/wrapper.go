@@ -227,6 +227,7 @@ type wrapper struct {
 	mu       sync.Mutex
 	routes   map[string]*routeState
 	runtime  runtimedriver.Runtime
+	stopped  bool // the wrapper is ending: no runtime starts any more
 	busy     map[string]bool
 	outbox   []*sandboxv1.ConnectRequest // frames waiting for a stream
 	sent     []*sandboxv1.ConnectRequest // the last keptOutcomes outcome frames sent; see replaySent
@@ -251,6 +252,12 @@ func Run(ctx context.Context, opts Options) int {
 	w := &wrapper{
 		opts: opts, log: opts.Logger, routes: map[string]*routeState{}, busy: map[string]bool{},
 		wake: make(chan struct{}, 1), shutdown: make(chan struct{}),
+	}
+	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
+		// A real agent takes seconds to start: start it now, alongside
+		// the Hello and the handle mint, not after the first PrepareRoute.
+		// A failed start is retried (and reported) by that PrepareRoute.
+		go func() { _ = w.startRuntime() }()
 	}
 	code := w.loop(ctx)
 	w.stopRuntime()
@@ -547,6 +554,9 @@ func (w *wrapper) startRuntime() error {
 	if w.runtime != nil {
 		return nil
 	}
+	if w.stopped {
+		return errors.New("the wrapper is stopping")
+	}
 	var p runtimedriver.Runtime
 	p, err := w.opts.Runtime(w.opts.Markers.InstanceID, runtimedriver.Hooks{OnFrame: w.fromRuntime, OnExit: func() { w.runtimeExited(p) }})
 	if err != nil {
@@ -579,7 +589,7 @@ func (w *wrapper) runtimeExited(p runtimedriver.Runtime) {
 func (w *wrapper) stopRuntime() {
 	w.mu.Lock()
 	p := w.runtime
-	w.runtime = nil
+	w.runtime, w.stopped = nil, true
 	w.mu.Unlock()
 	if p != nil {
 		p.Stop()

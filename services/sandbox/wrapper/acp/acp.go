@@ -90,8 +90,9 @@ type Runtime struct {
 	exited chan struct{}
 	once   sync.Once
 
-	ready   chan struct{} // closed when initialize ended (initErr says how)
-	initErr *failure
+	ready    chan struct{} // closed when initialize ended (initErr says how)
+	initErr  *failure
+	initDone time.Time // when initialize was answered
 	caps    agentCapabilities
 
 	prefix string // event-id prefix unique to this process
@@ -132,7 +133,12 @@ type route struct {
 	aborted map[string]bool // messages aborted before their turn started
 	closed  bool
 	names   toolNames
-	started bool // the session item was posted
+	// agentOpen is how long opening the route waited on the agent itself
+	// (the rest of initialize, session/new or load); the route's first
+	// turn reports it, so agentplane's own share of a cold start can be
+	// told from the agent's.
+	agentOpen time.Duration
+	reported  bool
 }
 
 type turn struct {
@@ -308,6 +314,7 @@ func (r *Runtime) initialize() {
 	default:
 		r.caps = res.AgentCapabilities
 	}
+	r.initDone = time.Now()
 	close(r.ready)
 	if r.initErr != nil {
 		r.log.Warn("agent initialize failed", "reason", r.initErr.reason, "detail", r.initErr.detail)
@@ -400,9 +407,18 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 		return
 	}
 	r.progress(id, "initialize_agent", "waiting for the agent to start")
+	openStart := time.Now()
 	select {
 	case <-r.ready:
 	case <-r.exited:
+	}
+	waited := time.Since(openStart)
+	select {
+	case <-r.ready: // initDone is written before ready closes
+		if !r.initDone.IsZero() {
+			waited = max(0, r.initDone.Sub(openStart))
+		}
+	default:
 	}
 	if r.initErr != nil {
 		r.routeFailed(id, r.initErr, true)
@@ -427,7 +443,9 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 		r.mu.Lock()
 		r.byACP[prev] = rt
 		r.mu.Unlock()
+		t := time.Now()
 		err := r.call("session/load", map[string]any{"sessionId": prev, "cwd": f.Directory, "mcpServers": []any{}}, r.cfg.InitTimeout, nil)
+		waited += time.Since(t)
 		rt.loading.Store(false)
 		if err == nil {
 			acpID = prev
@@ -447,7 +465,9 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 		var res struct {
 			SessionID string `json:"sessionId"`
 		}
+		t := time.Now()
 		err := r.call("session/new", map[string]any{"cwd": f.Directory, "mcpServers": []any{}}, r.cfg.InitTimeout, &res)
+		waited += time.Since(t)
 		if err == nil && res.SessionID == "" {
 			err = &failure{ReasonProtocol, "session/new answered without a sessionId"}
 		}
@@ -457,7 +477,7 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 		}
 		acpID = res.SessionID
 	}
-	rt.acpID = acpID
+	rt.acpID, rt.agentOpen = acpID, waited
 	if err := r.store.put(rsid, acpID); err != nil {
 		r.log.Warn("could not record the agent session", "session", id, "err", err)
 	}
@@ -501,8 +521,13 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 		return
 	}
 	rt.turn = t
+	var busy map[string]any
+	if !rt.reported {
+		rt.reported = true
+		busy = map[string]any{"agent_open_ms": float64(rt.agentOpen.Microseconds()) / 1000}
+	}
 	rt.mu.Unlock()
-	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "busy"})
+	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "busy", data: busy})
 
 	var res struct {
 		StopReason string `json:"stopReason"`
