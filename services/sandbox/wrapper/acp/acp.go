@@ -93,7 +93,7 @@ type Runtime struct {
 	ready    chan struct{} // closed when initialize ended (initErr says how)
 	initErr  *failure
 	initDone time.Time // when initialize was answered
-	caps    agentCapabilities
+	caps     agentCapabilities
 
 	prefix string // event-id prefix unique to this process
 	seq    atomic.Uint64
@@ -542,7 +542,7 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 	cancelled := t.cancelled
 	text := t.text.String()
 	rt.mu.Unlock()
-	result, reason, summary := runtimeproto.ResultSucceeded, "", ""
+	var result, reason, summary string
 	switch {
 	case err != nil:
 		f := asFailure(err, ReasonAgentError)
