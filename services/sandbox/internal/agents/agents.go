@@ -158,16 +158,31 @@ func New(cfg Config) *Registry {
 		// sandbox boundary only this directory needs binding read-only.
 		oc, kilo := OpenCodeBinary(cfg.Dir), KiloBinary(cfg.Dir)
 		r.profiles[OpenCode] = Profile{Name: OpenCode, Protocol: ProtocolACP, Command: []string{oc, "acp"},
+			Env:       offline("OPENCODE", "MODELS_FETCH", "DEFAULT_PLUGINS", "LSP_DOWNLOAD", "AUTOUPDATE", "SHARE"),
 			ConfigEnv: "OPENCODE_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
 		r.profiles[Kilo] = Profile{Name: Kilo, Protocol: ProtocolACP, Command: []string{kilo, "acp"},
 			// What Kilo's node launcher would set: its tree-sitter grammars.
-			Env:       []string{"KILO_TREE_SITTER_WASM_DIR=" + filepath.Join(filepath.Dir(kilo), "tree-sitter")},
+			Env: append(offline("KILO", "MODELS_FETCH", "DEFAULT_PLUGINS", "LSP_DOWNLOAD", "AUTOUPDATE", "SHARE",
+				"SESSION_INGEST", "PRESENCE", "CODEBASE_INDEXING"),
+				"KILO_TREE_SITTER_WASM_DIR="+filepath.Join(filepath.Dir(kilo), "tree-sitter")),
 			ConfigEnv: "KILO_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
 	}
 	if len(cfg.ACPCommand) > 0 {
 		r.profiles[ACP] = Profile{Name: ACP, Protocol: ProtocolACP, Command: cfg.ACPCommand, Model: cfg.Model}
 	}
 	return r
+}
+
+// offline turns off what the agent would otherwise fetch or send over the
+// network on its own (model lists, plugins, language servers, updates,
+// sharing, telemetry-like presence): inside the sandbox only the proxy is
+// reachable, and each attempt would only stall the agent's start.
+func offline(prefix string, features ...string) []string {
+	out := make([]string, 0, len(features))
+	for _, f := range features {
+		out = append(out, prefix+"_DISABLE_"+f+"=1")
+	}
+	return out
 }
 
 // OpenCodeBinary and KiloBinary are where `make agents` (npm ci in
