@@ -391,11 +391,15 @@ func TestAgentProfileChecks(t *testing.T) {
 		c.AgentACP = filepath.Join(t.TempDir(), "no-such-agent") // configured, not installed
 	})
 	for _, profile := range []string{"nope", "acp"} {
-		_, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-prof-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/work/e2e-prof"},
-			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
-			Agent:      &sessionv1.Agent{Profile: profile},
-		})
+		var err error
+		require.Eventually(t, func() bool { // the services may still be starting
+			_, err = s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+				UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-prof-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/work/e2e-prof"},
+				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+				Agent:      &sessionv1.Agent{Profile: profile},
+			})
+			return status.Code(err) != codes.Unavailable
+		}, 60*time.Second, 100*time.Millisecond)
 		require.Equal(t, codes.InvalidArgument, status.Code(err), "profile %s: %v", profile, err)
 		require.Equal(t, "AGENT_UNAVAILABLE", apierr.Reason(err))
 		fv := apierr.FieldViolations(err)
