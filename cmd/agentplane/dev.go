@@ -77,7 +77,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.agent, "agent", "", "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
 	fs.StringVar(&o.agentsDir, "agents-dir", os.Getenv("AGENTPLANE_AGENTS_DIR"), "directory of the pinned agents (make agents installs into agents/); empty: ./agents when it exists")
 	fs.StringVar(&o.model, "model", "default", "model the ACP agents ask the provider for")
-	fs.StringVar(&o.providerURL, "provider-url", "", "OpenAI-compatible provider base URL behind the proxy's provider/ route (e.g. https://host/v1 minus /v1 paths the agent adds)")
+	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an OpenAI-compatible provider behind the proxy's provider/ route; the agent's requests go to <url>/v1/chat/completions")
 	fs.StringVar(&o.keyFile, "provider-key-file", "", "file holding the provider API key; dev creates a session with it as the static credential (the key goes only to the credential service)")
 	fs.StringVar(&o.worktree, "worktree", "/work/dev-agent", "worktree directory of the session dev creates")
 	if err := fs.Parse(args); err != nil {
