@@ -96,9 +96,8 @@ type Session struct {
 	State           State           `json:"state"`
 	Route           RouteView       `json:"route"`
 	// RuntimeSessionIDs is every runtime session id the route ever had
-	// (a route prepared again after it was released gets a new one, each
-	// with its own ingest history; a lost or failed route keeps its id, see
-	// docs/decisions.md); deletion tombstones all.
+	// (each re-preparation after a lost, failed or released route gets a
+	// new one, each with its own ingest history); deletion tombstones all.
 	RuntimeSessionIDs []string          `json:"runtime_session_ids,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
 	Agent             Agent             `json:"agent,omitzero"`
