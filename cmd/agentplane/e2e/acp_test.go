@@ -267,9 +267,9 @@ func TestOpenCodeAbortAndSharedWorktree(t *testing.T) {
 	b, err := os.ReadFile(maps[0])
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &m))
-	require.NotEmpty(t, m[v1.GetRuntimeSessionId()])
-	require.NotEmpty(t, m[v2.GetRuntimeSessionId()])
-	require.NotEqual(t, m[v1.GetRuntimeSessionId()], m[v2.GetRuntimeSessionId()])
+	require.NotEmpty(t, m[first.GetSessionId()])
+	require.NotEmpty(t, m[second.GetSessionId()])
+	require.NotEqual(t, m[first.GetSessionId()], m[second.GetSessionId()])
 }
 
 // agentProcesses lists the pids of agent runtimes a wrapper instance started
@@ -313,7 +313,7 @@ func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
 	before := s.routeView(t, sess.GetSessionId())
 	maps := findFile(t, s.root, "acp-sessions.json")
 	require.Len(t, maps, 1)
-	acpBefore := readSessionMap(t, maps[0])[before.GetRuntimeSessionId()]
+	acpBefore := readSessionMap(t, maps[0])[sess.GetSessionId()]
 	require.NotEmpty(t, acpBefore)
 
 	wrapperPID := wrapperProcess(t, before.GetWrapperInstance())
@@ -329,8 +329,7 @@ func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o2.GetResult())
 	after := s.routeView(t, sess.GetSessionId())
 	require.NotEqual(t, before.GetWrapperInstance(), after.GetWrapperInstance(), "a new wrapper serves the route")
-	require.Equal(t, before.GetRuntimeSessionId(), after.GetRuntimeSessionId(), "the same runtime session")
-	require.Equal(t, acpBefore, readSessionMap(t, maps[0])[after.GetRuntimeSessionId()], "the same ACP session, loaded")
+	require.Equal(t, acpBefore, readSessionMap(t, maps[0])[sess.GetSessionId()], "the same ACP session, loaded")
 
 	// The model got the earlier turn's messages again: the conversation
 	// continued rather than starting over.

@@ -59,17 +59,10 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 		sb.mu.Unlock()
 		return store.Route{}, err
 	}
-	// A route prepared again (its wrapper was lost, or it failed) keeps its
-	// runtime session: the new runtime resumes it (an ACP agent's
-	// session/load) and its history goes on under the same ingest root.
-	rsid := ""
-	if r != nil && r.State != store.RouteReleased {
-		rsid = r.RuntimeSessionID
-	}
 	r = &store.Route{
 		SessionID: spec.SessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, UserID: spec.UserID, OrgID: spec.OrgID,
 		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, State: store.RoutePreparing, Step: "allocate",
-		Contract: sc.Contract, Agent: spec.Agent, RuntimeSessionID: rsid,
+		Contract: sc.Contract, Agent: spec.Agent,
 	}
 	sb.routes[spec.SessionID] = r
 	d.persistRoute(sb, r)

@@ -434,7 +434,10 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 	}
 	rt := &route{sessionID: id, rsid: rsid, dir: f.Directory, reject: f.RejectToolKinds,
 		queue: make(chan runtimeproto.Frame, 1024), aborted: map[string]bool{}, names: toolNames{}}
-	prev := r.store.get(rsid)
+	// Keyed by the agentplane session, not the runtime session: a route
+	// prepared again gets a new runtime session id, and the agent's
+	// conversation still continues.
+	prev := r.store.get(id)
 	var acpID string
 	if prev != "" && r.caps.LoadSession {
 		r.progress(id, "load_session", "resuming agent session "+prev)
@@ -478,7 +481,7 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 		acpID = res.SessionID
 	}
 	rt.acpID, rt.agentOpen = acpID, waited
-	if err := r.store.put(rsid, acpID); err != nil {
+	if err := r.store.put(id, acpID); err != nil {
 		r.log.Warn("could not record the agent session", "session", id, "err", err)
 	}
 	r.mu.Lock()
@@ -788,9 +791,9 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// sessionStore keeps runtime session id → ACP session id under the sandbox
-// home, so a restarted wrapper can session/load the conversation. It holds
-// no secret.
+// sessionStore keeps agentplane session id → ACP session id under the
+// sandbox home, so a restarted wrapper can session/load the conversation.
+// It holds no secret.
 type sessionStore struct {
 	mu   sync.Mutex
 	file string
@@ -804,20 +807,20 @@ func (s *sessionStore) read() map[string]string {
 	return m
 }
 
-func (s *sessionStore) get(rsid string) string {
+func (s *sessionStore) get(sessionID string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.read()[rsid]
+	return s.read()[sessionID]
 }
 
-func (s *sessionStore) put(rsid, acpID string) error {
+func (s *sessionStore) put(sessionID, acpID string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.read()
-	if m[rsid] == acpID {
+	if m[sessionID] == acpID {
 		return nil
 	}
-	m[rsid] = acpID
+	m[sessionID] = acpID
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
