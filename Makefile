@@ -13,7 +13,7 @@ BUF   := $(BIN)/buf
 MODULES = $(shell go list -m -f '{{.Dir}}')
 GOTEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: all tools generate check-generated lint proto-lint vet golangci test test-go bench helm-check dev build clean
+.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go bench helm-check dev build clean
 
 all: lint test
 
@@ -59,6 +59,14 @@ helm-check:
 
 bench: tools
 	bash bench/run.sh
+
+# The coding agents the ACP runtimes and their tests use, pinned by
+# agents/package-lock.json (opencode-ai, @kilocode/cli). The services find
+# them through AGENTPLANE_AGENTS_DIR (the e2e tests default to agents/).
+agents:
+	cd agents && npm ci --no-audit --no-fund
+	agents/node_modules/opencode-linux-x64/bin/opencode --version
+	agents/node_modules/@kilocode/cli-linux-x64/bin/kilo --version
 
 build:
 	@mkdir -p bin

@@ -3,7 +3,7 @@
 # go test run per package (so each comparison shares one machine state), and
 # prints benchstat tables. Results and their reading live in docs/benchmarks.md.
 #   bash bench/run.sh            all
-#   bash bench/run.sh fence      one of: fence proxy proxy-processes ingest session
+#   bash bench/run.sh fence      one of: fence proxy proxy-processes ingest session acp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -28,4 +28,6 @@ want=${1:-all}
 [[ $want == all || $want == ingest ]] && run ingest services/ingest ./internal/grpcapi BenchmarkIngest1KiB 1500x
 [[ $want == all || $want == session ]] && run session services/session ./server WarmSendToAccepted 3s
 [[ $want == all || $want == session ]] && run session-cold cmd/agentplane ./e2e ColdFirstEvent 3s
+# Real agents over ACP (issue 17): needs make agents; few iterations, agents are heavy.
+[[ $want == all || $want == acp ]] && run acp cmd/agentplane ./e2e 'ACPUpdateToWatcher|OpenCodeColdFirstEvent' 5x
 echo "raw results in $out"

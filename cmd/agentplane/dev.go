@@ -18,7 +18,10 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"golang.org/x/sync/errgroup"
 
+	"agentplane.dev/pkg/apierr"
 	"agentplane.dev/pkg/config"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/redistest"
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
@@ -37,6 +40,10 @@ type devOptions struct {
 	shutdownTimeout   time.Duration
 	logFormat         string
 	portBase          int
+	// A real agent against an OpenAI-compatible endpoint (see devSession).
+	agent, agentsDir, model string
+	providerURL, keyFile    string
+	worktree                string
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,
@@ -67,8 +74,29 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
 	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
 	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports (metrics at +2000); 7401 gives the documented ports")
+	fs.StringVar(&o.agent, "agent", "", "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
+	fs.StringVar(&o.agentsDir, "agents-dir", os.Getenv("AGENTPLANE_AGENTS_DIR"), "directory of the pinned agents (make agents installs into agents/); empty: ./agents when it exists")
+	fs.StringVar(&o.model, "model", "default", "model the ACP agents ask the provider for")
+	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an OpenAI-compatible provider behind the proxy's provider/ route; the agent's requests go to <url>/v1/chat/completions")
+	fs.StringVar(&o.keyFile, "provider-key-file", "", "file holding the provider API key; dev creates a session with it as the static credential (the key goes only to the credential service)")
+	fs.StringVar(&o.worktree, "worktree", "/work/dev-agent", "worktree directory of the session dev creates")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.agentsDir == "" {
+		if st, err := os.Stat("agents"); err == nil && st.IsDir() {
+			o.agentsDir, _ = filepath.Abs("agents")
+		}
+	}
+	var providerKey string
+	if o.keyFile != "" {
+		b, err := os.ReadFile(o.keyFile)
+		if err != nil {
+			return fmt.Errorf("--provider-key-file: %w", err)
+		}
+		if providerKey = strings.TrimSpace(string(b)); providerKey == "" {
+			return errors.New("--provider-key-file: the file is empty")
+		}
 	}
 	if o.portBase < 1 || o.portBase+2003 > 65535 {
 		return fmt.Errorf("--port-base %d: the ports base..base+2003 must lie in 1..65535", o.portBase)
@@ -116,6 +144,13 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	sbx.WrapperBin = self
 	cred.IngestAddr = ing.GRPCAddr
 	ing.CredentialAddr = cred.GRPCAddr
+	sbx.AgentsDir, sbx.AgentModel = o.agentsDir, o.model
+	if o.agent != "" {
+		sbx.AgentDefault = o.agent
+	}
+	if o.providerURL != "" {
+		cred.ProviderUpstream = o.providerURL
+	}
 	for _, v := range []interface{ Validate() error }{&ses, &sbx, &cred, &ing} {
 		if err := v.Validate(); err != nil {
 			return err
@@ -143,6 +178,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.Go(func() error { return named("session", session.Run(peersCtx, ses)) })
 	g.Go(func() error { return named("credential", credential.Run(peersCtx, cred)) })
 	g.Go(func() error { return named("ingest", ingest.Run(peersCtx, ing)) })
+	if providerKey != "" {
+		g.Go(func() error { return devSession(gctx, ses.GRPCAddr, o, providerKey, stdout) })
+	}
 	err = g.Wait()
 	// The wrappers would wait out their reconnect window; dev owns the
 	// sandbox root and deletes it, so it stops what still runs there.
@@ -227,4 +265,44 @@ func devRedis(url, dir string, stderr io.Writer) (string, string, func(), error)
 	}
 	u := "redis://" + mr.Addr()
 	return u, "embedded in-memory Redis at " + u, mr.Close, nil
+}
+
+// devSession creates the session `--provider-key-file` asks for, once the
+// session service answers, and prints how to talk to it. The key travels
+// only in CreateSession's credential (to the credential service); it is
+// never printed or logged.
+func devSession(ctx context.Context, addr string, o devOptions, key string, stdout io.Writer) error {
+	conn, err := grpcclient.Dial(addr, o.internalToken)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	c := sessionv1.NewSessionServiceClient(conn)
+	req := &sessionv1.CreateSessionRequest{
+		UserId: "dev", OrgId: "dev", Worktree: &sessionv1.Worktree{Directory: o.worktree},
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: key},
+		Agent:      &sessionv1.Agent{Profile: o.agent},
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := c.CreateSession(ctx, req)
+		if err == nil {
+			id := resp.GetSession().GetSessionId()
+			fmt.Fprintf(stdout, "agentplane dev: session %s runs agent %s in %s\n", id, resp.GetSession().GetAgent().GetProfile(), o.worktree)
+			fmt.Fprintf(stdout, "  grpcurl -plaintext -d '{\"session_id\":\"%s\",\"message_id\":\"m1\",\"content\":\"create hello.txt\"}' %s agentplane.session.v1.SessionService/SendMessage\n", id, addr)
+			fmt.Fprintf(stdout, "  grpcurl -plaintext -d '{\"session_id\":\"%s\"}' %s agentplane.session.v1.SessionService/WatchSession\n", id, addr)
+			return nil
+		}
+		if reason := apierr.Reason(err); reason == "AGENT_UNAVAILABLE" || reason == "INVALID_REQUEST" {
+			return fmt.Errorf("dev session: %w", err)
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("dev session: the session service did not answer: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

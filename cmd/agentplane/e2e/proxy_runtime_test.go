@@ -121,11 +121,18 @@ func captureStderr(t testing.TB) *logtest.Buffer {
 	return buf
 }
 
-func startSuite(t testing.TB) *suite {
+func startSuite(t testing.TB) *suite { return startSuiteWith(t, nil, nil) }
+
+// startSuiteWith is startSuite with another provider upstream (nil: the
+// recording upstream) and a hook that adjusts the sandbox configuration.
+func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
 	s := &suite{up: &upstream{}, root: t.TempDir(), run: newRunID()}
 	killProcessesUnder(t, s.root)
 	s.logs = captureStderr(t)
-	provider := httptest.NewServer(s.up)
+	if up == nil {
+		up = s.up
+	}
+	provider := httptest.NewServer(up)
 	t.Cleanup(provider.Close)
 	rs := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -157,6 +164,9 @@ func startSuite(t testing.TB) *suite {
 	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
 	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
 	bcfg.SandboxRoot, bcfg.WrapperBin = s.root, wrapperBin
+	if tune != nil {
+		tune(&bcfg)
+	}
 
 	scfg := session.DefaultConfig()
 	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""

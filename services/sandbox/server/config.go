@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/config"
+	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/capacity"
 )
@@ -50,6 +51,12 @@ type Config struct {
 	CapacityThreshold ByteSize
 	StaleAge          time.Duration
 
+	// Agent profiles (internal/agents, docs/runtime-protocol.md).
+	AgentsDir    string // AGENTS_DIR: where `make agents` installed the pinned agents (holds node_modules); empty: no opencode/kilo
+	AgentACP     string // AGENT_ACP_COMMAND: command line of the generic acp profile, space separated; empty: no acp profile
+	AgentModel   string // AGENT_MODEL: default model of the ACP profiles
+	AgentDefault string // AGENT_DEFAULT: profile of a session that names none
+
 	// Listener, when set, is used instead of GRPCAddr (tests, agentplane dev).
 	Listener net.Listener
 }
@@ -69,7 +76,14 @@ func DefaultConfig() Config {
 
 		CapacityThreshold: capacity.DefaultThreshold,
 		StaleAge:          capacity.DefaultStaleAge,
+		AgentModel:        "default",
+		AgentDefault:      agents.Scripted,
 	}
+}
+
+// Agents builds the agent profile registry of the configuration.
+func (c *Config) Agents() *agents.Registry {
+	return agents.New(agents.Config{Dir: c.AgentsDir, ACPCommand: strings.Fields(c.AgentACP), Model: c.AgentModel, Default: c.AgentDefault})
 }
 
 // Bind registers every setting on l with c's values as defaults.
@@ -83,6 +97,10 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only)")
 	l.String(&c.ProxyURL, "SANDBOX_PROXY_URL", c.ProxyURL, "credential proxy base URL handed to runtimes")
 	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial, comma separated; empty: GRPC_ADDR")
+	l.String(&c.AgentsDir, "AGENTS_DIR", c.AgentsDir, "directory of the pinned agents (`make agents` installs into agents/); empty: no opencode or kilo profile")
+	l.String(&c.AgentACP, "AGENT_ACP_COMMAND", c.AgentACP, "command line of the generic acp agent profile; empty: no acp profile")
+	l.String(&c.AgentModel, "AGENT_MODEL", c.AgentModel, "default model of the ACP agent profiles")
+	l.String(&c.AgentDefault, "AGENT_DEFAULT", c.AgentDefault, "agent profile of a session that names none")
 	l.String(&c.ReplicaID, "SANDBOX_REPLICA", c.ReplicaID, "this replica's name in owner leases")
 	l.Duration(&c.OwnerTTL, "SANDBOX_OWNER_TTL", c.OwnerTTL, "owner lease TTL of a sandbox")
 	l.Duration(&c.Timers.Create, "SANDBOX_CREATE_TIMEOUT", c.Timers.Create, "bound on creating a sandbox")
@@ -120,6 +138,12 @@ func (c *Config) Validate() error {
 		if u, err := url.Parse(c.ProxyURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			bad("SANDBOX_PROXY_URL", errors.New("want an http(s) URL"))
 		}
+	}
+	if c.AgentsDir != "" && !filepath.IsAbs(c.AgentsDir) {
+		bad("AGENTS_DIR", errors.New("must be an absolute path"))
+	}
+	if _, err := c.Agents().Resolve("", ""); err != nil {
+		bad("AGENT_DEFAULT", err)
 	}
 	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ": ") {
 		bad("SANDBOX_REPLICA", errors.New("required, without ':' or spaces"))

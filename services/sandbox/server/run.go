@@ -85,7 +85,7 @@ func Run(ctx context.Context, cfg Config) error {
 	drv := driver.New(driver.Config{
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
 		ReplicaID: cfg.ReplicaID, OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
-		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"),
+		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")})},
 	})

@@ -32,8 +32,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/wrapper/acp"
+	"agentplane.dev/services/sandbox/wrapper/jsonl"
+	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
 
 // ProtocolVersion is the wrapper protocol this build speaks.
@@ -51,8 +55,9 @@ const (
 
 // Env names for settings that tests and operators shorten.
 const (
-	EnvControlAddr     = "AGENTPLANE_WRAPPER_CONTROL_ADDR"
-	EnvReconnectWindow = "AGENTPLANE_WRAPPER_RECONNECT_WINDOW"
+	EnvControlAddr      = "AGENTPLANE_WRAPPER_CONTROL_ADDR"
+	EnvReconnectWindow  = "AGENTPLANE_WRAPPER_RECONNECT_WINDOW"
+	EnvAgentInitTimeout = "AGENTPLANE_WRAPPER_AGENT_INIT_TIMEOUT"
 )
 
 // Options configure a wrapper.
@@ -67,7 +72,16 @@ type Options struct {
 	Heartbeat       time.Duration
 	ReconnectWindow time.Duration
 	RuntimeCommand  []string
-	Logger          *slog.Logger
+	// Runtime starts the agent runtime; nil: RuntimeCommand as JSON lines.
+	Runtime runtimedriver.Starter
+	// Agent is the profile this wrapper runs (docs/runtime-protocol.md);
+	// a route asking for another fails with agent_mismatch.
+	Agent string
+	// RuntimeSpec is the resolved profile (--runtime-spec); an ACP one is
+	// driven by package acp, with AgentInitTimeout bounding its start.
+	RuntimeSpec      agents.Spec
+	AgentInitTimeout time.Duration
+	Logger           *slog.Logger
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -80,6 +94,9 @@ func Main(args []string) int {
 		return ExitUsage
 	}
 	opts.Logger = log.With("sandbox", opts.Markers.SandboxID, "runtime_key", opts.Markers.RuntimeKey, "instance", opts.Markers.InstanceID)
+	if opts.Runtime == nil {
+		opts.Runtime = runtimeStarter(opts)
+	}
 	return Run(context.Background(), opts)
 }
 
@@ -95,6 +112,8 @@ func parse(args []string) (Options, error) {
 		caps      = fs.String("capabilities", CapabilityWorktree, "comma separated capabilities to announce")
 		heartbeat = fs.Duration("heartbeat", 5*time.Second, "heartbeat interval (HelloAck may change it)")
 		window    = fs.Duration("reconnect-window", envDuration(EnvReconnectWindow, 90*time.Second), "how long to stay disconnected before stopping the runtime and exiting")
+		spec      = fs.String("runtime-spec", "", "the agent profile to run, as the sandbox service resolved it (JSON, no secrets); empty: the scripted runtime")
+		initWait  = fs.Duration("agent-init-timeout", envDuration(EnvAgentInitTimeout, 2*time.Minute), "bound on an ACP agent's initialize and each session/new or session/load")
 	)
 	if err := fs.Parse(args); err != nil {
 		return Options{}, err
@@ -102,7 +121,14 @@ func parse(args []string) (Options, error) {
 	o := Options{
 		ControlAddrs: splitList(*addrs), AllocationID: *alloc, FenceToken: *fenceTok,
 		WorkspaceRoot: *root, Capabilities: splitList(*caps), Heartbeat: *heartbeat, ReconnectWindow: *window,
-		RuntimeCommand: fs.Args(),
+		RuntimeCommand: fs.Args(), Agent: agents.Scripted,
+	}
+	if *spec != "" {
+		s, err := agents.ParseSpec(*spec)
+		if err != nil {
+			return Options{}, err
+		}
+		o.Agent, o.RuntimeSpec, o.AgentInitTimeout = s.Profile, s, *initWait
 	}
 	gen, _ := strconv.ParseUint(os.Getenv(provider.EnvGeneration), 10, 64)
 	o.Markers = provider.Markers{
@@ -200,7 +226,8 @@ type wrapper struct {
 
 	mu       sync.Mutex
 	routes   map[string]*routeState
-	runtime  *runtimeProc
+	runtime  runtimedriver.Runtime
+	stopped  bool // the wrapper is ending: no runtime starts any more
 	busy     map[string]bool
 	outbox   []*sandboxv1.ConnectRequest // frames waiting for a stream
 	sent     []*sandboxv1.ConnectRequest // the last keptOutcomes outcome frames sent; see replaySent
@@ -219,9 +246,18 @@ func Run(ctx context.Context, opts Options) int {
 	if opts.ReconnectWindow <= 0 {
 		opts.ReconnectWindow = 90 * time.Second
 	}
+	if opts.Runtime == nil {
+		opts.Runtime = runtimeStarter(opts)
+	}
 	w := &wrapper{
 		opts: opts, log: opts.Logger, routes: map[string]*routeState{}, busy: map[string]bool{},
 		wake: make(chan struct{}, 1), shutdown: make(chan struct{}),
+	}
+	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
+		// A real agent takes seconds to start: start it now, alongside
+		// the Hello and the handle mint, not after the first PrepareRoute.
+		// A failed start is retried (and reported) by that PrepareRoute.
+		go func() { _ = w.startRuntime() }()
 	}
 	code := w.loop(ctx)
 	w.stopRuntime()
@@ -463,6 +499,12 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		w.emit(routeFailed(id, "worktree_setup_failed", "could not create the worktree directory", true))
 		return
 	}
+	if a := p.GetAgent().GetProfile(); a != "" && w.opts.Agent != "" && a != w.opts.Agent {
+		// One agent process per runtime key: the worktree's first session
+		// chose it (docs/runtime-protocol.md, "Agent profiles").
+		w.emit(routeFailed(id, "agent_mismatch", fmt.Sprintf("this worktree runs agent %q; the session asks for %q", w.opts.Agent, a), false))
+		return
+	}
 	w.mu.Lock()
 	r := w.routes[id]
 	if r == nil {
@@ -488,7 +530,8 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		w.emit(progress(id, "reuse_runtime", "joining the running agent runtime"))
 	}
 	w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: id, Directory: dir,
-		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid})
+		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid,
+		Agent: p.GetAgent().GetProfile(), RejectToolKinds: p.GetAgent().GetRejectToolKinds()})
 }
 
 // workspaceDir maps a route's absolute directory under the workspace root,
@@ -511,8 +554,11 @@ func (w *wrapper) startRuntime() error {
 	if w.runtime != nil {
 		return nil
 	}
-	var p *runtimeProc
-	p, err := startRuntime(w.opts.RuntimeCommand, w.opts.Markers.InstanceID, w.fromRuntime, func() { w.runtimeExited(p) })
+	if w.stopped {
+		return errors.New("the wrapper is stopping")
+	}
+	var p runtimedriver.Runtime
+	p, err := w.opts.Runtime(w.opts.Markers.InstanceID, runtimedriver.Hooks{OnFrame: w.fromRuntime, OnExit: func() { w.runtimeExited(p) }})
 	if err != nil {
 		return err
 	}
@@ -521,7 +567,7 @@ func (w *wrapper) startRuntime() error {
 }
 
 // runtimeExited fails the routes of a runtime that died on its own.
-func (w *wrapper) runtimeExited(p *runtimeProc) {
+func (w *wrapper) runtimeExited(p runtimedriver.Runtime) {
 	w.mu.Lock()
 	if w.runtime != p {
 		w.mu.Unlock()
@@ -543,10 +589,10 @@ func (w *wrapper) runtimeExited(p *runtimeProc) {
 func (w *wrapper) stopRuntime() {
 	w.mu.Lock()
 	p := w.runtime
-	w.runtime = nil
+	w.runtime, w.stopped = nil, true
 	w.mu.Unlock()
 	if p != nil {
-		p.stop()
+		p.Stop()
 	}
 }
 
@@ -560,7 +606,9 @@ func (w *wrapper) toRuntime(f runtimeproto.Frame) {
 		}
 		return
 	}
-	_ = p.send(f)
+	if err := p.Send(f); err != nil && f.Type == runtimeproto.TypeMessage {
+		w.log.Warn("runtime did not take a message", "session", f.SessionID, "err", err)
+	}
 }
 
 // fromRuntime turns a runtime frame into a control-stream frame.
@@ -600,4 +648,13 @@ func progress(id, step, detail string) *sandboxv1.ConnectRequest {
 func routeFailed(id, reason, detail string, retryable bool) *sandboxv1.ConnectRequest {
 	return &sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RouteFailed{RouteFailed: &sandboxv1.RouteFailed{
 		SessionId: id, Reason: reason, Detail: detail, Retryable: retryable}}}
+}
+
+// runtimeStarter picks the runtime driver: ACP for an ACP profile, JSON
+// lines (the scripted runtime) otherwise.
+func runtimeStarter(opts Options) runtimedriver.Starter {
+	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
+		return acp.Starter(acp.Config{Spec: opts.RuntimeSpec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger})
+	}
+	return jsonl.Starter(opts.RuntimeCommand)
 }

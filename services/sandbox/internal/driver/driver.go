@@ -34,6 +34,7 @@ import (
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/notify"
@@ -84,6 +85,8 @@ type Config struct {
 	// ControlAddrs are the sandbox-service addresses wrappers dial.
 	ControlAddrs []string
 	ProxyURL     string
+	// Agents resolves agent profiles; nil: only the scripted runtime.
+	Agents *agents.Registry
 	// Admission is cold-workspace capacity admission, run before a wrapper
 	// is launched; nil admits everything.
 	Admission Admission
@@ -157,6 +160,9 @@ func New(cfg Config) *Driver {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Agents == nil {
+		cfg.Agents = agents.New(agents.Config{})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Driver{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, sandboxes: map[string]*sandbox{}, acquiring: map[string]chan struct{}{}}
@@ -520,8 +526,14 @@ func digest(secret string) []byte {
 // launch starts a wrapper for the runtime key with markers m. The launch
 // credential is recorded as a digest before the process exists, and reaches
 // the wrapper through an inherited pipe (fd 3), never environ or argv.
-func (d *Driver) launch(sb *sandbox, key, directory string) reconciler.LaunchFunc {
+func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) reconciler.LaunchFunc {
 	return func(ctx context.Context, m provider.Markers) error {
+		// The runtime key's wrapper runs the agent of the route that
+		// launched it; later routes asking for another fail agent_mismatch.
+		spec, err := d.cfg.Agents.Resolve(agent.Profile, agent.Model)
+		if err != nil {
+			return err
+		}
 		raw := make([]byte, 32)
 		if _, err := rand.Read(raw); err != nil {
 			return err
@@ -567,6 +579,9 @@ func (d *Driver) launch(sb *sandbox, key, directory string) reconciler.LaunchFun
 			"--heartbeat", d.cfg.Timers.Heartbeat.String(),
 			"--reconnect-window", d.cfg.Timers.ReconnectWindow.String(),
 		)
+		if spec.Protocol != agents.ProtocolJSONL || spec.Profile != agents.Scripted {
+			args = append(args, "--runtime-spec", spec.Encode())
+		}
 		_, err = d.cfg.Provider.Launch(ctx, provider.LaunchSpec{
 			Markers: m, Path: d.cfg.WrapperCommand[0], Args: args, ExtraFiles: []*os.File{r}, Workspace: directory,
 		})

@@ -11,6 +11,7 @@ import (
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/capacity"
 	"agentplane.dev/services/sandbox/internal/lease"
@@ -23,11 +24,17 @@ import (
 // RouteSpec is what Prepare asks for.
 type RouteSpec struct {
 	SessionID, SandboxID, Directory, RepoURL, UserID, OrgID, CredentialRef, CredentialClass string
+	Agent                                                                                   store.Agent
 }
 
 // Prepare is idempotent and returns at once with the current route view,
 // starting preparation when the route is not ready.
 func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, error) {
+	resolved, err := d.cfg.Agents.Resolve(spec.Agent.Profile, spec.Agent.Model)
+	if err != nil {
+		return store.Route{}, err
+	}
+	spec.Agent.Profile, spec.Agent.Model = resolved.Profile, resolved.Model
 	sb, err := d.own(ctx, spec.SandboxID)
 	if err != nil {
 		return store.Route{}, err
@@ -55,7 +62,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	r = &store.Route{
 		SessionID: spec.SessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, UserID: spec.UserID, OrgID: spec.OrgID,
 		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, State: store.RoutePreparing, Step: "allocate",
-		Contract: sc.Contract,
+		Contract: sc.Contract, Agent: spec.Agent,
 	}
 	sb.routes[spec.SessionID] = r
 	d.persistRoute(sb, r)
@@ -158,7 +165,7 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	}
 	r.Step = "create_sandbox"
 	d.persistRoute(sb, r)
-	dir := r.Directory
+	dir, agent := r.Directory, r.Agent
 	sb.mu.Unlock()
 	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("create_sandbox", "preparing the sandbox"))
 
@@ -179,7 +186,7 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 		}
 	}
 	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("start_wrapper", "starting the wrapper"))
-	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir))
+	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir, agent))
 	switch {
 	case errors.Is(err, reconciler.ErrRefused):
 		d.setStep(sb, sessionID, "wait_for_cleanup")
@@ -335,6 +342,7 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{
 		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
 		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
+		Agent: &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
 	}}})
 }
 
@@ -721,4 +729,9 @@ func (d *Driver) Route(ctx context.Context, sandboxID, sessionID string) (store.
 		return *r, true, nil
 	}
 	return store.Route{}, false, nil
+}
+
+// ResolveAgent resolves an agent profile and model (CheckAgent).
+func (d *Driver) ResolveAgent(profile, model string) (agents.Spec, error) {
+	return d.cfg.Agents.Resolve(profile, model)
 }

@@ -13,6 +13,7 @@ import (
 
 	"agentplane.dev/pkg/apierr"
 	"agentplane.dev/pkg/storeerr"
+	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
@@ -62,6 +63,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, driver.ErrShuttingDown):
 		return apierr.Error(codes.Unavailable, ReasonUnavailable, "this sandbox-service replica is shutting down; reconnect",
 			apierr.RetryAfter(time.Second))
+	case errors.Is(err, agents.ErrUnavailable):
+		return apierr.Error(codes.InvalidArgument, ReasonAgentUnavailable, err.Error(),
+			apierr.FieldViolation("agent.profile", "not a configured and installed agent profile"))
+	case errors.Is(err, agents.ErrBadModel):
+		return apierr.Error(codes.InvalidArgument, ReasonAgentUnavailable, "the model name is not usable",
+			apierr.FieldViolation("agent.model", "1-128 of [A-Za-z0-9._:/-]"))
 	case errors.Is(err, provider.ErrCapacityRejected):
 		return apierr.Error(codes.ResourceExhausted, ReasonCapacityRejected, "not enough free space for a cold workspace",
 			apierr.RetryAfter(30*time.Second))

@@ -37,12 +37,14 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	v.check(ok, "route.credential_class", "DELEGATED or STATIC")
 	v.check(len(r.GetRepoUrl()) <= 2048, "route.repo_url", "at most 2048 bytes")
 	v.check(len(r.GetCredentialRef()) <= 512, "route.credential_ref", "at most 512 bytes")
+	checkAgent(&v, "route.agent", r.GetAgent())
 	if err := v.err("invalid route"); err != nil {
 		return nil, err
 	}
 	view, err := s.D.Prepare(ctx, driver.RouteSpec{
 		SessionID: r.GetSessionId(), SandboxID: r.GetSandboxId(), Directory: r.GetDirectory(), RepoURL: r.GetRepoUrl(),
 		UserID: r.GetUserId(), OrgID: r.GetOrgId(), CredentialRef: r.GetCredentialRef(), CredentialClass: classNames[r.GetCredentialClass()],
+		Agent: agentToStore(r.GetAgent()),
 	})
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
@@ -190,6 +192,9 @@ func routeView(r store.Route, alloc string) *sandboxv1.RouteView {
 		SessionId: r.SessionID, State: routeStates[r.State], Step: r.Step, FailureReason: r.FailureReason, Retryable: r.Retryable,
 		RuntimeSessionId: r.RuntimeSessionID, RuntimeKey: r.RuntimeKey, Contract: driver.ContractProto(r.Contract),
 		AllocationId: alloc, WrapperInstance: r.WrapperInstance,
+	}
+	if r.Agent.Profile != "" {
+		v.Agent = &sandboxv1.Agent{Profile: r.Agent.Profile, Model: r.Agent.Model, RejectToolKinds: r.Agent.RejectToolKinds}
 	}
 	if v.State == sandboxv1.RouteState_ROUTE_STATE_UNSPECIFIED {
 		v.State = sandboxv1.RouteState_ROUTE_STATE_UNKNOWN

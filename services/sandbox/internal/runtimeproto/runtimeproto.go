@@ -46,6 +46,10 @@ type Frame struct {
 	Handle           string `json:"handle,omitempty"` // secret: stdin only
 	ProxyURL         string `json:"proxy_url,omitempty"`
 	RuntimeSessionID string `json:"runtime_session_id,omitempty"`
+	// Agent is the profile the route asks for; RejectToolKinds its
+	// permission policy (ACP runtimes; the scripted runtime ignores both).
+	Agent           string   `json:"agent,omitempty"`
+	RejectToolKinds []string `json:"reject_tool_kinds,omitempty"`
 
 	// message, abort
 	MessageID string `json:"message_id,omitempty"`

@@ -66,7 +66,16 @@ type Route struct {
 	// ReleaseMember is retried until it succeeds, and the route record
 	// (with this intent) is kept until then.
 	MemberReleasePending bool      `json:"member_release_pending,omitempty"`
+	Agent                Agent     `json:"agent,omitzero"`
 	Updated              time.Time `json:"updated"`
+}
+
+// Agent is a route's agent: the resolved profile and model, and the tool
+// kinds whose permission requests are rejected.
+type Agent struct {
+	Profile         string   `json:"profile,omitempty"`
+	Model           string   `json:"model,omitempty"`
+	RejectToolKinds []string `json:"reject_tool_kinds,omitempty"`
 }
 
 // Wrapper is one launched wrapper; the launch credential is kept as its

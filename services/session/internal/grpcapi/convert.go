@@ -73,8 +73,15 @@ func sessionToProto(s *session.Session) *sessionv1.Session {
 		Worktree:        &sessionv1.Worktree{RepoUrl: s.RepoURL, Directory: s.Directory},
 		CredentialClass: classToProto(s.CredentialClass), State: sessionStates[s.State],
 		Route: routeToProto(&s.Route), SandboxId: s.SandboxID,
-		CreateTime: ts(s.CreateTime), UpdateTime: ts(s.UpdateTime), Labels: s.Labels,
+		CreateTime: ts(s.CreateTime), UpdateTime: ts(s.UpdateTime), Labels: s.Labels, Agent: agentToProto(s.Agent),
 	}
+}
+
+func agentToProto(a session.Agent) *sessionv1.Agent {
+	if a.Profile == "" && a.Model == "" && len(a.RejectToolKinds) == 0 {
+		return nil
+	}
+	return &sessionv1.Agent{Profile: a.Profile, Model: a.Model, RejectToolKinds: a.RejectToolKinds}
 }
 
 func messageToProto(m *session.Message) *sessionv1.Message {

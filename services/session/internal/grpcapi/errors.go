@@ -24,6 +24,7 @@ const (
 	ReasonSessionIDConflict      = "SESSION_ID_CONFLICT"
 	ReasonDeletionPendingCleanup = "DELETION_PENDING_CLEANUP"
 	ReasonPeerUnavailable        = "PEER_UNAVAILABLE"
+	ReasonAgentUnavailable       = "AGENT_UNAVAILABLE"
 	ReasonSessionBusy            = "SESSION_BUSY"
 	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
@@ -69,6 +70,9 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.OutOfRange, ReasonCursorExpired,
 			"the cursor is older than the retained event log; events after it were trimmed",
 			apierr.FieldViolation("cursor", "older than the retained event log"), apierr.Metadata("oldest_cursor", expired.Oldest))
+	case errors.Is(err, session.ErrAgentUnavailable):
+		return apierr.Error(codes.InvalidArgument, ReasonAgentUnavailable, err.Error(),
+			apierr.FieldViolation("agent.profile", "not an agent profile the sandbox service has installed"))
 	case errors.Is(err, session.ErrPeerUnavailable):
 		log.WarnContext(ctx, "peer unavailable", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")

@@ -7,6 +7,7 @@ import (
 
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/services/session/internal/service"
+	"agentplane.dev/services/session/internal/session"
 	"agentplane.dev/services/session/internal/store"
 )
 
@@ -33,6 +34,7 @@ func (a *SessionAPI) CreateSession(ctx context.Context, r *sessionv1.CreateSessi
 		RepoURL: r.GetWorktree().GetRepoUrl(), Directory: r.GetWorktree().GetDirectory(),
 		Class: classToDomain(r.GetCredential().GetClass()), Secret: r.GetCredential().GetSecret(),
 		SandboxID: r.GetSandboxId(), Labels: r.GetLabels(),
+		Agent: session.Agent{Profile: r.GetAgent().GetProfile(), Model: r.GetAgent().GetModel(), RejectToolKinds: r.GetAgent().GetRejectToolKinds()},
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)

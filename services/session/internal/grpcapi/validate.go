@@ -27,6 +27,17 @@ func validateCreate(r *sessionv1.CreateSessionRequest) error {
 	vs = append(vs, session.CheckSecret("credential.secret", r.GetCredential().GetSecret())...)
 	vs = append(vs, session.CheckOptionalID("sandbox_id", r.GetSandboxId())...)
 	vs = append(vs, session.CheckLabels("labels", r.GetLabels())...)
+	if a := r.GetAgent(); a != nil {
+		if len(a.GetProfile()) > 64 {
+			vs = append(vs, session.Violation{Field: "agent.profile", Description: "at most 64 bytes"})
+		}
+		if len(a.GetModel()) > 128 {
+			vs = append(vs, session.Violation{Field: "agent.model", Description: "at most 128 bytes"})
+		}
+		if len(a.GetRejectToolKinds()) > 16 {
+			vs = append(vs, session.Violation{Field: "agent.reject_tool_kinds", Description: "at most 16 tool kinds"})
+		}
+	}
 	return session.Invalid(vs)
 }
 

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -33,7 +34,30 @@ func routeSpec(s *session.Session) *sandboxv1.RouteSpec {
 	return &sandboxv1.RouteSpec{
 		SessionId: s.ID, SandboxId: s.SandboxID, Directory: s.Directory, RepoUrl: s.RepoURL,
 		UserId: s.UserID, OrgId: s.OrgID, CredentialRef: s.CredentialRef, CredentialClass: class,
+		Agent: agentProto(s.Agent),
 	}
+}
+
+func agentProto(a session.Agent) *sandboxv1.Agent {
+	if a.Profile == "" && a.Model == "" && len(a.RejectToolKinds) == 0 {
+		return nil
+	}
+	return &sandboxv1.Agent{Profile: a.Profile, Model: a.Model, RejectToolKinds: a.RejectToolKinds}
+}
+
+// CheckAgent asks the sandbox service to resolve the agent; its
+// AGENT_UNAVAILABLE refusal becomes session.ErrAgentUnavailable, any other
+// failure a peer outage.
+func (p Sandbox) CheckAgent(ctx context.Context, a session.Agent) (session.Agent, error) {
+	resp, err := p.C.CheckAgent(ctx, &sandboxv1.CheckAgentRequest{Agent: agentProto(a)})
+	if err != nil {
+		if apierr.Reason(err) == "AGENT_UNAVAILABLE" {
+			return session.Agent{}, fmt.Errorf("%w: %s", session.ErrAgentUnavailable, status.Convert(err).Message())
+		}
+		return session.Agent{}, fmt.Errorf("%w: sandbox: %w", session.ErrPeerUnavailable, err)
+	}
+	got := resp.GetAgent()
+	return session.Agent{Profile: got.GetProfile(), Model: got.GetModel(), RejectToolKinds: a.RejectToolKinds}, nil
 }
 
 func routeView(v *sandboxv1.RouteView) session.RouteView {

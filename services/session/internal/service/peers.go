@@ -17,6 +17,9 @@ type Sandbox interface {
 	Abort(ctx context.Context, s *session.Session, messageID string) error
 	// ReleaseRoute removes the session from its runtime key.
 	ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason string) (Release, error)
+	// CheckAgent resolves an agent profile (session.ErrAgentUnavailable
+	// when the sandbox service has no such installed profile).
+	CheckAgent(ctx context.Context, a session.Agent) (session.Agent, error)
 }
 
 // Release is the sandbox's answer to ReleaseRoute.

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +133,7 @@ type CreateInput struct {
 	Secret             string
 	SandboxID          string
 	Labels             map[string]string
+	Agent              session.Agent
 }
 
 func newID() string {
@@ -153,7 +155,7 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 	same := func(old *session.Session) error {
 		if old.UserID != in.UserID || old.OrgID != in.OrgID || old.Directory != in.Directory ||
 			old.RepoURL != in.RepoURL || old.CredentialClass != in.Class || old.SandboxID != in.SandboxID ||
-			old.SecretDigest != digest {
+			old.SecretDigest != digest || !sameAgent(old.Agent, in.Agent) {
 			return session.ErrSessionConflict
 		}
 		return nil
@@ -163,6 +165,17 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 			return nil, err
 		}
 		return old, nil
+	}
+	if in.Agent.Profile != "" || in.Agent.Model != "" {
+		// The sandbox service owns the profiles; an unknown or uninstalled
+		// one is refused before anything is stored.
+		pctx, cancel := s.peerCtx(ctx)
+		resolved, err := s.sandbox.CheckAgent(pctx, in.Agent)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		in.Agent = resolved
 	}
 	var ref string
 	if s.creds != nil {
@@ -178,12 +191,19 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 	sess := &session.Session{
 		ID: in.ID, UserID: in.UserID, OrgID: in.OrgID, RepoURL: in.RepoURL, Directory: in.Directory,
 		CredentialClass: in.Class, CredentialRef: ref, SecretDigest: digest, SandboxID: in.SandboxID,
-		State: session.StateActive, Labels: in.Labels,
+		State: session.StateActive, Labels: in.Labels, Agent: in.Agent,
 		Route:      session.RouteView{State: session.RouteUnknown, SandboxID: in.SandboxID, UpdateTime: now},
 		CreateTime: now, UpdateTime: now,
 	}
 	stored, _, err := s.store.Create(ctx, sess, same)
 	return stored, err
+}
+
+// sameAgent compares the agent of a stored session with a repeated
+// request's (which names it as asked, before resolution).
+func sameAgent(stored, asked session.Agent) bool {
+	return (asked.Profile == "" || asked.Profile == stored.Profile) && (asked.Model == "" || asked.Model == stored.Model) &&
+		slices.Equal(stored.RejectToolKinds, asked.RejectToolKinds)
 }
 
 // Get returns a session (including one being deleted).

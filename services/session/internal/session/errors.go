@@ -15,6 +15,9 @@ var (
 	ErrPeerUnavailable  = errors.New("a peer service is unavailable")
 	ErrConflictRetries  = errors.New("too many concurrent writers on the session")
 	ErrInvalidPageToken = errors.New("malformed page token")
+	// ErrAgentUnavailable: the sandbox service has no such (installed)
+	// agent profile, or the model name is unusable.
+	ErrAgentUnavailable = errors.New("agent unavailable")
 )
 
 // Violation is one bad field of a request.

@@ -100,6 +100,7 @@ type Session struct {
 	// new one, each with its own ingest history); deletion tombstones all.
 	RuntimeSessionIDs []string          `json:"runtime_session_ids,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
+	Agent             Agent             `json:"agent,omitzero"`
 	LastSeq           uint64            `json:"last_seq"`
 	CreateTime        time.Time         `json:"create_time"`
 	UpdateTime        time.Time         `json:"update_time"`
@@ -113,6 +114,14 @@ func (s *Session) recordRuntimeSession(id string) bool {
 	}
 	s.RuntimeSessionIDs = append(s.RuntimeSessionIDs, id)
 	return true
+}
+
+// Agent is the coding agent a session runs: a sandbox-service profile, a
+// model and the tool kinds whose permission requests are rejected.
+type Agent struct {
+	Profile         string   `json:"profile,omitempty"`
+	Model           string   `json:"model,omitempty"`
+	RejectToolKinds []string `json:"reject_tool_kinds,omitempty"`
 }
 
 // Message is one user message. Content is stored apart from the state so

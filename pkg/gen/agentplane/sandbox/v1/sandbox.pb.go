@@ -349,8 +349,10 @@ type RouteSpec struct {
 	CredentialRef string `protobuf:"bytes,7,opt,name=credential_ref,json=credentialRef,proto3" json:"credential_ref,omitempty"`
 	// Class of the backing credential.
 	CredentialClass CredentialClass `protobuf:"varint,8,opt,name=credential_class,json=credentialClass,proto3,enum=agentplane.sandbox.v1.CredentialClass" json:"credential_class,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The agent the route runs; empty profile: the default profile. Added.
+	Agent         *Agent `protobuf:"bytes,9,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteSpec) Reset() {
@@ -439,6 +441,78 @@ func (x *RouteSpec) GetCredentialClass() CredentialClass {
 	return CredentialClass_CREDENTIAL_CLASS_UNSPECIFIED
 }
 
+func (x *RouteSpec) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+// Agent names the coding agent of a route: a configured profile of the
+// sandbox service, the model, and the permission policy.
+type Agent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Profile name (scripted, opencode, kilo, acp, ...); empty: the default.
+	Profile string `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	// Model; empty: the profile's default.
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Tool kinds whose permission requests are rejected; empty: allow all.
+	RejectToolKinds []string `protobuf:"bytes,3,rep,name=reject_tool_kinds,json=rejectToolKinds,proto3" json:"reject_tool_kinds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Agent) Reset() {
+	*x = Agent{}
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Agent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Agent) ProtoMessage() {}
+
+func (x *Agent) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Agent.ProtoReflect.Descriptor instead.
+func (*Agent) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Agent) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *Agent) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Agent) GetRejectToolKinds() []string {
+	if x != nil {
+		return x.RejectToolKinds
+	}
+	return nil
+}
+
 // RouteView is the current state of a session's route in the sandbox service.
 type RouteView struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -464,14 +538,16 @@ type RouteView struct {
 	// Instance id of the wrapper serving the route.
 	WrapperInstance string `protobuf:"bytes,10,opt,name=wrapper_instance,json=wrapperInstance,proto3" json:"wrapper_instance,omitempty"`
 	// When the view last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The agent the route runs (resolved profile and model). Added.
+	Agent         *Agent `protobuf:"bytes,12,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteView) Reset() {
 	*x = RouteView{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +559,7 @@ func (x *RouteView) String() string {
 func (*RouteView) ProtoMessage() {}
 
 func (x *RouteView) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +572,7 @@ func (x *RouteView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteView.ProtoReflect.Descriptor instead.
 func (*RouteView) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RouteView) GetSessionId() string {
@@ -576,6 +652,13 @@ func (x *RouteView) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *RouteView) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
 // RuntimeKeyStatus describes one runtime key of a sandbox.
 type RuntimeKeyStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -597,7 +680,7 @@ type RuntimeKeyStatus struct {
 
 func (x *RuntimeKeyStatus) Reset() {
 	*x = RuntimeKeyStatus{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +692,7 @@ func (x *RuntimeKeyStatus) String() string {
 func (*RuntimeKeyStatus) ProtoMessage() {}
 
 func (x *RuntimeKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +705,7 @@ func (x *RuntimeKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeKeyStatus.ProtoReflect.Descriptor instead.
 func (*RuntimeKeyStatus) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RuntimeKeyStatus) GetRuntimeKey() string {
@@ -688,7 +771,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +783,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +796,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SandboxStatus) GetSandboxId() string {
@@ -777,7 +860,7 @@ type WorktreeScope struct {
 
 func (x *WorktreeScope) Reset() {
 	*x = WorktreeScope{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +872,7 @@ func (x *WorktreeScope) String() string {
 func (*WorktreeScope) ProtoMessage() {}
 
 func (x *WorktreeScope) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +885,7 @@ func (x *WorktreeScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeScope.ProtoReflect.Descriptor instead.
 func (*WorktreeScope) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorktreeScope) GetSandboxId() string {
@@ -853,7 +936,7 @@ type ScopeMember struct {
 
 func (x *ScopeMember) Reset() {
 	*x = ScopeMember{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +948,7 @@ func (x *ScopeMember) String() string {
 func (*ScopeMember) ProtoMessage() {}
 
 func (x *ScopeMember) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +961,7 @@ func (x *ScopeMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeMember.ProtoReflect.Descriptor instead.
 func (*ScopeMember) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ScopeMember) GetSessionId() string {
@@ -908,7 +991,7 @@ type DeliveryMessage struct {
 
 func (x *DeliveryMessage) Reset() {
 	*x = DeliveryMessage{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1003,7 @@ func (x *DeliveryMessage) String() string {
 func (*DeliveryMessage) ProtoMessage() {}
 
 func (x *DeliveryMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1016,7 @@ func (x *DeliveryMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryMessage.ProtoReflect.Descriptor instead.
 func (*DeliveryMessage) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeliveryMessage) GetMessageId() string {
@@ -954,7 +1037,7 @@ var File_agentplane_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x02\n" +
+	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x02\n" +
 	"\tRouteSpec\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -965,7 +1048,12 @@ const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\auser_id\x18\x05 \x01(\tR\x06userId\x12\x15\n" +
 	"\x06org_id\x18\x06 \x01(\tR\x05orgId\x12%\n" +
 	"\x0ecredential_ref\x18\a \x01(\tR\rcredentialRef\x12Q\n" +
-	"\x10credential_class\x18\b \x01(\x0e2&.agentplane.sandbox.v1.CredentialClassR\x0fcredentialClass\"\xdc\x03\n" +
+	"\x10credential_class\x18\b \x01(\x0e2&.agentplane.sandbox.v1.CredentialClassR\x0fcredentialClass\x122\n" +
+	"\x05agent\x18\t \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"c\n" +
+	"\x05Agent\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12*\n" +
+	"\x11reject_tool_kinds\x18\x03 \x03(\tR\x0frejectToolKinds\"\x90\x04\n" +
 	"\tRouteView\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x127\n" +
@@ -981,7 +1069,8 @@ const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x10wrapper_instance\x18\n" +
 	" \x01(\tR\x0fwrapperInstance\x12;\n" +
 	"\vupdate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\x9e\x02\n" +
+	"updateTime\x122\n" +
+	"\x05agent\x18\f \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"\x9e\x02\n" +
 	"\x10RuntimeKeyStatus\x12\x1f\n" +
 	"\vruntime_key\x18\x01 \x01(\tR\n" +
 	"runtimeKey\x12B\n" +
@@ -1062,7 +1151,7 @@ func file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agentplane_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_agentplane_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_agentplane_sandbox_v1_sandbox_proto_goTypes = []any{
 	(RuntimeContract)(0),          // 0: agentplane.sandbox.v1.RuntimeContract
 	(CredentialClass)(0),          // 1: agentplane.sandbox.v1.CredentialClass
@@ -1070,30 +1159,33 @@ var file_agentplane_sandbox_v1_sandbox_proto_goTypes = []any{
 	(AllocationState)(0),          // 3: agentplane.sandbox.v1.AllocationState
 	(LeaseState)(0),               // 4: agentplane.sandbox.v1.LeaseState
 	(*RouteSpec)(nil),             // 5: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),             // 6: agentplane.sandbox.v1.RouteView
-	(*RuntimeKeyStatus)(nil),      // 7: agentplane.sandbox.v1.RuntimeKeyStatus
-	(*SandboxStatus)(nil),         // 8: agentplane.sandbox.v1.SandboxStatus
-	(*WorktreeScope)(nil),         // 9: agentplane.sandbox.v1.WorktreeScope
-	(*ScopeMember)(nil),           // 10: agentplane.sandbox.v1.ScopeMember
-	(*DeliveryMessage)(nil),       // 11: agentplane.sandbox.v1.DeliveryMessage
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*Agent)(nil),                 // 6: agentplane.sandbox.v1.Agent
+	(*RouteView)(nil),             // 7: agentplane.sandbox.v1.RouteView
+	(*RuntimeKeyStatus)(nil),      // 8: agentplane.sandbox.v1.RuntimeKeyStatus
+	(*SandboxStatus)(nil),         // 9: agentplane.sandbox.v1.SandboxStatus
+	(*WorktreeScope)(nil),         // 10: agentplane.sandbox.v1.WorktreeScope
+	(*ScopeMember)(nil),           // 11: agentplane.sandbox.v1.ScopeMember
+	(*DeliveryMessage)(nil),       // 12: agentplane.sandbox.v1.DeliveryMessage
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	1,  // 0: agentplane.sandbox.v1.RouteSpec.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
-	2,  // 1: agentplane.sandbox.v1.RouteView.state:type_name -> agentplane.sandbox.v1.RouteState
-	0,  // 2: agentplane.sandbox.v1.RouteView.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	12, // 3: agentplane.sandbox.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
-	4,  // 4: agentplane.sandbox.v1.RuntimeKeyStatus.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	3,  // 5: agentplane.sandbox.v1.SandboxStatus.allocation_state:type_name -> agentplane.sandbox.v1.AllocationState
-	7,  // 6: agentplane.sandbox.v1.SandboxStatus.runtime_keys:type_name -> agentplane.sandbox.v1.RuntimeKeyStatus
-	0,  // 7: agentplane.sandbox.v1.WorktreeScope.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	1,  // 8: agentplane.sandbox.v1.WorktreeScope.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
-	10, // 9: agentplane.sandbox.v1.WorktreeScope.members:type_name -> agentplane.sandbox.v1.ScopeMember
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	6,  // 1: agentplane.sandbox.v1.RouteSpec.agent:type_name -> agentplane.sandbox.v1.Agent
+	2,  // 2: agentplane.sandbox.v1.RouteView.state:type_name -> agentplane.sandbox.v1.RouteState
+	0,  // 3: agentplane.sandbox.v1.RouteView.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	13, // 4: agentplane.sandbox.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 5: agentplane.sandbox.v1.RouteView.agent:type_name -> agentplane.sandbox.v1.Agent
+	4,  // 6: agentplane.sandbox.v1.RuntimeKeyStatus.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	3,  // 7: agentplane.sandbox.v1.SandboxStatus.allocation_state:type_name -> agentplane.sandbox.v1.AllocationState
+	8,  // 8: agentplane.sandbox.v1.SandboxStatus.runtime_keys:type_name -> agentplane.sandbox.v1.RuntimeKeyStatus
+	0,  // 9: agentplane.sandbox.v1.WorktreeScope.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	1,  // 10: agentplane.sandbox.v1.WorktreeScope.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
+	11, // 11: agentplane.sandbox.v1.WorktreeScope.members:type_name -> agentplane.sandbox.v1.ScopeMember
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_proto_init() }
@@ -1107,7 +1199,7 @@ func file_agentplane_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -75,6 +75,107 @@ func (DeliveryResult) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
 }
 
+// CheckAgentRequest names an agent.
+type CheckAgentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent; empty profile: the default.
+	Agent         *Agent `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAgentRequest) Reset() {
+	*x = CheckAgentRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAgentRequest) ProtoMessage() {}
+
+func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAgentRequest.ProtoReflect.Descriptor instead.
+func (*CheckAgentRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CheckAgentRequest) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+// CheckAgentResponse returns the resolved agent.
+type CheckAgentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent with profile and model resolved.
+	Agent *Agent `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The runtime protocol of the profile: "acp" or "jsonl".
+	Protocol      string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAgentResponse) Reset() {
+	*x = CheckAgentResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAgentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAgentResponse) ProtoMessage() {}
+
+func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAgentResponse.ProtoReflect.Descriptor instead.
+func (*CheckAgentResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CheckAgentResponse) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+func (x *CheckAgentResponse) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 // PrepareRequest asks for a route.
 type PrepareRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -86,7 +187,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -98,7 +199,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -111,7 +212,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PrepareRequest) GetRoute() *RouteSpec {
@@ -132,7 +233,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -144,7 +245,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -157,7 +258,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PrepareResponse) GetRoute() *RouteView {
@@ -182,7 +283,7 @@ type DeliverRequest struct {
 
 func (x *DeliverRequest) Reset() {
 	*x = DeliverRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -194,7 +295,7 @@ func (x *DeliverRequest) String() string {
 func (*DeliverRequest) ProtoMessage() {}
 
 func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -207,7 +308,7 @@ func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
 func (*DeliverRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DeliverRequest) GetSessionId() string {
@@ -244,7 +345,7 @@ type DeliverResponse struct {
 
 func (x *DeliverResponse) Reset() {
 	*x = DeliverResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -256,7 +357,7 @@ func (x *DeliverResponse) String() string {
 func (*DeliverResponse) ProtoMessage() {}
 
 func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -269,7 +370,7 @@ func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
 func (*DeliverResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeliverResponse) GetResult() DeliveryResult {
@@ -299,7 +400,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +412,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +425,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StatusRequest) GetSandboxId() string {
@@ -354,7 +455,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +467,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +480,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatusResponse) GetSandbox() *SandboxStatus {
@@ -411,7 +512,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +524,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +537,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AbortRequest) GetSessionId() string {
@@ -471,7 +572,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +584,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +597,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AbortResponse) GetSent() bool {
@@ -521,7 +622,7 @@ type ReleaseRouteRequest struct {
 
 func (x *ReleaseRouteRequest) Reset() {
 	*x = ReleaseRouteRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +634,7 @@ func (x *ReleaseRouteRequest) String() string {
 func (*ReleaseRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +647,7 @@ func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseRouteRequest) GetSessionId() string {
@@ -588,7 +689,7 @@ type ReleaseRouteResponse struct {
 
 func (x *ReleaseRouteResponse) Reset() {
 	*x = ReleaseRouteResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +701,7 @@ func (x *ReleaseRouteResponse) String() string {
 func (*ReleaseRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +714,7 @@ func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReleaseRouteResponse) GetLastMember() bool {
@@ -657,7 +758,7 @@ type GetScopeRequest struct {
 
 func (x *GetScopeRequest) Reset() {
 	*x = GetScopeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +770,7 @@ func (x *GetScopeRequest) String() string {
 func (*GetScopeRequest) ProtoMessage() {}
 
 func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +783,7 @@ func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeRequest.ProtoReflect.Descriptor instead.
 func (*GetScopeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetScopeRequest) GetSandboxId() string {
@@ -710,7 +811,7 @@ type GetScopeResponse struct {
 
 func (x *GetScopeResponse) Reset() {
 	*x = GetScopeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +823,7 @@ func (x *GetScopeResponse) String() string {
 func (*GetScopeResponse) ProtoMessage() {}
 
 func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +836,7 @@ func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeResponse.ProtoReflect.Descriptor instead.
 func (*GetScopeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetScopeResponse) GetScope() *WorktreeScope {
@@ -749,7 +850,12 @@ var File_agentplane_sandbox_v1_sandbox_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\"H\n" +
+	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\"G\n" +
+	"\x11CheckAgentRequest\x122\n" +
+	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"d\n" +
+	"\x12CheckAgentResponse\x122\n" +
+	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\"H\n" +
 	"\x0ePrepareRequest\x126\n" +
 	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteSpecR\x05route\"I\n" +
 	"\x0fPrepareResponse\x126\n" +
@@ -803,14 +909,16 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xb5\x04\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\x98\x05\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
 	"\x06Status\x12$.agentplane.sandbox.v1.StatusRequest\x1a%.agentplane.sandbox.v1.StatusResponse\x12R\n" +
 	"\x05Abort\x12#.agentplane.sandbox.v1.AbortRequest\x1a$.agentplane.sandbox.v1.AbortResponse\x12g\n" +
 	"\fReleaseRoute\x12*.agentplane.sandbox.v1.ReleaseRouteRequest\x1a+.agentplane.sandbox.v1.ReleaseRouteResponse\x12[\n" +
-	"\bGetScope\x12&.agentplane.sandbox.v1.GetScopeRequest\x1a'.agentplane.sandbox.v1.GetScopeResponseB\xde\x01\n" +
+	"\bGetScope\x12&.agentplane.sandbox.v1.GetScopeRequest\x1a'.agentplane.sandbox.v1.GetScopeResponse\x12a\n" +
+	"\n" +
+	"CheckAgent\x12(.agentplane.sandbox.v1.CheckAgentRequest\x1a).agentplane.sandbox.v1.CheckAgentResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -826,57 +934,64 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
 	(DeliveryResult)(0),          // 0: agentplane.sandbox.v1.DeliveryResult
-	(*PrepareRequest)(nil),       // 1: agentplane.sandbox.v1.PrepareRequest
-	(*PrepareResponse)(nil),      // 2: agentplane.sandbox.v1.PrepareResponse
-	(*DeliverRequest)(nil),       // 3: agentplane.sandbox.v1.DeliverRequest
-	(*DeliverResponse)(nil),      // 4: agentplane.sandbox.v1.DeliverResponse
-	(*StatusRequest)(nil),        // 5: agentplane.sandbox.v1.StatusRequest
-	(*StatusResponse)(nil),       // 6: agentplane.sandbox.v1.StatusResponse
-	(*AbortRequest)(nil),         // 7: agentplane.sandbox.v1.AbortRequest
-	(*AbortResponse)(nil),        // 8: agentplane.sandbox.v1.AbortResponse
-	(*ReleaseRouteRequest)(nil),  // 9: agentplane.sandbox.v1.ReleaseRouteRequest
-	(*ReleaseRouteResponse)(nil), // 10: agentplane.sandbox.v1.ReleaseRouteResponse
-	(*GetScopeRequest)(nil),      // 11: agentplane.sandbox.v1.GetScopeRequest
-	(*GetScopeResponse)(nil),     // 12: agentplane.sandbox.v1.GetScopeResponse
-	(*RouteSpec)(nil),            // 13: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),            // 14: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),      // 15: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),        // 16: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),              // 17: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),  // 18: google.protobuf.Duration
-	(*WorktreeScope)(nil),        // 19: agentplane.sandbox.v1.WorktreeScope
+	(*CheckAgentRequest)(nil),    // 1: agentplane.sandbox.v1.CheckAgentRequest
+	(*CheckAgentResponse)(nil),   // 2: agentplane.sandbox.v1.CheckAgentResponse
+	(*PrepareRequest)(nil),       // 3: agentplane.sandbox.v1.PrepareRequest
+	(*PrepareResponse)(nil),      // 4: agentplane.sandbox.v1.PrepareResponse
+	(*DeliverRequest)(nil),       // 5: agentplane.sandbox.v1.DeliverRequest
+	(*DeliverResponse)(nil),      // 6: agentplane.sandbox.v1.DeliverResponse
+	(*StatusRequest)(nil),        // 7: agentplane.sandbox.v1.StatusRequest
+	(*StatusResponse)(nil),       // 8: agentplane.sandbox.v1.StatusResponse
+	(*AbortRequest)(nil),         // 9: agentplane.sandbox.v1.AbortRequest
+	(*AbortResponse)(nil),        // 10: agentplane.sandbox.v1.AbortResponse
+	(*ReleaseRouteRequest)(nil),  // 11: agentplane.sandbox.v1.ReleaseRouteRequest
+	(*ReleaseRouteResponse)(nil), // 12: agentplane.sandbox.v1.ReleaseRouteResponse
+	(*GetScopeRequest)(nil),      // 13: agentplane.sandbox.v1.GetScopeRequest
+	(*GetScopeResponse)(nil),     // 14: agentplane.sandbox.v1.GetScopeResponse
+	(*Agent)(nil),                // 15: agentplane.sandbox.v1.Agent
+	(*RouteSpec)(nil),            // 16: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),            // 17: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),      // 18: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),        // 19: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),              // 20: agentplane.sandbox.v1.LeaseState
+	(*durationpb.Duration)(nil),  // 21: google.protobuf.Duration
+	(*WorktreeScope)(nil),        // 22: agentplane.sandbox.v1.WorktreeScope
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	13, // 0: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	14, // 1: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	15, // 2: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	0,  // 3: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	14, // 4: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	16, // 5: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	14, // 6: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	17, // 7: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	18, // 8: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	19, // 9: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	1,  // 10: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	3,  // 11: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	5,  // 12: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	7,  // 13: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	9,  // 14: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	11, // 15: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	2,  // 16: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	4,  // 17: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	6,  // 18: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	8,  // 19: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	10, // 20: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	12, // 21: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 0: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	15, // 1: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	16, // 2: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	17, // 3: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	18, // 4: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	0,  // 5: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
+	17, // 6: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	19, // 7: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	17, // 8: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	20, // 9: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	21, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	22, // 11: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	3,  // 12: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	5,  // 13: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	7,  // 14: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	9,  // 15: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	11, // 16: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	13, // 17: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	1,  // 18: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	4,  // 19: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	6,  // 20: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	8,  // 21: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	10, // 22: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	12, // 23: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	14, // 24: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	2,  // 25: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -891,7 +1006,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	SandboxService_Abort_FullMethodName        = "/agentplane.sandbox.v1.SandboxService/Abort"
 	SandboxService_ReleaseRoute_FullMethodName = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
 	SandboxService_GetScope_FullMethodName     = "/agentplane.sandbox.v1.SandboxService/GetScope"
+	SandboxService_CheckAgent_FullMethodName   = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -52,6 +53,9 @@ type SandboxServiceClient interface {
 	// GetScope returns a worktree scope with its members (for operators and
 	// scope checks).
 	GetScope(ctx context.Context, in *GetScopeRequest, opts ...grpc.CallOption) (*GetScopeResponse, error)
+	// CheckAgent resolves an agent profile: INVALID_ARGUMENT with reason
+	// AGENT_UNAVAILABLE when it is unknown or not installed. Added.
+	CheckAgent(ctx context.Context, in *CheckAgentRequest, opts ...grpc.CallOption) (*CheckAgentResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -122,6 +126,16 @@ func (c *sandboxServiceClient) GetScope(ctx context.Context, in *GetScopeRequest
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CheckAgent(ctx context.Context, in *CheckAgentRequest, opts ...grpc.CallOption) (*CheckAgentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckAgentResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CheckAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -147,6 +161,9 @@ type SandboxServiceServer interface {
 	// GetScope returns a worktree scope with its members (for operators and
 	// scope checks).
 	GetScope(context.Context, *GetScopeRequest) (*GetScopeResponse, error)
+	// CheckAgent resolves an agent profile: INVALID_ARGUMENT with reason
+	// AGENT_UNAVAILABLE when it is unknown or not installed. Added.
+	CheckAgent(context.Context, *CheckAgentRequest) (*CheckAgentResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -174,6 +191,9 @@ func (UnimplementedSandboxServiceServer) ReleaseRoute(context.Context, *ReleaseR
 }
 func (UnimplementedSandboxServiceServer) GetScope(context.Context, *GetScopeRequest) (*GetScopeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetScope not implemented")
+}
+func (UnimplementedSandboxServiceServer) CheckAgent(context.Context, *CheckAgentRequest) (*CheckAgentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckAgent not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -304,6 +324,24 @@ func _SandboxService_GetScope_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CheckAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckAgentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CheckAgent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CheckAgent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CheckAgent(ctx, req.(*CheckAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -334,6 +372,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetScope",
 			Handler:    _SandboxService_GetScope_Handler,
+		},
+		{
+			MethodName: "CheckAgent",
+			Handler:    _SandboxService_CheckAgent_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1057,8 +1057,12 @@ type PrepareRoute struct {
 	// (the member's ingest root). The runtime uses it for the route, so the
 	// proxy's ingest scope checks admit what it reports in RouteReady. Added.
 	RuntimeSessionId string `protobuf:"bytes,7,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The agent the route asks for (resolved profile and model, permission
+	// policy). A wrapper runs one agent: a route asking for another one fails
+	// with reason agent_mismatch. Added.
+	Agent         *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrepareRoute) Reset() {
@@ -1138,6 +1142,13 @@ func (x *PrepareRoute) GetRuntimeSessionId() string {
 		return x.RuntimeSessionId
 	}
 	return ""
+}
+
+func (x *PrepareRoute) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
 }
 
 // Deliver carries messages for a route.
@@ -1491,7 +1502,7 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\bHelloAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12D\n" +
 	"\x10reconnect_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0freconnectWindow\x12B\n" +
-	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\x8d\x02\n" +
+	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\xc1\x02\n" +
 	"\fPrepareRoute\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
@@ -1500,7 +1511,8 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\x06handle\x18\x04 \x01(\tR\x06handle\x12\x1b\n" +
 	"\tproxy_url\x18\x05 \x01(\tR\bproxyUrl\x12B\n" +
 	"\bcontract\x18\x06 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\x12,\n" +
-	"\x12runtime_session_id\x18\a \x01(\tR\x10runtimeSessionId\"l\n" +
+	"\x12runtime_session_id\x18\a \x01(\tR\x10runtimeSessionId\x122\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"l\n" +
 	"\aDeliver\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12B\n" +
@@ -1572,7 +1584,8 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_goTypes = []any{
 	(*v1.TurnOutcome)(nil),        // 21: agentplane.runtime.v1.TurnOutcome
 	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
 	(RuntimeContract)(0),          // 23: agentplane.sandbox.v1.RuntimeContract
-	(*DeliveryMessage)(nil),       // 24: agentplane.sandbox.v1.DeliveryMessage
+	(*Agent)(nil),                 // 24: agentplane.sandbox.v1.Agent
+	(*DeliveryMessage)(nil),       // 25: agentplane.sandbox.v1.DeliveryMessage
 }
 var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	2,  // 0: agentplane.sandbox.v1.ConnectRequest.hello:type_name -> agentplane.sandbox.v1.Hello
@@ -1598,16 +1611,17 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	22, // 20: agentplane.sandbox.v1.HelloAck.reconnect_window:type_name -> google.protobuf.Duration
 	23, // 21: agentplane.sandbox.v1.HelloAck.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
 	23, // 22: agentplane.sandbox.v1.PrepareRoute.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	24, // 23: agentplane.sandbox.v1.Deliver.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	18, // 24: agentplane.sandbox.v1.Credentials.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 25: agentplane.sandbox.v1.Shutdown.reason:type_name -> agentplane.sandbox.v1.ShutdownReason
-	1,  // 26: agentplane.sandbox.v1.WrapperControlService.Connect:input_type -> agentplane.sandbox.v1.ConnectRequest
-	10, // 27: agentplane.sandbox.v1.WrapperControlService.Connect:output_type -> agentplane.sandbox.v1.ConnectResponse
-	27, // [27:28] is the sub-list for method output_type
-	26, // [26:27] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	24, // 23: agentplane.sandbox.v1.PrepareRoute.agent:type_name -> agentplane.sandbox.v1.Agent
+	25, // 24: agentplane.sandbox.v1.Deliver.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	18, // 25: agentplane.sandbox.v1.Credentials.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 26: agentplane.sandbox.v1.Shutdown.reason:type_name -> agentplane.sandbox.v1.ShutdownReason
+	1,  // 27: agentplane.sandbox.v1.WrapperControlService.Connect:input_type -> agentplane.sandbox.v1.ConnectRequest
+	10, // 28: agentplane.sandbox.v1.WrapperControlService.Connect:output_type -> agentplane.sandbox.v1.ConnectResponse
+	28, // [28:29] is the sub-list for method output_type
+	27, // [27:28] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_wrapper_service_proto_init() }

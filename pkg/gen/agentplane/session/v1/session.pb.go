@@ -504,7 +504,9 @@ type Session struct {
 	// Last change of the session or its messages.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// Caller-defined labels (at most 16, keys and values at most 63 bytes).
-	Labels        map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The agent the session runs (as asked at creation). Added.
+	Agent         *Agent `protobuf:"bytes,12,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -616,6 +618,80 @@ func (x *Session) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *Session) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+// Agent names the coding agent a session runs: a profile of the sandbox
+// service (scripted, opencode, kilo, acp) and optionally the model it uses.
+type Agent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Profile name; empty: the sandbox service's default.
+	Profile string `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	// Model for the agent's provider; empty: the profile's default.
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Permission policy: tool kinds (ACP ToolKind: read, edit, delete, move,
+	// search, execute, think, fetch, other) whose permission requests are
+	// rejected. Empty: every request inside the sandbox is allowed.
+	RejectToolKinds []string `protobuf:"bytes,3,rep,name=reject_tool_kinds,json=rejectToolKinds,proto3" json:"reject_tool_kinds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Agent) Reset() {
+	*x = Agent{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Agent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Agent) ProtoMessage() {}
+
+func (x *Agent) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Agent.ProtoReflect.Descriptor instead.
+func (*Agent) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Agent) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *Agent) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Agent) GetRejectToolKinds() []string {
+	if x != nil {
+		return x.RejectToolKinds
+	}
+	return nil
+}
+
 // Message is one user message of a session.
 type Message struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -643,7 +719,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +731,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +744,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Message) GetSessionId() string {
@@ -752,7 +828,7 @@ type SessionEvent struct {
 
 func (x *SessionEvent) Reset() {
 	*x = SessionEvent{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +840,7 @@ func (x *SessionEvent) String() string {
 func (*SessionEvent) ProtoMessage() {}
 
 func (x *SessionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +853,7 @@ func (x *SessionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEvent.ProtoReflect.Descriptor instead.
 func (*SessionEvent) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionEvent) GetCursor() string {
@@ -921,7 +997,7 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"sandbox_id\x18\x05 \x01(\tR\tsandboxId\x12)\n" +
 	"\x10wrapper_instance\x18\x06 \x01(\tR\x0fwrapperInstance\x12;\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xf3\x04\n" +
+	"updateTime\"\xa7\x05\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -938,10 +1014,15 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\vupdate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12B\n" +
-	"\x06labels\x18\v \x03(\v2*.agentplane.session.v1.Session.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\v \x03(\v2*.agentplane.session.v1.Session.LabelsEntryR\x06labels\x122\n" +
+	"\x05agent\x18\f \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"c\n" +
+	"\x05Agent\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12*\n" +
+	"\x11reject_tool_kinds\x18\x03 \x03(\tR\x0frejectToolKinds\"\xd9\x02\n" +
 	"\aMessage\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1004,7 +1085,7 @@ func file_agentplane_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(CredentialClass)(0),          // 0: agentplane.session.v1.CredentialClass
 	(SessionState)(0),             // 1: agentplane.session.v1.SessionState
@@ -1014,40 +1095,42 @@ var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(*CredentialInput)(nil),       // 5: agentplane.session.v1.CredentialInput
 	(*RouteView)(nil),             // 6: agentplane.session.v1.RouteView
 	(*Session)(nil),               // 7: agentplane.session.v1.Session
-	(*Message)(nil),               // 8: agentplane.session.v1.Message
-	(*SessionEvent)(nil),          // 9: agentplane.session.v1.SessionEvent
-	nil,                           // 10: agentplane.session.v1.Session.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*v1.RuntimeEvent)(nil),       // 12: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 13: agentplane.runtime.v1.TurnOutcome
-	(*v1.ProgressStep)(nil),       // 14: agentplane.runtime.v1.ProgressStep
+	(*Agent)(nil),                 // 8: agentplane.session.v1.Agent
+	(*Message)(nil),               // 9: agentplane.session.v1.Message
+	(*SessionEvent)(nil),          // 10: agentplane.session.v1.SessionEvent
+	nil,                           // 11: agentplane.session.v1.Session.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*v1.RuntimeEvent)(nil),       // 13: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 14: agentplane.runtime.v1.TurnOutcome
+	(*v1.ProgressStep)(nil),       // 15: agentplane.runtime.v1.ProgressStep
 }
 var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: agentplane.session.v1.CredentialInput.class:type_name -> agentplane.session.v1.CredentialClass
 	2,  // 1: agentplane.session.v1.RouteView.state:type_name -> agentplane.session.v1.RouteState
-	11, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	12, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
 	4,  // 3: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
 	0,  // 4: agentplane.session.v1.Session.credential_class:type_name -> agentplane.session.v1.CredentialClass
 	1,  // 5: agentplane.session.v1.Session.state:type_name -> agentplane.session.v1.SessionState
 	6,  // 6: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
-	11, // 7: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	11, // 8: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	10, // 9: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
-	3,  // 10: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
-	11, // 11: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
-	11, // 12: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
-	11, // 13: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	6,  // 14: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
-	8,  // 15: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
-	12, // 16: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
-	13, // 17: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	14, // 18: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	7,  // 19: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	12, // 7: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	12, // 8: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	11, // 9: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
+	8,  // 10: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
+	3,  // 11: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
+	12, // 12: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	12, // 13: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
+	12, // 14: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	6,  // 15: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
+	9,  // 16: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
+	13, // 17: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
+	14, // 18: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	15, // 19: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	7,  // 20: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_proto_init() }
@@ -1055,7 +1138,7 @@ func file_agentplane_session_v1_session_proto_init() {
 	if File_agentplane_session_v1_session_proto != nil {
 		return
 	}
-	file_agentplane_session_v1_session_proto_msgTypes[5].OneofWrappers = []any{
+	file_agentplane_session_v1_session_proto_msgTypes[6].OneofWrappers = []any{
 		(*SessionEvent_Route)(nil),
 		(*SessionEvent_Message)(nil),
 		(*SessionEvent_RuntimeEvent)(nil),
@@ -1069,7 +1152,7 @@ func file_agentplane_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_proto_rawDesc), len(file_agentplane_session_v1_session_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

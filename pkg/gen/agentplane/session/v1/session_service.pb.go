@@ -37,7 +37,11 @@ type CreateSessionRequest struct {
 	// Optional sandbox to run in; by default one sandbox per (org_id, user_id).
 	SandboxId string `protobuf:"bytes,6,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Caller-defined labels.
-	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Optional agent to run (a profile of the sandbox service); empty: the
+	// sandbox service's default (scripted). An unknown or uninstalled profile
+	// is INVALID_ARGUMENT with reason AGENT_UNAVAILABLE. Added.
+	Agent         *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -117,6 +121,13 @@ func (x *CreateSessionRequest) GetSandboxId() string {
 func (x *CreateSessionRequest) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
+	}
+	return nil
+}
+
+func (x *CreateSessionRequest) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
 	}
 	return nil
 }
@@ -1099,7 +1110,7 @@ var File_agentplane_session_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/session/v1/session.proto\"\x95\x03\n" +
+	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/session/v1/session.proto\"\xc9\x03\n" +
 	"\x14CreateSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1111,7 +1122,8 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"credential\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\x12O\n" +
-	"\x06labels\x18\a \x03(\v27.agentplane.session.v1.CreateSessionRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\a \x03(\v27.agentplane.session.v1.CreateSessionRequest.LabelsEntryR\x06labels\x122\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
@@ -1229,48 +1241,50 @@ var file_agentplane_session_v1_session_service_proto_goTypes = []any{
 	nil,                           // 20: agentplane.session.v1.CreateSessionRequest.LabelsEntry
 	(*Worktree)(nil),              // 21: agentplane.session.v1.Worktree
 	(*CredentialInput)(nil),       // 22: agentplane.session.v1.CredentialInput
-	(*Session)(nil),               // 23: agentplane.session.v1.Session
-	(*Message)(nil),               // 24: agentplane.session.v1.Message
-	(*SessionEvent)(nil),          // 25: agentplane.session.v1.SessionEvent
+	(*Agent)(nil),                 // 23: agentplane.session.v1.Agent
+	(*Session)(nil),               // 24: agentplane.session.v1.Session
+	(*Message)(nil),               // 25: agentplane.session.v1.Message
+	(*SessionEvent)(nil),          // 26: agentplane.session.v1.SessionEvent
 }
 var file_agentplane_session_v1_session_service_proto_depIdxs = []int32{
 	21, // 0: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
 	22, // 1: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
 	20, // 2: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	23, // 3: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
-	23, // 4: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
-	23, // 5: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
-	24, // 6: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
-	24, // 7: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
-	24, // 8: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
-	24, // 9: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
-	23, // 10: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
-	25, // 11: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
-	0,  // 12: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
-	2,  // 13: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
-	4,  // 14: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
-	6,  // 15: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
-	8,  // 16: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
-	10, // 17: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
-	12, // 18: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
-	14, // 19: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
-	16, // 20: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
-	18, // 21: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
-	1,  // 22: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
-	3,  // 23: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
-	5,  // 24: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
-	7,  // 25: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
-	9,  // 26: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
-	11, // 27: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
-	13, // 28: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
-	15, // 29: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
-	17, // 30: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
-	19, // 31: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
-	22, // [22:32] is the sub-list for method output_type
-	12, // [12:22] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	23, // 3: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
+	24, // 4: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
+	24, // 5: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
+	24, // 6: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
+	25, // 7: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
+	25, // 8: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
+	25, // 9: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
+	25, // 10: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
+	24, // 11: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
+	26, // 12: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
+	0,  // 13: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
+	2,  // 14: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
+	4,  // 15: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
+	6,  // 16: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
+	8,  // 17: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
+	10, // 18: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
+	12, // 19: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
+	14, // 20: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
+	16, // 21: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
+	18, // 22: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
+	1,  // 23: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
+	3,  // 24: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
+	5,  // 25: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
+	7,  // 26: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
+	9,  // 27: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
+	11, // 28: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
+	13, // 29: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
+	15, // 30: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
+	17, // 31: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
+	19, // 32: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
+	23, // [23:33] is the sub-list for method output_type
+	13, // [13:23] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_service_proto_init() }

@@ -1,0 +1,421 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	"agentplane.dev/pkg/apierr"
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	sandbox "agentplane.dev/services/sandbox/server"
+)
+
+// agentsDir is where `make agents` installs the pinned agents (the repo's
+// agents/), or AGENTPLANE_AGENTS_DIR.
+func agentsDir(t testing.TB) string {
+	if d := os.Getenv("AGENTPLANE_AGENTS_DIR"); d != "" {
+		return d
+	}
+	d, err := filepath.Abs(filepath.Join("..", "..", "..", "agents"))
+	require.NoError(t, err)
+	return d
+}
+
+// requireAgent returns the agents directory when the pinned agent's program
+// is installed. Under CI=true a missing agent fails the test; locally the
+// test is skipped and says why.
+func requireAgent(t *testing.T, name string) string {
+	dir := agentsDir(t)
+	bin := map[string]string{"opencode": filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode"),
+		"kilo": filepath.Join(dir, "node_modules", "@kilocode", "cli-linux-x64", "bin", "kilo")}[name]
+	if _, err := os.Stat(bin); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("pinned agent %s is not installed at %s (make agents): %v", name, bin, err)
+		}
+		t.Skipf("SKIPPED, not passed: pinned agent %s is not installed at %s; run `make agents`", name, bin)
+	}
+	return dir
+}
+
+type acpSuite struct {
+	*suite
+	model *fakemodel.Server
+}
+
+// startACPSuite runs the four services with the fake model as the proxy's
+// provider upstream and the pinned agents installed as profiles.
+func startACPSuite(t *testing.T, agent string, tune func(*sandbox.Config)) *acpSuite {
+	dir := requireAgent(t, agent)
+	model := fakemodel.New()
+	s := startSuiteWith(t, model, func(c *sandbox.Config) {
+		c.AgentsDir, c.AgentModel = dir, "fake-model"
+		if tune != nil {
+			tune(c)
+		}
+	})
+	return &acpSuite{suite: s, model: model}
+}
+
+func (s *acpSuite) createAgent(t *testing.T, sandboxID, dir, secret, profile string) *sessionv1.Session {
+	var out *sessionv1.Session
+	require.Eventually(t, func() bool {
+		resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID + "-" + s.run,
+			Worktree:   &sessionv1.Worktree{Directory: dir},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: secret},
+			Agent:      &sessionv1.Agent{Profile: profile},
+		})
+		out = resp.GetSession()
+		return err == nil
+	}, 60*time.Second, 100*time.Millisecond)
+	return out
+}
+
+// watchTurn sends a message and watches until its outcome (any result);
+// agents start slowly here, so the bound is generous.
+func (s *acpSuite) watchTurn(t *testing.T, sessionID, messageID, content string, during func(ev *sessionv1.SessionEvent)) ([]*sessionv1.SessionEvent, *runtimev1.TurnOutcome) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
+	require.NoError(t, err)
+	_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
+	require.NoError(t, err)
+	var events []*sessionv1.SessionEvent
+	for {
+		resp, err := stream.Recv()
+		require.NoError(t, err, "watch ended before the outcome; events so far: %v", events)
+		ev := resp.GetEvent()
+		events = append(events, ev)
+		if during != nil {
+			during(ev)
+		}
+		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+			return events, o
+		}
+		if r := ev.GetRoute(); r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
+			t.Fatalf("route failed: %s", r.GetFailureReason())
+		}
+	}
+}
+
+func runtimeEvents(events []*sessionv1.SessionEvent, messageID string) map[runtimev1.RuntimeEventKind][]*runtimev1.RuntimeEvent {
+	out := map[runtimev1.RuntimeEventKind][]*runtimev1.RuntimeEvent{}
+	for _, ev := range events {
+		if re := ev.GetRuntimeEvent(); re != nil && re.GetMessageId() == messageID {
+			out[re.GetKind()] = append(out[re.GetKind()], re)
+		}
+	}
+	return out
+}
+
+func outcomesOf(events []*sessionv1.SessionEvent, messageID string) int {
+	n := 0
+	for _, ev := range events {
+		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+			n++
+		}
+	}
+	return n
+}
+
+// findFile returns the paths named name under root.
+func findFile(t *testing.T, root, name string) []string {
+	var out []string
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == name {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+// TestOpenCodeCreatesAFile (issue 17): the real pinned opencode, driven over
+// ACP by the wrapper, writes hello.txt in the session's workspace with its own
+// tool; the session's watchers see the deltas, the tool call and its result
+// and one succeeded outcome; the model saw the backing secret, never a
+// handle; Export returns the conversation.
+func TestOpenCodeCreatesAFile(t *testing.T) {
+	testAgentCreatesAFile(t, "opencode")
+}
+
+// TestKiloCreatesAFile: the same with the pinned Kilo CLI.
+func TestKiloCreatesAFile(t *testing.T) {
+	testAgentCreatesAFile(t, "kilo")
+}
+
+func testAgentCreatesAFile(t *testing.T, agent string) {
+	s := startACPSuite(t, agent, nil)
+	secret := newSecret()
+	sess := s.createAgent(t, "sbx-"+agent, "/work/e2e-"+agent, secret, agent)
+	require.Equal(t, agent, sess.GetAgent().GetProfile(), "the session reports its agent")
+	require.Equal(t, "fake-model", sess.GetAgent().GetModel())
+
+	events, o := s.watchTurn(t, sess.GetSessionId(), "m1", "Please create hello.txt", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+	require.Equal(t, 1, outcomesOf(events, "m1"), "exactly one outcome")
+	byKind := runtimeEvents(events, "m1")
+	require.NotEmpty(t, byKind[runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE_DELTA], "message deltas")
+	calls := byKind[runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_CALL]
+	require.NotEmpty(t, calls, "the tool call")
+	require.Equal(t, fakemodel.WriteTool, calls[0].GetToolName())
+	results := byKind[runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT]
+	require.NotEmpty(t, results, "the tool result")
+	require.Equal(t, "completed", results[0].GetData().AsMap()["status"])
+	msgs := byKind[runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE]
+	require.NotEmpty(t, msgs)
+	require.Contains(t, msgs[len(msgs)-1].GetText(), fakemodel.ToolDone)
+
+	files := findFile(t, s.root, "hello.txt")
+	require.Len(t, files, 1, "the agent wrote one hello.txt under the sandbox root")
+	require.Contains(t, files[0], string(filepath.Separator)+"workspaces"+string(filepath.Separator), "in the session's workspace")
+	b, err := os.ReadFile(files[0])
+	require.NoError(t, err)
+	require.Equal(t, fakemodel.FileContent, string(b))
+
+	reqs := s.model.Requests()
+	require.NotEmpty(t, reqs)
+	for _, r := range reqs {
+		require.Equal(t, "Bearer "+secret, r.Authorization, "the model sees the backing secret")
+		require.NotContains(t, r.Authorization, "aph_")
+		require.NotContains(t, r.Authorization, "aps_")
+	}
+
+	rsid := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
+	require.NotEmpty(t, rsid)
+	var items []*ingestv1.Item
+	require.Eventually(t, func() bool {
+		resp, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rsid,
+			Scope: &ingestv1.ScopeMetadata{Version: &ingestv1.ScopeMetadata_V1{V1: &ingestv1.ScopeV1{RuntimeSessionId: rsid}}}})
+		items = resp.GetItems()
+		return err == nil && len(items) >= 5
+	}, 60*time.Second, 100*time.Millisecond)
+	byID := map[string]map[string]any{}
+	for _, it := range items {
+		var p map[string]any
+		require.NoError(t, json.Unmarshal(it.GetPayload(), &p))
+		byID[it.GetItemId()] = p
+	}
+	require.Equal(t, "Please create hello.txt", byID["msg-m1"]["text"], "the user message")
+	require.Contains(t, byID["reply-m1"]["text"], fakemodel.ToolDone, "the assistant reply")
+	var tool map[string]any
+	for id, p := range byID {
+		if strings.HasPrefix(id, "reply-m1-tool-") {
+			tool = p
+		}
+	}
+	require.NotNil(t, tool, "the tool call is in the history: %v", byID)
+	require.Equal(t, "tool_call", tool["kind"])
+	require.Equal(t, "edit", tool["tool_kind"])
+
+	// The handle is nowhere the agent can see it: no process environment or
+	// command line, no file under the sandbox root (home, configs, the
+	// agent's own data).
+	require.Positive(t, scanProcs(t, "aph_"))
+	scanFiles(t, s.root, "aph_")
+	scanFiles(t, s.root, secret)
+}
+
+// TestOpenCodeAbortAndSharedWorktree: an abort mid-turn ends the turn with
+// one cancelled outcome; a second session in the same worktree joins the
+// same agent process with its own ACP session.
+func TestOpenCodeAbortAndSharedWorktree(t *testing.T) {
+	s := startACPSuite(t, "opencode", nil)
+	first := s.createAgent(t, "sbx-oc-abort", "/work/e2e-oc-shared", newSecret(), "opencode")
+	second := s.createAgent(t, "sbx-oc-abort", "/work/e2e-oc-shared", newSecret(), "opencode")
+
+	cancelled := false
+	events, o := s.watchTurn(t, first.GetSessionId(), "m1", "think slow about it", func(ev *sessionv1.SessionEvent) {
+		if re := ev.GetRuntimeEvent(); !cancelled && re != nil && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE_DELTA {
+			cancelled = true
+			_, err := s.ses.CancelMessage(context.Background(), &sessionv1.CancelMessageRequest{SessionId: first.GetSessionId(), MessageId: "m1"})
+			require.NoError(t, err)
+		}
+	})
+	require.True(t, cancelled, "the turn streamed before it was aborted")
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_CANCELLED, o.GetResult(), "outcome %v", o)
+	require.Equal(t, 1, outcomesOf(events, "m1"), "exactly one outcome")
+
+	_, o2 := s.watchTurn(t, second.GetSessionId(), "m1", "hello", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o2.GetResult())
+
+	v1, v2 := s.routeView(t, first.GetSessionId()), s.routeView(t, second.GetSessionId())
+	require.Equal(t, v1.GetWrapperInstance(), v2.GetWrapperInstance(), "one wrapper serves the worktree")
+	require.NotEqual(t, v1.GetRuntimeSessionId(), v2.GetRuntimeSessionId())
+	agents := agentProcesses(t, v1.GetWrapperInstance())
+	require.Len(t, agents, 1, "one agent process for the worktree")
+
+	// Each route has its own ACP session, recorded under the sandbox home.
+	maps := findFile(t, s.root, "acp-sessions.json")
+	require.Len(t, maps, 1)
+	var m map[string]string
+	b, err := os.ReadFile(maps[0])
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &m))
+	require.NotEmpty(t, m[first.GetSessionId()])
+	require.NotEmpty(t, m[second.GetSessionId()])
+	require.NotEqual(t, m[first.GetSessionId()], m[second.GetSessionId()])
+}
+
+// agentProcesses lists the pids of agent runtimes a wrapper instance started
+// (AGENTPLANE_RUNTIME_PARENT), leaving out their own children.
+func agentProcesses(t *testing.T, instance string) []int {
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var pids []int
+	for _, e := range entries {
+		if strings.Trim(e.Name(), "0123456789") != "" {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !slices.Contains(strings.Split(string(env), "\x00"), "AGENTPLANE_RUNTIME_PARENT="+instance) {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil || strings.Contains(string(stat), ") Z ") {
+			continue
+		}
+		// A process group leader is the runtime itself; its children
+		// (language servers, tools) share its group.
+		if pid, pgrp, ok := statGroup(string(stat)); ok && pid == pgrp {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestOpenCodeResumesAfterWrapperKill: kill -9 of the wrapper takes its
+// agent along; the route is prepared again on a new wrapper, which resumes
+// the same ACP session with session/load, so the conversation goes on.
+func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
+	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
+		// Notice the dead wrapper soon.
+		c.Timers.Heartbeat, c.Timers.DeadAfter, c.Timers.ReconnectWindow = 200*time.Millisecond, time.Second, 2*time.Second
+	})
+	sess := s.createAgent(t, "sbx-oc-kill", "/work/e2e-oc-kill", newSecret(), "opencode")
+	_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
+	before := s.routeView(t, sess.GetSessionId())
+	maps := findFile(t, s.root, "acp-sessions.json")
+	require.Len(t, maps, 1)
+	acpBefore := readSessionMap(t, maps[0])[sess.GetSessionId()]
+	require.NotEmpty(t, acpBefore)
+
+	wrapperPID := wrapperProcess(t, before.GetWrapperInstance())
+	require.NoError(t, syscall.Kill(wrapperPID, syscall.SIGKILL))
+
+	// The next message re-prepares the route on a new wrapper.
+	var o2 *runtimev1.TurnOutcome
+	require.Eventually(t, func() bool {
+		v := s.routeView(t, sess.GetSessionId())
+		return v.GetState() != sessionv1.RouteState_ROUTE_STATE_READY || v.GetWrapperInstance() != before.GetWrapperInstance()
+	}, 2*time.Minute, 100*time.Millisecond, "the session noticed the dead wrapper")
+	_, o2 = s.watchTurn(t, sess.GetSessionId(), "m2", "hello again", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o2.GetResult())
+	after := s.routeView(t, sess.GetSessionId())
+	require.NotEqual(t, before.GetWrapperInstance(), after.GetWrapperInstance(), "a new wrapper serves the route")
+	require.Equal(t, acpBefore, readSessionMap(t, maps[0])[sess.GetSessionId()], "the same ACP session, loaded")
+
+	// The model got the earlier turn's messages again: the conversation
+	// continued rather than starting over.
+	reqs := s.model.Requests()
+	last := reqs[len(reqs)-1]
+	require.Equal(t, "hello again", last.LastText)
+	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
+}
+
+// statGroup reads pid and process group from /proc/<pid>/stat (the
+// command name may hold spaces: fields are counted after its ')').
+func statGroup(stat string) (pid, pgrp int, ok bool) {
+	open, end := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
+	if open < 0 || end < open {
+		return 0, 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(stat[:open]))
+	fields := strings.Fields(stat[end+1:])
+	if err != nil || len(fields) < 3 {
+		return 0, 0, false
+	}
+	pgrp, err = strconv.Atoi(fields[2])
+	return pid, pgrp, err == nil
+}
+
+func readSessionMap(t *testing.T, file string) map[string]string {
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	var m map[string]string
+	require.NoError(t, json.Unmarshal(b, &m))
+	return m
+}
+
+// wrapperProcess finds the wrapper process by its instance marker.
+func wrapperProcess(t *testing.T, instance string) int {
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	for _, e := range entries {
+		if strings.Trim(e.Name(), "0123456789") != "" {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && slices.Contains(strings.Split(string(env), "\x00"), "AGENTPLANE_INSTANCE="+instance) {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid
+		}
+	}
+	t.Fatalf("no wrapper with instance %s", instance)
+	return 0
+}
+
+// TestAgentProfileChecks: an unknown profile, or one that is not installed,
+// is refused at CreateSession with AGENT_UNAVAILABLE and a field violation;
+// a session that asks for another agent than the one its worktree runs
+// fails its route with agent_mismatch, and the first session goes on.
+func TestAgentProfileChecks(t *testing.T) {
+	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
+		c.AgentACP = filepath.Join(t.TempDir(), "no-such-agent") // configured, not installed
+	})
+	for _, profile := range []string{"nope", "acp"} {
+		var err error
+		require.Eventually(t, func() bool { // the services may still be starting
+			_, err = s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+				UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-prof-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/work/e2e-prof"},
+				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+				Agent:      &sessionv1.Agent{Profile: profile},
+			})
+			return status.Code(err) != codes.Unavailable
+		}, 60*time.Second, 100*time.Millisecond)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "profile %s: %v", profile, err)
+		require.Equal(t, "AGENT_UNAVAILABLE", apierr.Reason(err))
+		fv := apierr.FieldViolations(err)
+		require.Len(t, fv, 1)
+		require.Equal(t, "agent.profile", fv[0].GetField())
+	}
+
+	scripted := s.createAgent(t, "sbx-mix", "/work/e2e-mix", newSecret(), "scripted")
+	_, o := s.watchTurn(t, scripted.GetSessionId(), "m1", "hello", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
+	other := s.createAgent(t, "sbx-mix", "/work/e2e-mix", newSecret(), "opencode")
+	_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: other.GetSessionId(), MessageId: "m1", Content: "hi"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		v := s.routeView(t, other.GetSessionId())
+		return v.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED && v.GetFailureReason() == "agent_mismatch"
+	}, 2*time.Minute, 100*time.Millisecond, "the mismatched route fails with agent_mismatch")
+	_, o = s.watchTurn(t, scripted.GetSessionId(), "m2", "still here", nil)
+	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the worktree's own session is not affected")
+}

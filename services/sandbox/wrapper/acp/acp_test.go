@@ -1,0 +1,353 @@
+package acp
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/services/sandbox/internal/agents"
+	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/wrapper/relay"
+	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(envFakeAgent); mode != "" {
+		fakeAgent(mode)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// recorder collects what a runtime reports.
+type recorder struct {
+	mu     sync.Mutex
+	frames []runtimeproto.Frame
+	exited chan struct{}
+}
+
+func (r *recorder) hooks() runtimedriver.Hooks {
+	return runtimedriver.Hooks{
+		OnFrame: func(f runtimeproto.Frame) { r.mu.Lock(); r.frames = append(r.frames, f); r.mu.Unlock() },
+		OnExit:  func() { close(r.exited) },
+	}
+}
+
+func (r *recorder) all() []runtimeproto.Frame {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.frames)
+}
+
+// wait polls until a frame matches (bounded: nothing may hang).
+func (r *recorder) wait(t *testing.T, what string, match func(runtimeproto.Frame) bool) runtimeproto.Frame {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, f := range r.all() {
+			if match(f) {
+				return f
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no %s within the bound; frames: %+v", what, r.all())
+	return runtimeproto.Frame{}
+}
+
+func (r *recorder) outcomes(session string) []*runtimeproto.Outcome {
+	var out []*runtimeproto.Outcome
+	for _, f := range r.all() {
+		if f.Type == runtimeproto.TypeOutcome && f.SessionID == session {
+			out = append(out, f.Outcome)
+		}
+	}
+	return out
+}
+
+// startFake runs the test binary as a fake ACP agent in mode.
+func startFake(t *testing.T, mode string, initTimeout time.Duration) (*Runtime, *recorder) {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	rec := &recorder{exited: make(chan struct{})}
+	rt, err := start(Config{
+		Spec: agents.Spec{Profile: "acp", Protocol: agents.ProtocolACP, Command: []string{self}, Env: []string{envFakeAgent + "=" + mode}},
+		Home: t.TempDir(), InitTimeout: initTimeout,
+	}, "inst-test", rec.hooks())
+	require.NoError(t, err)
+	t.Cleanup(rt.Stop)
+	return rt, rec
+}
+
+func open(t *testing.T, rt *Runtime, rec *recorder, session, rsid string) runtimeproto.Frame {
+	t.Helper()
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: session, Directory: t.TempDir(), RuntimeSessionID: rsid}))
+	return rec.wait(t, "route answer of "+session, func(f runtimeproto.Frame) bool {
+		return f.SessionID == session && (f.Type == runtimeproto.TypeRouteReady || f.Type == runtimeproto.TypeRouteFailed)
+	})
+}
+
+func send(t *testing.T, rt *Runtime, session, id, content string) {
+	t.Helper()
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: session, MessageID: id, Content: content}))
+}
+
+func outcomeOf(t *testing.T, rec *recorder, session, id string) *runtimeproto.Outcome {
+	t.Helper()
+	f := rec.wait(t, "outcome of "+id, func(f runtimeproto.Frame) bool {
+		return f.Type == runtimeproto.TypeOutcome && f.SessionID == session && f.Outcome.LastMessageID == id
+	})
+	return f.Outcome
+}
+
+func TestTurnMapsUpdatesToEvents(t *testing.T) {
+	rt, rec := startFake(t, "good", 30*time.Second)
+	ready := open(t, rt, rec, "s1", "rs_one")
+	require.Equal(t, runtimeproto.TypeRouteReady, ready.Type)
+	require.Equal(t, "rs_one", ready.RuntimeSessionID)
+
+	send(t, rt, "s1", "m1", "hello")
+	o := outcomeOf(t, rec, "s1", "m1")
+	require.Equal(t, runtimeproto.ResultSucceeded, o.Result)
+
+	kinds := map[string][]*runtimeproto.Event{}
+	for _, f := range rec.all() {
+		if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == "m1" {
+			kinds[f.Event.Kind] = append(kinds[f.Event.Kind], f.Event)
+		}
+	}
+	require.Len(t, kinds[runtimeproto.KindMessageDelta], 2)
+	require.Equal(t, "Hello world", kinds[runtimeproto.KindMessage][0].Text, "the full message at turn end")
+	require.Len(t, kinds[runtimeproto.KindToolCall], 1)
+	require.Equal(t, "write", kinds[runtimeproto.KindToolCall][0].ToolName)
+	require.Equal(t, "edit", kinds[runtimeproto.KindToolCall][0].Data["tool_kind"])
+	res := kinds[runtimeproto.KindToolResult]
+	require.Len(t, res, 1)
+	require.Equal(t, "write", res[0].ToolName, "a retitled update keeps the call's name")
+	require.Equal(t, "Wrote file", res[0].Text)
+	require.Equal(t, map[string]any{"ok": true}, res[0].Data["raw_output"])
+	var progress, status []string
+	for _, e := range kinds[runtimeproto.KindProgress] {
+		progress = append(progress, e.Data["acp_update"].(string))
+	}
+	for _, e := range kinds[runtimeproto.KindStatus] {
+		status = append(status, e.Text)
+	}
+	require.ElementsMatch(t, []string{"agent_thought_chunk", "plan"}, progress)
+	require.Subset(t, status, []string{"busy", "usage", "some_future_kind", "idle"}, "unknown kinds are kept as typed status events")
+
+	ids := map[string]bool{}
+	for _, f := range rec.all() {
+		if f.Type == runtimeproto.TypeEvent {
+			require.False(t, ids[f.Event.EventID], "event ids are unique")
+			ids[f.Event.EventID] = true
+		}
+	}
+}
+
+func TestStopReasonsMapToOneOutcome(t *testing.T) {
+	rt, rec := startFake(t, "good", 30*time.Second)
+	open(t, rt, rec, "s1", "rs_a")
+	send(t, rt, "s1", "m1", "refuse please")
+	o := outcomeOf(t, rec, "s1", "m1")
+	require.Equal(t, runtimeproto.ResultFailed, o.Result)
+	require.Equal(t, "refusal", o.FailureReason)
+
+	send(t, rt, "s1", "m2", "slow one")
+	rec.wait(t, "the slow turn's first chunk", func(f runtimeproto.Frame) bool {
+		return f.Type == runtimeproto.TypeEvent && f.Event.MessageID == "m2" && f.Event.Kind == runtimeproto.KindMessageDelta
+	})
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: "s1", MessageID: "m2"}))
+	o = outcomeOf(t, rec, "s1", "m2")
+	require.Equal(t, runtimeproto.ResultCancelled, o.Result)
+	require.Len(t, rec.outcomes("s1"), 2, "exactly one outcome per turn")
+}
+
+func TestPermissionPolicy(t *testing.T) {
+	rt, rec := startFake(t, "good", 30*time.Second)
+	open(t, rt, rec, "allow", "rs_allow")
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "deny", Directory: t.TempDir(), RuntimeSessionID: "rs_deny", RejectToolKinds: []string{"delete"}}))
+	rec.wait(t, "deny ready", func(f runtimeproto.Frame) bool { return f.SessionID == "deny" && f.Type == runtimeproto.TypeRouteReady })
+
+	for _, s := range []string{"allow", "deny"} {
+		send(t, rt, s, "m1", "perm")
+		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, s, "m1").Result)
+	}
+	text := func(s string) (msg, decision string) {
+		for _, f := range rec.all() {
+			if f.SessionID != s || f.Type != runtimeproto.TypeEvent {
+				continue
+			}
+			if f.Event.Kind == runtimeproto.KindMessage {
+				msg = f.Event.Text
+			}
+			if d, ok := f.Event.Data["decision"].(string); ok {
+				decision = d
+			}
+		}
+		return msg, decision
+	}
+	msg, decision := text("allow")
+	require.Equal(t, "permission:yes", msg)
+	require.Equal(t, "allowed", decision, "the decision is recorded")
+	msg, decision = text("deny")
+	require.Equal(t, "permission:no", msg)
+	require.Equal(t, "rejected", decision)
+}
+
+func TestTwoRoutesShareOneAgentAndResumeWithLoad(t *testing.T) {
+	home := t.TempDir()
+	self, _ := os.Executable()
+	spec := agents.Spec{Profile: "acp", Protocol: agents.ProtocolACP, Command: []string{self}, Env: []string{envFakeAgent + "=good"}}
+	rec := &recorder{exited: make(chan struct{})}
+	rt, err := start(Config{Spec: spec, Home: home, InitTimeout: 30 * time.Second}, "i1", rec.hooks())
+	require.NoError(t, err)
+	open(t, rt, rec, "s1", "rs_1")
+	open(t, rt, rec, "s2", "rs_2")
+	send(t, rt, "s1", "m1", "a")
+	send(t, rt, "s2", "m1", "b")
+	require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", "m1").Result)
+	require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s2", "m1").Result)
+	first := rt.route("s1").acpID
+	require.NotEqual(t, first, rt.route("s2").acpID, "each route has its own ACP session")
+	rt.Stop()
+
+	// A new agent process (a restarted wrapper) loads the recorded session.
+	rec2 := &recorder{exited: make(chan struct{})}
+	rt2, err := start(Config{Spec: spec, Home: home, InitTimeout: 30 * time.Second}, "i2", rec2.hooks())
+	require.NoError(t, err)
+	t.Cleanup(rt2.Stop)
+	open(t, rt2, rec2, "s1", "rs_1")
+	require.Equal(t, first, rt2.route("s1").acpID, "session/load resumed the same ACP session")
+	var steps []string
+	for _, f := range rec2.all() {
+		if f.Type == runtimeproto.TypeProgress {
+			steps = append(steps, f.Step)
+		}
+		if f.Event != nil {
+			require.NotEqual(t, "old", f.Event.Data["text"], "replayed history is not a new event")
+		}
+	}
+	require.Contains(t, steps, "load_session")
+}
+
+// The faults: each fails its turn (or route) with a named reason, bounded,
+// and ends the agent so the route is prepared again.
+func TestFaultNonJSONOutputFailsTheTurn(t *testing.T) {
+	rt, rec := startFake(t, "garbage", 30*time.Second)
+	open(t, rt, rec, "s1", "rs_g")
+	send(t, rt, "s1", "m1", "hi")
+	o := outcomeOf(t, rec, "s1", "m1")
+	require.Equal(t, runtimeproto.ResultFailed, o.Result)
+	require.Equal(t, ReasonProtocol, o.FailureReason)
+	waitExit(t, rec)
+}
+
+func TestFaultNoInitializeAnswerTimesOut(t *testing.T) {
+	rt, rec := startFake(t, "silent", 500*time.Millisecond)
+	f := open(t, rt, rec, "s1", "rs_s")
+	require.Equal(t, runtimeproto.TypeRouteFailed, f.Type)
+	require.Equal(t, ReasonInitTimeout, f.Reason)
+	require.True(t, f.Retryable)
+	waitExit(t, rec)
+}
+
+func TestFaultSecondAnswerIsAProtocolError(t *testing.T) {
+	rt, rec := startFake(t, "twice", 30*time.Second)
+	open(t, rt, rec, "s1", "rs_t")
+	send(t, rt, "s1", "m1", "hi")
+	o := outcomeOf(t, rec, "s1", "m1")
+	require.Equal(t, runtimeproto.ResultSucceeded, o.Result, "the first answer settles the turn")
+	waitExit(t, rec)
+	require.Len(t, rec.outcomes("s1"), 1, "the second answer settles nothing")
+	require.Equal(t, ReasonProtocol, rt.brokenReason().reason)
+}
+
+func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
+	rt, rec := startFake(t, "exit", 30*time.Second)
+	open(t, rt, rec, "s1", "rs_e")
+	send(t, rt, "s1", "m1", "hi")
+	o := outcomeOf(t, rec, "s1", "m1")
+	require.Equal(t, runtimeproto.ResultFailed, o.Result)
+	require.Equal(t, ReasonExited, o.FailureReason)
+	waitExit(t, rec)
+}
+
+func waitExit(t *testing.T, rec *recorder) {
+	t.Helper()
+	select {
+	case <-rec.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the runtime did not report its exit")
+	}
+}
+
+// TestRotationReachesTheNextModelRequest: the agent calls the model at the
+// relay its config names; the relay adds the handle current at each
+// request, so after a credentials frame the next request carries the new
+// handle, from the same agent process. The handle is in no environment,
+// argument or config the agent can read.
+func TestRotationReachesTheNextModelRequest(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/provider/") { // history posts go to /ingest/
+			mu.Lock()
+			seen = append(seen, r.URL.Path+" "+r.Header.Get("Authorization"))
+			mu.Unlock()
+		}
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer up.Close()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	rec := &recorder{exited: make(chan struct{})}
+	rt, err := start(Config{
+		Spec: agents.Spec{Profile: "acp", Protocol: agents.ProtocolACP, Command: []string{self}, Env: []string{envFakeAgent + "=good"},
+			ConfigEnv: "FAKE_CONFIG", ConfigTemplate: `{"baseURL":"{{BASE_URL}}","apiKey":"{{API_KEY}}","model":"{{MODEL}}"}`, Model: "m1"},
+		Home: t.TempDir(), InitTimeout: 30 * time.Second,
+	}, "inst-rot", rec.hooks())
+	require.NoError(t, err)
+	t.Cleanup(rt.Stop)
+	const oldHandle, newHandle = "aph_old-handle-for-test", "aph_new-handle-for-test"
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(),
+		RuntimeSessionID: "rs_rot", Handle: oldHandle, ProxyURL: up.URL + "/s/sbx-1"}))
+	rec.wait(t, "ready", func(f runtimeproto.Frame) bool { return f.Type == runtimeproto.TypeRouteReady })
+
+	reply := func(id string) []string {
+		send(t, rt, "s1", id, "call the model")
+		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", id).Result)
+		for _, f := range rec.all() {
+			if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == id && f.Event.Kind == runtimeproto.KindMessage {
+				return strings.Split(f.Event.Text, "|")
+			}
+		}
+		t.Fatal("no reply")
+		return nil
+	}
+	first := reply("m1")
+	require.Equal(t, "200 OK", first[0])
+	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: []string{"s1"}, Handle: newHandle}))
+	second := reply("m2")
+	require.Equal(t, first[1], second[1], "the same agent process, not restarted")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{
+		"/s/sbx-1/provider/v1/chat/completions Bearer " + oldHandle,
+		"/s/sbx-1/provider/v1/chat/completions Bearer " + newHandle,
+	}, seen)
+	for _, part := range append(first[2:], second[2:]...) {
+		require.NotContains(t, part, "aph_", "no handle in the agent's config, environment or argv")
+	}
+	require.Contains(t, first[2], relay.DummyKey, "the config names the relay's dummy key")
+}

@@ -1,0 +1,69 @@
+// Package runtimedriver is the seam between the wrapper and its one agent
+// runtime process. The wrapper speaks the frames of internal/runtimeproto
+// (open_route, message, abort, credentials, close_route, shutdown one way;
+// route_ready, route_failed, progress, event, outcome the other), whatever
+// the process itself speaks: the jsonl driver passes them through as
+// agentplane's JSON lines (the scripted runtime), the acp driver translates
+// them to and from the Agent Client Protocol (opencode, Kilo, any ACP agent).
+package runtimedriver
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/runtimeproto"
+)
+
+// EnvRuntimeParent names, in a runtime's environment, the wrapper instance
+// supervising it. The runtime never inherits the wrapper's markers: discovery
+// must see exactly one marked process (the wrapper) per runtime key.
+const EnvRuntimeParent = "AGENTPLANE_RUNTIME_PARENT"
+
+// Runtime is the wrapper's running agent runtime.
+type Runtime interface {
+	// Send hands the runtime one wrapper → runtime frame.
+	Send(f runtimeproto.Frame) error
+	// Stop ends the runtime and every process of its group; it returns once
+	// the runtime has exited.
+	Stop()
+}
+
+// Hooks are how a runtime reports back: OnFrame for each runtime → wrapper
+// frame (called from one goroutine at a time per runtime), OnExit once after
+// the process exited.
+type Hooks struct {
+	OnFrame func(runtimeproto.Frame)
+	OnExit  func()
+}
+
+// Starter starts a runtime for a wrapper instance.
+type Starter func(instance string, h Hooks) (Runtime, error)
+
+// Command builds the runtime process: its own process group (stopping it
+// reaches its children) and Pdeathsig (a wrapper killed with -9 takes it
+// along), the wrapper's environment without the markers plus extra.
+func Command(argv []string, instance string, extra []string) *exec.Cmd {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(Env(os.Environ(), instance), extra...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// Env is env without the wrapper's discovery markers, naming the wrapper
+// instance as the runtime's parent.
+func Env(env []string, instance string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case provider.EnvSandbox, provider.EnvRuntimeKey, provider.EnvInstance, provider.EnvGeneration:
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, EnvRuntimeParent+"="+instance)
+}
