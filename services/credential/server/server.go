@@ -74,7 +74,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.ProxyAddr, "PROXY_ADDR", c.ProxyAddr, "credential proxy HTTP listen address")
 	l.String(&c.ProviderUpstream, "PROVIDER_UPSTREAM", c.ProviderUpstream, "OpenAI-compatible provider base URL for the provider/* route; empty disables it")
 	l.String(&c.BackendUpstream, "BACKEND_UPSTREAM", c.BackendUpstream, "backend base URL for the backend/* route; empty disables it")
-	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route")
+	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route; "+config.PeerAddrHelp)
 	l.String(&c.ProviderMethods, "PROXY_PROVIDER_METHODS", c.ProviderMethods, "comma-separated methods the provider/* route forwards (others: 405); TRACE and CONNECT are never allowed")
 	l.String(&c.ProviderHeaders, "PROXY_PROVIDER_HEADERS", c.ProviderHeaders, "comma-separated request headers the provider/* route forwards (a trailing * matches a prefix); others are dropped")
 	l.String(&c.BackendMethods, "PROXY_BACKEND_METHODS", c.BackendMethods, "comma-separated methods the backend/* route forwards (others: 405); TRACE and CONNECT are never allowed")
@@ -110,8 +110,8 @@ func (c *Config) Validate() error {
 			bad(name, err)
 		}
 	}
-	if c.IngestAddr == "" {
-		bad("INGEST_ADDR", errors.New("required"))
+	if err := config.CheckPeerAddr("INGEST_ADDR", c.IngestAddr, true); err != nil {
+		errs = append(errs, err)
 	}
 	if _, _, err := c.policies(); err != nil {
 		errs = append(errs, err)

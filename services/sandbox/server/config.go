@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/capacity"
@@ -92,11 +93,11 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.SandboxRoot, "SANDBOX_ROOT", c.SandboxRoot, "process-provider root directory (absolute)")
 	l.String(&c.WrapperBin, "WRAPPER_BIN", c.WrapperBin, "binary whose `wrapper` subcommand runs the wrapper; empty: this binary")
 	l.String(&c.WrapperArgs, "WRAPPER_ARGS", c.WrapperArgs, "extra wrapper flags, space separated")
-	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service (SessionNotifyService); empty only logs notifications")
+	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service (SessionNotifyService); empty only logs notifications; "+config.PeerAddrHelp)
 	l.Duration(&c.NotifyDrain, "SANDBOX_NOTIFY_DRAIN", c.NotifyDrain, "bound on sending queued notifications at shutdown; 0 drops them")
-	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only)")
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only); "+config.PeerAddrHelp)
 	l.String(&c.ProxyURL, "SANDBOX_PROXY_URL", c.ProxyURL, "credential proxy base URL handed to runtimes")
-	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial, comma separated; empty: GRPC_ADDR")
+	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial in turn, comma separated (host:port, dns:///name:port or unix:path each); empty: GRPC_ADDR")
 	l.String(&c.AgentsDir, "AGENTS_DIR", c.AgentsDir, "directory of the pinned agents (`make agents` installs into agents/); empty: no opencode or kilo profile")
 	l.String(&c.AgentACP, "AGENT_ACP_COMMAND", c.AgentACP, "command line of the generic acp agent profile; empty: no acp profile")
 	l.String(&c.AgentModel, "AGENT_MODEL", c.AgentModel, "default model of the ACP agent profiles")
@@ -121,17 +122,16 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.SandboxRoot) {
 		bad("SANDBOX_ROOT", errors.New("must be an absolute path"))
 	}
-	for name, v := range map[string]string{"SESSION_ADDR": c.SessionAddr, "CREDENTIAL_ADDR": c.CredentialAddr} {
-		if v == "" {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			bad(name, fmt.Errorf("want host:port: %w", err))
-		}
-	}
+	errs = append(errs,
+		config.CheckPeerAddr("SESSION_ADDR", c.SessionAddr, false),
+		config.CheckPeerAddr("CREDENTIAL_ADDR", c.CredentialAddr, false))
+	// Wrappers try the control addresses in turn; each entry is one target
+	// (host:port, dns:///name:port or a unix: socket).
 	for _, a := range splitList(c.ControlAddrs) {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("want host:port[,host:port]: %w", err))
+		if t, err := grpcclient.ParseTarget(a); err != nil {
+			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("entry %q: %w", a, err))
+		} else if len(t.Addrs) > 1 {
+			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("entry %q: one target per entry", a))
 		}
 	}
 	if c.ProxyURL != "" {

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
@@ -137,6 +138,12 @@ func parse(args []string) (Options, error) {
 	}
 	if len(o.ControlAddrs) == 0 || o.AllocationID == "" || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
 		return Options{}, errors.New("need --control-addr, --allocation and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
+	}
+	for _, a := range o.ControlAddrs {
+		// The same check the sandbox service applies to SANDBOX_CONTROL_ADDRS.
+		if _, err := grpcclient.ParseTarget(a); err != nil {
+			return Options{}, fmt.Errorf("--control-addr entry %q: %w", a, err)
+		}
 	}
 	if len(o.RuntimeCommand) == 0 {
 		self, err := os.Executable()
