@@ -2,6 +2,7 @@ package helm
 
 import (
 	"encoding/base64"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -53,6 +54,13 @@ func TestRenderedConfigIsAccepted(t *testing.T) {
 						t.Fatalf("%s: args %v do not start with the subcommand %q", w.name, c.Args, w.component)
 					}
 					env := podEnv(t, r, c)
+					if w.component == "sandbox" {
+						// Owner leases name the pod's own address (owner-aware routing).
+						want := fmt.Sprintf("10.1.2.3:%d", containerPort(c, "grpc"))
+						if got := env["AGENTPLANE_SANDBOX_ADVERTISE_ADDR"]; got != want {
+							t.Errorf("%s: AGENTPLANE_SANDBOX_ADVERTISE_ADDR = %q, want %q", w.name, got, want)
+						}
+					}
 					if err := load(c.Args[1:], lookup(env)); err != nil {
 						t.Errorf("%s: the service refuses the rendered configuration:\n%v", w.name, err)
 					}

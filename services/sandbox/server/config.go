@@ -41,8 +41,12 @@ type Config struct {
 	// still queued at shutdown, after the driver stopped; 0 drops them.
 	NotifyDrain time.Duration
 
-	ReplicaID string        // SANDBOX_REPLICA: this replica's name in owner leases
-	OwnerTTL  time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
+	ReplicaID string // SANDBOX_REPLICA: this replica's name in owner leases
+	// AdvertiseAddr (SANDBOX_ADVERTISE_ADDR) is the host:port other services
+	// reach this replica at, named in its owner leases; empty: GRPC_ADDR
+	// when that names a host (or the Listener's address).
+	AdvertiseAddr string
+	OwnerTTL      time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
 
 	Timers allocation.Timers // SANDBOX_CREATE_TIMEOUT, _HELLO_TIMEOUT, _HEARTBEAT, _DEAD_AFTER, _RECONNECT_WINDOW, _IDLE_STOP
 
@@ -103,6 +107,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.AgentModel, "AGENT_MODEL", c.AgentModel, "default model of the ACP agent profiles")
 	l.String(&c.AgentDefault, "AGENT_DEFAULT", c.AgentDefault, "agent profile of a session that names none")
 	l.String(&c.ReplicaID, "SANDBOX_REPLICA", c.ReplicaID, "this replica's name in owner leases")
+	l.String(&c.AdvertiseAddr, "SANDBOX_ADVERTISE_ADDR", c.AdvertiseAddr, "host:port callers reach this replica at, named in its owner leases; empty: GRPC_ADDR when it names a host")
 	l.Duration(&c.OwnerTTL, "SANDBOX_OWNER_TTL", c.OwnerTTL, "owner lease TTL of a sandbox")
 	l.Duration(&c.Timers.Create, "SANDBOX_CREATE_TIMEOUT", c.Timers.Create, "bound on creating a sandbox")
 	l.Duration(&c.Timers.FirstHello, "SANDBOX_HELLO_TIMEOUT", c.Timers.FirstHello, "launch → first Hello bound")
@@ -145,8 +150,13 @@ func (c *Config) Validate() error {
 	if _, err := c.Agents().Resolve("", ""); err != nil {
 		bad("AGENT_DEFAULT", err)
 	}
-	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ": ") {
-		bad("SANDBOX_REPLICA", errors.New("required, without ':' or spaces"))
+	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ":@ ") {
+		bad("SANDBOX_REPLICA", errors.New("required, without ':', '@' or spaces"))
+	}
+	if c.AdvertiseAddr != "" {
+		if t, err := grpcclient.ParseTarget(c.AdvertiseAddr); err != nil || len(t.Addrs) != 1 {
+			bad("SANDBOX_ADVERTISE_ADDR", errors.New("want one host:port"))
+		}
 	}
 	if c.NotifyDrain < 0 {
 		bad("SANDBOX_NOTIFY_DRAIN", errors.New("must not be negative"))
@@ -185,6 +195,42 @@ func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, e
 		return c, err
 	}
 	return c, c.Validate()
+}
+
+// advertiseAddr is the address this replica's owner leases name: the
+// setting, else the listener's or GRPC_ADDR when it names a host; "" when
+// it listens on every interface without saying which one callers use.
+func (c *Config) advertiseAddr() string {
+	if c.AdvertiseAddr != "" {
+		return c.AdvertiseAddr
+	}
+	addr := c.GRPCAddr
+	if c.Listener != nil {
+		addr = c.Listener.Addr().String()
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
+		return ""
+	}
+	return addr
+}
+
+// localControlAddr is the address wrappers on this host dial when
+// SANDBOX_CONTROL_ADDRS is empty: the listener's, with an unspecified host
+// (":7402", "0.0.0.0:7402") made loopback, which a client cannot dial.
+func (c *Config) localControlAddr() string {
+	addr := c.GRPCAddr
+	if c.Listener != nil {
+		addr = c.Listener.Addr().String()
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
 }
 
 // wrapperCommand resolves the wrapper command.
