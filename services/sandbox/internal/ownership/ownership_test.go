@@ -14,11 +14,11 @@ import (
 	"agentplane.dev/pkg/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 func TestSecondReplicaGetsErrHeld(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 
 	owner, token, err := Current(ctx, rdb, "sb1")
 	require.NoError(t, err)
@@ -72,7 +72,7 @@ func TestCurrentReturnsReadErrors(t *testing.T) {
 
 func TestTakeoverFencesTheOldOwner(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	key := "sbx:" + fence.Key(Resource("sb1"), "meta")
 
 	// A short TTL only so that a's renewal notices the loss soon.
@@ -122,7 +122,7 @@ func TestIsStale(t *testing.T) {
 // sandbox.
 func TestCurrentRefusesAMalformedLease(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	for _, v := range []string{"garbage", "0:owner", "12:", "x:owner", ":owner"} {
 		require.NoError(t, rdb.Set(ctx, fence.LeaseKey(Resource("sb-bad")), v, 0).Err())
 		owner, token, err := Current(ctx, rdb, "sb-bad")
@@ -136,7 +136,7 @@ func TestCurrentRefusesAMalformedLease(t *testing.T) {
 // non-owner, can reach the owner.
 func TestLeaseNamesTheOwnersAddress(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	a, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-a", Addr: "10.0.0.7:7402"}, time.Minute)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = a.Release(context.Background()) })
