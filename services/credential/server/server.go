@@ -47,6 +47,7 @@ type Config struct {
 	GrantTTL         time.Duration // GRANT_TTL: lifetime of a grant
 	ReissueBelow     time.Duration // GRANT_REISSUE_BELOW: re-issue on delivery when less remains
 	TrustWindow      time.Duration // RESOLUTION_TRUST_WINDOW: how long the proxy uses a cached resolution without Redis; revoking calls wait this long (+10%)
+	ResolveBudget    time.Duration // PROXY_RESOLVE_BUDGET: how long a proxied request retries resolving its handle while Redis is unavailable
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
@@ -63,6 +64,7 @@ func DefaultConfig() Config {
 		GrantTTL:        4 * time.Hour,
 		ReissueBelow:    time.Hour,
 		TrustWindow:     25 * time.Millisecond,
+		ResolveBudget:   10 * time.Second,
 	}
 }
 
@@ -82,6 +84,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.OverlapWindow, "OVERLAP_WINDOW", c.OverlapWindow, "how long a rotated-out handle still resolves")
 	l.Duration(&c.GrantTTL, "GRANT_TTL", c.GrantTTL, "lifetime of a handle grant")
 	l.Duration(&c.ReissueBelow, "GRANT_REISSUE_BELOW", c.ReissueBelow, "re-issue a grant on delivery when less than this remains")
+	l.Duration(&c.ResolveBudget, "PROXY_RESOLVE_BUDGET", c.ResolveBudget, "how long a proxied request retries resolving its handle while Redis is unavailable (a failover), within the request's own deadline; 0: no retry")
 	l.Duration(&c.TrustWindow, "RESOLUTION_TRUST_WINDOW", c.TrustWindow, "how long the proxy uses a cached handle resolution without Redis; every revoking call waits this long plus 10% before it returns (0: no cache)")
 }
 
@@ -112,6 +115,9 @@ func (c *Config) Validate() error {
 	}
 	if err := config.CheckPeerAddr("INGEST_ADDR", c.IngestAddr, true); err != nil {
 		errs = append(errs, err)
+	}
+	if c.ResolveBudget < 0 {
+		bad("PROXY_RESOLVE_BUDGET", errors.New("must not be negative"))
 	}
 	if _, _, err := c.policies(); err != nil {
 		errs = append(errs, err)
@@ -236,7 +242,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend,
 		Provider: providerPolicy, Backend: backendPolicy,
 		Ingest: ingestv1.NewIngestServiceClient(conn), AttestationKey: attKey,
-		Registerer: srv.Registry(), Logger: log,
+		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,
 	})
 	if err != nil {
 		_ = rdb.Close()
