@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,24 +75,6 @@ func (b *balancer) proxy(c net.Conn) {
 	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
 	<-done
-}
-
-var (
-	sandboxBinOnce sync.Once
-	sandboxBin     string
-	sandboxBinErr  error
-)
-
-// sandboxBinary builds the sandbox service binary once per test binary.
-func sandboxBinary(t *testing.T) string {
-	sandboxBinOnce.Do(func() {
-		sandboxBin = filepath.Join(filepath.Dir(wrapperBin), "sandbox")
-		build := exec.Command("go", "build", "-o", sandboxBin, "agentplane.dev/services/sandbox/cmd/sandbox")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		sandboxBinErr = build.Run()
-	})
-	require.NoError(t, sandboxBinErr, "build the sandbox service")
-	return sandboxBin
 }
 
 // sandboxReplica is one sandbox-service replica as its own process.

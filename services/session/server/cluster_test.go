@@ -28,11 +28,11 @@ func TestSessionsServeAgainAfterClusterMasterKill(t *testing.T) {
 		ids = append(ids, e.create(fmt.Sprintf("ses-cl-%d", i), "u1", fmt.Sprintf("/w/%d", i)).GetSessionId())
 	}
 	ctx := context.Background()
-	victim, err := cl.MasterOf(ctx, "ses:{"+ids[0]+"}:meta")
+	victim, err := cl.MasterOf(ctx, "ses:{ses/"+ids[0]+"}:meta")
 	require.NoError(t, err)
 	var affected []string
 	for _, id := range ids {
-		m, err := cl.MasterOf(ctx, "ses:{"+id+"}:meta")
+		m, err := cl.MasterOf(ctx, "ses:{ses/"+id+"}:meta")
 		require.NoError(t, err)
 		if m == victim {
 			affected = append(affected, id)
