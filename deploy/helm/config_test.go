@@ -3,6 +3,7 @@ package helm
 import (
 	"encoding/base64"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -54,6 +55,7 @@ func TestRenderedConfigIsAccepted(t *testing.T) {
 						t.Fatalf("%s: args %v do not start with the subcommand %q", w.name, c.Args, w.component)
 					}
 					env := podEnv(t, r, c)
+					mountSecretStandIns(t, w.pod.Spec, c, env)
 					if w.component == "sandbox" {
 						// Owner leases name the pod's own address (owner-aware routing).
 						want := fmt.Sprintf("10.1.2.3:%d", containerPort(c, "grpc"))
@@ -88,7 +90,9 @@ func TestRenderedConfigCheckCatchesBadAddress(t *testing.T) {
 			continue
 		}
 		c := w.pod.Spec.Containers[0]
-		err := loadConfig["session"](c.Args[1:], lookup(podEnv(t, r, c)))
+		env := podEnv(t, r, c)
+		mountSecretStandIns(t, w.pod.Spec, c, env)
+		err := loadConfig["session"](c.Args[1:], lookup(env))
 		if err == nil || !strings.Contains(err.Error(), "AGENTPLANE_SANDBOX_ADDR") {
 			t.Fatalf("want AGENTPLANE_SANDBOX_ADDR refused, got %v", err)
 		}
@@ -133,6 +137,47 @@ func podEnv(t *testing.T, r *rendered, c corev1.Container) map[string]string {
 		}
 	}
 	return env
+}
+
+// mountSecretStandIns models the container's Secret volumes: each mounted
+// key becomes a file with a well-formed stand-in under a temporary
+// directory, and environment values naming a path under the mount point
+// (AGENTPLANE_*_FILE) are pointed there.
+func mountSecretStandIns(t *testing.T, pod corev1.PodSpec, c corev1.Container, env map[string]string) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		var vol *corev1.Volume
+		for i := range pod.Volumes {
+			if pod.Volumes[i].Name == m.Name {
+				vol = &pod.Volumes[i]
+			}
+		}
+		if vol == nil || vol.Secret == nil {
+			continue
+		}
+		dir := t.TempDir()
+		for _, it := range vol.Secret.Items {
+			if err := os.WriteFile(filepath.Join(dir, it.Path), []byte(secretFileStandIn(it.Path)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		prefix := strings.TrimSuffix(m.MountPath, "/") + "/"
+		for k, v := range env {
+			if strings.HasPrefix(v, prefix) {
+				env[k] = filepath.Join(dir, strings.TrimPrefix(v, prefix))
+			}
+		}
+	}
+}
+
+func secretFileStandIn(path string) string {
+	switch path {
+	case "credential-key", "attestation-key":
+		return base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
+	case "redis-password":
+		return "redis-password"
+	}
+	return "stand-in-" + path
 }
 
 // secretStandIn is a well-formed value for a Secret-sourced variable.
