@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -289,18 +290,25 @@ func (c *Cluster) MasterOf(ctx context.Context, key string) (*Server, error) {
 		}
 		rc := redis.NewClient(n.Options())
 		slot, err := rc.ClusterKeySlot(ctx, key).Result()
-		var slots []redis.ClusterSlot
+		var shards []redis.ClusterShard
 		if err == nil {
-			slots, err = rc.ClusterSlots(ctx).Result()
+			shards, err = rc.ClusterShards(ctx).Result()
 		}
 		_ = rc.Close()
 		if err != nil {
 			continue
 		}
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+		for _, sh := range shards {
+			if !slotIn(sh.Slots, slot) {
+				continue
+			}
+			for _, node := range sh.Nodes {
+				if node.Role != "master" || node.Health != "online" {
+					continue
+				}
+				addr := net.JoinHostPort(node.IP, strconv.FormatInt(node.Port, 10))
 				for _, m := range c.Nodes {
-					if m.Addr() == r.Nodes[0].Addr {
+					if m.Addr() == addr {
 						return m, nil
 					}
 				}
@@ -308,6 +316,15 @@ func (c *Cluster) MasterOf(ctx context.Context, key string) (*Server, error) {
 		}
 	}
 	return nil, fmt.Errorf("no node serves the slot of %q", key)
+}
+
+func slotIn(ranges []redis.SlotRange, slot int64) bool {
+	for _, r := range ranges {
+		if r.Start <= slot && slot <= r.End {
+			return true
+		}
+	}
+	return false
 }
 
 // FlushAll empties every master.
@@ -447,7 +464,7 @@ func (g *SentinelGroup) MasterAddr(ctx context.Context) (string, error) {
 // Failover asks a sentinel for a planned failover (SENTINEL FAILOVER).
 func (g *SentinelGroup) Failover(ctx context.Context) error {
 	sc := redis.NewSentinelClient(g.Sentinels[0].Options())
-	defer sc.Close()
+	defer func() { _ = sc.Close() }()
 	return sc.Failover(ctx, g.MasterName).Err()
 }
 
