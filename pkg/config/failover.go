@@ -12,23 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// IsRedisUnavailable reports an error that means the store cannot answer
-// now but may soon: the node is down or unreachable, the connection broke,
-// or the deployment is failing over (CLUSTERDOWN, TRYAGAIN, LOADING,
-// READONLY from a demoted master, MASTERDOWN, NOREPLICAS). Error
-// translators map it to UNAVAILABLE with RetryInfo, never INTERNAL; a
-// caller's own cancellation or deadline is not it.
-func IsRedisUnavailable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	if isConnError(err) || errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) {
-		return true
-	}
-	return redis.IsClusterDownError(err) || redis.IsTryAgainError(err) || redis.IsLoadingError(err) ||
-		redis.IsReadOnlyError(err) || redis.IsMasterDownError(err) || redis.IsNoReplicasError(err)
-}
-
 // isConnError is a failed dial, a broken or reset connection, or a socket
 // timeout: the node may be gone.
 func isConnError(err error) bool {

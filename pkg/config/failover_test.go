@@ -3,8 +3,6 @@ package config_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 
 	"agentplane.dev/pkg/config"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/storeerr"
 )
 
 // A Cluster client from config.Redis follows a killed master's promoted
@@ -54,7 +53,7 @@ func TestClusterClientFollowsPromotionAtOnce(t *testing.T) {
 			break
 		}
 		failures++
-		require.True(t, config.IsRedisUnavailable(err) || errors.Is(err, context.DeadlineExceeded), "failover error %v", err)
+		require.True(t, storeerr.Unavailable(err) || errors.Is(err, context.DeadlineExceeded), "failover error %v", err)
 		require.True(t, time.Now().Before(deadline), "the key's slot never served again: %v", err)
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -72,33 +71,6 @@ func TestClusterReloadIntervalOption(t *testing.T) {
 	rdb, err := config.Redis("redis+cluster://127.0.0.1:1,127.0.0.1:2?cluster_reload_interval=2s&dial_timeout=1s")
 	require.NoError(t, err)
 	require.NoError(t, rdb.Close())
-}
-
-// IsRedisUnavailable on real errors: a dead server, a replica refusing a
-// write; not a caller's own cancellation or a command error.
-func TestIsRedisUnavailable(t *testing.T) {
-	ctx := t.Context()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	require.Error(t, rdb.Do(ctx, "NOSUCHCOMMAND").Err())
-	require.False(t, config.IsRedisUnavailable(rdb.Do(ctx, "NOSUCHCOMMAND").Err()))
-
-	host, port, _ := strings.Cut(srv.Addr(), ":")
-	replica := redistest.Start(t, redistest.WithArgs("--replicaof", host, port))
-	rc := replica.Client(t)
-	werr := rc.Set(ctx, "k", "v", 0).Err()
-	require.True(t, redis.IsReadOnlyError(werr), "%v", werr)
-	require.True(t, config.IsRedisUnavailable(werr))
-
-	require.NoError(t, srv.Kill())
-	derr := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1}).Ping(ctx).Err()
-	require.True(t, config.IsRedisUnavailable(derr), "%v", derr)
-	require.True(t, config.IsRedisUnavailable(fmt.Errorf("store: %w", derr)), "wrapped")
-
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	require.False(t, config.IsRedisUnavailable(rc.Get(cctx, "k").Err()))
-	require.False(t, config.IsRedisUnavailable(nil))
 }
 
 // A Sentinel client from config.Redis follows a planned SENTINEL FAILOVER:
@@ -121,7 +93,7 @@ func TestSentinelClientFollowsFailover(t *testing.T) {
 		cancel()
 		if err != nil {
 			failures++
-			require.True(t, config.IsRedisUnavailable(err) || errors.Is(err, context.DeadlineExceeded), "failover error %v", err)
+			require.True(t, storeerr.Unavailable(err) || errors.Is(err, context.DeadlineExceeded), "failover error %v", err)
 		}
 		if addr, _ := g.MasterAddr(ctx); addr == g.Replica.Addr() && err == nil {
 			// Written after the switch: it must be on the new master.

@@ -20,8 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"agentplane.dev/pkg/config"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/attestation"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/scope"
@@ -220,7 +220,7 @@ func bearer(h http.Header) (string, bool) {
 // failing, and the scripted runtime does not retry by itself.
 func (p *Proxy) resolve(ctx context.Context, raw, sandboxID string) (*grants.Resolved, error) {
 	res, err := p.cfg.Resolver.Resolve(ctx, raw, sandboxID)
-	if err == nil || p.cfg.ResolveBudget <= 0 || !config.IsRedisUnavailable(err) {
+	if err == nil || p.cfg.ResolveBudget <= 0 || !storeerr.Unavailable(err) {
 		return res, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ResolveBudget)
@@ -234,7 +234,7 @@ func (p *Proxy) resolve(ctx context.Context, raw, sandboxID string) (*grants.Res
 		}
 		pause = min(2*pause, time.Second)
 		p.metrics.resolveRetries.Inc()
-		if res, err = p.cfg.Resolver.Resolve(ctx, raw, sandboxID); err == nil || !config.IsRedisUnavailable(err) {
+		if res, err = p.cfg.Resolver.Resolve(ctx, raw, sandboxID); err == nil || !storeerr.Unavailable(err) {
 			return res, err
 		}
 	}
