@@ -1,6 +1,7 @@
 # agentplane: one Makefile with the canonical targets.
 #   make dev        start the whole suite on this machine (agentplane dev)
 #   make test       every module's tests against private redis-servers, plus the chart checks
+#   make test-redis-topologies  the store and fence suites on a real Redis Cluster and Sentinel
 #   make generate   regenerate pkg/gen from proto/ with the pinned local plugins
 #   make lint       buf lint + format + breaking, go vet, golangci-lint
 #   make bench      benchmarks side by side with their references (see docs/benchmarks.md)
@@ -13,7 +14,7 @@ BUF   := $(BIN)/buf
 MODULES = $(shell go list -m -f '{{.Dir}}')
 GOTEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go bench helm-check dev build clean
+.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go test-redis-topologies bench helm-check dev build clean
 
 all: lint test
 
@@ -53,6 +54,15 @@ test-go:
 	@for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test $(GOTEST_FLAGS) ./...) || exit 1; done
 
 test: test-go helm-check
+
+# The store and fence suites again on a real Redis Cluster (3 masters + 3 replicas) and a real
+# Sentinel group (pkg/redistest; `make test` runs them on one redis-server).
+REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ services/ingest:./internal/store/ \
+  services/session:./internal/store/ services/sandbox:./internal/store/,./internal/ownership/,./internal/leasestore/
+test-redis-topologies:
+	@for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
+	  m=$${s%%:*}; p=$${s#*:}; echo "== AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//,/ }"; \
+	  (cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//,/ }) || exit 1; done; done
 
 helm-check:
 	bash deploy/helm/check.sh

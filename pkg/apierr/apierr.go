@@ -22,6 +22,15 @@ import (
 // Domain is the ErrorInfo domain of every agentplane error.
 const Domain = "agentplane.dev"
 
+// ErrorInfo metadata keys shared by services and their callers.
+const (
+	// MetaOwner names the replica that owns the entity a call was about,
+	// on an error from a replica that does not (SANDBOX_OWNED_ELSEWHERE).
+	MetaOwner = "owner"
+	// MetaOwnerAddr is that owner's gRPC address, when it advertises one.
+	MetaOwnerAddr = "owner_addr"
+)
+
 // Option adds detail to a status built by New.
 type Option func(*details)
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -23,6 +24,9 @@ import (
 //	rediss+sentinel://, rediss+cluster://              the same over TLS
 //
 // Options are go-redis' snake_case query parameters (dial_timeout=3s, max_retries=5, ...).
+// A Cluster URL also takes cluster_reload_interval (default DefaultClusterReload): how old
+// the slot map may get before a call reloads it; the client reloads it at once, besides,
+// when a node stops answering or the cluster reports a failover (reloadOnFailover).
 // The client is created without I/O; readiness is the gRPC health check's business. Every
 // client honours context deadlines on the socket (ContextTimeoutEnabled), so a caller's
 // bound holds even when Redis is paused rather than down.
@@ -107,6 +111,17 @@ func parseRedisURLQuoting(rawURL, password string) (func() redis.UniversalClient
 		if strings.Trim(path, "/") != "" {
 			return nil, errors.New("cluster URL takes no path (Cluster has only db 0)")
 		}
+		reload := DefaultClusterReload
+		q := base.Query()
+		if v := q.Get("cluster_reload_interval"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("cluster_reload_interval=%q: want a positive duration", v)
+			}
+			reload = d
+			q.Del("cluster_reload_interval")
+			base.RawQuery = q.Encode()
+		}
 		o, err := redis.ParseClusterURL(base.String())
 		if err != nil {
 			return nil, err
@@ -116,7 +131,12 @@ func parseRedisURLQuoting(rawURL, password string) (func() redis.UniversalClient
 		}
 		o.ContextTimeoutEnabled = true
 		o.MaintNotificationsConfig = noMaintNotifications()
-		return func() redis.UniversalClient { return redis.NewClusterClient(o) }, nil
+		o.ClusterStateReloadInterval = reload
+		return func() redis.UniversalClient {
+			cc := redis.NewClusterClient(o)
+			cc.AddHook(&reloadOnFailover{cc: cc})
+			return cc
+		}, nil
 
 	default:
 		return nil, fmt.Errorf("unsupported scheme %q (want redis, rediss, unix, redis+sentinel or redis+cluster)", scheme)

@@ -67,6 +67,7 @@ func (g *gate) sizes() []int {
 // gatedLease starts a Redis, a client with a gate and a lease on res.
 func gatedLease(t *testing.T, res string) (*redis.Client, *gate, *fence.Lease) {
 	t.Helper()
+	// One node: the gate holds commands on that node's wire.
 	rdb := redistest.Start(t).Client(t)
 	g := newGate()
 	rdb.AddHook(g)

@@ -25,14 +25,14 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
 		os.Exit(runHelper(mode))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(redistest.Shared(m))
 }
 
 var ctx = context.Background()
 
 // waitGone polls until key has expired. The bound only turns a hang into a
 // failure; it asserts nothing about timing.
-func waitGone(t testing.TB, rdb *redis.Client, key string) {
+func waitGone(t testing.TB, rdb redis.UniversalClient, key string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for rdb.Exists(ctx, key).Val() != 0 {
@@ -66,7 +66,7 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 	}
 	for range 5 { // FLUSHALL loses the counter; the TIME floor remains
 		next(time.Minute)
-		require.NoError(t, rdb.FlushAll(ctx).Err())
+		require.NoError(t, redistest.FlushAll(ctx, rdb))
 	}
 	for range 3 { // restart without persistence
 		next(time.Minute)
@@ -84,7 +84,7 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 // A token key set far ahead of TIME (e.g. restored from a snapshot taken on
 // a server with a faster clock) still only moves forward.
 func TestTokenCounterAboveTimeFloor(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	future := uint64(time.Now().Add(24*time.Hour).UnixMicro()) + 12345
 	require.NoError(t, rdb.Set(ctx, fence.TokenKey("r"), future, 0).Err())
 	l, err := fence.Acquire(ctx, rdb, "r", "a", time.Minute)
@@ -97,7 +97,7 @@ func TestTokenCounterAboveTimeFloor(t *testing.T) {
 // stored, the granted token is canonical, at least the TIME floor, and
 // written back to the token key; a malformed token counts as absent.
 func TestAcquireStoredTokenForms(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	floor := uint64(time.Now().Add(-time.Hour).UnixMicro())
 	for i, stored := range []string{"", "5", "garbage", "9e99", "0x1", "99999999999999999999999x", "1700000000abcdef"} {
 		res := "forms-" + strconv.Itoa(i)
@@ -122,7 +122,7 @@ func TestAcquireStoredTokenForms(t *testing.T) {
 }
 
 func TestConcurrentGoroutinesOneHolderPerPeriod(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	const res, workers, rounds = "race", 16, 30
 	var last uint64
 	for round := range rounds {
@@ -161,7 +161,7 @@ func TestConcurrentGoroutinesOneHolderPerPeriod(t *testing.T) {
 }
 
 func TestRenewAndReleaseSemantics(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	lk := fence.LeaseKey("r")
 
 	t.Run("renew extends", func(t *testing.T) {
@@ -213,7 +213,7 @@ func TestRenewAndReleaseSemantics(t *testing.T) {
 }
 
 func TestValidation(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	for _, r := range []string{"", "a{b", "a}b", "{x}"} {
 		_, err := fence.Acquire(ctx, rdb, r, "o", time.Second)
 		require.ErrorIs(t, err, fence.ErrInvalid, r)
@@ -320,7 +320,7 @@ func TestGuardedWrite(t *testing.T) {
 // Each single op takes the one-op script; a stale token still writes
 // nothing, whatever the op.
 func TestGuardedSingleOps(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	const res = "one"
 	k, h := fence.Key(res, "k"), fence.Key(res, "h")
 	a, err := fence.Acquire(ctx, rdb, res, "a", time.Minute)
@@ -353,7 +353,7 @@ func TestGuardedSingleOps(t *testing.T) {
 // A token key of the wrong type makes acquire fail without leaving a lease
 // behind.
 func TestAcquireTokenKeyWrongType(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	require.NoError(t, rdb.HSet(ctx, fence.TokenKey("w"), "f", "1").Err())
 	_, err := fence.Acquire(ctx, rdb, "w", "a", time.Minute)
 	require.ErrorContains(t, err, "WRONGTYPE")
@@ -361,7 +361,7 @@ func TestAcquireTokenKeyWrongType(t *testing.T) {
 }
 
 func TestGuardedScriptMalformedTokens(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	l, err := fence.Acquire(ctx, rdb, "m", "a", time.Minute)
 	require.NoError(t, err)
 	k := fence.Key("m", "v")
@@ -389,7 +389,7 @@ func TestGuardedScriptMalformedTokens(t *testing.T) {
 // The paused-holder scenario, in process: A stops renewing ("paused") past
 // its TTL, B acquires and writes, A wakes up and writes: rejected.
 func TestPausedHolderInProcess(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	const iterations = 250
 	accepted := 0
 	for i := range iterations {
@@ -412,7 +412,7 @@ func TestPausedHolderInProcess(t *testing.T) {
 }
 
 func TestHolderRenewsAndReleases(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
 	h, err := fence.Hold(ctx, rdb, "h", "a", 90*time.Millisecond)
@@ -450,7 +450,7 @@ func waitDone(t *testing.T, h *fence.Holder) {
 
 func TestHolderDoneOnLoss(t *testing.T) {
 	t.Run("lease deleted", func(t *testing.T) {
-		rdb := redistest.Start(t).Client(t)
+		rdb := redistest.Universal(t)
 		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
 		require.NoError(t, err)
 		require.NoError(t, rdb.Del(ctx, fence.LeaseKey("h")).Err())
@@ -458,10 +458,10 @@ func TestHolderDoneOnLoss(t *testing.T) {
 		require.ErrorIs(t, h.Release(ctx), fence.ErrLeaseLost)
 	})
 	t.Run("taken over after flush", func(t *testing.T) {
-		rdb := redistest.Start(t).Client(t)
+		rdb := redistest.Universal(t)
 		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
 		require.NoError(t, err)
-		require.NoError(t, rdb.FlushAll(ctx).Err())
+		require.NoError(t, redistest.FlushAll(ctx, rdb))
 		_, err = fence.Acquire(ctx, rdb, "h", "b", time.Minute)
 		require.NoError(t, err)
 		waitDone(t, h)
@@ -492,7 +492,7 @@ func TestHolderDoneOnLoss(t *testing.T) {
 // A Lease caches its keys and token string; a copy whose exported fields
 // were changed must act on the changed fields, never on the cache.
 func TestLeaseCopyWithChangedFields(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	a, err := fence.Acquire(ctx, rdb, "c1", "a", time.Minute)
 	require.NoError(t, err)
 	b, err := fence.Acquire(ctx, rdb, "c2", "b", time.Minute)

@@ -35,7 +35,7 @@ func TestCRC16KnownValue(t *testing.T) {
 
 // Every script the package sends touches keys of one hash slot.
 func TestAllScriptKeysShareOneSlot(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
 

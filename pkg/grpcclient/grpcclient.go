@@ -7,18 +7,26 @@ package grpcclient
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 )
 
-// Dial returns a client connection to addr (host:port or any gRPC target such
-// as dns:///name:port). token, when not empty, is sent as
-// `authorization: Bearer <token>`. Extra options come last so callers can
-// replace the transport credentials (mTLS in production).
+// Dial returns a client connection to addr, any form ParseTarget accepts: a
+// list or a dns:/// name balances calls round robin over its backends. token,
+// when not empty, is sent as `authorization: Bearer <token>`. Extra options
+// come last so callers can replace the transport credentials (mTLS in
+// production).
 func Dial(addr, token string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	t, err := ParseTarget(addr)
+	if err != nil {
+		return nil, fmt.Errorf("grpcclient: address %q: %w", addr, err)
+	}
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(
@@ -28,12 +36,33 @@ func Dial(addr, token string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
 	if token != "" {
 		base = append(base, grpc.WithPerRPCCredentials(bearer(token)))
 	}
-	conn, err := grpc.NewClient(addr, append(base, opts...)...)
+	target := t.Raw
+	if t.RoundRobin() {
+		base = append(base, grpc.WithDefaultServiceConfig(roundRobin))
+	}
+	if len(t.Addrs) > 1 {
+		// A list: a resolver local to this connection hands gRPC the
+		// addresses; rebuilt (on leaving idle) it hands them again.
+		r := manual.NewBuilderWithScheme(listScheme)
+		state := resolver.State{}
+		for _, a := range t.Addrs {
+			state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+		}
+		r.InitialState(state)
+		base = append(base, grpc.WithResolvers(r))
+		target = listScheme + ":///" + strings.Join(t.Addrs, ",")
+	}
+	conn, err := grpc.NewClient(target, append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("grpcclient: dial %s: %w", addr, err)
 	}
 	return conn, nil
 }
+
+const (
+	listScheme = "agentplane-list"
+	roundRobin = `{"loadBalancingConfig":[{"round_robin":{}}]}`
+)
 
 // bearer is the internal token as per-RPC credentials.
 type bearer string

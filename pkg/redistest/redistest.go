@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -49,8 +50,18 @@ const (
 type Option func(*config)
 
 type config struct {
-	unix bool
-	args []string
+	unix     bool
+	args     []string
+	sentinel *sentinelConf
+}
+
+// sentinelConf makes the server a sentinel monitoring master.
+type sentinelConf struct{ name, addr string }
+
+// withSentinel runs the server as a sentinel (redis-server --sentinel)
+// monitoring the master at addr under name, quorum 2, down-after 1s.
+func withSentinel(name, addr string) Option {
+	return func(c *config) { c.sentinel = &sentinelConf{name: name, addr: addr} }
 }
 
 // WithUnixSocket makes the server listen on a Unix socket instead of TCP.
@@ -293,6 +304,21 @@ func (s *Server) start() error {
 		args = append(args, "--unixsocket", s.sock, "--unixsocketperm", "700")
 	}
 	args = append(args, s.cfg.args...)
+	if sc := s.cfg.sentinel; sc != nil {
+		// A sentinel rewrites its config file (what it learned survives a
+		// restart); it takes no persistence options.
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		if _, err := os.Stat(conf); errors.Is(err, os.ErrNotExist) {
+			host, port, _ := strings.Cut(sc.addr, ":")
+			text := fmt.Sprintf("sentinel monitor %[1]s %[2]s %[3]s 2\nsentinel down-after-milliseconds %[1]s 1000\n"+
+				"sentinel failover-timeout %[1]s 10000\nsentinel parallel-syncs %[1]s 1\n", sc.name, host, port)
+			if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+				return err
+			}
+		}
+		args = []string{conf, "--sentinel", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
+			"--dir", s.dir, "--logfile", logFile, "--daemonize", "no", "--protected-mode", "no"}
+	}
 	cmd := exec.Command(Binary, args...)
 	// Kill redis with us if the test binary dies without running cleanups.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -14,7 +14,7 @@ import (
 	"agentplane.dev/pkg/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 func TestStartTCP(t *testing.T) {
 	srv := redistest.Start(t)
@@ -108,4 +108,67 @@ func TestCloseKillsPausedServer(t *testing.T) {
 	require.NoError(t, srv.Close())
 	require.False(t, srv.Running())
 	require.NoError(t, srv.Close())
+}
+
+// A real Cluster: 3 masters with a replica each; a key's master killed with
+// -9 is replaced by its replica, and the data written before is there.
+func TestClusterFailover(t *testing.T) {
+	c := redistest.StartCluster(t)
+	require.Len(t, c.Nodes, 6)
+	ctx := t.Context()
+	cc := c.Client(t)
+	require.NoError(t, cc.Set(ctx, "{k}a", "1", 0).Err())
+	require.NoError(t, cc.Do(ctx, "WAIT", 1, 5000).Err())
+	m, err := c.MasterOf(ctx, "{k}a")
+	require.NoError(t, err)
+	require.NoError(t, m.Kill())
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitHealthy(wctx))
+	m2, err := c.MasterOf(ctx, "{k}a")
+	require.NoError(t, err)
+	require.NotEqual(t, m.Addr(), m2.Addr())
+	// A fresh client (the old one's slot map is the client's business:
+	// pkg/config's tests cover following a failover).
+	require.Equal(t, "1", c.Client(t).Get(ctx, "{k}a").Val())
+}
+
+// A real Sentinel group: a planned failover promotes the replica and a
+// failover client follows it.
+func TestSentinelFailover(t *testing.T) {
+	g := redistest.StartSentinel(t)
+	ctx := t.Context()
+	c := g.Client(t)
+	require.NoError(t, c.Set(ctx, "a", "1", 0).Err())
+	require.NoError(t, c.Do(ctx, "WAIT", 1, 5000).Err())
+	before, err := g.MasterAddr(ctx)
+	require.NoError(t, err)
+	require.Equal(t, g.Master.Addr(), before)
+	require.NoError(t, g.Failover(ctx))
+	require.Eventually(t, func() bool {
+		a, err := g.MasterAddr(ctx)
+		return err == nil && a == g.Replica.Addr()
+	}, 60*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return c.Set(ctx, "b", "2", 0).Err() == nil }, 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, "1", c.Get(ctx, "a").Val())
+}
+
+// Universal follows AGENTPLANE_TEST_REDIS.
+func TestUniversalTopologies(t *testing.T) {
+	for _, topo := range []string{"single", "cluster", "sentinel"} {
+		t.Run(topo, func(t *testing.T) {
+			t.Setenv(redistest.EnvTopology, topo)
+			c := redistest.Universal(t)
+			require.NoError(t, c.Set(t.Context(), "{x}k", topo, 0).Err())
+			require.Equal(t, topo, c.Get(t.Context(), "{x}k").Val())
+			switch topo {
+			case "cluster":
+				require.IsType(t, &redis.ClusterClient{}, c)
+			default:
+				require.IsType(t, &redis.Client{}, c)
+			}
+			// The next caller gets an empty store.
+			require.Zero(t, redistest.Universal(t).Exists(t.Context(), "{x}k").Val())
+		})
+	}
 }

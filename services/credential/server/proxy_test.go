@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -397,4 +398,55 @@ func TestProxyTitle(t *testing.T) {
 	require.Equal(t, uint64(3), it.GetVersion())
 	require.JSONEq(t, `{"title":"Fix the build"}`, string(it.GetPayload()))
 	require.Equal(t, "rs-s3", h.ingest.ingests[1].GetScope().GetV1().GetRuntimeSessionId())
+}
+
+// A proxied request whose handle resolution finds Redis down (a failover:
+// the node refuses connections) retries within PROXY_RESOLVE_BUDGET and
+// succeeds once Redis is back, instead of failing the runtime's request.
+func TestProxyRetriesResolutionWhileRedisIsDown(t *testing.T) {
+	h := startHarness(t)
+	m := h.mint(t, "sbx-fo", "/w/fo", "s1", "sk-failover-secret", wt, 100)
+	require.NoError(t, h.rdb.Client(t).Save(bg).Err()) // the restart below loads it
+	require.NoError(t, h.rdb.Kill())
+
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		req, err := http.NewRequest("POST", h.proxyURL+"/s/sbx-fo/provider/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+m.handle)
+		resp, err := h.http.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		_ = resp.Body.Close()
+		done <- result{code: resp.StatusCode}
+	}()
+	// The request waits (it has not answered 503) while Redis is down.
+	require.Eventually(t, func() bool {
+		resp, err := h.http.Get(h.metrics)
+		if err != nil {
+			return false
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return regexp.MustCompile(`(?m)^agentplane_credential_proxy_resolve_retries_total [1-9]`).Match(body)
+	}, 30*time.Second, 20*time.Millisecond)
+	select {
+	case r := <-done:
+		t.Fatalf("the request ended while Redis was down: %+v", r)
+	default:
+	}
+	h.rdb.Start(t)
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, http.StatusOK, r.code)
+	require.Equal(t, []string{"Bearer sk-failover-secret"}, h.up.last().Header.Values("Authorization"))
 }

@@ -47,6 +47,7 @@ type Config struct {
 	GrantTTL         time.Duration // GRANT_TTL: lifetime of a grant
 	ReissueBelow     time.Duration // GRANT_REISSUE_BELOW: re-issue on delivery when less remains
 	TrustWindow      time.Duration // RESOLUTION_TRUST_WINDOW: how long the proxy uses a cached resolution without Redis; revoking calls wait this long (+10%)
+	ResolveBudget    time.Duration // PROXY_RESOLVE_BUDGET: how long a proxied request retries resolving its handle while Redis is unavailable
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
@@ -63,6 +64,7 @@ func DefaultConfig() Config {
 		GrantTTL:        4 * time.Hour,
 		ReissueBelow:    time.Hour,
 		TrustWindow:     25 * time.Millisecond,
+		ResolveBudget:   10 * time.Second,
 	}
 }
 
@@ -74,7 +76,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.ProxyAddr, "PROXY_ADDR", c.ProxyAddr, "credential proxy HTTP listen address")
 	l.String(&c.ProviderUpstream, "PROVIDER_UPSTREAM", c.ProviderUpstream, "OpenAI-compatible provider base URL for the provider/* route; empty disables it")
 	l.String(&c.BackendUpstream, "BACKEND_UPSTREAM", c.BackendUpstream, "backend base URL for the backend/* route; empty disables it")
-	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route")
+	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route; "+config.PeerAddrHelp)
 	l.String(&c.ProviderMethods, "PROXY_PROVIDER_METHODS", c.ProviderMethods, "comma-separated methods the provider/* route forwards (others: 405); TRACE and CONNECT are never allowed")
 	l.String(&c.ProviderHeaders, "PROXY_PROVIDER_HEADERS", c.ProviderHeaders, "comma-separated request headers the provider/* route forwards (a trailing * matches a prefix); others are dropped")
 	l.String(&c.BackendMethods, "PROXY_BACKEND_METHODS", c.BackendMethods, "comma-separated methods the backend/* route forwards (others: 405); TRACE and CONNECT are never allowed")
@@ -82,6 +84,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.OverlapWindow, "OVERLAP_WINDOW", c.OverlapWindow, "how long a rotated-out handle still resolves")
 	l.Duration(&c.GrantTTL, "GRANT_TTL", c.GrantTTL, "lifetime of a handle grant")
 	l.Duration(&c.ReissueBelow, "GRANT_REISSUE_BELOW", c.ReissueBelow, "re-issue a grant on delivery when less than this remains")
+	l.Duration(&c.ResolveBudget, "PROXY_RESOLVE_BUDGET", c.ResolveBudget, "how long a proxied request retries resolving its handle while Redis is unavailable (a failover), within the request's own deadline; 0: no retry")
 	l.Duration(&c.TrustWindow, "RESOLUTION_TRUST_WINDOW", c.TrustWindow, "how long the proxy uses a cached handle resolution without Redis; every revoking call waits this long plus 10% before it returns (0: no cache)")
 }
 
@@ -110,8 +113,11 @@ func (c *Config) Validate() error {
 			bad(name, err)
 		}
 	}
-	if c.IngestAddr == "" {
-		bad("INGEST_ADDR", errors.New("required"))
+	if err := config.CheckPeerAddr("INGEST_ADDR", c.IngestAddr, true); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ResolveBudget < 0 {
+		bad("PROXY_RESOLVE_BUDGET", errors.New("must not be negative"))
 	}
 	if _, _, err := c.policies(); err != nil {
 		errs = append(errs, err)
@@ -236,7 +242,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend,
 		Provider: providerPolicy, Backend: backendPolicy,
 		Ingest: ingestv1.NewIngestServiceClient(conn), AttestationKey: attKey,
-		Registerer: srv.Registry(), Logger: log,
+		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,
 	})
 	if err != nil {
 		_ = rdb.Close()

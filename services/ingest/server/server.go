@@ -40,17 +40,13 @@ func DefaultConfig() Config {
 // Bind registers every setting on l, with c's current values as defaults.
 func (c *Config) Bind(l *config.Loader) {
 	c.Common.Bind(l)
-	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service gRPC address (v2 scope membership checks)")
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service gRPC address (v2 scope membership checks); "+config.PeerAddrHelp)
 }
 
 // Validate reports every bad setting, naming its variable and flag.
 func (c *Config) Validate() error {
 	errs := []error{c.Common.Validate()}
-	if c.CredentialAddr == "" {
-		errs = append(errs, config.ErrorFor("CREDENTIAL_ADDR", errors.New("required")))
-	} else if _, _, err := net.SplitHostPort(c.CredentialAddr); err != nil {
-		errs = append(errs, config.ErrorFor("CREDENTIAL_ADDR", fmt.Errorf("want host:port: %w", err)))
-	}
+	errs = append(errs, config.CheckPeerAddr("CREDENTIAL_ADDR", c.CredentialAddr, true))
 	return errors.Join(errs...)
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/capacity"
@@ -40,8 +41,12 @@ type Config struct {
 	// still queued at shutdown, after the driver stopped; 0 drops them.
 	NotifyDrain time.Duration
 
-	ReplicaID string        // SANDBOX_REPLICA: this replica's name in owner leases
-	OwnerTTL  time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
+	ReplicaID string // SANDBOX_REPLICA: this replica's name in owner leases
+	// AdvertiseAddr (SANDBOX_ADVERTISE_ADDR) is the host:port other services
+	// reach this replica at, named in its owner leases; empty: GRPC_ADDR
+	// when that names a host (or the Listener's address).
+	AdvertiseAddr string
+	OwnerTTL      time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
 
 	Timers allocation.Timers // SANDBOX_CREATE_TIMEOUT, _HELLO_TIMEOUT, _HEARTBEAT, _DEAD_AFTER, _RECONNECT_WINDOW, _IDLE_STOP
 
@@ -92,16 +97,17 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.SandboxRoot, "SANDBOX_ROOT", c.SandboxRoot, "process-provider root directory (absolute)")
 	l.String(&c.WrapperBin, "WRAPPER_BIN", c.WrapperBin, "binary whose `wrapper` subcommand runs the wrapper; empty: this binary")
 	l.String(&c.WrapperArgs, "WRAPPER_ARGS", c.WrapperArgs, "extra wrapper flags, space separated")
-	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service (SessionNotifyService); empty only logs notifications")
+	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service (SessionNotifyService); empty only logs notifications; "+config.PeerAddrHelp)
 	l.Duration(&c.NotifyDrain, "SANDBOX_NOTIFY_DRAIN", c.NotifyDrain, "bound on sending queued notifications at shutdown; 0 drops them")
-	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only)")
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service; empty gives routes no handle (dev only); "+config.PeerAddrHelp)
 	l.String(&c.ProxyURL, "SANDBOX_PROXY_URL", c.ProxyURL, "credential proxy base URL handed to runtimes")
-	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial, comma separated; empty: GRPC_ADDR")
+	l.String(&c.ControlAddrs, "SANDBOX_CONTROL_ADDRS", c.ControlAddrs, "sandbox-service addresses wrappers dial in turn, comma separated (host:port, dns:///name:port or unix:path each); empty: GRPC_ADDR")
 	l.String(&c.AgentsDir, "AGENTS_DIR", c.AgentsDir, "directory of the pinned agents (`make agents` installs into agents/); empty: no opencode or kilo profile")
 	l.String(&c.AgentACP, "AGENT_ACP_COMMAND", c.AgentACP, "command line of the generic acp agent profile; empty: no acp profile")
 	l.String(&c.AgentModel, "AGENT_MODEL", c.AgentModel, "default model of the ACP agent profiles")
 	l.String(&c.AgentDefault, "AGENT_DEFAULT", c.AgentDefault, "agent profile of a session that names none")
 	l.String(&c.ReplicaID, "SANDBOX_REPLICA", c.ReplicaID, "this replica's name in owner leases")
+	l.String(&c.AdvertiseAddr, "SANDBOX_ADVERTISE_ADDR", c.AdvertiseAddr, "host:port callers reach this replica at, named in its owner leases; empty: GRPC_ADDR when it names a host")
 	l.Duration(&c.OwnerTTL, "SANDBOX_OWNER_TTL", c.OwnerTTL, "owner lease TTL of a sandbox")
 	l.Duration(&c.Timers.Create, "SANDBOX_CREATE_TIMEOUT", c.Timers.Create, "bound on creating a sandbox")
 	l.Duration(&c.Timers.FirstHello, "SANDBOX_HELLO_TIMEOUT", c.Timers.FirstHello, "launch → first Hello bound")
@@ -121,17 +127,16 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.SandboxRoot) {
 		bad("SANDBOX_ROOT", errors.New("must be an absolute path"))
 	}
-	for name, v := range map[string]string{"SESSION_ADDR": c.SessionAddr, "CREDENTIAL_ADDR": c.CredentialAddr} {
-		if v == "" {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			bad(name, fmt.Errorf("want host:port: %w", err))
-		}
-	}
+	errs = append(errs,
+		config.CheckPeerAddr("SESSION_ADDR", c.SessionAddr, false),
+		config.CheckPeerAddr("CREDENTIAL_ADDR", c.CredentialAddr, false))
+	// Wrappers try the control addresses in turn; each entry is one target
+	// (host:port, dns:///name:port or a unix: socket).
 	for _, a := range splitList(c.ControlAddrs) {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("want host:port[,host:port]: %w", err))
+		if t, err := grpcclient.ParseTarget(a); err != nil {
+			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("entry %q: %w", a, err))
+		} else if len(t.Addrs) > 1 {
+			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("entry %q: one target per entry", a))
 		}
 	}
 	if c.ProxyURL != "" {
@@ -145,8 +150,13 @@ func (c *Config) Validate() error {
 	if _, err := c.Agents().Resolve("", ""); err != nil {
 		bad("AGENT_DEFAULT", err)
 	}
-	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ": ") {
-		bad("SANDBOX_REPLICA", errors.New("required, without ':' or spaces"))
+	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ":@ ") {
+		bad("SANDBOX_REPLICA", errors.New("required, without ':', '@' or spaces"))
+	}
+	if c.AdvertiseAddr != "" {
+		if t, err := grpcclient.ParseTarget(c.AdvertiseAddr); err != nil || len(t.Addrs) != 1 {
+			bad("SANDBOX_ADVERTISE_ADDR", errors.New("want one host:port"))
+		}
 	}
 	if c.NotifyDrain < 0 {
 		bad("SANDBOX_NOTIFY_DRAIN", errors.New("must not be negative"))
@@ -185,6 +195,42 @@ func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, e
 		return c, err
 	}
 	return c, c.Validate()
+}
+
+// advertiseAddr is the address this replica's owner leases name: the
+// setting, else the listener's or GRPC_ADDR when it names a host; "" when
+// it listens on every interface without saying which one callers use.
+func (c *Config) advertiseAddr() string {
+	if c.AdvertiseAddr != "" {
+		return c.AdvertiseAddr
+	}
+	addr := c.GRPCAddr
+	if c.Listener != nil {
+		addr = c.Listener.Addr().String()
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
+		return ""
+	}
+	return addr
+}
+
+// localControlAddr is the address wrappers on this host dial when
+// SANDBOX_CONTROL_ADDRS is empty: the listener's, with an unspecified host
+// (":7402", "0.0.0.0:7402") made loopback, which a client cannot dial.
+func (c *Config) localControlAddr() string {
+	addr := c.GRPCAddr
+	if c.Listener != nil {
+		addr = c.Listener.Addr().String()
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
 }
 
 // wrapperCommand resolves the wrapper command.

@@ -29,6 +29,9 @@ import (
 // serves until ctx ends; nil after a clean drain.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger().With("service", "sandbox", "replica", cfg.ReplicaID)
+	if cfg.advertiseAddr() == "" {
+		log.Warn("no address to advertise in owner leases (set AGENTPLANE_SANDBOX_ADVERTISE_ADDR): callers find owners through their balancer only")
+	}
 	rdb, err := cfg.Redis()
 	if err != nil {
 		return err
@@ -77,14 +80,11 @@ func Run(ctx context.Context, cfg Config) error {
 	notifier := notify.New(notifyClient, log.With("component", "notify"), 0)
 	control := splitList(cfg.ControlAddrs)
 	if len(control) == 0 {
-		control = []string{cfg.GRPCAddr}
-		if cfg.Listener != nil {
-			control = []string{cfg.Listener.Addr().String()}
-		}
+		control = []string{cfg.localControlAddr()}
 	}
 	drv := driver.New(driver.Config{
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
-		ReplicaID: cfg.ReplicaID, OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
+		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")})},

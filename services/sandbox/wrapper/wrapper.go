@@ -31,7 +31,9 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"agentplane.dev/pkg/apierr"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
@@ -138,6 +140,12 @@ func parse(args []string) (Options, error) {
 	if len(o.ControlAddrs) == 0 || o.AllocationID == "" || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
 		return Options{}, errors.New("need --control-addr, --allocation and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
 	}
+	for _, a := range o.ControlAddrs {
+		// The same check the sandbox service applies to SANDBOX_CONTROL_ADDRS.
+		if _, err := grpcclient.ParseTarget(a); err != nil {
+			return Options{}, fmt.Errorf("--control-addr entry %q: %w", a, err)
+		}
+	}
 	if len(o.RuntimeCommand) == 0 {
 		self, err := os.Executable()
 		if err != nil {
@@ -223,6 +231,9 @@ const keptOutcomes = 16
 type wrapper struct {
 	opts Options
 	log  *slog.Logger
+	// ownerAddr is the owner a non-owner replica named at the last Hello;
+	// the next attempt dials it (once) instead of the next control address.
+	ownerAddr string
 
 	mu       sync.Mutex
 	routes   map[string]*routeState
@@ -271,6 +282,9 @@ func (w *wrapper) loop(ctx context.Context) int {
 	backoff := 100 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		addr := w.opts.ControlAddrs[attempt%len(w.opts.ControlAddrs)]
+		if w.ownerAddr != "" {
+			addr, w.ownerAddr = w.ownerAddr, ""
+		}
 		connected, shutdown := w.serve(ctx, addr)
 		if shutdown {
 			return ExitOK
@@ -315,6 +329,11 @@ func (w *wrapper) serve(ctx context.Context, addr string) (connected, shutdown b
 	}
 	first, err := stream.Recv()
 	if err != nil {
+		// Reached a replica that does not own the sandbox (through a
+		// balancer): it names the owner, try there next.
+		if apierr.Reason(err) == "SANDBOX_OWNED_ELSEWHERE" {
+			w.ownerAddr = apierr.Info(err).GetMetadata()[apierr.MetaOwnerAddr]
+		}
 		return false, false
 	}
 	if sd := first.GetShutdown(); sd != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"time"
 
@@ -65,9 +64,9 @@ func DefaultConfig() Config {
 // Bind registers every setting on l with c's values as defaults.
 func (c *Config) Bind(l *config.Loader) {
 	c.Common.Bind(l)
-	l.String(&c.SandboxAddr, "SANDBOX_ADDR", c.SandboxAddr, "sandbox service address (required)")
-	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service address; empty skips credential steps (dev only)")
-	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service address; empty skips history deletion (dev only)")
+	l.String(&c.SandboxAddr, "SANDBOX_ADDR", c.SandboxAddr, "sandbox service address (required); "+config.PeerAddrHelp)
+	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service address; empty skips credential steps (dev only); "+config.PeerAddrHelp)
+	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service address; empty skips history deletion (dev only); "+config.PeerAddrHelp)
 	l.Duration(&c.QueuedTimeout, "SESSION_QUEUED_TIMEOUT", c.QueuedTimeout, "queued messages older than this fail with preparation_timeout")
 	l.Duration(&c.AcceptedTimeout, "SESSION_ACCEPTED_TIMEOUT", c.AcceptedTimeout, "accepted messages older than this fail with no_outcome")
 	l.Duration(&c.Retention, "SESSION_RETENTION", c.Retention, "sessions idle this long are deleted")
@@ -87,20 +86,10 @@ func (c *Config) Bind(l *config.Loader) {
 func (c *Config) Validate() error {
 	errs := []error{c.Common.Validate()}
 	bad := func(name string, err error) { errs = append(errs, config.ErrorFor(name, err)) }
-	addr := func(name, v string, required bool) {
-		if v == "" {
-			if required {
-				bad(name, errors.New("required"))
-			}
-			return
-		}
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			bad(name, fmt.Errorf("want host:port: %w", err))
-		}
-	}
-	addr("SANDBOX_ADDR", c.SandboxAddr, true)
-	addr("CREDENTIAL_ADDR", c.CredentialAddr, false)
-	addr("INGEST_ADDR", c.IngestAddr, false)
+	errs = append(errs,
+		config.CheckPeerAddr("SANDBOX_ADDR", c.SandboxAddr, true),
+		config.CheckPeerAddr("CREDENTIAL_ADDR", c.CredentialAddr, false),
+		config.CheckPeerAddr("INGEST_ADDR", c.IngestAddr, false))
 	positive := map[string]time.Duration{
 		"SESSION_QUEUED_TIMEOUT": c.QueuedTimeout, "SESSION_ACCEPTED_TIMEOUT": c.AcceptedTimeout,
 		"SESSION_RETENTION": c.Retention, "SESSION_SWEEP_INTERVAL": c.SweepInterval,

@@ -48,7 +48,9 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 
 	conns := grpcclient.NewConns(cfg.InternalToken)
 	defer conns.Close()
-	sbxConn, err := conns.Dial(cfg.SandboxAddr)
+	// Sandbox replicas are not interchangeable: each sandbox has one owner.
+	// The router sends each call to the owner the sandbox service names.
+	sbxConn, err := conns.Dial(cfg.SandboxAddr, peers.SandboxRouter(conns).DialOption())
 	if err != nil {
 		_ = rdb.Close()
 		return fmt.Errorf("sandbox client: %w", err)

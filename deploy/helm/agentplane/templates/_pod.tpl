@@ -101,6 +101,14 @@ spec:
         {{- if eq $component "sandbox" }}
         - name: AGENTPLANE_SANDBOX_ISOLATION
           value: {{ $c.isolation | quote }}
+        # The owner lease of each sandbox names this address, so callers
+        # send the sandbox's calls to the pod that owns it.
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.podIP
+        - name: AGENTPLANE_SANDBOX_ADVERTISE_ADDR
+          value: {{ printf "$(POD_IP):%d" (int $c.ports.grpc) | quote }}
         - name: AGENTPLANE_SANDBOX_ROOT
           value: {{ $c.root | quote }}
         - name: AGENTPLANE_WRAPPER_BIN

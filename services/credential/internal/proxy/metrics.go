@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	denials        *prometheus.CounterVec
 	upstreamErrors prometheus.Counter
+	resolveRetries prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -17,9 +18,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "agentplane_credential_proxy_upstream_errors_total",
 			Help: "Proxy requests whose upstream could not be reached.",
 		}),
+		resolveRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentplane_credential_proxy_resolve_retries_total",
+			Help: "Handle resolutions retried because the credential store was unavailable (a Redis failover).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.denials, m.upstreamErrors} {
+		for _, c := range []prometheus.Collector{m.denials, m.upstreamErrors, m.resolveRetries} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/attestation"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/scope"
@@ -42,8 +43,12 @@ type Config struct {
 	Ingest            ingestv1.IngestServiceClient
 	AttestationKey    []byte
 	Registerer        prometheus.Registerer // proxy denial metrics; nil: not registered
-	Logger            *slog.Logger
-	Now               func() time.Time
+	// ResolveBudget bounds retrying a resolution while the store is
+	// unavailable (a Redis failover), within the request's own deadline;
+	// 0: no retry.
+	ResolveBudget time.Duration
+	Logger        *slog.Logger
+	Now           func() time.Time
 }
 
 // Proxy is the http.Handler.
@@ -130,7 +135,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.deny(w, "missing_handle", http.StatusUnauthorized, "bearer handle required")
 		return
 	}
-	res, err := p.cfg.Resolver.Resolve(r.Context(), raw, t.SandboxID)
+	res, err := p.resolve(r.Context(), raw, t.SandboxID)
 	if err != nil {
 		p.denyResolve(w, r, err)
 		return
@@ -207,6 +212,32 @@ func bearer(h http.Header) (string, bool) {
 		return "", false
 	}
 	return strings.TrimSpace(tok), true
+}
+
+// resolve resolves the handle, retrying with backoff while the store is
+// unavailable, for up to ResolveBudget and within the request's deadline:
+// a runtime's call rides out a Redis failover (seconds) instead of
+// failing, and the scripted runtime does not retry by itself.
+func (p *Proxy) resolve(ctx context.Context, raw, sandboxID string) (*grants.Resolved, error) {
+	res, err := p.cfg.Resolver.Resolve(ctx, raw, sandboxID)
+	if err == nil || p.cfg.ResolveBudget <= 0 || !storeerr.Unavailable(err) {
+		return res, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ResolveBudget)
+	defer cancel()
+	pause := 50 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+		p.metrics.resolveRetries.Inc()
+		if res, err = p.cfg.Resolver.Resolve(ctx, raw, sandboxID); err == nil || !storeerr.Unavailable(err) {
+			return res, err
+		}
+	}
 }
 
 func (p *Proxy) denyResolve(w http.ResponseWriter, r *http.Request, err error) {

@@ -17,8 +17,8 @@ import (
 
 var ctx = context.Background()
 
-func newStore(t *testing.T) (*store.Store, *redis.Client) {
-	rdb := redistest.Start(t).Client(t)
+func newStore(t *testing.T) (*store.Store, redis.UniversalClient) {
+	rdb := redistest.Universal(t)
 	return store.New(rdb), rdb
 }
 

@@ -17,11 +17,11 @@ import (
 	"agentplane.dev/services/ingest/internal/history"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 func newStore(t *testing.T) (*Store, redis.UniversalClient) {
 	t.Helper()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	return New(rdb), rdb
 }
 

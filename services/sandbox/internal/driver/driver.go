@@ -78,8 +78,12 @@ type Config struct {
 	Notifier    *notify.Notifier
 	Credentials credentialv1.CredentialServiceClient // nil: routes get no handle
 	ReplicaID   string
-	OwnerTTL    time.Duration
-	Timers      allocation.Timers
+	// AdvertiseAddr is where callers reach this replica; the owner leases it
+	// takes name it, so a caller can send sandbox calls to the owner. Empty:
+	// callers find the owner through their balancer only.
+	AdvertiseAddr string
+	OwnerTTL      time.Duration
+	Timers        allocation.Timers
 	// WrapperCommand is the wrapper program and its leading args.
 	WrapperCommand []string
 	// ControlAddrs are the sandbox-service addresses wrappers dial.
@@ -93,6 +97,16 @@ type Config struct {
 	Logger    *slog.Logger
 	Now       func() time.Time
 }
+
+// OwnedElsewhereError is ErrOwnedElsewhere naming the replica that owns
+// the sandbox, so the caller can ask it directly.
+type OwnedElsewhereError struct{ Owner ownership.Holder }
+
+func (e *OwnedElsewhereError) Error() string {
+	return ErrOwnedElsewhere.Error() + " (" + e.Owner.Replica + ")"
+}
+
+func (e *OwnedElsewhereError) Unwrap() error { return ErrOwnedElsewhere }
 
 // Domain errors (grpcapi maps them).
 var (
@@ -351,11 +365,11 @@ func (d *Driver) own(ctx context.Context, id string) (*sandbox, error) {
 
 func (d *Driver) acquire(id string) (*sandbox, error) {
 	sctx, cancel := context.WithCancel(d.ctx)
-	o, err := ownership.Acquire(sctx, d.cfg.Redis, id, d.cfg.ReplicaID, d.cfg.OwnerTTL)
+	o, err := ownership.Acquire(sctx, d.cfg.Redis, id, ownership.Holder{Replica: d.cfg.ReplicaID, Addr: d.cfg.AdvertiseAddr}, d.cfg.OwnerTTL)
 	if err != nil {
 		cancel()
 		if errors.Is(err, ownership.ErrHeld) {
-			return nil, ErrOwnedElsewhere
+			return nil, d.ownedElsewhere(id)
 		}
 		return nil, err
 	}
@@ -383,6 +397,18 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 	}
 	go d.watchOwner(sb)
 	return sb, nil
+}
+
+// ownedElsewhere names the sandbox's owner when the lease can be read at
+// once; the bare error otherwise (the caller retries through its balancer).
+func (d *Driver) ownedElsewhere(id string) error {
+	ctx, cancel := context.WithTimeout(d.ctx, time.Second)
+	defer cancel()
+	h, _, err := ownership.CurrentHolder(ctx, d.cfg.Redis, id)
+	if err != nil || h.Replica == "" || h.Replica == d.cfg.ReplicaID {
+		return ErrOwnedElsewhere
+	}
+	return &OwnedElsewhereError{Owner: h}
 }
 
 // resume re-drives what a previous owner left: live slots wait for their

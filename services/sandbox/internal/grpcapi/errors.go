@@ -53,8 +53,16 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.FailedPrecondition, ReasonClassMixed, "the directory already holds another credential class",
 			apierr.FieldViolation("route.credential_class", "differs from the directory's class"))
 	case errors.Is(err, driver.ErrOwnedElsewhere):
-		return apierr.Error(codes.Unavailable, ReasonOwnedElsewhere, "another sandbox-service replica drives this sandbox",
-			apierr.RetryAfter(time.Second))
+		// The owner's name and address let the caller send the call there
+		// at once (grpcclient.OwnerRouter) instead of retrying at random.
+		opts := []apierr.Option{apierr.RetryAfter(time.Second)}
+		if oe := (*driver.OwnedElsewhereError)(nil); errors.As(err, &oe) {
+			opts = append(opts, apierr.Metadata(apierr.MetaOwner, oe.Owner.Replica))
+			if oe.Owner.Addr != "" {
+				opts = append(opts, apierr.Metadata(apierr.MetaOwnerAddr, oe.Owner.Addr))
+			}
+		}
+		return apierr.Error(codes.Unavailable, ReasonOwnedElsewhere, "another sandbox-service replica drives this sandbox", opts...)
 	case errors.Is(err, driver.ErrStreamReplaced):
 		return apierr.Error(codes.Unavailable, ReasonUnavailable, "a newer stream of this runtime key replaced this one")
 	case errors.Is(err, driver.ErrStreamOverflow):

@@ -13,11 +13,11 @@ import (
 	"agentplane.dev/services/sandbox/internal/lease"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 func TestFencedCompareAndSet(t *testing.T) {
 	ctx := context.Background()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	now := time.Now()
 	s := New(rdb, func() time.Time { return now })
 	require.Equal(t, "sbx:{sb1}:wrapper-leases", Key("sb1"))

@@ -34,10 +34,33 @@ type Owner struct {
 	h         *fence.Holder
 }
 
-// Acquire takes the owner lease of sandboxID for replica, renewed every
+// Holder names the replica holding a sandbox's owner lease and the address
+// callers reach it at (empty when the replica advertises none). The lease
+// stores it as "replica@addr", so a caller that reads the lease, or gets
+// it in a SANDBOX_OWNED_ELSEWHERE error, can send the call to the owner.
+type Holder struct {
+	Replica string
+	Addr    string
+}
+
+// String is the holder as the lease stores it.
+func (h Holder) String() string {
+	if h.Addr == "" {
+		return h.Replica
+	}
+	return h.Replica + "@" + h.Addr
+}
+
+// parseHolder reads a lease's owner field (replica names have no '@').
+func parseHolder(s string) Holder {
+	replica, addr, _ := strings.Cut(s, "@")
+	return Holder{Replica: replica, Addr: addr}
+}
+
+// Acquire takes the owner lease of sandboxID for holder, renewed every
 // ttl/3 until ctx ends, Release, or loss.
-func Acquire(ctx context.Context, rdb redis.UniversalClient, sandboxID, replica string, ttl time.Duration) (*Owner, error) {
-	h, err := fence.Hold(ctx, rdb, Resource(sandboxID), replica, ttl)
+func Acquire(ctx context.Context, rdb redis.UniversalClient, sandboxID string, holder Holder, ttl time.Duration) (*Owner, error) {
+	h, err := fence.Hold(ctx, rdb, Resource(sandboxID), holder.String(), ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -56,23 +79,32 @@ func (o *Owner) Guard(ctx context.Context, ops ...fence.Op) error { return o.h.G
 // Release gives the sandbox up.
 func (o *Owner) Release(ctx context.Context) error { return o.h.Release(ctx) }
 
-// Current reads who owns sandboxID now ("" when nobody) and the newest token.
+// Current reads which replica owns sandboxID now ("" when nobody) and the
+// newest token.
 func Current(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (string, uint64, error) {
+	h, tok, err := CurrentHolder(ctx, rdb, sandboxID)
+	return h.Replica, tok, err
+}
+
+// CurrentHolder reads who owns sandboxID now (zero Holder when nobody),
+// with the address it advertised, and the newest token.
+func CurrentHolder(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (Holder, uint64, error) {
 	v, err := rdb.Get(ctx, fence.LeaseKey(Resource(sandboxID))).Result()
 	if errors.Is(err, redis.Nil) {
-		return "", 0, nil
+		return Holder{}, 0, nil
 	}
 	if err != nil {
-		return "", 0, err
+		return Holder{}, 0, err
 	}
 	// A value that is not "<token>:<owner>" is not absence: report it, so
 	// no caller takes over a sandbox it cannot prove is free.
 	tok, owner, ok := strings.Cut(v, ":")
 	t, err := strconv.ParseUint(tok, 10, 64)
-	if !ok || err != nil || t == 0 || owner == "" {
-		return "", 0, fmt.Errorf("ownership: malformed owner lease of sandbox %s", sandboxID)
+	h := parseHolder(owner)
+	if !ok || err != nil || t == 0 || h.Replica == "" {
+		return Holder{}, 0, fmt.Errorf("ownership: malformed owner lease of sandbox %s", sandboxID)
 	}
-	return owner, t, nil
+	return h, t, nil
 }
 
 // IsStale reports a write rejected because a newer owner holds the sandbox.

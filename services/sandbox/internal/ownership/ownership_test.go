@@ -14,23 +14,23 @@ import (
 	"agentplane.dev/pkg/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 func TestSecondReplicaGetsErrHeld(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 
 	owner, token, err := Current(ctx, rdb, "sb1")
 	require.NoError(t, err)
 	require.Empty(t, owner, "nobody owns a new sandbox")
 	require.Zero(t, token)
 
-	a, err := Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	a, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-a"}, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, "sb1", a.SandboxID)
 	require.NotZero(t, a.Token())
 
-	b, err := Acquire(ctx, rdb, "sb1", "replica-b", time.Minute)
+	b, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-b"}, time.Minute)
 	require.ErrorIs(t, err, ErrHeld)
 	require.Nil(t, b)
 	require.False(t, IsStale(err), "a held sandbox is not a stale write")
@@ -55,7 +55,7 @@ func TestCurrentReturnsReadErrors(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	_, err := Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	_, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-a"}, time.Minute)
 	require.NoError(t, err)
 
 	// A reader that fails at once instead of retrying the dial.
@@ -72,18 +72,18 @@ func TestCurrentReturnsReadErrors(t *testing.T) {
 
 func TestTakeoverFencesTheOldOwner(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	key := "sbx:" + fence.Key(Resource("sb1"), "meta")
 
 	// A short TTL only so that a's renewal notices the loss soon.
-	a, err := Acquire(ctx, rdb, "sb1", "replica-a", time.Second)
+	a, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-a"}, time.Second)
 	require.NoError(t, err)
 	require.NoError(t, a.Guard(ctx, fence.HSet(key, "allocation_id", "from-a")))
 
 	// a's lease is gone (as if it expired while a was paused), and b takes
 	// the sandbox over with a newer token.
 	require.NoError(t, rdb.Del(ctx, fence.LeaseKey(Resource("sb1"))).Err())
-	b, err := Acquire(ctx, rdb, "sb1", "replica-b", time.Minute)
+	b, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-b"}, time.Minute)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Release(context.Background())) }()
 	require.Greater(t, b.Token(), a.Token())
@@ -122,7 +122,7 @@ func TestIsStale(t *testing.T) {
 // sandbox.
 func TestCurrentRefusesAMalformedLease(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	for _, v := range []string{"garbage", "0:owner", "12:", "x:owner", ":owner"} {
 		require.NoError(t, rdb.Set(ctx, fence.LeaseKey(Resource("sb-bad")), v, 0).Err())
 		owner, token, err := Current(ctx, rdb, "sb-bad")
@@ -130,4 +130,21 @@ func TestCurrentRefusesAMalformedLease(t *testing.T) {
 		require.Empty(t, owner)
 		require.Zero(t, token)
 	}
+}
+
+// The lease names the owner's address: a caller reading it, or told by a
+// non-owner, can reach the owner.
+func TestLeaseNamesTheOwnersAddress(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Universal(t)
+	a, err := Acquire(ctx, rdb, "sb1", Holder{Replica: "replica-a", Addr: "10.0.0.7:7402"}, time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.Release(context.Background()) })
+	h, token, err := CurrentHolder(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, Holder{Replica: "replica-a", Addr: "10.0.0.7:7402"}, h)
+	require.Equal(t, a.Token(), token)
+	owner, _, err := Current(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Equal(t, "replica-a", owner, "Current names the replica alone")
 }

@@ -15,7 +15,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/scope"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
@@ -75,8 +75,8 @@ func TestKeysShareTheOwnerLeaseSlot(t *testing.T) {
 
 func TestPutThenLoad(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
-	owner, err := ownership.Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	rdb := redistest.Universal(t)
+	owner, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
 	require.NoError(t, err)
 
 	empty, err := Load(ctx, rdb, "sb1")
@@ -110,14 +110,14 @@ func TestPutThenLoad(t *testing.T) {
 
 func TestStaleOwnerChangesNothing(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
-	old, err := ownership.Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	rdb := redistest.Universal(t)
+	old, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, put(ctx, old, sandboxState()))
 
 	// old's lease expires and replica b takes sb1 over.
 	require.NoError(t, rdb.Del(ctx, fence.LeaseKey(ownership.Resource("sb1"))).Err())
-	_, err = ownership.Acquire(ctx, rdb, "sb1", "replica-b", time.Minute)
+	_, err = ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-b"}, time.Minute)
 	require.NoError(t, err)
 
 	changed := sandboxState()
@@ -150,8 +150,8 @@ func TestLoadSkipsRecordsThatDoNotParse(t *testing.T) {
 	// Documented: such a route is prepared again and such a wrapper is
 	// stopped by its lease; the records that parse still load.
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
-	owner, err := ownership.Acquire(ctx, rdb, "sb1", "replica-a", time.Minute)
+	rdb := redistest.Universal(t)
+	owner, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
 	require.NoError(t, err)
 	want := sandboxState()
 	require.NoError(t, put(ctx, owner, want))
@@ -169,7 +169,7 @@ func TestLoadSkipsRecordsThatDoNotParse(t *testing.T) {
 
 func TestLoadReturnsReadErrors(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 
 	require.NoError(t, rdb.Set(ctx, Key("sb1", "meta"), "not a hash", 0).Err())
 	_, err := Load(ctx, rdb, "sb1")
@@ -184,7 +184,7 @@ func TestLoadReturnsReadErrors(t *testing.T) {
 
 func TestIndexed(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 
 	ids, err := Indexed(ctx, rdb)
 	require.NoError(t, err)

@@ -15,9 +15,31 @@ import (
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/session/internal/service"
 	"agentplane.dev/services/session/internal/session"
 )
+
+// SandboxRouter sends sandbox calls to the replica that owns the sandbox
+// (see grpcclient.OwnerRouter), with connections dialled through conns.
+func SandboxRouter(conns *grpcclient.Conns) *grpcclient.OwnerRouter {
+	return grpcclient.NewOwnerRouter(conns, ReasonSandboxOwnedElsewhere, SandboxKey)
+}
+
+// ReasonSandboxOwnedElsewhere is the sandbox service's answer from a
+// replica that does not own the sandbox (docs/errors.md).
+const ReasonSandboxOwnedElsewhere = "SANDBOX_OWNED_ELSEWHERE"
+
+// SandboxKey is the sandbox a SandboxService request is about ("" for none).
+func SandboxKey(req any) string {
+	switch r := req.(type) {
+	case interface{ GetRoute() *sandboxv1.RouteSpec }:
+		return r.GetRoute().GetSandboxId()
+	case interface{ GetSandboxId() string }:
+		return r.GetSandboxId()
+	}
+	return ""
+}
 
 // Sandbox is service.Sandbox over SandboxService.
 type Sandbox struct {

@@ -15,7 +15,7 @@ import (
 
 func newUpdateStore(t *testing.T) *Store {
 	t.Helper()
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	return New(rdb, 1000, func(*session.Aggregate) time.Time { return time.Time{} })
 }
 
@@ -88,7 +88,7 @@ func TestLoadSurvivesScriptFlush(t *testing.T) {
 // frozen clock the record stays byte-identical across a cancel, so only the
 // comparison of the message states catches it.
 func TestKeptStateNeverOverwritesAnotherWriter(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	rdb := redistest.Universal(t)
 	noDeadline := func(*session.Aggregate) time.Time { return time.Time{} }
 	s1, s2 := New(rdb, 1000, noDeadline), New(rdb, 1000, noDeadline)
 	ctx := context.Background()
@@ -162,7 +162,7 @@ func TestKeptStateNeverOverwritesAnotherWriter(t *testing.T) {
 func TestKeptStateCommitsWhatALoadWould(t *testing.T) {
 	ctx := context.Background()
 	run := func(keep bool) map[string]string {
-		rdb := redistest.Start(t).Client(t)
+		rdb := redistest.Universal(t)
 		s := New(rdb, 1000, func(a *session.Aggregate) time.Time { // as the service's backstops
 			return session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}.NextDeadline(a)
 		})

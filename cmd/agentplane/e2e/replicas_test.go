@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"agentplane.dev/pkg/apierr"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/logging/logtest"
+	"agentplane.dev/pkg/redistest"
+	session "agentplane.dev/services/session/server"
+)
+
+// balancer is a round-robin TCP balancer standing in for a Kubernetes
+// ClusterIP Service: each new connection goes to the next backend (a
+// backend that refuses is skipped, as kube-proxy drops an endpoint whose
+// pod is gone); it knows nothing of gRPC or of owners.
+type balancer struct {
+	lis      net.Listener
+	backends []string
+	next     atomic.Uint64
+}
+
+func startBalancer(t *testing.T, backends ...string) *balancer {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b := &balancer{lis: lis, backends: backends}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = lis.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { b.proxy(c) })
+		}
+	})
+	return b
+}
+
+func (b *balancer) addr() string { return b.lis.Addr().String() }
+
+func (b *balancer) proxy(c net.Conn) {
+	defer c.Close()
+	var up net.Conn
+	for range b.backends {
+		addr := b.backends[b.next.Add(1)%uint64(len(b.backends))]
+		var err error
+		if up, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+			break
+		}
+	}
+	if up == nil {
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
+
+// sandboxReplica is one sandbox-service replica as its own process.
+type sandboxReplica struct {
+	name, addr string
+	cmd        *exec.Cmd
+	logs       *logtest.Buffer
+	done       chan struct{}
+	client     sandboxv1.SandboxServiceClient
+}
+
+const replicaOwnerTTL = 2 * time.Second
+
+func startSandboxReplica(t *testing.T, name, addr, redisURL, root, sessionAddr, controlAddr string) *sandboxReplica {
+	r := &sandboxReplica{name: name, addr: addr, logs: &logtest.Buffer{}, done: make(chan struct{})}
+	r.cmd = exec.Command(sandboxBinary(t))
+	r.cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"AGENTPLANE_REDIS_URL=" + redisURL,
+		"AGENTPLANE_GRPC_ADDR=" + r.addr,
+		"AGENTPLANE_SANDBOX_ADVERTISE_ADDR=" + r.addr,
+		"AGENTPLANE_METRICS_ADDR=",
+		"AGENTPLANE_INTERNAL_TOKEN=" + token,
+		"AGENTPLANE_DRAIN_DELAY=0s",
+		"AGENTPLANE_SANDBOX_ROOT=" + root,
+		"AGENTPLANE_WRAPPER_BIN=" + wrapperBin,
+		"AGENTPLANE_SESSION_ADDR=" + sessionAddr,
+		"AGENTPLANE_SANDBOX_PROXY_URL=",
+		// Wrappers dial the balancer too, as they would dial the Service.
+		"AGENTPLANE_SANDBOX_CONTROL_ADDRS=" + controlAddr,
+		"AGENTPLANE_SANDBOX_REPLICA=" + name,
+		"AGENTPLANE_SANDBOX_OWNER_TTL=" + replicaOwnerTTL.String(),
+		"AGENTPLANE_SANDBOX_HEARTBEAT=200ms",
+		"AGENTPLANE_SANDBOX_DEAD_AFTER=3s",
+		"AGENTPLANE_SANDBOX_RECONNECT_WINDOW=60s",
+		"AGENTPLANE_LOG_FORMAT=text",
+	}
+	r.cmd.Stderr = r.logs
+	require.NoError(t, r.cmd.Start())
+	go func() { _ = r.cmd.Wait(); close(r.done) }()
+	t.Cleanup(func() {
+		_ = r.cmd.Process.Kill()
+		<-r.done
+		if t.Failed() {
+			t.Logf("sandbox replica %s log:\n%s", name, r.logs.String())
+		}
+	})
+	conn, err := grpcclient.Dial(r.addr, token)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	r.client = sandboxv1.NewSandboxServiceClient(conn)
+	require.Eventually(t, func() bool {
+		_, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond, "replica %s never answered", name)
+	return r
+}
+
+func (r *sandboxReplica) owner(sandboxID string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := r.client.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sandboxID})
+	if err != nil {
+		return ""
+	}
+	return st.GetSandbox().GetOwner()
+}
+
+// waitCompleted polls the message until it completes (fails on FAILED).
+func waitCompleted(t *testing.T, ses sessionv1.SessionServiceClient, sessionID, messageID string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := ses.GetMessage(context.Background(), &sessionv1.GetMessageRequest{SessionId: sessionID, MessageId: messageID})
+		if err == nil {
+			switch resp.GetMessage().GetState() {
+			case sessionv1.MessageState_MESSAGE_STATE_COMPLETED:
+				return
+			case sessionv1.MessageState_MESSAGE_STATE_FAILED, sessionv1.MessageState_MESSAGE_STATE_CANCELLED:
+				t.Fatalf("message %s/%s ended %v", sessionID, messageID, resp.GetMessage())
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("message %s/%s not completed within %v (last: %v, err %v)", sessionID, messageID, within, resp.GetMessage(), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestOwnerAwareRoutingBehindABalancer (issue 20): two sandbox replicas,
+// separate processes, behind a round-robin TCP balancer that the session
+// service and the wrappers dial as their one sandbox address. 8 sessions
+// over 4 sandboxes get their first messages completed and their deletions
+// finish (calls that reach the non-owner are sent to the owner it names);
+// kill -9 of the replica owning a sandbox moves that sandbox to the other
+// replica and its sessions complete their next message.
+func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
+	rs := redistest.Start(t)
+	root := t.TempDir()
+	killProcessesUnder(t, root)
+	run := newRunID()
+
+	sesAddr := freeAddr(t)
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	lb := startBalancer(t, addrA, addrB)
+	a := startSandboxReplica(t, "replica-a", addrA, rs.URL(), root, sesAddr, lb.addr())
+	b := startSandboxReplica(t, "replica-b", addrB, rs.URL(), root, sesAddr, lb.addr())
+
+	logs := captureStderr(t)
+	scfg := session.DefaultConfig()
+	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
+	scfg.LogLevel, scfg.LogFormat = slog.LevelDebug, "json"
+	scfg.GRPCAddr = sesAddr
+	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = lb.addr(), "", ""
+	scfg.ReconcileInterval, scfg.DeleteBackoffBase, scfg.DeleteBackoffMax = 200*time.Millisecond, 200*time.Millisecond, 2*time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- session.Run(ctx, scfg) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		if t.Failed() {
+			t.Logf("session log:\n%s", logs.String())
+		}
+	})
+	sesConn, err := grpcclient.Dial(scfg.GRPCAddr, token)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sesConn.Close() })
+	ses := sessionv1.NewSessionServiceClient(sesConn)
+
+	// Each replica takes two of the four sandboxes before any session
+	// exists (Abort of an unknown message makes the replica asked own the
+	// sandbox): the session service's one connection through the balancer
+	// reaches one replica, so half the sandboxes are owned by the other.
+	for i := range 4 {
+		r := a
+		if i >= 2 {
+			r = b
+		}
+		_, err := r.client.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: fmt.Sprintf("sbx-lb%d-%s", i, run), SessionId: "warm", MessageId: "warm"})
+		require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+		require.Equal(t, r.name, r.owner(fmt.Sprintf("sbx-lb%d-%s", i, run)))
+	}
+
+	type sess struct{ id, sandbox string }
+	var all []sess
+	for i := range 8 {
+		sandboxID := fmt.Sprintf("sbx-lb%d-%s", i%4, run)
+		var resp *sessionv1.CreateSessionResponse
+		require.Eventually(t, func() bool {
+			resp, err = ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+				UserId: "u-lb", OrgId: "o-lb", SandboxId: sandboxID,
+				Worktree:   &sessionv1.Worktree{Directory: fmt.Sprintf("/work/lb-%d", i)},
+				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+			})
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond)
+		all = append(all, sess{id: resp.GetSession().GetSessionId(), sandbox: sandboxID})
+	}
+	for _, s := range all {
+		_, err := ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: s.id, MessageId: "m1", Content: "hello"})
+		require.NoError(t, err)
+	}
+	for _, s := range all {
+		waitCompleted(t, ses, s.id, "m1", 90*time.Second)
+	}
+	owners := map[string]int{}
+	for i := range 4 {
+		owners[a.owner(fmt.Sprintf("sbx-lb%d-%s", i, run))]++
+	}
+	require.Equal(t, map[string]int{"replica-a": 2, "replica-b": 2}, owners, "each replica kept its sandboxes")
+
+	// kill -9 the owner of sandbox 0: its sandboxes move to the survivor
+	// and their sessions complete their next message.
+	victim, survivor := a, b
+	if a.owner(all[0].sandbox) == "replica-b" {
+		victim, survivor = b, a
+	}
+	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
+	<-victim.done
+	killed := time.Now()
+	require.Eventually(t, func() bool { return survivor.owner(all[0].sandbox) == survivor.name },
+		30*time.Second, 20*time.Millisecond, "the sandbox moves to the survivor")
+	t.Logf("sandbox moved %v after kill -9 (owner TTL %v)", time.Since(killed), replicaOwnerTTL)
+	for _, s := range all {
+		_, err := ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: s.id, MessageId: "m2", Content: "again"})
+		require.NoError(t, err)
+	}
+	for _, s := range all {
+		waitCompleted(t, ses, s.id, "m2", 90*time.Second)
+	}
+	for i := range 4 {
+		require.Equal(t, survivor.name, survivor.owner(fmt.Sprintf("sbx-lb%d-%s", i, run)))
+	}
+
+	// Deletions complete: the session service releases each route at the
+	// owner and sees its wrapper gone.
+	suiteLike := &suite{ses: ses}
+	for _, s := range all {
+		suiteLike.deleteSession(t, s.id)
+	}
+	for _, s := range all {
+		_, err := ses.GetSession(context.Background(), &sessionv1.GetSessionRequest{SessionId: s.id})
+		require.Equal(t, codes.NotFound, status.Code(err), "session %s is gone", s.id)
+	}
+}
