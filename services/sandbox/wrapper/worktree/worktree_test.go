@@ -157,7 +157,7 @@ func TestCloneFailuresLeaveNothingBehind(t *testing.T) {
 			s.Ref = "0123456789abcdef0123456789abcdef01234567"
 			return s
 		}, ReasonRefNotFound},
-		"wrong token": {func(d string) Spec { return spec(d, g.RepoURL("org/app.git"), fakeProxy(t, g.URL, "wrong")) }, ReasonRepoAuthFailed},
+		"wrong token":        {func(d string) Spec { return spec(d, g.RepoURL("org/app.git"), fakeProxy(t, g.URL, "wrong")) }, ReasonRepoAuthFailed},
 		"no such repository": {func(d string) Spec { return spec(d, g.RepoURL("org/none.git"), good) }, ReasonRepoUnreachable},
 		"unreachable host": {func(d string) Spec {
 			return spec(d, "http://"+listenClosed(t)+"/org/app.git", fakeProxy(t, "http://"+listenClosed(t), "x"))
