@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -71,9 +70,7 @@ func Report(ctx context.Context, dir string, maxDiff int) (*Changes, error) {
 		_ = os.Remove(index) // git creates it
 	}
 	run := func(args ...string) (string, error) {
-		cmd := exec.CommandContext(ctx, "git", args...)
-		cmd.Dir = dir
-		cmd.Env = gitEnv("GIT_INDEX_FILE=" + index)
+		cmd := gitCmd(ctx, dir, gitEnv("GIT_INDEX_FILE="+index), args...)
 		out, err := cmd.Output()
 		return string(out), err
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -232,10 +231,7 @@ func du(dir string) int64 {
 // 45% (450/1000)") into progress reports at most every 10 points of a
 // phase, and returns its stderr (bounded).
 func runProgress(ctx context.Context, dir string, progress Progress, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = dir
-	cmd.Env = gitEnv()
-	cmd.WaitDelay = 5 * time.Second
+	cmd := gitCmd(ctx, dir, gitEnv(), args...)
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
 		return "", err

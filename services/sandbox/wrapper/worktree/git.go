@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // gitEnv is the whole environment of every git command: no inherited
@@ -22,14 +24,23 @@ func gitEnv(extra ...string) []string {
 // git runs git in dir and returns its stdout; stderr goes to the error
 // text (and to errOut when given).
 func git(ctx context.Context, dir string, stdin io.Reader, args ...string) (string, string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = dir
-	cmd.Env = gitEnv()
+	cmd := gitCmd(ctx, dir, gitEnv(), args...)
 	cmd.Stdin = stdin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	return out.String(), errb.String(), err
+}
+
+// gitCmd is a git command that dies with the wrapper (kill -9 included):
+// a clone must not outlive the process that would mark it complete.
+func gitCmd(ctx context.Context, dir string, env []string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
 }
 
 // identity is the committer of pushes (the agentplane service, not a user).
