@@ -8,57 +8,13 @@
 // argv) carries the handle or the token.
 package worktree
 
-import (
-	"errors"
-	"net/url"
-	"strings"
-)
-
-// ErrBadRepoURL is a repository URL the git route cannot serve.
-var ErrBadRepoURL = errors.New("worktree: repository URL must be http(s)://host/path without credentials, query or fragment")
+import "agentplane.dev/pkg/gitrepo"
 
 // Repo is a parsed repository URL.
-type Repo struct {
-	Scheme string // http or https
-	Host   string // host[:port], lower case
-	Path   string // "/org/repo.git", no trailing slash
-}
+type Repo = gitrepo.Repo
 
-// ParseRepoURL checks a repository URL: http or https, a host, a path of
-// plain segments, no user info, query or fragment.
-func ParseRepoURL(raw string) (Repo, error) {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil ||
-		u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" || strings.ContainsAny(u.Host, "/\\@") {
-		return Repo{}, ErrBadRepoURL
-	}
-	p := strings.TrimSuffix(u.Path, "/")
-	if p == "" || u.RawPath != "" && u.RawPath != u.Path {
-		return Repo{}, ErrBadRepoURL
-	}
-	for _, s := range strings.Split(p[1:], "/") {
-		if s == "" || s == "." || s == ".." || strings.ContainsAny(s, "\\%") || hasControl(s) {
-			return Repo{}, ErrBadRepoURL
-		}
-	}
-	return Repo{Scheme: u.Scheme, Host: strings.ToLower(u.Host), Path: p}, nil
-}
+// ErrBadRepoURL is a repository URL the git route cannot serve.
+var ErrBadRepoURL = gitrepo.ErrBadRepoURL
 
-func hasControl(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f || s[i] == ' ' {
-			return true
-		}
-	}
-	return false
-}
-
-// ProxyPath is the repository's path under a sandbox's proxy base:
-// /git/<host>/<path>.
-func (r Repo) ProxyPath() string { return "/git/" + r.Host + r.Path }
-
-// ProxyRemote is the repository's URL through the proxy (what .git/config
-// names as origin: no secret in it).
-func (r Repo) ProxyRemote(proxyURL string) string {
-	return strings.TrimRight(proxyURL, "/") + r.ProxyPath()
-}
+// ParseRepoURL checks a repository URL (gitrepo.Parse).
+func ParseRepoURL(raw string) (Repo, error) { return gitrepo.Parse(raw) }
