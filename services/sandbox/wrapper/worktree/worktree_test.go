@@ -198,4 +198,3 @@ func TestCloneFailuresLeaveNothingBehind(t *testing.T) {
 		require.Equal(t, "1", strings.TrimSpace(gittest.Run(t, dir, "rev-list", "--count", "HEAD")))
 	})
 }
-
