@@ -51,8 +51,8 @@ func BenchmarkWorktreeClone(b *testing.B) {
 	require.NoError(b, err)
 	gitRef = gr.GetCredentialRef()
 	minted, err := s.cred.MintHandle(ctx, &credentialv1.MintHandleRequest{
-		Scope:  &credentialv1.Scope{SandboxId: sandboxID, Directory: "/w/bench"},
-		Member: &credentialv1.Member{SessionId: "s-bench", RuntimeSessionId: "rs-bench", UserId: "u", OrgId: "o"},
+		Scope:         &credentialv1.Scope{SandboxId: sandboxID, Directory: "/w/bench"},
+		Member:        &credentialv1.Member{SessionId: "s-bench", RuntimeSessionId: "rs-bench", UserId: "u", OrgId: "o"},
 		CredentialRef: ref, CredentialClass: credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC,
 		Contract: credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, FenceToken: 1, AllocationId: "a", GitCredentialRef: gitRef,
 	})

@@ -93,8 +93,8 @@ func TestProxyGitRoute(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a member without a git credential")
 	resp = h.do(t, "GET", base+hostA+"/org/app.git/info/refs?service=git-upload-pack", "", nil, nil)
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
-	require.Equal(t, seenA, len(a.Log()), "nothing refused reached host A")
-	require.Equal(t, seenB, len(b.Log()), "nothing reached host B")
+	require.Len(t, a.Log(), seenA, "nothing refused reached host A")
+	require.Len(t, b.Log(), seenB, "nothing reached host B")
 
 	resp, err := h.http.Get(h.metrics)
 	require.NoError(t, err)

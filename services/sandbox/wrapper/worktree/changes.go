@@ -61,7 +61,7 @@ func Report(ctx context.Context, dir string, maxDiff int) (*Changes, error) {
 	}
 	index := tmp.Name()
 	_ = tmp.Close()
-	defer os.Remove(index)
+	defer func() { _ = os.Remove(index) }()
 	if b, err := os.ReadFile(filepath.Join(dir, ".git", "index")); err == nil {
 		if err := os.WriteFile(index, b, 0o600); err != nil {
 			return nil, err

@@ -162,7 +162,13 @@ func clone(ctx context.Context, s Spec, repo Repo, progress Progress) error {
 		return &Failure{Reason: ReasonRepoTooLarge, Detail: "the clone passed the workspace's repository size bound"}
 	}
 	if err != nil {
-		return classifyFetch(stderr)
+		f := classifyFetch(stderr)
+		if f.Reason == ReasonCloneFail && diskFull(s.Dir) {
+			// git says "unable to write file" for a full disk at checkout;
+			// the errno of a probe write is the evidence.
+			f = &Failure{Reason: ReasonNoSpace, Detail: "no space left on device", Retryable: true}
+		}
+		return f
 	}
 	if isCommit {
 		progress("prepare_worktree", "checking out "+s.Ref)
@@ -186,6 +192,23 @@ func clone(ctx context.Context, s Spec, repo Repo, progress Progress) error {
 	}
 	progress("prepare_worktree", "checked out")
 	return nil
+}
+
+// diskFull reports whether a probe write into dir fails with ENOSPC.
+func diskFull(dir string) bool {
+	f, err := os.CreateTemp(dir, ".agentplane-space-probe-")
+	if err != nil {
+		return errors.Is(err, syscall.ENOSPC)
+	}
+	defer func() { _ = os.Remove(f.Name()) }()
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for range 16 {
+		if _, err := f.Write(chunk); err != nil {
+			return errors.Is(err, syscall.ENOSPC)
+		}
+	}
+	return errors.Is(f.Sync(), syscall.ENOSPC)
 }
 
 var errTooLarge = errors.New("repository larger than the bound")
@@ -250,6 +273,7 @@ func readProgress(r io.Reader, progress Progress) string {
 	sc.Buffer(make([]byte, 4096), 64<<10)
 	sc.Split(splitCR)
 	var tail []string
+	enospc := "" // kept whatever follows it: it decides the sandbox's recovery
 	lastPhase, lastPct := "", -1
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -270,10 +294,16 @@ func readProgress(r io.Reader, progress Progress) string {
 			}
 			continue
 		}
+		if enospc == "" && strings.Contains(strings.ToLower(line), "no space left on device") {
+			enospc = line
+		}
 		tail = append(tail, line)
 		if len(tail) > 20 {
 			tail = tail[1:]
 		}
+	}
+	if enospc != "" {
+		tail = append(tail, enospc)
 	}
 	return strings.Join(tail, "\n")
 }
