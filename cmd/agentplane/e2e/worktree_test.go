@@ -37,8 +37,8 @@ func (s *suite) createGit(t testing.TB, sandboxID, dir string, wt *sessionv1.Wor
 	return out
 }
 
-// listed returns the names the turn's list_files reported.
-func listed(events []*sessionv1.SessionEvent) []string {
+// listedFiles returns the names the turn's list_files reported.
+func listedFiles(events []*sessionv1.SessionEvent) []string {
 	var names []string
 	for _, ev := range events {
 		if re := ev.GetRuntimeEvent(); re != nil && re.GetToolName() == "list_files" && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT {
@@ -76,7 +76,7 @@ func TestWorktreeCloneChangesPush(t *testing.T) {
 	first := s.createGit(t, "sbx-git", dir, &sessionv1.Worktree{RepoUrl: g.RepoURL("org/app.git")}, token)
 
 	events := s.turn(t, first.GetSessionId(), "m1", "write: NOTES.md notes from the agent")
-	require.ElementsMatch(t, []string{"README.md", "main.go"}, listed(events), "the runtime sees the cloned files")
+	require.ElementsMatch(t, []string{"README.md", "main.go"}, listedFiles(events), "the runtime sees the cloned files")
 	var sawClone bool
 	for _, ev := range events {
 		if p := ev.GetProgress(); p != nil && (p.GetStep() == "clone" || p.GetStep() == "checkout") {
@@ -128,7 +128,7 @@ func TestWorktreeCloneChangesPush(t *testing.T) {
 	// first's change, and nothing was cloned again.
 	second := s.createGit(t, "sbx-git", dir, &sessionv1.Worktree{RepoUrl: g.RepoURL("org/app.git")}, token)
 	events = s.turn(t, second.GetSessionId(), "m1", "what is here")
-	require.ElementsMatch(t, []string{"README.md", "main.go", "NOTES.md"}, listed(events))
+	require.ElementsMatch(t, []string{"README.md", "main.go", "NOTES.md"}, listedFiles(events))
 	require.Equal(t, clones, cloneRequests(g), "no second clone")
 
 	pushed, err := s.ses.PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: first.GetSessionId(), Branch: "agent/notes", CommitMessage: "Add notes"})
