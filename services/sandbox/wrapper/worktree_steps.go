@@ -20,6 +20,7 @@ import (
 // gitRoute is what a route knows of its repository (docs/worktrees.md).
 type gitRoute struct {
 	repoURL, ref     string
+	clone            bool // clone repoURL at preparation (the session has a git credential)
 	depth            int
 	proxyURL, handle string
 }
@@ -42,8 +43,12 @@ func (w *wrapper) prepareWorktree(id, dir string) bool {
 	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), cloneTimeout)
 	defer cancel()
+	clone := ""
+	if g.clone {
+		clone = g.repoURL
+	}
 	warm, err := worktree.Prepare(ctx, worktree.Spec{
-		Dir: dir, RepoURL: g.repoURL, Ref: g.ref, Depth: g.depth, ProxyURL: g.proxyURL,
+		Dir: dir, RepoURL: clone, Ref: g.ref, Depth: g.depth, ProxyURL: g.proxyURL,
 		Handle: func() string { return w.handleOf(id) }, MaxBytes: w.opts.MaxRepoBytes,
 	}, func(step, detail string) { w.emit(progress(id, step, detail)) })
 	if err != nil {
@@ -55,7 +60,7 @@ func (w *wrapper) prepareWorktree(id, dir string) bool {
 		w.emit(routeFailed(id, f.Reason, f.Detail, f.Retryable))
 		return false
 	}
-	if warm && g.repoURL != "" {
+	if warm && clone != "" {
 		w.emit(progress(id, "prepare_worktree", "reusing the prepared workspace"))
 	}
 	return true

@@ -535,7 +535,7 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		w.routes[id] = r
 	}
 	r.directory = dir
-	r.git = gitRoute{repoURL: p.GetRepoUrl(), ref: p.GetRepoRef(), depth: int(p.GetRepoDepth()), proxyURL: p.GetProxyUrl(), handle: p.GetHandle()}
+	r.git = gitRoute{repoURL: p.GetRepoUrl(), clone: p.GetCloneRepo(), ref: p.GetRepoRef(), depth: int(p.GetRepoDepth()), proxyURL: p.GetProxyUrl(), handle: p.GetHandle()}
 	w.mu.Unlock()
 	if !w.prepareWorktree(id, dir) {
 		return

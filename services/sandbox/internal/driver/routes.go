@@ -346,7 +346,7 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
 		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
 		Agent:   &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
-		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth,
+		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, CloneRepo: spec.RepoURL != "" && spec.GitCredentialRef != "",
 	}}})
 }
 

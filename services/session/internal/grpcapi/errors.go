@@ -56,8 +56,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		}
 		return apierr.Error(code, wt.Reason, wt.Detail, opts...)
 	case errors.Is(err, session.ErrNoRepository):
-		return apierr.Error(codes.FailedPrecondition, ReasonNoRepository, "the session names no repository to push to",
-			apierr.FieldViolation("session_id", "the session has no worktree.repo_url"))
+		return apierr.Error(codes.FailedPrecondition, ReasonNoRepository, "the session names no repository with a git credential to push to",
+			apierr.FieldViolation("session_id", "the session has no worktree.repo_url and git_credential"))
 	case err == nil:
 		return nil
 	case errors.As(err, &invalid):

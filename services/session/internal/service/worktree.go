@@ -25,7 +25,7 @@ func (s *Service) PushWorktree(ctx context.Context, id, branch, message string) 
 	if err != nil {
 		return Pushed{}, err
 	}
-	if sess.RepoURL == "" {
+	if sess.RepoURL == "" || sess.GitCredentialRef == "" {
 		return Pushed{}, session.ErrNoRepository
 	}
 	ctx, cancel := context.WithTimeout(ctx, worktreeBound)

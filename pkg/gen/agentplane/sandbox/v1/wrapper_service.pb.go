@@ -1098,7 +1098,11 @@ type PrepareRoute struct {
 	// Branch, tag or commit to check out when the workspace is cloned. Added.
 	RepoRef string `protobuf:"bytes,9,opt,name=repo_ref,json=repoRef,proto3" json:"repo_ref,omitempty"`
 	// Clone depth (0: full). Added.
-	RepoDepth     uint32 `protobuf:"varint,10,opt,name=repo_depth,json=repoDepth,proto3" json:"repo_depth,omitempty"`
+	RepoDepth uint32 `protobuf:"varint,10,opt,name=repo_depth,json=repoDepth,proto3" json:"repo_depth,omitempty"`
+	// Whether the wrapper clones repo_url into a workspace that does not exist
+	// yet: the session carries a git credential for it (without one repo_url
+	// stays informational, as before). Added.
+	CloneRepo     bool `protobuf:"varint,11,opt,name=clone_repo,json=cloneRepo,proto3" json:"clone_repo,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1201,6 +1205,13 @@ func (x *PrepareRoute) GetRepoDepth() uint32 {
 		return x.RepoDepth
 	}
 	return 0
+}
+
+func (x *PrepareRoute) GetCloneRepo() bool {
+	if x != nil {
+		return x.CloneRepo
+	}
+	return false
 }
 
 // Deliver carries messages for a route.
@@ -1856,7 +1867,7 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\bHelloAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12D\n" +
 	"\x10reconnect_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0freconnectWindow\x12B\n" +
-	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\xfb\x02\n" +
+	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\x9a\x03\n" +
 	"\fPrepareRoute\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
@@ -1870,7 +1881,9 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\brepo_ref\x18\t \x01(\tR\arepoRef\x12\x1d\n" +
 	"\n" +
 	"repo_depth\x18\n" +
-	" \x01(\rR\trepoDepth\"l\n" +
+	" \x01(\rR\trepoDepth\x12\x1d\n" +
+	"\n" +
+	"clone_repo\x18\v \x01(\bR\tcloneRepo\"l\n" +
 	"\aDeliver\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12B\n" +
