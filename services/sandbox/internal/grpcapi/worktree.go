@@ -9,8 +9,8 @@ import (
 // WorktreeChanges asks the route's wrapper for its change set.
 func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeChangesRequest) (*sandboxv1.WorktreeChangesResponse, error) {
 	var v violations
-	v.check(validID(req.GetSessionId()), "session_id", "1-128 of [A-Za-z0-9-_.:]")
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validID(req.GetSessionId()), "session_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	if err := v.err("invalid worktree request"); err != nil {
 		return nil, err
 	}
@@ -24,8 +24,8 @@ func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeCh
 // PushWorktree asks the route's wrapper to commit and push.
 func (s *Sandbox) PushWorktree(ctx context.Context, req *sandboxv1.PushWorktreeRequest) (*sandboxv1.PushWorktreeResponse, error) {
 	var v violations
-	v.check(validID(req.GetSessionId()), "session_id", "1-128 of [A-Za-z0-9-_.:]")
-	v.check(validID(req.GetSandboxId()), "sandbox_id", "1-128 of [A-Za-z0-9-_.:]")
+	v.check(validID(req.GetSessionId()), "session_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetBranch() != "" && len(req.GetBranch()) <= 200, "branch", "1 to 200 bytes")
 	v.check(req.GetCommitMessage() != "" && len(req.GetCommitMessage()) <= 64<<10, "commit_message", "1 byte to 64 KiB")
 	if err := v.err("invalid push request"); err != nil {
