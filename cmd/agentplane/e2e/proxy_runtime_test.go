@@ -94,6 +94,7 @@ type suite struct {
 	up      *upstream
 	attKey  []byte
 	root    string
+	proxy   string // http://host:port of the credential proxy
 	logs    *logtest.Buffer
 	stopped func()
 	// run makes the suite's sandbox ids its own: wrappers are found by
@@ -163,6 +164,7 @@ func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *
 	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
 	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
 	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
+	s.proxy = bcfg.ProxyURL
 	bcfg.SandboxRoot, bcfg.WrapperBin = s.root, wrapperBin
 	if tune != nil {
 		tune(&bcfg)

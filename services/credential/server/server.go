@@ -239,7 +239,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	backend, _ := parseUpstream(cfg.BackendUpstream)
 	providerPolicy, backendPolicy, _ := cfg.policies()
 	px, err := proxy.New(proxy.Config{
-		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend,
+		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend, Git: svc,
 		Provider: providerPolicy, Backend: backendPolicy,
 		Ingest: ingestv1.NewIngestServiceClient(conn), AttestationKey: attKey,
 		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,

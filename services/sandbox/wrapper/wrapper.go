@@ -84,6 +84,8 @@ type Options struct {
 	RuntimeSpec      agents.Spec
 	AgentInitTimeout time.Duration
 	Logger           *slog.Logger
+	// MaxRepoBytes bounds a clone on disk (REPO_TOO_LARGE); 0: no bound.
+	MaxRepoBytes int64
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -116,6 +118,7 @@ func parse(args []string) (Options, error) {
 		window    = fs.Duration("reconnect-window", envDuration(EnvReconnectWindow, 90*time.Second), "how long to stay disconnected before stopping the runtime and exiting")
 		spec      = fs.String("runtime-spec", "", "the agent profile to run, as the sandbox service resolved it (JSON, no secrets); empty: the scripted runtime")
 		initWait  = fs.Duration("agent-init-timeout", envDuration(EnvAgentInitTimeout, 2*time.Minute), "bound on an ACP agent's initialize and each session/new or session/load")
+		maxRepo   = fs.Int64("max-repo-bytes", 10<<30, "largest repository clone on disk, in bytes (route failed(repo_too_large) above it); 0: no bound")
 	)
 	if err := fs.Parse(args); err != nil {
 		return Options{}, err
@@ -123,7 +126,7 @@ func parse(args []string) (Options, error) {
 	o := Options{
 		ControlAddrs: splitList(*addrs), AllocationID: *alloc, FenceToken: *fenceTok,
 		WorkspaceRoot: *root, Capabilities: splitList(*caps), Heartbeat: *heartbeat, ReconnectWindow: *window,
-		RuntimeCommand: fs.Args(), Agent: agents.Scripted,
+		RuntimeCommand: fs.Args(), Agent: agents.Scripted, MaxRepoBytes: *maxRepo,
 	}
 	if *spec != "" {
 		s, err := agents.ParseSpec(*spec)
@@ -218,6 +221,7 @@ type routeState struct {
 	directory        string
 	runtimeSessionID string
 	ready            bool
+	git              gitRoute // the route's repository and proxy access
 }
 
 // keptOutcomes is how many sent turn outcomes a wrapper sends again on each
@@ -483,7 +487,10 @@ func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
 		w.log.Info("shutdown", "reason", f.Shutdown.GetReason().String())
 		return true
 	case *sandboxv1.ConnectResponse_PrepareRoute:
-		w.prepare(f.PrepareRoute)
+		// A clone can take minutes: the stream keeps serving meanwhile.
+		go w.prepare(f.PrepareRoute)
+	case *sandboxv1.ConnectResponse_WorktreeRequest:
+		go w.worktreeRequest(f.WorktreeRequest)
 	case *sandboxv1.ConnectResponse_Deliver:
 		for _, m := range f.Deliver.GetMessages() {
 			w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: f.Deliver.GetSessionId(), MessageID: m.GetMessageId(), Content: m.GetContent()})
@@ -494,6 +501,7 @@ func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
 	case *sandboxv1.ConnectResponse_Abort:
 		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: f.Abort.GetSessionId(), MessageID: f.Abort.GetMessageId()})
 	case *sandboxv1.ConnectResponse_Credentials:
+		w.setHandle(f.Credentials.GetSessionIds(), f.Credentials.GetHandle())
 		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: f.Credentials.GetSessionIds(), Handle: f.Credentials.GetHandle()})
 	case *sandboxv1.ConnectResponse_ReleaseRoute:
 		id := f.ReleaseRoute.GetSessionId()
@@ -514,10 +522,6 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		return
 	}
 	w.emit(progress(id, "prepare_worktree", "preparing the worktree directory"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		w.emit(routeFailed(id, "worktree_setup_failed", "could not create the worktree directory", true))
-		return
-	}
 	if a := p.GetAgent().GetProfile(); a != "" && w.opts.Agent != "" && a != w.opts.Agent {
 		// One agent process per runtime key: the worktree's first session
 		// chose it (docs/runtime-protocol.md, "Agent profiles").
@@ -531,6 +535,16 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		w.routes[id] = r
 	}
 	r.directory = dir
+	r.git = gitRoute{repoURL: p.GetRepoUrl(), clone: p.GetCloneRepo(), ref: p.GetRepoRef(), depth: int(p.GetRepoDepth()), proxyURL: p.GetProxyUrl(), handle: p.GetHandle()}
+	w.mu.Unlock()
+	if !w.prepareWorktree(id, dir) {
+		return
+	}
+	w.mu.Lock()
+	if w.routes[id] != r { // released while the worktree was prepared
+		w.mu.Unlock()
+		return
+	}
 	rsid := r.runtimeSessionID
 	if rsid == "" {
 		// A new route: use the id the sandbox registered with the credential
@@ -656,6 +670,9 @@ func (w *wrapper) fromRuntime(f runtimeproto.Frame) {
 		w.mu.Unlock()
 		w.emit(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Outcome{Outcome: &sandboxv1.TurnOutcome{
 			SessionId: f.SessionID, Outcome: OutcomeToProto(f.Outcome)}}})
+		if f.Outcome != nil {
+			go w.recordChanges(f.SessionID, f.Outcome.TurnID)
+		}
 	}
 }
 

@@ -139,6 +139,46 @@ func (s *Service) PutCredential(ctx context.Context, sessionID string, class sco
 	return ref, digest, nil
 }
 
+// PutGitCredential stores a git token sealed, bound to the repository it
+// is for, and returns its reference and digest.
+func (s *Service) PutGitCredential(ctx context.Context, sessionID, repoURL, username string, token []byte) (ref, digest string, err error) {
+	ref, digest = newRef(), SecretDigest(token)
+	c := store.Credential{Class: scope.Static, SessionID: sessionID, SecretDigest: digest, Sealed: s.sealer.Seal(token, "credential:"+ref),
+		RepoURL: repoURL, GitUsername: username}
+	if err := s.store.PutCredential(ctx, ref, c); err != nil {
+		return "", "", err
+	}
+	return ref, digest, nil
+}
+
+// GitAccess is an opened git credential.
+type GitAccess struct {
+	RepoURL, Username string
+	Token             []byte
+}
+
+// ErrNotGitCredential: the reference names no git credential.
+var ErrNotGitCredential = errors.New("credential: not a git credential")
+
+// GitCredential opens the git credential ref (for the proxy's git route).
+func (s *Service) GitCredential(ctx context.Context, ref string) (GitAccess, error) {
+	c, err := s.store.GetCredential(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return GitAccess{}, ErrCredentialNotFound
+	}
+	if err != nil {
+		return GitAccess{}, err
+	}
+	if c.RepoURL == "" {
+		return GitAccess{}, ErrNotGitCredential
+	}
+	tok, err := s.sealer.Open(c.Sealed, "credential:"+ref)
+	if err != nil {
+		return GitAccess{}, err
+	}
+	return GitAccess{RepoURL: c.RepoURL, Username: c.GitUsername, Token: tok}, nil
+}
+
 // DeleteCredential deletes a backing credential and returns once no cached
 // resolution uses it. It always waits, even when the credential was already
 // gone: a concurrent or earlier delete may still be waiting.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,7 @@ import (
 
 	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	"agentplane.dev/pkg/gitrepo"
 	"agentplane.dev/pkg/ident"
 	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/internal/grants"
@@ -143,6 +145,11 @@ func (v *violations) member(m *credentialv1.Member, ref string) scope.Member {
 	return scope.Member{SessionID: m.GetSessionId(), RuntimeSessionID: m.GetRuntimeSessionId(), UserID: m.GetUserId(), OrgID: m.GetOrgId(), CredentialRef: ref}
 }
 
+func (v *violations) gitRef(ref string) string {
+	v.need(len(ref) <= 512, "git_credential_ref", "at most 512 bytes")
+	return ref
+}
+
 func (v *violations) fence(t uint64) uint64 {
 	v.need(t != 0, "fence_token", "required (the sandbox owner's fencing token)")
 	return t
@@ -186,10 +193,21 @@ func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.Put
 	class := v.class(req.GetCredentialClass(), "credential_class")
 	v.need(req.GetSecret() != "", "secret", "required")
 	v.need(len(req.GetSecret()) <= 16<<10, "secret", "at most 16 KiB")
+	if req.GetRepoUrl() != "" || req.GetGitUsername() != "" {
+		_, err := gitrepo.Parse(req.GetRepoUrl())
+		v.need(err == nil, "repo_url", "an http(s) repository URL without credentials, query or fragment")
+		v.need(len(req.GetGitUsername()) <= 256 && !strings.ContainsAny(req.GetGitUsername(), ":\r\n"), "git_username", "at most 256 bytes, no colon or line break")
+	}
 	if err := v.err(); err != nil {
 		return nil, err
 	}
-	ref, digest, err := s.svc.PutCredential(ctx, req.GetSessionId(), class, []byte(req.GetSecret()))
+	var ref, digest string
+	var err error
+	if req.GetRepoUrl() != "" {
+		ref, digest, err = s.svc.PutGitCredential(ctx, req.GetSessionId(), req.GetRepoUrl(), req.GetGitUsername(), []byte(req.GetSecret()))
+	} else {
+		ref, digest, err = s.svc.PutCredential(ctx, req.GetSessionId(), class, []byte(req.GetSecret()))
+	}
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
@@ -217,6 +235,7 @@ func (s *Server) MintHandle(ctx context.Context, req *credentialv1.MintHandleReq
 		Member: v.member(req.GetMember(), req.GetCredentialRef()), Class: v.class(req.GetCredentialClass(), "credential_class"),
 		Fence: v.fence(req.GetFenceToken()), AllocationID: req.GetAllocationId(),
 	}
+	j.Member.GitCredentialRef = v.gitRef(req.GetGitCredentialRef())
 	switch req.GetContract() {
 	case credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE:
 		j.Contract = scope.Worktree
@@ -243,6 +262,7 @@ func (s *Server) AdoptHandle(ctx context.Context, req *credentialv1.AdoptHandleR
 		Member: v.member(req.GetMember(), req.GetCredentialRef()), Class: v.class(req.GetCredentialClass(), "credential_class"),
 		Fence: v.fence(req.GetFenceToken()), Contract: scope.Worktree,
 	}
+	j.Member.GitCredentialRef = v.gitRef(req.GetGitCredentialRef())
 	if err := v.err(); err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ const (
 	RouteProvider Route = "provider"
 	RouteBackend  Route = "backend"
 	RouteIngest   Route = "ingest"
+	RouteGit      Route = "git"
 )
 
 // Errors of ParseTarget.
@@ -58,7 +59,7 @@ func ParseTarget(requestURI string) (Target, error) {
 	}
 	t := Target{SandboxID: segs[1], Route: Route(segs[2]), Rest: segs[3:], RawQuery: query}
 	switch t.Route {
-	case RouteProvider, RouteBackend, RouteIngest:
+	case RouteProvider, RouteBackend, RouteIngest, RouteGit:
 		return t, nil
 	}
 	return Target{}, ErrNoRoute

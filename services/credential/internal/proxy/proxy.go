@@ -41,6 +41,7 @@ type Config struct {
 	// zero: DefaultProviderPolicy, DefaultBackendPolicy.
 	Provider, Backend RoutePolicy
 	Ingest            ingestv1.IngestServiceClient
+	Git               GitCredentials // nil: the git route answers 404
 	AttestationKey    []byte
 	Registerer        prometheus.Registerer // proxy denial metrics; nil: not registered
 	// ResolveBudget bounds retrying a resolution while the store is
@@ -92,8 +93,9 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	provider, backend := cfg.Provider.compile(DefaultProviderPolicy), cfg.Backend.compile(DefaultBackendPolicy)
+	git := GitPolicy.compile(GitPolicy)
 	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), att: map[*grants.Resolved]signed{},
-		routes: map[Route]*RoutePolicy{RouteProvider: &provider, RouteBackend: &backend}}, nil
+		routes: map[Route]*RoutePolicy{RouteProvider: &provider, RouteBackend: &backend, RouteGit: &git}}, nil
 }
 
 // copyBuffers are the response body copy buffers.
@@ -117,7 +119,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	upstream := p.upstreamOf(t.Route)
-	if t.Route != RouteIngest && upstream == nil {
+	if t.Route == RouteGit && p.cfg.Git == nil || t.Route != RouteIngest && t.Route != RouteGit && upstream == nil {
 		p.deny(w, "unknown_route", http.StatusNotFound, "no such route")
 		return
 	}
@@ -131,7 +133,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	raw, ok := bearer(r.Header)
+	if !ok && t.Route == RouteGit {
+		raw, ok = basicHandle(r)
+	}
 	if !ok {
+		if t.Route == RouteGit {
+			// git asks for credentials only after a challenge.
+			w.Header().Set("WWW-Authenticate", `Basic realm="agentplane"`)
+		}
 		p.deny(w, "missing_handle", http.StatusUnauthorized, "bearer handle required")
 		return
 	}
@@ -142,6 +151,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if t.Route == RouteIngest {
 		p.serveIngest(w, r, t, res)
+		return
+	}
+	if t.Route == RouteGit {
+		p.serveGit(w, r, t, res)
 		return
 	}
 	out, att := p.outgoing(r, upstream, t, res)

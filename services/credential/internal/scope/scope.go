@@ -64,6 +64,9 @@ type Member struct {
 	UserID           string `json:"user"`
 	OrgID            string `json:"org,omitempty"`
 	CredentialRef    string `json:"credential_ref"`
+	// GitCredentialRef names the member's git credential (the repository it
+	// admits and its token) for the proxy's git route; empty: none.
+	GitCredentialRef string `json:"git_credential_ref,omitempty"`
 }
 
 // Entry is one accepted handle, by digest only.

@@ -60,12 +60,16 @@ type Credential struct {
 	SessionID    string
 	SecretDigest string
 	Sealed       []byte
+	// A git credential names its repository and Basic user name.
+	RepoURL     string
+	GitUsername string
 }
 
 // PutCredential stores a backing credential under ref.
 func (s *Store) PutCredential(ctx context.Context, ref string, c Credential) error {
 	return s.rdb.HSet(ctx, credKey(ref),
-		"class", string(c.Class), "session", c.SessionID, "digest", c.SecretDigest, "sealed", c.Sealed).Err()
+		"class", string(c.Class), "session", c.SessionID, "digest", c.SecretDigest, "sealed", c.Sealed,
+		"repo", c.RepoURL, "git_user", c.GitUsername).Err()
 }
 
 // GetCredential reads a backing credential.
@@ -77,7 +81,8 @@ func (s *Store) GetCredential(ctx context.Context, ref string) (Credential, erro
 	if len(m) == 0 {
 		return Credential{}, ErrNotFound
 	}
-	return Credential{Class: scope.Class(m["class"]), SessionID: m["session"], SecretDigest: m["digest"], Sealed: []byte(m["sealed"])}, nil
+	return Credential{Class: scope.Class(m["class"]), SessionID: m["session"], SecretDigest: m["digest"], Sealed: []byte(m["sealed"]),
+		RepoURL: m["repo"], GitUsername: m["git_user"]}, nil
 }
 
 // DeleteCredential deletes a backing credential; idempotent.

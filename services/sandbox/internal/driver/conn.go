@@ -10,6 +10,7 @@ import (
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
 )
@@ -268,8 +269,13 @@ func (d *Driver) Frame(c *Conn, f *sandboxv1.ConnectRequest) {
 		}
 		sb.mu.Unlock()
 		d.cfg.Notifier.Ready(d.ref(sb, id), x.RouteReady.GetRuntimeSessionId(), c.Instance)
+	case *sandboxv1.ConnectRequest_WorktreeResult:
+		d.worktreeResult(c, x.WorktreeResult)
 	case *sandboxv1.ConnectRequest_RouteFailed:
-		if d.routeOf(sb, c, x.RouteFailed.GetSessionId()) {
+		if d.routeOf(sb, c, x.RouteFailed.GetSessionId()) && x.RouteFailed.GetReason() == ReasonWorkspaceNoSpace {
+			// A clone that filled the disk is ENOSPC evidence (DESIGN.md 3.4).
+			go d.admissionFailed(sb, x.RouteFailed.GetSessionId(), provider.ErrENOSPC)
+		} else if d.routeOf(sb, c, x.RouteFailed.GetSessionId()) {
 			d.failRoute(sb, x.RouteFailed.GetSessionId(), x.RouteFailed.GetReason(), x.RouteFailed.GetRetryable())
 		}
 	case *sandboxv1.ConnectRequest_RuntimeEvents:

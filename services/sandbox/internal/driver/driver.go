@@ -149,6 +149,9 @@ type Driver struct {
 	// closing is set when the server's graceful stop begins: wrapper
 	// streams are closed and new Hellos refused (see CloseWrapperStreams).
 	closing atomic.Bool
+	// worktreeCalls are WorktreeRequests waiting for their result, by
+	// request id (worktree.go).
+	worktreeCalls sync.Map
 }
 
 // CloseWrapperStreams ends every wrapper stream and refuses new Hellos from

@@ -25,6 +25,8 @@ import (
 type RouteSpec struct {
 	SessionID, SandboxID, Directory, RepoURL, UserID, OrgID, CredentialRef, CredentialClass string
 	Agent                                                                                   store.Agent
+	RepoRef, GitCredentialRef                                                               string
+	RepoDepth                                                                               uint32
 }
 
 // Prepare is idempotent and returns at once with the current route view,
@@ -63,6 +65,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 		SessionID: spec.SessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, UserID: spec.UserID, OrgID: spec.OrgID,
 		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, State: store.RoutePreparing, Step: "allocate",
 		Contract: sc.Contract, Agent: spec.Agent,
+		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, GitCredentialRef: spec.GitCredentialRef,
 	}
 	sb.routes[spec.SessionID] = r
 	d.persistRoute(sb, r)
@@ -342,7 +345,8 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{
 		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
 		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
-		Agent: &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
+		Agent:   &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
+		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, CloneRepo: spec.RepoURL != "" && spec.GitCredentialRef != "",
 	}}})
 }
 
@@ -370,7 +374,7 @@ func (d *Driver) mint(ctx context.Context, sandboxID, alloc string, token uint64
 		Scope:         &credentialv1.Scope{SandboxId: sandboxID, Directory: r.Directory},
 		Member:        &credentialv1.Member{SessionId: r.SessionID, RuntimeSessionId: r.RuntimeSessionID, UserId: r.UserID, OrgId: r.OrgID},
 		CredentialRef: r.CredentialRef, CredentialClass: credentialClass(r.CredentialClass), Contract: contract,
-		FenceToken: token, AllocationId: alloc,
+		FenceToken: token, AllocationId: alloc, GitCredentialRef: r.GitCredentialRef,
 	})
 	if err != nil {
 		return "", false, err

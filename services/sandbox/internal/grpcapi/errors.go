@@ -30,12 +30,14 @@ const (
 	ReasonHelloRequired     = "HELLO_REQUIRED"
 	ReasonUnavailable       = "SANDBOX_UNAVAILABLE"
 	ReasonContractDowngrade = "RUNTIME_CONTRACT_DOWNGRADE"
+	ReasonWorktreeUnavail   = "WORKTREE_UNAVAILABLE"
 )
 
 // toStatus is the service's one error translator. A store outage is
 // STORE_UNAVAILABLE; anything unrecognised is logged here and reaches the
 // client as INTERNAL without its text (never as an outage it may not be).
 func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	var wt *driver.WorktreeError
 	if log == nil {
 		log = slog.Default()
 	}
@@ -44,6 +46,13 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return nil
 	case errors.Is(err, driver.ErrRouteNotFound):
 		return apierr.Error(codes.NotFound, ReasonRouteNotFound, "no route for this session in this sandbox")
+	case errors.Is(err, driver.ErrWorktreeUnavailable):
+		return apierr.Error(codes.FailedPrecondition, ReasonWorktreeUnavail, "no wrapper serves the session's worktree now; send a message to prepare the route",
+			apierr.RetryAfter(5*time.Second))
+	case errors.As(err, &wt):
+		// The wrapper's reasons are the worktree reasons of docs/errors.md;
+		// the detail is git's last line (no secret ever reaches git).
+		return apierr.Error(worktreeCode(wt.Reason), wt.Reason, wt.Detail)
 	case errors.Is(err, driver.ErrScopeNotFound):
 		return apierr.Error(codes.NotFound, ReasonScopeNotFound, "no worktree scope for this directory")
 	case errors.Is(err, driver.ErrDirectoryMoved):
@@ -85,4 +94,14 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.StoreUnavailable()
 	}
 	return apierr.Unexpected(ctx, log, err)
+}
+
+func worktreeCode(reason string) codes.Code {
+	switch reason {
+	case "INVALID_BRANCH":
+		return codes.InvalidArgument
+	case "REPO_UNREACHABLE":
+		return codes.Unavailable
+	}
+	return codes.FailedPrecondition
 }

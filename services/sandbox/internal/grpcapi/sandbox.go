@@ -38,13 +38,16 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	v.check(len(r.GetRepoUrl()) <= 2048, "route.repo_url", "at most 2048 bytes")
 	v.check(len(r.GetCredentialRef()) <= 512, "route.credential_ref", "at most 512 bytes")
 	checkAgent(&v, "route.agent", r.GetAgent())
+	v.check(len(r.GetGitCredentialRef()) <= 512, "route.git_credential_ref", "at most 512 bytes")
+	v.check(len(r.GetRepoRef()) <= 255, "route.repo_ref", "at most 255 bytes")
 	if err := v.err("invalid route"); err != nil {
 		return nil, err
 	}
 	view, err := s.D.Prepare(ctx, driver.RouteSpec{
 		SessionID: r.GetSessionId(), SandboxID: r.GetSandboxId(), Directory: r.GetDirectory(), RepoURL: r.GetRepoUrl(),
 		UserID: r.GetUserId(), OrgID: r.GetOrgId(), CredentialRef: r.GetCredentialRef(), CredentialClass: classNames[r.GetCredentialClass()],
-		Agent: agentToStore(r.GetAgent()),
+		Agent:   agentToStore(r.GetAgent()),
+		RepoRef: r.GetRepoRef(), RepoDepth: r.GetRepoDepth(), GitCredentialRef: r.GetGitCredentialRef(),
 	})
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)

@@ -49,6 +49,9 @@ type Route struct {
 	SessionID        string         `json:"session_id"`
 	Directory        string         `json:"directory"`
 	RepoURL          string         `json:"repo_url,omitempty"`
+	RepoRef          string         `json:"repo_ref,omitempty"`
+	RepoDepth        uint32         `json:"repo_depth,omitempty"`
+	GitCredentialRef string         `json:"git_credential_ref,omitempty"`
 	UserID           string         `json:"user_id,omitempty"`
 	OrgID            string         `json:"org_id,omitempty"`
 	CredentialRef    string         `json:"credential_ref,omitempty"`

@@ -8,7 +8,8 @@
 //
 // Message content steers a turn, so tests can exercise every path:
 // "fail: ..." ends the turn failed (tool_error), "slow: ..." waits for an
-// abort (or 30 s) before answering.
+// abort (or 30 s) before answering, "write: <path> <text>" writes the text
+// as a file of the worktree.
 package scripted
 
 import (
@@ -23,6 +24,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -223,9 +225,14 @@ func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
 
 	emit(runtimeproto.KindStatus, "busy", "", nil)
 	emit(runtimeproto.KindProgress, "reading the request", "", nil)
-	entries := listDir(rt.directory)
+	names := listDir(rt.directory)
 	emit(runtimeproto.KindToolCall, "", "list_files", map[string]any{"path": "."})
-	emit(runtimeproto.KindToolResult, "", "list_files", map[string]any{"entries": float64(entries)})
+	emit(runtimeproto.KindToolResult, "", "list_files", map[string]any{"entries": float64(len(names)), "names": names})
+	if rest, ok := strings.CutPrefix(m.Content, "write:"); ok {
+		path, content, _ := strings.Cut(strings.TrimSpace(rest), " ")
+		emit(runtimeproto.KindToolCall, "", "write_file", map[string]any{"path": path})
+		emit(runtimeproto.KindToolResult, "", "write_file", writeFile(rt.directory, path, content))
+	}
 
 	if strings.HasPrefix(m.Content, "slow:") {
 		select {
@@ -341,15 +348,40 @@ func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *rou
 	}
 }
 
-func listDir(dir string) int {
+// listDir names the route directory's entries (at most 200, .git left
+// out), sorted.
+func listDir(dir string) []any {
+	names := []any{}
 	if dir == "" {
-		return 0
+		return names
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return 0
+		return names
 	}
-	return len(entries)
+	for _, e := range entries {
+		if e.Name() != ".git" && len(names) < 200 {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// writeFile writes content (a line of text) to path under the route
+// directory, refusing any path that leaves it.
+func writeFile(dir, path, content string) map[string]any {
+	clean := filepath.Clean("/" + path)
+	if dir == "" || path == "" || clean == "/" || strings.HasPrefix(clean, "/.git") {
+		return map[string]any{"error": "bad path"}
+	}
+	full := filepath.Join(dir, clean)
+	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+		return map[string]any{"error": "mkdir failed"}
+	}
+	if err := os.WriteFile(full, []byte(content+"\n"), 0o644); err != nil {
+		return map[string]any{"error": "write failed"}
+	}
+	return map[string]any{"path": clean[1:], "bytes": float64(len(content) + 1)}
 }
 
 func chunks(s string, words int) []string {

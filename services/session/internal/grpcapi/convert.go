@@ -70,7 +70,7 @@ func routeToProto(v *session.RouteView) *sessionv1.RouteView {
 func sessionToProto(s *session.Session) *sessionv1.Session {
 	return &sessionv1.Session{
 		SessionId: s.ID, UserId: s.UserID, OrgId: s.OrgID,
-		Worktree:        &sessionv1.Worktree{RepoUrl: s.RepoURL, Directory: s.Directory},
+		Worktree:        &sessionv1.Worktree{RepoUrl: s.RepoURL, Directory: s.Directory, Ref: s.RepoRef, Depth: s.RepoDepth},
 		CredentialClass: classToProto(s.CredentialClass), State: sessionStates[s.State],
 		Route: routeToProto(&s.Route), SandboxId: s.SandboxID,
 		CreateTime: ts(s.CreateTime), UpdateTime: ts(s.UpdateTime), Labels: s.Labels, Agent: agentToProto(s.Agent),

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -28,6 +29,7 @@ const (
 	ReasonSessionBusy            = "SESSION_BUSY"
 	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
+	ReasonNoRepository           = "NO_REPOSITORY"
 )
 
 // toStatus is the service's one error translator. Internal errors are
@@ -36,7 +38,26 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var invalid *session.InvalidError
 	var pending *session.DeletionPendingError
 	var expired *session.CursorExpiredError
+	var wt *session.WorktreeError
 	switch {
+	case errors.As(err, &wt):
+		// Reasons of the wrapper's git steps (docs/errors.md, Session).
+		code := codes.FailedPrecondition
+		opts := []apierr.Option{}
+		switch wt.Reason {
+		case "INVALID_BRANCH":
+			code = codes.InvalidArgument
+			opts = append(opts, apierr.FieldViolation("branch", "not a valid git branch name"))
+		case "REPO_UNREACHABLE":
+			code = codes.Unavailable
+			opts = append(opts, apierr.RetryAfter(5*time.Second))
+		case "WORKTREE_UNAVAILABLE":
+			opts = append(opts, apierr.RetryAfter(5*time.Second))
+		}
+		return apierr.Error(code, wt.Reason, wt.Detail, opts...)
+	case errors.Is(err, session.ErrNoRepository):
+		return apierr.Error(codes.FailedPrecondition, ReasonNoRepository, "the session names no repository with a git credential to push to",
+			apierr.FieldViolation("session_id", "the session has no worktree.repo_url and git_credential"))
 	case err == nil:
 		return nil
 	case errors.As(err, &invalid):

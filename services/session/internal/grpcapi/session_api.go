@@ -34,7 +34,9 @@ func (a *SessionAPI) CreateSession(ctx context.Context, r *sessionv1.CreateSessi
 		RepoURL: r.GetWorktree().GetRepoUrl(), Directory: r.GetWorktree().GetDirectory(),
 		Class: classToDomain(r.GetCredential().GetClass()), Secret: r.GetCredential().GetSecret(),
 		SandboxID: r.GetSandboxId(), Labels: r.GetLabels(),
-		Agent: session.Agent{Profile: r.GetAgent().GetProfile(), Model: r.GetAgent().GetModel(), RejectToolKinds: r.GetAgent().GetRejectToolKinds()},
+		Agent:   session.Agent{Profile: r.GetAgent().GetProfile(), Model: r.GetAgent().GetModel(), RejectToolKinds: r.GetAgent().GetRejectToolKinds()},
+		RepoRef: r.GetWorktree().GetRef(), RepoDepth: r.GetWorktree().GetDepth(),
+		GitToken: r.GetGitCredential().GetToken(), GitUsername: r.GetGitCredential().GetUsername(),
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)

@@ -3,6 +3,7 @@ package grpcapi
 import (
 	"encoding/base64"
 	"strconv"
+	"strings"
 
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/services/session/internal/session"
@@ -19,6 +20,20 @@ func validateCreate(r *sessionv1.CreateSessionRequest) error {
 	vs = append(vs, session.CheckID("org_id", r.GetOrgId())...)
 	vs = append(vs, session.CheckDirectory("worktree.directory", r.GetWorktree().GetDirectory())...)
 	vs = append(vs, session.CheckRepoURL("worktree.repo_url", r.GetWorktree().GetRepoUrl())...)
+	vs = append(vs, session.CheckCloneURL("worktree.repo_url", r.GetWorktree().GetRepoUrl())...)
+	vs = append(vs, session.CheckRef("worktree.ref", r.GetWorktree().GetRef())...)
+	if r.GetWorktree().GetDepth() > session.MaxDepth {
+		vs = append(vs, session.Violation{Field: "worktree.depth", Description: "at most 1048576"})
+	}
+	if g := r.GetGitCredential(); g != nil {
+		if r.GetWorktree().GetRepoUrl() == "" {
+			vs = append(vs, session.Violation{Field: "git_credential", Description: "needs worktree.repo_url"})
+		}
+		vs = append(vs, session.CheckSecret("git_credential.token", g.GetToken())...)
+		if len(g.GetUsername()) > 256 || strings.ContainsAny(g.GetUsername(), ":\r\n") {
+			vs = append(vs, session.Violation{Field: "git_credential.username", Description: "at most 256 bytes, no colon or line break"})
+		}
+	}
 	switch r.GetCredential().GetClass() {
 	case sessionv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED, sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC:
 	default:
@@ -38,6 +53,13 @@ func validateCreate(r *sessionv1.CreateSessionRequest) error {
 			vs = append(vs, session.Violation{Field: "agent.reject_tool_kinds", Description: "at most 16 tool kinds"})
 		}
 	}
+	return session.Invalid(vs)
+}
+
+func validatePush(r *sessionv1.PushWorktreeRequest) error {
+	vs := session.CheckID("session_id", r.GetSessionId())
+	vs = append(vs, session.CheckBranch("branch", r.GetBranch())...)
+	vs = append(vs, session.CheckCommitMessage("commit_message", r.GetCommitMessage())...)
 	return session.Invalid(vs)
 }
 

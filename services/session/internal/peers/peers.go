@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/session/internal/service"
@@ -56,7 +58,8 @@ func routeSpec(s *session.Session) *sandboxv1.RouteSpec {
 	return &sandboxv1.RouteSpec{
 		SessionId: s.ID, SandboxId: s.SandboxID, Directory: s.Directory, RepoUrl: s.RepoURL,
 		UserId: s.UserID, OrgId: s.OrgID, CredentialRef: s.CredentialRef, CredentialClass: class,
-		Agent: agentProto(s.Agent),
+		Agent:   agentProto(s.Agent),
+		RepoRef: s.RepoRef, RepoDepth: s.RepoDepth, GitCredentialRef: s.GitCredentialRef,
 	}
 }
 
@@ -145,6 +148,52 @@ func (p Sandbox) ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason 
 	}, nil
 }
 
+func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*session.WorktreeChanges, error) {
+	resp, err := p.C.WorktreeChanges(ctx, &sandboxv1.WorktreeChangesRequest{SessionId: s.ID, SandboxId: s.SandboxID})
+	if err != nil {
+		return nil, worktreeErr(err)
+	}
+	c := resp.GetChanges()
+	out := &session.WorktreeChanges{Diff: c.GetDiff(), DiffTruncated: c.GetDiffTruncated(), HeadCommit: c.GetHeadCommit(), Time: c.GetTime().AsTime()}
+	for _, f := range c.GetFiles() {
+		k := session.FileModified
+		switch f.GetKind() {
+		case runtimev1.FileChangeKind_FILE_CHANGE_KIND_ADDED:
+			k = session.FileAdded
+		case runtimev1.FileChangeKind_FILE_CHANGE_KIND_DELETED:
+			k = session.FileDeleted
+		}
+		out.Files = append(out.Files, session.FileChange{Path: f.GetPath(), Kind: k})
+	}
+	return out, nil
+}
+
+func (p Sandbox) PushWorktree(ctx context.Context, s *session.Session, branch, message string) (service.Pushed, error) {
+	resp, err := p.C.PushWorktree(ctx, &sandboxv1.PushWorktreeRequest{SessionId: s.ID, SandboxId: s.SandboxID, Branch: branch, CommitMessage: message})
+	if err != nil {
+		return service.Pushed{}, worktreeErr(err)
+	}
+	return service.Pushed{Commit: resp.GetCommitId(), Ref: resp.GetRef(), Committed: resp.GetCommitted()}, nil
+}
+
+// worktreeErr turns the sandbox's worktree refusals (and a route it does
+// not know: the session never prepared one) into session.WorktreeError;
+// anything else stays a peer failure.
+func worktreeErr(err error) error {
+	st := status.Convert(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			switch info.GetReason() {
+			case "WORKTREE_UNAVAILABLE", "PUSH_REJECTED", "REPO_AUTH_FAILED", "REPO_UNREACHABLE", "INVALID_BRANCH":
+				return &session.WorktreeError{Reason: info.GetReason(), Detail: st.Message(), Retryable: st.Code() == codes.Unavailable}
+			case "ROUTE_NOT_FOUND":
+				return &session.WorktreeError{Reason: "WORKTREE_UNAVAILABLE", Detail: "the session has no prepared route; send a message first"}
+			}
+		}
+	}
+	return fmt.Errorf("%w: sandbox: %s", session.ErrPeerUnavailable, st.Code())
+}
+
 // Credentials is service.Credentials over CredentialService.
 type Credentials struct {
 	C credentialv1.CredentialServiceClient
@@ -159,6 +208,17 @@ func (p Credentials) Put(ctx context.Context, sessionID string, class session.Cr
 	}
 	resp, err := p.C.PutBackingCredential(ctx, &credentialv1.PutBackingCredentialRequest{
 		SessionId: sessionID, CredentialClass: c, Secret: secret,
+	})
+	if err != nil {
+		return "", scrub(err)
+	}
+	return resp.GetCredentialRef(), nil
+}
+
+func (p Credentials) PutGit(ctx context.Context, sessionID, repoURL, username, token string) (string, error) {
+	resp, err := p.C.PutBackingCredential(ctx, &credentialv1.PutBackingCredentialRequest{
+		SessionId: sessionID, CredentialClass: credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: token,
+		RepoUrl: repoURL, GitUsername: username,
 	})
 	if err != nil {
 		return "", scrub(err)

@@ -119,6 +119,11 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 				err = s.creds.DeleteBacking(pctx, in.CredentialRef)
 				cancel()
 			}
+			if err == nil && in.GitCredentialRef != "" {
+				pctx, cancel := s.peerCtx(ctx)
+				err = s.creds.DeleteBacking(pctx, in.GitCredentialRef)
+				cancel()
+			}
 			if err != nil {
 				return postpone("delete_credential", 0, err)
 			}

@@ -20,6 +20,16 @@ type Sandbox interface {
 	// CheckAgent resolves an agent profile (session.ErrAgentUnavailable
 	// when the sandbox service has no such installed profile).
 	CheckAgent(ctx context.Context, a session.Agent) (session.Agent, error)
+	// WorktreeChanges returns the change set of the session's worktree.
+	WorktreeChanges(ctx context.Context, s *session.Session) (*session.WorktreeChanges, error)
+	// PushWorktree commits and pushes the session's worktree to branch.
+	PushWorktree(ctx context.Context, s *session.Session, branch, message string) (Pushed, error)
+}
+
+// Pushed is what PushWorktree pushed.
+type Pushed struct {
+	Commit, Ref string
+	Committed   bool
 }
 
 // Release is the sandbox's answer to ReleaseRoute.
@@ -39,6 +49,8 @@ type Release struct {
 // credential service refuses a release without that token).
 type Credentials interface {
 	Put(ctx context.Context, sessionID string, class session.CredentialClass, secret string) (ref string, err error)
+	// PutGit stores a git token bound to repoURL.
+	PutGit(ctx context.Context, sessionID, repoURL, username, token string) (ref string, err error)
 	DeleteBacking(ctx context.Context, ref string) error
 }
 

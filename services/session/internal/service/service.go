@@ -134,6 +134,10 @@ type CreateInput struct {
 	SandboxID          string
 	Labels             map[string]string
 	Agent              session.Agent
+	RepoRef            string
+	RepoDepth          uint32
+	GitToken           string // optional; write-only
+	GitUsername        string
 }
 
 func newID() string {
@@ -152,10 +156,15 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		in.SandboxID = session.SandboxFor(in.OrgID, in.UserID)
 	}
 	digest := session.Digest(in.Secret)
+	gitDigest := ""
+	if in.GitToken != "" {
+		gitDigest = session.Digest(in.GitToken)
+	}
 	same := func(old *session.Session) error {
 		if old.UserID != in.UserID || old.OrgID != in.OrgID || old.Directory != in.Directory ||
 			old.RepoURL != in.RepoURL || old.CredentialClass != in.Class || old.SandboxID != in.SandboxID ||
-			old.SecretDigest != digest || !sameAgent(old.Agent, in.Agent) {
+			old.SecretDigest != digest || !sameAgent(old.Agent, in.Agent) ||
+			old.RepoRef != in.RepoRef || old.RepoDepth != in.RepoDepth || old.GitSecretDigest != gitDigest {
 			return session.ErrSessionConflict
 		}
 		return nil
@@ -187,11 +196,22 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		}
 		ref = r
 	}
+	var gitRef string
+	if s.creds != nil && in.GitToken != "" {
+		pctx, cancel := s.peerCtx(ctx)
+		r, err := s.creds.PutGit(pctx, in.ID, in.RepoURL, in.GitUsername, in.GitToken)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)
+		}
+		gitRef = r
+	}
 	now := s.now()
 	sess := &session.Session{
 		ID: in.ID, UserID: in.UserID, OrgID: in.OrgID, RepoURL: in.RepoURL, Directory: in.Directory,
 		CredentialClass: in.Class, CredentialRef: ref, SecretDigest: digest, SandboxID: in.SandboxID,
 		State: session.StateActive, Labels: in.Labels, Agent: in.Agent,
+		RepoRef: in.RepoRef, RepoDepth: in.RepoDepth, GitCredentialRef: gitRef, GitSecretDigest: gitDigest,
 		Route:      session.RouteView{State: session.RouteUnknown, SandboxID: in.SandboxID, UpdateTime: now},
 		CreateTime: now, UpdateTime: now,
 	}

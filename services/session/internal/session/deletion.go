@@ -16,6 +16,7 @@ type DeletionIntent struct {
 	SandboxID        string    `json:"sandbox_id"`
 	Directory        string    `json:"directory"`
 	CredentialRef    string    `json:"credential_ref,omitempty"`
+	GitCredentialRef string    `json:"git_credential_ref,omitempty"`
 	RuntimeSessionID string    `json:"runtime_session_id,omitempty"` // the latest (intents written before runtime_session_ids)
 	// RuntimeSessionIDs is every runtime session id the session ever had.
 	RuntimeSessionIDs []string  `json:"runtime_session_ids,omitempty"`
@@ -35,7 +36,7 @@ type DeletionIntent struct {
 func NewDeletionIntent(s *Session, reason string, now time.Time) DeletionIntent {
 	return DeletionIntent{
 		SessionID: s.ID, OrgID: s.OrgID, UserID: s.UserID, SessionCreate: s.CreateTime, SandboxID: s.SandboxID, Directory: s.Directory,
-		CredentialRef: s.CredentialRef, RuntimeSessionID: s.Route.RuntimeSessionID,
+		CredentialRef: s.CredentialRef, GitCredentialRef: s.GitCredentialRef, RuntimeSessionID: s.Route.RuntimeSessionID,
 		RuntimeSessionIDs: slices.Clone(s.RuntimeSessionIDs),
 		Reason:            reason, CreateTime: now, NextAttempt: now,
 	}

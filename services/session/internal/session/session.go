@@ -84,17 +84,23 @@ type RouteView struct {
 
 // Session is one agent conversation of a user on a worktree.
 type Session struct {
-	ID              string          `json:"id"`
-	UserID          string          `json:"user_id"`
-	OrgID           string          `json:"org_id"`
-	RepoURL         string          `json:"repo_url,omitempty"`
-	Directory       string          `json:"directory"`
-	CredentialClass CredentialClass `json:"credential_class"`
-	CredentialRef   string          `json:"credential_ref,omitempty"`
-	SecretDigest    string          `json:"secret_digest"` // SHA-256 hex; for idempotent create only
-	SandboxID       string          `json:"sandbox_id"`
-	State           State           `json:"state"`
-	Route           RouteView       `json:"route"`
+	ID        string `json:"id"`
+	UserID    string `json:"user_id"`
+	OrgID     string `json:"org_id"`
+	RepoURL   string `json:"repo_url,omitempty"`
+	RepoRef   string `json:"repo_ref,omitempty"`
+	RepoDepth uint32 `json:"repo_depth,omitempty"`
+	// GitCredentialRef names the git token in the credential service;
+	// GitSecretDigest is its SHA-256 (for idempotent create only).
+	GitCredentialRef string          `json:"git_credential_ref,omitempty"`
+	GitSecretDigest  string          `json:"git_secret_digest,omitempty"`
+	Directory        string          `json:"directory"`
+	CredentialClass  CredentialClass `json:"credential_class"`
+	CredentialRef    string          `json:"credential_ref,omitempty"`
+	SecretDigest     string          `json:"secret_digest"` // SHA-256 hex; for idempotent create only
+	SandboxID        string          `json:"sandbox_id"`
+	State            State           `json:"state"`
+	Route            RouteView       `json:"route"`
 	// RuntimeSessionIDs is every runtime session id the route ever had
 	// (each re-preparation after a lost, failed or released route gets a
 	// new one, each with its own ingest history); deletion tombstones all.

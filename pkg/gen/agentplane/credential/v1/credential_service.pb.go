@@ -87,7 +87,14 @@ type PutBackingCredentialRequest struct {
 	// Class of the secret.
 	CredentialClass CredentialClass `protobuf:"varint,2,opt,name=credential_class,json=credentialClass,proto3,enum=agentplane.credential.v1.CredentialClass" json:"credential_class,omitempty"`
 	// The secret. Write-only; never returned or logged.
-	Secret        string `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"`
+	Secret string `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"`
+	// For a git credential: the HTTPS repository it is for. The proxy's git
+	// route admits only this repository for the member that names the
+	// credential in git_credential_ref. Added.
+	RepoUrl string `protobuf:"bytes,4,opt,name=repo_url,json=repoUrl,proto3" json:"repo_url,omitempty"`
+	// For a git credential: the Basic authentication user name sent with the
+	// token (empty: x-access-token). Added.
+	GitUsername   string `protobuf:"bytes,5,opt,name=git_username,json=gitUsername,proto3" json:"git_username,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -139,6 +146,20 @@ func (x *PutBackingCredentialRequest) GetCredentialClass() CredentialClass {
 func (x *PutBackingCredentialRequest) GetSecret() string {
 	if x != nil {
 		return x.Secret
+	}
+	return ""
+}
+
+func (x *PutBackingCredentialRequest) GetRepoUrl() string {
+	if x != nil {
+		return x.RepoUrl
+	}
+	return ""
+}
+
+func (x *PutBackingCredentialRequest) GetGitUsername() string {
+	if x != nil {
+		return x.GitUsername
 	}
 	return ""
 }
@@ -297,9 +318,12 @@ type MintHandleRequest struct {
 	// Fencing token of the sandbox owner.
 	FenceToken uint64 `protobuf:"varint,6,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
 	// Current allocation of the sandbox.
-	AllocationId  string `protobuf:"bytes,7,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AllocationId string `protobuf:"bytes,7,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// Optional git credential of the member (a PutBackingCredential with
+	// repo_url); the proxy's git route uses it. Added.
+	GitCredentialRef string `protobuf:"bytes,8,opt,name=git_credential_ref,json=gitCredentialRef,proto3" json:"git_credential_ref,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *MintHandleRequest) Reset() {
@@ -381,6 +405,13 @@ func (x *MintHandleRequest) GetAllocationId() string {
 	return ""
 }
 
+func (x *MintHandleRequest) GetGitCredentialRef() string {
+	if x != nil {
+		return x.GitCredentialRef
+	}
+	return ""
+}
+
 // MintHandleResponse returns the handle.
 type MintHandleResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -457,9 +488,11 @@ type AdoptHandleRequest struct {
 	// Its class.
 	CredentialClass CredentialClass `protobuf:"varint,4,opt,name=credential_class,json=credentialClass,proto3,enum=agentplane.credential.v1.CredentialClass" json:"credential_class,omitempty"`
 	// Fencing token of the sandbox owner.
-	FenceToken    uint64 `protobuf:"varint,5,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FenceToken uint64 `protobuf:"varint,5,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
+	// Optional git credential of the member. Added.
+	GitCredentialRef string `protobuf:"bytes,6,opt,name=git_credential_ref,json=gitCredentialRef,proto3" json:"git_credential_ref,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AdoptHandleRequest) Reset() {
@@ -525,6 +558,13 @@ func (x *AdoptHandleRequest) GetFenceToken() uint64 {
 		return x.FenceToken
 	}
 	return 0
+}
+
+func (x *AdoptHandleRequest) GetGitCredentialRef() string {
+	if x != nil {
+		return x.GitCredentialRef
+	}
+	return ""
 }
 
 // AdoptHandleResponse returns the canonical handle.
@@ -1154,18 +1194,20 @@ var File_agentplane_credential_v1_credential_service_proto protoreflect.FileDesc
 
 const file_agentplane_credential_v1_credential_service_proto_rawDesc = "" +
 	"\n" +
-	"1agentplane/credential/v1/credential_service.proto\x12\x18agentplane.credential.v1\x1a)agentplane/credential/v1/credential.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x01\n" +
+	"1agentplane/credential/v1/credential_service.proto\x12\x18agentplane.credential.v1\x1a)agentplane/credential/v1/credential.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x01\n" +
 	"\x1bPutBackingCredentialRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12T\n" +
 	"\x10credential_class\x18\x02 \x01(\x0e2).agentplane.credential.v1.CredentialClassR\x0fcredentialClass\x12\x16\n" +
-	"\x06secret\x18\x03 \x01(\tR\x06secret\"j\n" +
+	"\x06secret\x18\x03 \x01(\tR\x06secret\x12\x19\n" +
+	"\brepo_url\x18\x04 \x01(\tR\arepoUrl\x12!\n" +
+	"\fgit_username\x18\x05 \x01(\tR\vgitUsername\"j\n" +
 	"\x1cPutBackingCredentialResponse\x12%\n" +
 	"\x0ecredential_ref\x18\x01 \x01(\tR\rcredentialRef\x12#\n" +
 	"\rsecret_digest\x18\x02 \x01(\tR\fsecretDigest\"G\n" +
 	"\x1eDeleteBackingCredentialRequest\x12%\n" +
 	"\x0ecredential_ref\x18\x01 \x01(\tR\rcredentialRef\"!\n" +
-	"\x1fDeleteBackingCredentialResponse\"\x8e\x03\n" +
+	"\x1fDeleteBackingCredentialResponse\"\xbc\x03\n" +
 	"\x11MintHandleRequest\x125\n" +
 	"\x05scope\x18\x01 \x01(\v2\x1f.agentplane.credential.v1.ScopeR\x05scope\x128\n" +
 	"\x06member\x18\x02 \x01(\v2 .agentplane.credential.v1.MemberR\x06member\x12%\n" +
@@ -1174,18 +1216,20 @@ const file_agentplane_credential_v1_credential_service_proto_rawDesc = "" +
 	"\bcontract\x18\x05 \x01(\x0e2).agentplane.credential.v1.RuntimeContractR\bcontract\x12\x1f\n" +
 	"\vfence_token\x18\x06 \x01(\x04R\n" +
 	"fenceToken\x12#\n" +
-	"\rallocation_id\x18\a \x01(\tR\fallocationId\"}\n" +
+	"\rallocation_id\x18\a \x01(\tR\fallocationId\x12,\n" +
+	"\x12git_credential_ref\x18\b \x01(\tR\x10gitCredentialRef\"}\n" +
 	"\x12MintHandleResponse\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\x125\n" +
 	"\x05grant\x18\x02 \x01(\v2\x1f.agentplane.credential.v1.GrantR\x05grant\x12\x18\n" +
-	"\aadopted\x18\x03 \x01(\bR\aadopted\"\xa3\x02\n" +
+	"\aadopted\x18\x03 \x01(\bR\aadopted\"\xd1\x02\n" +
 	"\x12AdoptHandleRequest\x125\n" +
 	"\x05scope\x18\x01 \x01(\v2\x1f.agentplane.credential.v1.ScopeR\x05scope\x128\n" +
 	"\x06member\x18\x02 \x01(\v2 .agentplane.credential.v1.MemberR\x06member\x12%\n" +
 	"\x0ecredential_ref\x18\x03 \x01(\tR\rcredentialRef\x12T\n" +
 	"\x10credential_class\x18\x04 \x01(\x0e2).agentplane.credential.v1.CredentialClassR\x0fcredentialClass\x12\x1f\n" +
 	"\vfence_token\x18\x05 \x01(\x04R\n" +
-	"fenceToken\"d\n" +
+	"fenceToken\x12,\n" +
+	"\x12git_credential_ref\x18\x06 \x01(\tR\x10gitCredentialRef\"d\n" +
 	"\x13AdoptHandleResponse\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\x125\n" +
 	"\x05grant\x18\x02 \x01(\v2\x1f.agentplane.credential.v1.GrantR\x05grant\"m\n" +

@@ -149,6 +149,63 @@ func (TurnResult) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{1}
 }
 
+// FileChangeKind says how a file of a worktree changed against its checkout.
+type FileChangeKind int32
+
+const (
+	// Not set.
+	FileChangeKind_FILE_CHANGE_KIND_UNSPECIFIED FileChangeKind = 0
+	// A new file (untracked or added).
+	FileChangeKind_FILE_CHANGE_KIND_ADDED FileChangeKind = 1
+	// A tracked file whose content or mode changed.
+	FileChangeKind_FILE_CHANGE_KIND_MODIFIED FileChangeKind = 2
+	// A tracked file that is gone.
+	FileChangeKind_FILE_CHANGE_KIND_DELETED FileChangeKind = 3
+)
+
+// Enum value maps for FileChangeKind.
+var (
+	FileChangeKind_name = map[int32]string{
+		0: "FILE_CHANGE_KIND_UNSPECIFIED",
+		1: "FILE_CHANGE_KIND_ADDED",
+		2: "FILE_CHANGE_KIND_MODIFIED",
+		3: "FILE_CHANGE_KIND_DELETED",
+	}
+	FileChangeKind_value = map[string]int32{
+		"FILE_CHANGE_KIND_UNSPECIFIED": 0,
+		"FILE_CHANGE_KIND_ADDED":       1,
+		"FILE_CHANGE_KIND_MODIFIED":    2,
+		"FILE_CHANGE_KIND_DELETED":     3,
+	}
+)
+
+func (x FileChangeKind) Enum() *FileChangeKind {
+	p := new(FileChangeKind)
+	*p = x
+	return p
+}
+
+func (x FileChangeKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileChangeKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentplane_runtime_v1_runtime_proto_enumTypes[2].Descriptor()
+}
+
+func (FileChangeKind) Type() protoreflect.EnumType {
+	return &file_agentplane_runtime_v1_runtime_proto_enumTypes[2]
+}
+
+func (x FileChangeKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileChangeKind.Descriptor instead.
+func (FileChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{2}
+}
+
 // RuntimeEvent is one event a runtime emitted while working on a turn.
 type RuntimeEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -424,6 +481,144 @@ func (x *ProgressStep) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
+// FileChange is one changed file of a worktree.
+type FileChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to the worktree root.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// How it changed.
+	Kind          FileChangeKind `protobuf:"varint,2,opt,name=kind,proto3,enum=agentplane.runtime.v1.FileChangeKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileChange) Reset() {
+	*x = FileChange{}
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileChange) ProtoMessage() {}
+
+func (x *FileChange) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileChange.ProtoReflect.Descriptor instead.
+func (*FileChange) Descriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FileChange) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileChange) GetKind() FileChangeKind {
+	if x != nil {
+		return x.Kind
+	}
+	return FileChangeKind_FILE_CHANGE_KIND_UNSPECIFIED
+}
+
+// WorktreeChanges is the change set of a worktree against the commit it
+// is checked out at: what a push would commit.
+type WorktreeChanges struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Changed files, sorted by path.
+	Files []*FileChange `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// Unified diff of the changes (new files included), cut at a bound.
+	Diff string `protobuf:"bytes,2,opt,name=diff,proto3" json:"diff,omitempty"`
+	// Whether diff was cut at the bound.
+	DiffTruncated bool `protobuf:"varint,3,opt,name=diff_truncated,json=diffTruncated,proto3" json:"diff_truncated,omitempty"`
+	// The commit the worktree is checked out at (HEAD).
+	HeadCommit string `protobuf:"bytes,4,opt,name=head_commit,json=headCommit,proto3" json:"head_commit,omitempty"`
+	// When the change set was taken.
+	Time          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeChanges) Reset() {
+	*x = WorktreeChanges{}
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeChanges) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeChanges) ProtoMessage() {}
+
+func (x *WorktreeChanges) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeChanges.ProtoReflect.Descriptor instead.
+func (*WorktreeChanges) Descriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *WorktreeChanges) GetFiles() []*FileChange {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *WorktreeChanges) GetDiff() string {
+	if x != nil {
+		return x.Diff
+	}
+	return ""
+}
+
+func (x *WorktreeChanges) GetDiffTruncated() bool {
+	if x != nil {
+		return x.DiffTruncated
+	}
+	return false
+}
+
+func (x *WorktreeChanges) GetHeadCommit() string {
+	if x != nil {
+		return x.HeadCommit
+	}
+	return ""
+}
+
+func (x *WorktreeChanges) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
 var File_agentplane_runtime_v1_runtime_proto protoreflect.FileDescriptor
 
 const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
@@ -450,7 +645,18 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\fProgressStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time*\x82\x02\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"[\n" +
+	"\n" +
+	"FileChange\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x129\n" +
+	"\x04kind\x18\x02 \x01(\x0e2%.agentplane.runtime.v1.FileChangeKindR\x04kind\"\xd6\x01\n" +
+	"\x0fWorktreeChanges\x127\n" +
+	"\x05files\x18\x01 \x03(\v2!.agentplane.runtime.v1.FileChangeR\x05files\x12\x12\n" +
+	"\x04diff\x18\x02 \x01(\tR\x04diff\x12%\n" +
+	"\x0ediff_truncated\x18\x03 \x01(\bR\rdiffTruncated\x12\x1f\n" +
+	"\vhead_commit\x18\x04 \x01(\tR\n" +
+	"headCommit\x12.\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time*\x82\x02\n" +
 	"\x10RuntimeEventKind\x12\"\n" +
 	"\x1eRUNTIME_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bRUNTIME_EVENT_KIND_PROGRESS\x10\x01\x12$\n" +
@@ -464,7 +670,12 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x17TURN_RESULT_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15TURN_RESULT_SUCCEEDED\x10\x01\x12\x16\n" +
 	"\x12TURN_RESULT_FAILED\x10\x02\x12\x19\n" +
-	"\x15TURN_RESULT_CANCELLED\x10\x03B\xd7\x01\n" +
+	"\x15TURN_RESULT_CANCELLED\x10\x03*\x8b\x01\n" +
+	"\x0eFileChangeKind\x12 \n" +
+	"\x1cFILE_CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16FILE_CHANGE_KIND_ADDED\x10\x01\x12\x1d\n" +
+	"\x19FILE_CHANGE_KIND_MODIFIED\x10\x02\x12\x1c\n" +
+	"\x18FILE_CHANGE_KIND_DELETED\x10\x03B\xd7\x01\n" +
 	"\x19com.agentplane.runtime.v1B\fRuntimeProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/runtime/v1;runtimev1\xa2\x02\x03ARX\xaa\x02\x15Agentplane.Runtime.V1\xca\x02\x15Agentplane\\Runtime\\V1\xe2\x02!Agentplane\\Runtime\\V1\\GPBMetadata\xea\x02\x17Agentplane::Runtime::V1b\x06proto3"
 
 var (
@@ -479,29 +690,35 @@ func file_agentplane_runtime_v1_runtime_proto_rawDescGZIP() []byte {
 	return file_agentplane_runtime_v1_runtime_proto_rawDescData
 }
 
-var file_agentplane_runtime_v1_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_agentplane_runtime_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_agentplane_runtime_v1_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_agentplane_runtime_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_agentplane_runtime_v1_runtime_proto_goTypes = []any{
 	(RuntimeEventKind)(0),         // 0: agentplane.runtime.v1.RuntimeEventKind
 	(TurnResult)(0),               // 1: agentplane.runtime.v1.TurnResult
-	(*RuntimeEvent)(nil),          // 2: agentplane.runtime.v1.RuntimeEvent
-	(*TurnOutcome)(nil),           // 3: agentplane.runtime.v1.TurnOutcome
-	(*ProgressStep)(nil),          // 4: agentplane.runtime.v1.ProgressStep
-	(*structpb.Struct)(nil),       // 5: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(FileChangeKind)(0),           // 2: agentplane.runtime.v1.FileChangeKind
+	(*RuntimeEvent)(nil),          // 3: agentplane.runtime.v1.RuntimeEvent
+	(*TurnOutcome)(nil),           // 4: agentplane.runtime.v1.TurnOutcome
+	(*ProgressStep)(nil),          // 5: agentplane.runtime.v1.ProgressStep
+	(*FileChange)(nil),            // 6: agentplane.runtime.v1.FileChange
+	(*WorktreeChanges)(nil),       // 7: agentplane.runtime.v1.WorktreeChanges
+	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_agentplane_runtime_v1_runtime_proto_depIdxs = []int32{
 	0, // 0: agentplane.runtime.v1.RuntimeEvent.kind:type_name -> agentplane.runtime.v1.RuntimeEventKind
-	5, // 1: agentplane.runtime.v1.RuntimeEvent.data:type_name -> google.protobuf.Struct
-	6, // 2: agentplane.runtime.v1.RuntimeEvent.time:type_name -> google.protobuf.Timestamp
+	8, // 1: agentplane.runtime.v1.RuntimeEvent.data:type_name -> google.protobuf.Struct
+	9, // 2: agentplane.runtime.v1.RuntimeEvent.time:type_name -> google.protobuf.Timestamp
 	1, // 3: agentplane.runtime.v1.TurnOutcome.result:type_name -> agentplane.runtime.v1.TurnResult
-	6, // 4: agentplane.runtime.v1.TurnOutcome.time:type_name -> google.protobuf.Timestamp
-	6, // 5: agentplane.runtime.v1.ProgressStep.time:type_name -> google.protobuf.Timestamp
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	9, // 4: agentplane.runtime.v1.TurnOutcome.time:type_name -> google.protobuf.Timestamp
+	9, // 5: agentplane.runtime.v1.ProgressStep.time:type_name -> google.protobuf.Timestamp
+	2, // 6: agentplane.runtime.v1.FileChange.kind:type_name -> agentplane.runtime.v1.FileChangeKind
+	6, // 7: agentplane.runtime.v1.WorktreeChanges.files:type_name -> agentplane.runtime.v1.FileChange
+	9, // 8: agentplane.runtime.v1.WorktreeChanges.time:type_name -> google.protobuf.Timestamp
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_runtime_v1_runtime_proto_init() }
@@ -514,8 +731,8 @@ func file_agentplane_runtime_v1_runtime_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_runtime_v1_runtime_proto_rawDesc), len(file_agentplane_runtime_v1_runtime_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   3,
+			NumEnums:      3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -350,9 +350,16 @@ type RouteSpec struct {
 	// Class of the backing credential.
 	CredentialClass CredentialClass `protobuf:"varint,8,opt,name=credential_class,json=credentialClass,proto3,enum=agentplane.sandbox.v1.CredentialClass" json:"credential_class,omitempty"`
 	// The agent the route runs; empty profile: the default profile. Added.
-	Agent         *Agent `protobuf:"bytes,9,opt,name=agent,proto3" json:"agent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Agent *Agent `protobuf:"bytes,9,opt,name=agent,proto3" json:"agent,omitempty"`
+	// Optional branch, tag or commit to check out. Added.
+	RepoRef string `protobuf:"bytes,10,opt,name=repo_ref,json=repoRef,proto3" json:"repo_ref,omitempty"`
+	// Optional clone depth (0: full). Added.
+	RepoDepth uint32 `protobuf:"varint,11,opt,name=repo_depth,json=repoDepth,proto3" json:"repo_depth,omitempty"`
+	// Reference of the session's git credential in the credential service
+	// (empty: git without credentials). Added.
+	GitCredentialRef string `protobuf:"bytes,12,opt,name=git_credential_ref,json=gitCredentialRef,proto3" json:"git_credential_ref,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RouteSpec) Reset() {
@@ -446,6 +453,27 @@ func (x *RouteSpec) GetAgent() *Agent {
 		return x.Agent
 	}
 	return nil
+}
+
+func (x *RouteSpec) GetRepoRef() string {
+	if x != nil {
+		return x.RepoRef
+	}
+	return ""
+}
+
+func (x *RouteSpec) GetRepoDepth() uint32 {
+	if x != nil {
+		return x.RepoDepth
+	}
+	return 0
+}
+
+func (x *RouteSpec) GetGitCredentialRef() string {
+	if x != nil {
+		return x.GitCredentialRef
+	}
+	return ""
 }
 
 // Agent names the coding agent of a route: a configured profile of the
@@ -1037,7 +1065,7 @@ var File_agentplane_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x02\n" +
+	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x03\n" +
 	"\tRouteSpec\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1049,7 +1077,12 @@ const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x06org_id\x18\x06 \x01(\tR\x05orgId\x12%\n" +
 	"\x0ecredential_ref\x18\a \x01(\tR\rcredentialRef\x12Q\n" +
 	"\x10credential_class\x18\b \x01(\x0e2&.agentplane.sandbox.v1.CredentialClassR\x0fcredentialClass\x122\n" +
-	"\x05agent\x18\t \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"c\n" +
+	"\x05agent\x18\t \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\x12\x19\n" +
+	"\brepo_ref\x18\n" +
+	" \x01(\tR\arepoRef\x12\x1d\n" +
+	"\n" +
+	"repo_depth\x18\v \x01(\rR\trepoDepth\x12,\n" +
+	"\x12git_credential_ref\x18\f \x01(\tR\x10gitCredentialRef\"c\n" +
 	"\x05Agent\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12*\n" +

@@ -7,6 +7,7 @@
 package sandboxv1
 
 import (
+	v1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -846,11 +847,249 @@ func (x *GetScopeResponse) GetScope() *WorktreeScope {
 	return nil
 }
 
+// WorktreeChangesRequest names a route.
+type WorktreeChangesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId     string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeChangesRequest) Reset() {
+	*x = WorktreeChangesRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeChangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeChangesRequest) ProtoMessage() {}
+
+func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeChangesRequest.ProtoReflect.Descriptor instead.
+func (*WorktreeChangesRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WorktreeChangesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WorktreeChangesRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// WorktreeChangesResponse returns the change set.
+type WorktreeChangesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The change set.
+	Changes       *v1.WorktreeChanges `protobuf:"bytes,1,opt,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeChangesResponse) Reset() {
+	*x = WorktreeChangesResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeChangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeChangesResponse) ProtoMessage() {}
+
+func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeChangesResponse.ProtoReflect.Descriptor instead.
+func (*WorktreeChangesResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+// PushWorktreeRequest commits and pushes a route's worktree.
+type PushWorktreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Branch name (without refs/heads/).
+	Branch string `protobuf:"bytes,3,opt,name=branch,proto3" json:"branch,omitempty"`
+	// Commit message.
+	CommitMessage string `protobuf:"bytes,4,opt,name=commit_message,json=commitMessage,proto3" json:"commit_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushWorktreeRequest) Reset() {
+	*x = PushWorktreeRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushWorktreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushWorktreeRequest) ProtoMessage() {}
+
+func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
+func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PushWorktreeRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetCommitMessage() string {
+	if x != nil {
+		return x.CommitMessage
+	}
+	return ""
+}
+
+// PushWorktreeResponse reports the push.
+type PushWorktreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pushed commit id.
+	CommitId string `protobuf:"bytes,1,opt,name=commit_id,json=commitId,proto3" json:"commit_id,omitempty"`
+	// The pushed ref.
+	Ref string `protobuf:"bytes,2,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Whether a new commit was made.
+	Committed     bool `protobuf:"varint,3,opt,name=committed,proto3" json:"committed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushWorktreeResponse) Reset() {
+	*x = PushWorktreeResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushWorktreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushWorktreeResponse) ProtoMessage() {}
+
+func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
+func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PushWorktreeResponse) GetCommitId() string {
+	if x != nil {
+		return x.CommitId
+	}
+	return ""
+}
+
+func (x *PushWorktreeResponse) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *PushWorktreeResponse) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
 var File_agentplane_sandbox_v1_sandbox_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\"G\n" +
+	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\"G\n" +
 	"\x11CheckAgentRequest\x122\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"d\n" +
 	"\x12CheckAgentResponse\x122\n" +
@@ -905,11 +1144,29 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1c\n" +
 	"\tdirectory\x18\x02 \x01(\tR\tdirectory\"N\n" +
 	"\x10GetScopeResponse\x12:\n" +
-	"\x05scope\x18\x01 \x01(\v2$.agentplane.sandbox.v1.WorktreeScopeR\x05scope*j\n" +
+	"\x05scope\x18\x01 \x01(\v2$.agentplane.sandbox.v1.WorktreeScopeR\x05scope\"V\n" +
+	"\x16WorktreeChangesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"[\n" +
+	"\x17WorktreeChangesResponse\x12@\n" +
+	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"\x92\x01\n" +
+	"\x13PushWorktreeRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06branch\x18\x03 \x01(\tR\x06branch\x12%\n" +
+	"\x0ecommit_message\x18\x04 \x01(\tR\rcommitMessage\"c\n" +
+	"\x14PushWorktreeResponse\x12\x1b\n" +
+	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
+	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
+	"\tcommitted\x18\x03 \x01(\bR\tcommitted*j\n" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\x98\x05\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xf3\x06\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
@@ -918,7 +1175,9 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\fReleaseRoute\x12*.agentplane.sandbox.v1.ReleaseRouteRequest\x1a+.agentplane.sandbox.v1.ReleaseRouteResponse\x12[\n" +
 	"\bGetScope\x12&.agentplane.sandbox.v1.GetScopeRequest\x1a'.agentplane.sandbox.v1.GetScopeResponse\x12a\n" +
 	"\n" +
-	"CheckAgent\x12(.agentplane.sandbox.v1.CheckAgentRequest\x1a).agentplane.sandbox.v1.CheckAgentResponseB\xde\x01\n" +
+	"CheckAgent\x12(.agentplane.sandbox.v1.CheckAgentRequest\x1a).agentplane.sandbox.v1.CheckAgentResponse\x12p\n" +
+	"\x0fWorktreeChanges\x12-.agentplane.sandbox.v1.WorktreeChangesRequest\x1a..agentplane.sandbox.v1.WorktreeChangesResponse\x12g\n" +
+	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -934,64 +1193,74 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
-	(DeliveryResult)(0),          // 0: agentplane.sandbox.v1.DeliveryResult
-	(*CheckAgentRequest)(nil),    // 1: agentplane.sandbox.v1.CheckAgentRequest
-	(*CheckAgentResponse)(nil),   // 2: agentplane.sandbox.v1.CheckAgentResponse
-	(*PrepareRequest)(nil),       // 3: agentplane.sandbox.v1.PrepareRequest
-	(*PrepareResponse)(nil),      // 4: agentplane.sandbox.v1.PrepareResponse
-	(*DeliverRequest)(nil),       // 5: agentplane.sandbox.v1.DeliverRequest
-	(*DeliverResponse)(nil),      // 6: agentplane.sandbox.v1.DeliverResponse
-	(*StatusRequest)(nil),        // 7: agentplane.sandbox.v1.StatusRequest
-	(*StatusResponse)(nil),       // 8: agentplane.sandbox.v1.StatusResponse
-	(*AbortRequest)(nil),         // 9: agentplane.sandbox.v1.AbortRequest
-	(*AbortResponse)(nil),        // 10: agentplane.sandbox.v1.AbortResponse
-	(*ReleaseRouteRequest)(nil),  // 11: agentplane.sandbox.v1.ReleaseRouteRequest
-	(*ReleaseRouteResponse)(nil), // 12: agentplane.sandbox.v1.ReleaseRouteResponse
-	(*GetScopeRequest)(nil),      // 13: agentplane.sandbox.v1.GetScopeRequest
-	(*GetScopeResponse)(nil),     // 14: agentplane.sandbox.v1.GetScopeResponse
-	(*Agent)(nil),                // 15: agentplane.sandbox.v1.Agent
-	(*RouteSpec)(nil),            // 16: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),            // 17: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),      // 18: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),        // 19: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),              // 20: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),  // 21: google.protobuf.Duration
-	(*WorktreeScope)(nil),        // 22: agentplane.sandbox.v1.WorktreeScope
+	(DeliveryResult)(0),             // 0: agentplane.sandbox.v1.DeliveryResult
+	(*CheckAgentRequest)(nil),       // 1: agentplane.sandbox.v1.CheckAgentRequest
+	(*CheckAgentResponse)(nil),      // 2: agentplane.sandbox.v1.CheckAgentResponse
+	(*PrepareRequest)(nil),          // 3: agentplane.sandbox.v1.PrepareRequest
+	(*PrepareResponse)(nil),         // 4: agentplane.sandbox.v1.PrepareResponse
+	(*DeliverRequest)(nil),          // 5: agentplane.sandbox.v1.DeliverRequest
+	(*DeliverResponse)(nil),         // 6: agentplane.sandbox.v1.DeliverResponse
+	(*StatusRequest)(nil),           // 7: agentplane.sandbox.v1.StatusRequest
+	(*StatusResponse)(nil),          // 8: agentplane.sandbox.v1.StatusResponse
+	(*AbortRequest)(nil),            // 9: agentplane.sandbox.v1.AbortRequest
+	(*AbortResponse)(nil),           // 10: agentplane.sandbox.v1.AbortResponse
+	(*ReleaseRouteRequest)(nil),     // 11: agentplane.sandbox.v1.ReleaseRouteRequest
+	(*ReleaseRouteResponse)(nil),    // 12: agentplane.sandbox.v1.ReleaseRouteResponse
+	(*GetScopeRequest)(nil),         // 13: agentplane.sandbox.v1.GetScopeRequest
+	(*GetScopeResponse)(nil),        // 14: agentplane.sandbox.v1.GetScopeResponse
+	(*WorktreeChangesRequest)(nil),  // 15: agentplane.sandbox.v1.WorktreeChangesRequest
+	(*WorktreeChangesResponse)(nil), // 16: agentplane.sandbox.v1.WorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),     // 17: agentplane.sandbox.v1.PushWorktreeRequest
+	(*PushWorktreeResponse)(nil),    // 18: agentplane.sandbox.v1.PushWorktreeResponse
+	(*Agent)(nil),                   // 19: agentplane.sandbox.v1.Agent
+	(*RouteSpec)(nil),               // 20: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),               // 21: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),         // 22: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),           // 23: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),                 // 24: agentplane.sandbox.v1.LeaseState
+	(*durationpb.Duration)(nil),     // 25: google.protobuf.Duration
+	(*WorktreeScope)(nil),           // 26: agentplane.sandbox.v1.WorktreeScope
+	(*v1.WorktreeChanges)(nil),      // 27: agentplane.runtime.v1.WorktreeChanges
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	15, // 0: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	15, // 1: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
-	16, // 2: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	17, // 3: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	18, // 4: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	19, // 0: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	19, // 1: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	20, // 2: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	21, // 3: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	22, // 4: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
 	0,  // 5: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	17, // 6: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	19, // 7: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	17, // 8: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	20, // 9: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	21, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	22, // 11: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	3,  // 12: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	5,  // 13: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	7,  // 14: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	9,  // 15: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	11, // 16: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	13, // 17: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	1,  // 18: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
-	4,  // 19: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	6,  // 20: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	8,  // 21: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	10, // 22: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	12, // 23: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	14, // 24: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	2,  // 25: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	21, // 6: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	23, // 7: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	21, // 8: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	24, // 9: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	25, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	26, // 11: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	27, // 12: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	3,  // 13: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	5,  // 14: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	7,  // 15: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	9,  // 16: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	11, // 17: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	13, // 18: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	1,  // 19: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	15, // 20: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
+	17, // 21: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
+	4,  // 22: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	6,  // 23: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	8,  // 24: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	10, // 25: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	12, // 26: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	14, // 27: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	2,  // 28: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	16, // 29: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
+	18, // 30: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -1006,7 +1275,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,13 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_Prepare_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/Prepare"
-	SandboxService_Deliver_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/Deliver"
-	SandboxService_Status_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/Status"
-	SandboxService_Abort_FullMethodName        = "/agentplane.sandbox.v1.SandboxService/Abort"
-	SandboxService_ReleaseRoute_FullMethodName = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
-	SandboxService_GetScope_FullMethodName     = "/agentplane.sandbox.v1.SandboxService/GetScope"
-	SandboxService_CheckAgent_FullMethodName   = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
+	SandboxService_Prepare_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/Prepare"
+	SandboxService_Deliver_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/Deliver"
+	SandboxService_Status_FullMethodName          = "/agentplane.sandbox.v1.SandboxService/Status"
+	SandboxService_Abort_FullMethodName           = "/agentplane.sandbox.v1.SandboxService/Abort"
+	SandboxService_ReleaseRoute_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
+	SandboxService_GetScope_FullMethodName        = "/agentplane.sandbox.v1.SandboxService/GetScope"
+	SandboxService_CheckAgent_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
+	SandboxService_WorktreeChanges_FullMethodName = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
+	SandboxService_PushWorktree_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -56,6 +58,13 @@ type SandboxServiceClient interface {
 	// CheckAgent resolves an agent profile: INVALID_ARGUMENT with reason
 	// AGENT_UNAVAILABLE when it is unknown or not installed. Added.
 	CheckAgent(ctx context.Context, in *CheckAgentRequest, opts ...grpc.CallOption) (*CheckAgentResponse, error)
+	// WorktreeChanges asks the wrapper serving the route for its worktree's
+	// change set. FAILED_PRECONDITION WORKTREE_UNAVAILABLE when no wrapper
+	// serves it now.
+	WorktreeChanges(ctx context.Context, in *WorktreeChangesRequest, opts ...grpc.CallOption) (*WorktreeChangesResponse, error)
+	// PushWorktree asks the wrapper serving the route to commit and push its
+	// worktree. Bounded; the wrapper's failure comes back with its reason.
+	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -136,6 +145,26 @@ func (c *sandboxServiceClient) CheckAgent(ctx context.Context, in *CheckAgentReq
 	return out, nil
 }
 
+func (c *sandboxServiceClient) WorktreeChanges(ctx context.Context, in *WorktreeChangesRequest, opts ...grpc.CallOption) (*WorktreeChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WorktreeChangesResponse)
+	err := c.cc.Invoke(ctx, SandboxService_WorktreeChanges_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PushWorktreeResponse)
+	err := c.cc.Invoke(ctx, SandboxService_PushWorktree_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -164,6 +193,13 @@ type SandboxServiceServer interface {
 	// CheckAgent resolves an agent profile: INVALID_ARGUMENT with reason
 	// AGENT_UNAVAILABLE when it is unknown or not installed. Added.
 	CheckAgent(context.Context, *CheckAgentRequest) (*CheckAgentResponse, error)
+	// WorktreeChanges asks the wrapper serving the route for its worktree's
+	// change set. FAILED_PRECONDITION WORKTREE_UNAVAILABLE when no wrapper
+	// serves it now.
+	WorktreeChanges(context.Context, *WorktreeChangesRequest) (*WorktreeChangesResponse, error)
+	// PushWorktree asks the wrapper serving the route to commit and push its
+	// worktree. Bounded; the wrapper's failure comes back with its reason.
+	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -194,6 +230,12 @@ func (UnimplementedSandboxServiceServer) GetScope(context.Context, *GetScopeRequ
 }
 func (UnimplementedSandboxServiceServer) CheckAgent(context.Context, *CheckAgentRequest) (*CheckAgentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckAgent not implemented")
+}
+func (UnimplementedSandboxServiceServer) WorktreeChanges(context.Context, *WorktreeChangesRequest) (*WorktreeChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WorktreeChanges not implemented")
+}
+func (UnimplementedSandboxServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -342,6 +384,42 @@ func _SandboxService_CheckAgent_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_WorktreeChanges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WorktreeChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).WorktreeChanges(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_WorktreeChanges_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).WorktreeChanges(ctx, req.(*WorktreeChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_PushWorktree_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PushWorktreeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).PushWorktree(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_PushWorktree_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).PushWorktree(ctx, req.(*PushWorktreeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -376,6 +454,14 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckAgent",
 			Handler:    _SandboxService_CheckAgent_Handler,
+		},
+		{
+			MethodName: "WorktreeChanges",
+			Handler:    _SandboxService_WorktreeChanges_Handler,
+		},
+		{
+			MethodName: "PushWorktree",
+			Handler:    _SandboxService_PushWorktree_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -103,6 +103,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_RouteFailed
 	//	*ConnectRequest_RuntimeEvents
 	//	*ConnectRequest_Outcome
+	//	*ConnectRequest_WorktreeResult
 	Frame         isConnectRequest_Frame `protobuf_oneof:"frame"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -208,6 +209,15 @@ func (x *ConnectRequest) GetOutcome() *TurnOutcome {
 	return nil
 }
 
+func (x *ConnectRequest) GetWorktreeResult() *WorktreeResult {
+	if x != nil {
+		if x, ok := x.Frame.(*ConnectRequest_WorktreeResult); ok {
+			return x.WorktreeResult
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Frame interface {
 	isConnectRequest_Frame()
 }
@@ -247,6 +257,11 @@ type ConnectRequest_Outcome struct {
 	Outcome *TurnOutcome `protobuf:"bytes,7,opt,name=outcome,proto3,oneof"`
 }
 
+type ConnectRequest_WorktreeResult struct {
+	// The answer to a WorktreeRequest. Added.
+	WorktreeResult *WorktreeResult `protobuf:"bytes,8,opt,name=worktree_result,json=worktreeResult,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Frame() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Frame() {}
@@ -260,6 +275,8 @@ func (*ConnectRequest_RouteFailed) isConnectRequest_Frame() {}
 func (*ConnectRequest_RuntimeEvents) isConnectRequest_Frame() {}
 
 func (*ConnectRequest_Outcome) isConnectRequest_Frame() {}
+
+func (*ConnectRequest_WorktreeResult) isConnectRequest_Frame() {}
 
 // Hello authenticates the wrapper and announces what it runs.
 type Hello struct {
@@ -815,6 +832,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_Credentials
 	//	*ConnectResponse_Shutdown
 	//	*ConnectResponse_ReleaseRoute
+	//	*ConnectResponse_WorktreeRequest
 	Frame         isConnectResponse_Frame `protobuf_oneof:"frame"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -920,6 +938,15 @@ func (x *ConnectResponse) GetReleaseRoute() *ReleaseRoute {
 	return nil
 }
 
+func (x *ConnectResponse) GetWorktreeRequest() *WorktreeRequest {
+	if x != nil {
+		if x, ok := x.Frame.(*ConnectResponse_WorktreeRequest); ok {
+			return x.WorktreeRequest
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Frame interface {
 	isConnectResponse_Frame()
 }
@@ -959,6 +986,11 @@ type ConnectResponse_ReleaseRoute struct {
 	ReleaseRoute *ReleaseRoute `protobuf:"bytes,7,opt,name=release_route,json=releaseRoute,proto3,oneof"`
 }
 
+type ConnectResponse_WorktreeRequest struct {
+	// Report or push a route's worktree. Added.
+	WorktreeRequest *WorktreeRequest `protobuf:"bytes,8,opt,name=worktree_request,json=worktreeRequest,proto3,oneof"`
+}
+
 func (*ConnectResponse_HelloAck) isConnectResponse_Frame() {}
 
 func (*ConnectResponse_PrepareRoute) isConnectResponse_Frame() {}
@@ -972,6 +1004,8 @@ func (*ConnectResponse_Credentials) isConnectResponse_Frame() {}
 func (*ConnectResponse_Shutdown) isConnectResponse_Frame() {}
 
 func (*ConnectResponse_ReleaseRoute) isConnectResponse_Frame() {}
+
+func (*ConnectResponse_WorktreeRequest) isConnectResponse_Frame() {}
 
 // HelloAck accepts a Hello.
 type HelloAck struct {
@@ -1060,7 +1094,15 @@ type PrepareRoute struct {
 	// The agent the route asks for (resolved profile and model, permission
 	// policy). A wrapper runs one agent: a route asking for another one fails
 	// with reason agent_mismatch. Added.
-	Agent         *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	// Branch, tag or commit to check out when the workspace is cloned. Added.
+	RepoRef string `protobuf:"bytes,9,opt,name=repo_ref,json=repoRef,proto3" json:"repo_ref,omitempty"`
+	// Clone depth (0: full). Added.
+	RepoDepth uint32 `protobuf:"varint,10,opt,name=repo_depth,json=repoDepth,proto3" json:"repo_depth,omitempty"`
+	// Whether the wrapper clones repo_url into a workspace that does not exist
+	// yet: the session carries a git credential for it (without one repo_url
+	// stays informational, as before). Added.
+	CloneRepo     bool `protobuf:"varint,11,opt,name=clone_repo,json=cloneRepo,proto3" json:"clone_repo,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1149,6 +1191,27 @@ func (x *PrepareRoute) GetAgent() *Agent {
 		return x.Agent
 	}
 	return nil
+}
+
+func (x *PrepareRoute) GetRepoRef() string {
+	if x != nil {
+		return x.RepoRef
+	}
+	return ""
+}
+
+func (x *PrepareRoute) GetRepoDepth() uint32 {
+	if x != nil {
+		return x.RepoDepth
+	}
+	return 0
+}
+
+func (x *PrepareRoute) GetCloneRepo() bool {
+	if x != nil {
+		return x.CloneRepo
+	}
+	return false
 }
 
 // Deliver carries messages for a route.
@@ -1426,11 +1489,311 @@ func (x *ReleaseRoute) GetSessionId() string {
 	return ""
 }
 
+// WorktreeRequest asks the wrapper for a route's worktree change set or to
+// commit and push it. The wrapper answers with a WorktreeResult of the same
+// request_id.
+type WorktreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique per stream; echoed in the result.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The session whose route's worktree is meant.
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// What to do.
+	//
+	// Types that are valid to be assigned to Action:
+	//
+	//	*WorktreeRequest_Changes
+	//	*WorktreeRequest_Push
+	Action        isWorktreeRequest_Action `protobuf_oneof:"action"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeRequest) Reset() {
+	*x = WorktreeRequest{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeRequest) ProtoMessage() {}
+
+func (x *WorktreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeRequest.ProtoReflect.Descriptor instead.
+func (*WorktreeRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WorktreeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *WorktreeRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WorktreeRequest) GetAction() isWorktreeRequest_Action {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+func (x *WorktreeRequest) GetChanges() *WorktreeChangesAction {
+	if x != nil {
+		if x, ok := x.Action.(*WorktreeRequest_Changes); ok {
+			return x.Changes
+		}
+	}
+	return nil
+}
+
+func (x *WorktreeRequest) GetPush() *WorktreePushAction {
+	if x != nil {
+		if x, ok := x.Action.(*WorktreeRequest_Push); ok {
+			return x.Push
+		}
+	}
+	return nil
+}
+
+type isWorktreeRequest_Action interface {
+	isWorktreeRequest_Action()
+}
+
+type WorktreeRequest_Changes struct {
+	// Report the change set.
+	Changes *WorktreeChangesAction `protobuf:"bytes,3,opt,name=changes,proto3,oneof"`
+}
+
+type WorktreeRequest_Push struct {
+	// Commit and push.
+	Push *WorktreePushAction `protobuf:"bytes,4,opt,name=push,proto3,oneof"`
+}
+
+func (*WorktreeRequest_Changes) isWorktreeRequest_Action() {}
+
+func (*WorktreeRequest_Push) isWorktreeRequest_Action() {}
+
+// WorktreeChangesAction reports the change set.
+type WorktreeChangesAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeChangesAction) Reset() {
+	*x = WorktreeChangesAction{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeChangesAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeChangesAction) ProtoMessage() {}
+
+func (x *WorktreeChangesAction) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeChangesAction.ProtoReflect.Descriptor instead.
+func (*WorktreeChangesAction) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{18}
+}
+
+// WorktreePushAction commits every change and pushes HEAD to a branch.
+type WorktreePushAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Branch name (without refs/heads/).
+	Branch string `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	// Commit message.
+	CommitMessage string `protobuf:"bytes,2,opt,name=commit_message,json=commitMessage,proto3" json:"commit_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreePushAction) Reset() {
+	*x = WorktreePushAction{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreePushAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreePushAction) ProtoMessage() {}
+
+func (x *WorktreePushAction) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreePushAction.ProtoReflect.Descriptor instead.
+func (*WorktreePushAction) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WorktreePushAction) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *WorktreePushAction) GetCommitMessage() string {
+	if x != nil {
+		return x.CommitMessage
+	}
+	return ""
+}
+
+// WorktreeResult answers a WorktreeRequest.
+type WorktreeResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request's id.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The change set (changes action).
+	Changes *v1.WorktreeChanges `protobuf:"bytes,2,opt,name=changes,proto3" json:"changes,omitempty"`
+	// The pushed commit (push action).
+	CommitId string `protobuf:"bytes,3,opt,name=commit_id,json=commitId,proto3" json:"commit_id,omitempty"`
+	// The pushed ref (push action).
+	Ref string `protobuf:"bytes,4,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Whether a commit was made (push action).
+	Committed bool `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"`
+	// UPPER_SNAKE reason when the action failed (PUSH_REJECTED,
+	// REPO_AUTH_FAILED, REPO_UNREACHABLE, WORKTREE_UNAVAILABLE, ...).
+	ErrorReason string `protobuf:"bytes,6,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
+	// Human-readable detail of the failure (no secrets).
+	ErrorDetail   string `protobuf:"bytes,7,opt,name=error_detail,json=errorDetail,proto3" json:"error_detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeResult) Reset() {
+	*x = WorktreeResult{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeResult) ProtoMessage() {}
+
+func (x *WorktreeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeResult.ProtoReflect.Descriptor instead.
+func (*WorktreeResult) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WorktreeResult) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *WorktreeResult) GetChanges() *v1.WorktreeChanges {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *WorktreeResult) GetCommitId() string {
+	if x != nil {
+		return x.CommitId
+	}
+	return ""
+}
+
+func (x *WorktreeResult) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *WorktreeResult) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
+func (x *WorktreeResult) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
+	}
+	return ""
+}
+
+func (x *WorktreeResult) GetErrorDetail() string {
+	if x != nil {
+		return x.ErrorDetail
+	}
+	return ""
+}
+
 var File_agentplane_sandbox_v1_wrapper_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/wrapper_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x03\n" +
+	"+agentplane/sandbox/v1/wrapper_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x04\n" +
 	"\x0eConnectRequest\x124\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.HelloH\x00R\x05hello\x12@\n" +
 	"\theartbeat\x18\x02 \x01(\v2 .agentplane.sandbox.v1.HeartbeatH\x00R\theartbeat\x12B\n" +
@@ -1439,7 +1802,8 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"routeReady\x12G\n" +
 	"\froute_failed\x18\x05 \x01(\v2\".agentplane.sandbox.v1.RouteFailedH\x00R\vrouteFailed\x12M\n" +
 	"\x0eruntime_events\x18\x06 \x01(\v2$.agentplane.sandbox.v1.RuntimeEventsH\x00R\rruntimeEvents\x12>\n" +
-	"\aoutcome\x18\a \x01(\v2\".agentplane.sandbox.v1.TurnOutcomeH\x00R\aoutcomeB\a\n" +
+	"\aoutcome\x18\a \x01(\v2\".agentplane.sandbox.v1.TurnOutcomeH\x00R\aoutcome\x12P\n" +
+	"\x0fworktree_result\x18\b \x01(\v2%.agentplane.sandbox.v1.WorktreeResultH\x00R\x0eworktreeResultB\a\n" +
 	"\x05frame\"\x86\x03\n" +
 	"\x05Hello\x12\x1d\n" +
 	"\n" +
@@ -1489,7 +1853,7 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\vTurnOutcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12<\n" +
-	"\aoutcome\x18\x02 \x01(\v2\".agentplane.runtime.v1.TurnOutcomeR\aoutcome\"\xeb\x03\n" +
+	"\aoutcome\x18\x02 \x01(\v2\".agentplane.runtime.v1.TurnOutcomeR\aoutcome\"\xc0\x04\n" +
 	"\x0fConnectResponse\x12>\n" +
 	"\thello_ack\x18\x01 \x01(\v2\x1f.agentplane.sandbox.v1.HelloAckH\x00R\bhelloAck\x12J\n" +
 	"\rprepare_route\x18\x02 \x01(\v2#.agentplane.sandbox.v1.PrepareRouteH\x00R\fprepareRoute\x12:\n" +
@@ -1497,12 +1861,13 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\x05abort\x18\x04 \x01(\v2\x1c.agentplane.sandbox.v1.AbortH\x00R\x05abort\x12F\n" +
 	"\vcredentials\x18\x05 \x01(\v2\".agentplane.sandbox.v1.CredentialsH\x00R\vcredentials\x12=\n" +
 	"\bshutdown\x18\x06 \x01(\v2\x1f.agentplane.sandbox.v1.ShutdownH\x00R\bshutdown\x12J\n" +
-	"\rrelease_route\x18\a \x01(\v2#.agentplane.sandbox.v1.ReleaseRouteH\x00R\freleaseRouteB\a\n" +
+	"\rrelease_route\x18\a \x01(\v2#.agentplane.sandbox.v1.ReleaseRouteH\x00R\freleaseRoute\x12S\n" +
+	"\x10worktree_request\x18\b \x01(\v2&.agentplane.sandbox.v1.WorktreeRequestH\x00R\x0fworktreeRequestB\a\n" +
 	"\x05frame\"\xde\x01\n" +
 	"\bHelloAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12D\n" +
 	"\x10reconnect_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0freconnectWindow\x12B\n" +
-	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\xc1\x02\n" +
+	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\x9a\x03\n" +
 	"\fPrepareRoute\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
@@ -1512,7 +1877,13 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\tproxy_url\x18\x05 \x01(\tR\bproxyUrl\x12B\n" +
 	"\bcontract\x18\x06 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\x12,\n" +
 	"\x12runtime_session_id\x18\a \x01(\tR\x10runtimeSessionId\x122\n" +
-	"\x05agent\x18\b \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"l\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\x12\x19\n" +
+	"\brepo_ref\x18\t \x01(\tR\arepoRef\x12\x1d\n" +
+	"\n" +
+	"repo_depth\x18\n" +
+	" \x01(\rR\trepoDepth\x12\x1d\n" +
+	"\n" +
+	"clone_repo\x18\v \x01(\bR\tcloneRepo\"l\n" +
 	"\aDeliver\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12B\n" +
@@ -1533,7 +1904,28 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\"-\n" +
 	"\fReleaseRoute\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId*\xe0\x01\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\xe4\x01\n" +
+	"\x0fWorktreeRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12H\n" +
+	"\achanges\x18\x03 \x01(\v2,.agentplane.sandbox.v1.WorktreeChangesActionH\x00R\achanges\x12?\n" +
+	"\x04push\x18\x04 \x01(\v2).agentplane.sandbox.v1.WorktreePushActionH\x00R\x04pushB\b\n" +
+	"\x06action\"\x17\n" +
+	"\x15WorktreeChangesAction\"S\n" +
+	"\x12WorktreePushAction\x12\x16\n" +
+	"\x06branch\x18\x01 \x01(\tR\x06branch\x12%\n" +
+	"\x0ecommit_message\x18\x02 \x01(\tR\rcommitMessage\"\x84\x02\n" +
+	"\x0eWorktreeResult\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12@\n" +
+	"\achanges\x18\x02 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\x12\x1b\n" +
+	"\tcommit_id\x18\x03 \x01(\tR\bcommitId\x12\x10\n" +
+	"\x03ref\x18\x04 \x01(\tR\x03ref\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\bR\tcommitted\x12!\n" +
+	"\ferror_reason\x18\x06 \x01(\tR\verrorReason\x12!\n" +
+	"\ferror_detail\x18\a \x01(\tR\verrorDetail*\xe0\x01\n" +
 	"\x0eShutdownReason\x12\x1f\n" +
 	"\x1bSHUTDOWN_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" SHUTDOWN_REASON_STALE_ALLOCATION\x10\x01\x12\x1f\n" +
@@ -1558,7 +1950,7 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_wrapper_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_agentplane_sandbox_v1_wrapper_service_proto_goTypes = []any{
 	(ShutdownReason)(0),           // 0: agentplane.sandbox.v1.ShutdownReason
 	(*ConnectRequest)(nil),        // 1: agentplane.sandbox.v1.ConnectRequest
@@ -1578,14 +1970,19 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_goTypes = []any{
 	(*Credentials)(nil),           // 15: agentplane.sandbox.v1.Credentials
 	(*Shutdown)(nil),              // 16: agentplane.sandbox.v1.Shutdown
 	(*ReleaseRoute)(nil),          // 17: agentplane.sandbox.v1.ReleaseRoute
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*v1.ProgressStep)(nil),       // 19: agentplane.runtime.v1.ProgressStep
-	(*v1.RuntimeEvent)(nil),       // 20: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 21: agentplane.runtime.v1.TurnOutcome
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(RuntimeContract)(0),          // 23: agentplane.sandbox.v1.RuntimeContract
-	(*Agent)(nil),                 // 24: agentplane.sandbox.v1.Agent
-	(*DeliveryMessage)(nil),       // 25: agentplane.sandbox.v1.DeliveryMessage
+	(*WorktreeRequest)(nil),       // 18: agentplane.sandbox.v1.WorktreeRequest
+	(*WorktreeChangesAction)(nil), // 19: agentplane.sandbox.v1.WorktreeChangesAction
+	(*WorktreePushAction)(nil),    // 20: agentplane.sandbox.v1.WorktreePushAction
+	(*WorktreeResult)(nil),        // 21: agentplane.sandbox.v1.WorktreeResult
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*v1.ProgressStep)(nil),       // 23: agentplane.runtime.v1.ProgressStep
+	(*v1.RuntimeEvent)(nil),       // 24: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 25: agentplane.runtime.v1.TurnOutcome
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(RuntimeContract)(0),          // 27: agentplane.sandbox.v1.RuntimeContract
+	(*Agent)(nil),                 // 28: agentplane.sandbox.v1.Agent
+	(*DeliveryMessage)(nil),       // 29: agentplane.sandbox.v1.DeliveryMessage
+	(*v1.WorktreeChanges)(nil),    // 30: agentplane.runtime.v1.WorktreeChanges
 }
 var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	2,  // 0: agentplane.sandbox.v1.ConnectRequest.hello:type_name -> agentplane.sandbox.v1.Hello
@@ -1595,33 +1992,38 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	7,  // 4: agentplane.sandbox.v1.ConnectRequest.route_failed:type_name -> agentplane.sandbox.v1.RouteFailed
 	8,  // 5: agentplane.sandbox.v1.ConnectRequest.runtime_events:type_name -> agentplane.sandbox.v1.RuntimeEvents
 	9,  // 6: agentplane.sandbox.v1.ConnectRequest.outcome:type_name -> agentplane.sandbox.v1.TurnOutcome
-	3,  // 7: agentplane.sandbox.v1.Hello.routes:type_name -> agentplane.sandbox.v1.ActiveRoute
-	18, // 8: agentplane.sandbox.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	19, // 9: agentplane.sandbox.v1.RouteProgress.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	20, // 10: agentplane.sandbox.v1.RuntimeEvents.events:type_name -> agentplane.runtime.v1.RuntimeEvent
-	21, // 11: agentplane.sandbox.v1.TurnOutcome.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	11, // 12: agentplane.sandbox.v1.ConnectResponse.hello_ack:type_name -> agentplane.sandbox.v1.HelloAck
-	12, // 13: agentplane.sandbox.v1.ConnectResponse.prepare_route:type_name -> agentplane.sandbox.v1.PrepareRoute
-	13, // 14: agentplane.sandbox.v1.ConnectResponse.deliver:type_name -> agentplane.sandbox.v1.Deliver
-	14, // 15: agentplane.sandbox.v1.ConnectResponse.abort:type_name -> agentplane.sandbox.v1.Abort
-	15, // 16: agentplane.sandbox.v1.ConnectResponse.credentials:type_name -> agentplane.sandbox.v1.Credentials
-	16, // 17: agentplane.sandbox.v1.ConnectResponse.shutdown:type_name -> agentplane.sandbox.v1.Shutdown
-	17, // 18: agentplane.sandbox.v1.ConnectResponse.release_route:type_name -> agentplane.sandbox.v1.ReleaseRoute
-	22, // 19: agentplane.sandbox.v1.HelloAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	22, // 20: agentplane.sandbox.v1.HelloAck.reconnect_window:type_name -> google.protobuf.Duration
-	23, // 21: agentplane.sandbox.v1.HelloAck.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	23, // 22: agentplane.sandbox.v1.PrepareRoute.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	24, // 23: agentplane.sandbox.v1.PrepareRoute.agent:type_name -> agentplane.sandbox.v1.Agent
-	25, // 24: agentplane.sandbox.v1.Deliver.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	18, // 25: agentplane.sandbox.v1.Credentials.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 26: agentplane.sandbox.v1.Shutdown.reason:type_name -> agentplane.sandbox.v1.ShutdownReason
-	1,  // 27: agentplane.sandbox.v1.WrapperControlService.Connect:input_type -> agentplane.sandbox.v1.ConnectRequest
-	10, // 28: agentplane.sandbox.v1.WrapperControlService.Connect:output_type -> agentplane.sandbox.v1.ConnectResponse
-	28, // [28:29] is the sub-list for method output_type
-	27, // [27:28] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	21, // 7: agentplane.sandbox.v1.ConnectRequest.worktree_result:type_name -> agentplane.sandbox.v1.WorktreeResult
+	3,  // 8: agentplane.sandbox.v1.Hello.routes:type_name -> agentplane.sandbox.v1.ActiveRoute
+	22, // 9: agentplane.sandbox.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	23, // 10: agentplane.sandbox.v1.RouteProgress.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	24, // 11: agentplane.sandbox.v1.RuntimeEvents.events:type_name -> agentplane.runtime.v1.RuntimeEvent
+	25, // 12: agentplane.sandbox.v1.TurnOutcome.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	11, // 13: agentplane.sandbox.v1.ConnectResponse.hello_ack:type_name -> agentplane.sandbox.v1.HelloAck
+	12, // 14: agentplane.sandbox.v1.ConnectResponse.prepare_route:type_name -> agentplane.sandbox.v1.PrepareRoute
+	13, // 15: agentplane.sandbox.v1.ConnectResponse.deliver:type_name -> agentplane.sandbox.v1.Deliver
+	14, // 16: agentplane.sandbox.v1.ConnectResponse.abort:type_name -> agentplane.sandbox.v1.Abort
+	15, // 17: agentplane.sandbox.v1.ConnectResponse.credentials:type_name -> agentplane.sandbox.v1.Credentials
+	16, // 18: agentplane.sandbox.v1.ConnectResponse.shutdown:type_name -> agentplane.sandbox.v1.Shutdown
+	17, // 19: agentplane.sandbox.v1.ConnectResponse.release_route:type_name -> agentplane.sandbox.v1.ReleaseRoute
+	18, // 20: agentplane.sandbox.v1.ConnectResponse.worktree_request:type_name -> agentplane.sandbox.v1.WorktreeRequest
+	26, // 21: agentplane.sandbox.v1.HelloAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	26, // 22: agentplane.sandbox.v1.HelloAck.reconnect_window:type_name -> google.protobuf.Duration
+	27, // 23: agentplane.sandbox.v1.HelloAck.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	27, // 24: agentplane.sandbox.v1.PrepareRoute.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	28, // 25: agentplane.sandbox.v1.PrepareRoute.agent:type_name -> agentplane.sandbox.v1.Agent
+	29, // 26: agentplane.sandbox.v1.Deliver.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	22, // 27: agentplane.sandbox.v1.Credentials.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 28: agentplane.sandbox.v1.Shutdown.reason:type_name -> agentplane.sandbox.v1.ShutdownReason
+	19, // 29: agentplane.sandbox.v1.WorktreeRequest.changes:type_name -> agentplane.sandbox.v1.WorktreeChangesAction
+	20, // 30: agentplane.sandbox.v1.WorktreeRequest.push:type_name -> agentplane.sandbox.v1.WorktreePushAction
+	30, // 31: agentplane.sandbox.v1.WorktreeResult.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	1,  // 32: agentplane.sandbox.v1.WrapperControlService.Connect:input_type -> agentplane.sandbox.v1.ConnectRequest
+	10, // 33: agentplane.sandbox.v1.WrapperControlService.Connect:output_type -> agentplane.sandbox.v1.ConnectResponse
+	33, // [33:34] is the sub-list for method output_type
+	32, // [32:33] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_wrapper_service_proto_init() }
@@ -1638,6 +2040,7 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_init() {
 		(*ConnectRequest_RouteFailed)(nil),
 		(*ConnectRequest_RuntimeEvents)(nil),
 		(*ConnectRequest_Outcome)(nil),
+		(*ConnectRequest_WorktreeResult)(nil),
 	}
 	file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[9].OneofWrappers = []any{
 		(*ConnectResponse_HelloAck)(nil),
@@ -1647,6 +2050,11 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_init() {
 		(*ConnectResponse_Credentials)(nil),
 		(*ConnectResponse_Shutdown)(nil),
 		(*ConnectResponse_ReleaseRoute)(nil),
+		(*ConnectResponse_WorktreeRequest)(nil),
+	}
+	file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[17].OneofWrappers = []any{
+		(*WorktreeRequest_Changes)(nil),
+		(*WorktreeRequest_Push)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1654,7 +2062,7 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc), len(file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -268,12 +268,19 @@ func (MessageState) EnumDescriptor() ([]byte, []int) {
 // Worktree names the repository worktree a session works on.
 type Worktree struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Optional URL of the repository; informational for the runtime.
+	// Optional HTTPS URL of the repository. When set, a workspace that does not
+	// exist yet is cloned from it (through the credential proxy's git route)
+	// while the route is prepared (docs/worktrees.md).
 	RepoUrl string `protobuf:"bytes,1,opt,name=repo_url,json=repoUrl,proto3" json:"repo_url,omitempty"`
 	// Absolute, normalized directory of the worktree inside the sandbox
 	// (no "..", no "//", no control characters). Sessions with the same
 	// directory in the same sandbox share one runtime under the worktree contract.
-	Directory     string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	Directory string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	// Optional branch, tag or commit to check out; empty: the remote's default
+	// branch. Added.
+	Ref string `protobuf:"bytes,3,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Optional clone depth (0: full history). Added.
+	Depth         uint32 `protobuf:"varint,4,opt,name=depth,proto3" json:"depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +329,78 @@ func (x *Worktree) GetDirectory() string {
 	return ""
 }
 
+func (x *Worktree) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *Worktree) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+// GitCredentialInput carries the token for HTTPS git access to the
+// worktree's repository on CreateSession. It goes straight to the credential
+// service, whose proxy adds it to git requests; it never enters the sandbox.
+type GitCredentialInput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token (a personal access or installation token). Write-only.
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// Optional user name sent with the token in Basic authentication;
+	// empty: x-access-token.
+	Username      string `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GitCredentialInput) Reset() {
+	*x = GitCredentialInput{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GitCredentialInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GitCredentialInput) ProtoMessage() {}
+
+func (x *GitCredentialInput) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GitCredentialInput.ProtoReflect.Descriptor instead.
+func (*GitCredentialInput) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GitCredentialInput) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *GitCredentialInput) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
 // CredentialInput carries the backing credential on CreateSession. The secret
 // goes straight to the credential service; the session service keeps only a
 // reference and never returns, logs or stores the secret.
@@ -337,7 +416,7 @@ type CredentialInput struct {
 
 func (x *CredentialInput) Reset() {
 	*x = CredentialInput{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +428,7 @@ func (x *CredentialInput) String() string {
 func (*CredentialInput) ProtoMessage() {}
 
 func (x *CredentialInput) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +441,7 @@ func (x *CredentialInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialInput.ProtoReflect.Descriptor instead.
 func (*CredentialInput) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CredentialInput) GetClass() CredentialClass {
@@ -403,7 +482,7 @@ type RouteView struct {
 
 func (x *RouteView) Reset() {
 	*x = RouteView{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +494,7 @@ func (x *RouteView) String() string {
 func (*RouteView) ProtoMessage() {}
 
 func (x *RouteView) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +507,7 @@ func (x *RouteView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteView.ProtoReflect.Descriptor instead.
 func (*RouteView) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RouteView) GetState() RouteState {
@@ -513,7 +592,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +604,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +617,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Session) GetSessionId() string {
@@ -643,7 +722,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +734,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +747,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Agent) GetProfile() string {
@@ -719,7 +798,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +810,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +823,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Message) GetSessionId() string {
@@ -828,7 +907,7 @@ type SessionEvent struct {
 
 func (x *SessionEvent) Reset() {
 	*x = SessionEvent{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +919,7 @@ func (x *SessionEvent) String() string {
 func (*SessionEvent) ProtoMessage() {}
 
 func (x *SessionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +932,7 @@ func (x *SessionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEvent.ProtoReflect.Descriptor instead.
 func (*SessionEvent) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionEvent) GetCursor() string {
@@ -981,10 +1060,15 @@ var File_agentplane_session_v1_session_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"#agentplane/session/v1/session.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"C\n" +
+	"#agentplane/session/v1/session.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
 	"\bWorktree\x12\x19\n" +
 	"\brepo_url\x18\x01 \x01(\tR\arepoUrl\x12\x1c\n" +
-	"\tdirectory\x18\x02 \x01(\tR\tdirectory\"g\n" +
+	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x12\x10\n" +
+	"\x03ref\x18\x03 \x01(\tR\x03ref\x12\x14\n" +
+	"\x05depth\x18\x04 \x01(\rR\x05depth\"F\n" +
+	"\x12GitCredentialInput\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\"g\n" +
 	"\x0fCredentialInput\x12<\n" +
 	"\x05class\x18\x01 \x01(\x0e2&.agentplane.session.v1.CredentialClassR\x05class\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xb4\x02\n" +
@@ -1085,47 +1169,48 @@ func file_agentplane_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(CredentialClass)(0),          // 0: agentplane.session.v1.CredentialClass
 	(SessionState)(0),             // 1: agentplane.session.v1.SessionState
 	(RouteState)(0),               // 2: agentplane.session.v1.RouteState
 	(MessageState)(0),             // 3: agentplane.session.v1.MessageState
 	(*Worktree)(nil),              // 4: agentplane.session.v1.Worktree
-	(*CredentialInput)(nil),       // 5: agentplane.session.v1.CredentialInput
-	(*RouteView)(nil),             // 6: agentplane.session.v1.RouteView
-	(*Session)(nil),               // 7: agentplane.session.v1.Session
-	(*Agent)(nil),                 // 8: agentplane.session.v1.Agent
-	(*Message)(nil),               // 9: agentplane.session.v1.Message
-	(*SessionEvent)(nil),          // 10: agentplane.session.v1.SessionEvent
-	nil,                           // 11: agentplane.session.v1.Session.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*v1.RuntimeEvent)(nil),       // 13: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 14: agentplane.runtime.v1.TurnOutcome
-	(*v1.ProgressStep)(nil),       // 15: agentplane.runtime.v1.ProgressStep
+	(*GitCredentialInput)(nil),    // 5: agentplane.session.v1.GitCredentialInput
+	(*CredentialInput)(nil),       // 6: agentplane.session.v1.CredentialInput
+	(*RouteView)(nil),             // 7: agentplane.session.v1.RouteView
+	(*Session)(nil),               // 8: agentplane.session.v1.Session
+	(*Agent)(nil),                 // 9: agentplane.session.v1.Agent
+	(*Message)(nil),               // 10: agentplane.session.v1.Message
+	(*SessionEvent)(nil),          // 11: agentplane.session.v1.SessionEvent
+	nil,                           // 12: agentplane.session.v1.Session.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*v1.RuntimeEvent)(nil),       // 14: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 15: agentplane.runtime.v1.TurnOutcome
+	(*v1.ProgressStep)(nil),       // 16: agentplane.runtime.v1.ProgressStep
 }
 var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: agentplane.session.v1.CredentialInput.class:type_name -> agentplane.session.v1.CredentialClass
 	2,  // 1: agentplane.session.v1.RouteView.state:type_name -> agentplane.session.v1.RouteState
-	12, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	13, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
 	4,  // 3: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
 	0,  // 4: agentplane.session.v1.Session.credential_class:type_name -> agentplane.session.v1.CredentialClass
 	1,  // 5: agentplane.session.v1.Session.state:type_name -> agentplane.session.v1.SessionState
-	6,  // 6: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
-	12, // 7: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	12, // 8: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	11, // 9: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
-	8,  // 10: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
+	7,  // 6: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
+	13, // 7: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	13, // 8: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	12, // 9: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
+	9,  // 10: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
 	3,  // 11: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
-	12, // 12: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
-	12, // 13: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
-	12, // 14: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	6,  // 15: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
-	9,  // 16: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
-	13, // 17: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
-	14, // 18: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	15, // 19: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	7,  // 20: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
+	13, // 12: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	13, // 13: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
+	13, // 14: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	7,  // 15: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
+	10, // 16: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
+	14, // 17: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
+	15, // 18: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	16, // 19: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	8,  // 20: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
 	21, // [21:21] is the sub-list for method output_type
 	21, // [21:21] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
@@ -1138,7 +1223,7 @@ func file_agentplane_session_v1_session_proto_init() {
 	if File_agentplane_session_v1_session_proto != nil {
 		return
 	}
-	file_agentplane_session_v1_session_proto_msgTypes[6].OneofWrappers = []any{
+	file_agentplane_session_v1_session_proto_msgTypes[7].OneofWrappers = []any{
 		(*SessionEvent_Route)(nil),
 		(*SessionEvent_Message)(nil),
 		(*SessionEvent_RuntimeEvent)(nil),
@@ -1152,7 +1237,7 @@ func file_agentplane_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_proto_rawDesc), len(file_agentplane_session_v1_session_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -7,6 +7,7 @@
 package sessionv1
 
 import (
+	v1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -41,7 +42,9 @@ type CreateSessionRequest struct {
 	// Optional agent to run (a profile of the sandbox service); empty: the
 	// sandbox service's default (scripted). An unknown or uninstalled profile
 	// is INVALID_ARGUMENT with reason AGENT_UNAVAILABLE. Added.
-	Agent         *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	// Optional token for HTTPS git access to worktree.repo_url. Added.
+	GitCredential *GitCredentialInput `protobuf:"bytes,9,opt,name=git_credential,json=gitCredential,proto3" json:"git_credential,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -128,6 +131,13 @@ func (x *CreateSessionRequest) GetLabels() map[string]string {
 func (x *CreateSessionRequest) GetAgent() *Agent {
 	if x != nil {
 		return x.Agent
+	}
+	return nil
+}
+
+func (x *CreateSessionRequest) GetGitCredential() *GitCredentialInput {
+	if x != nil {
+		return x.GitCredential
 	}
 	return nil
 }
@@ -1106,11 +1116,232 @@ func (x *WatchSessionResponse) GetEvent() *SessionEvent {
 	return nil
 }
 
+// GetWorktreeChangesRequest names a session.
+type GetWorktreeChangesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWorktreeChangesRequest) Reset() {
+	*x = GetWorktreeChangesRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWorktreeChangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWorktreeChangesRequest) ProtoMessage() {}
+
+func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWorktreeChangesRequest.ProtoReflect.Descriptor instead.
+func (*GetWorktreeChangesRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetWorktreeChangesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// GetWorktreeChangesResponse returns the change set.
+type GetWorktreeChangesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The change set of the session's worktree.
+	Changes       *v1.WorktreeChanges `protobuf:"bytes,1,opt,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWorktreeChangesResponse) Reset() {
+	*x = GetWorktreeChangesResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWorktreeChangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWorktreeChangesResponse) ProtoMessage() {}
+
+func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWorktreeChangesResponse.ProtoReflect.Descriptor instead.
+func (*GetWorktreeChangesResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetWorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+// PushWorktreeRequest commits and pushes a session's worktree.
+type PushWorktreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Branch to push to (a valid git branch name, without refs/heads/).
+	Branch string `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	// Commit message (1 byte to 64 KiB).
+	CommitMessage string `protobuf:"bytes,3,opt,name=commit_message,json=commitMessage,proto3" json:"commit_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushWorktreeRequest) Reset() {
+	*x = PushWorktreeRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushWorktreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushWorktreeRequest) ProtoMessage() {}
+
+func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
+func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PushWorktreeRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetCommitMessage() string {
+	if x != nil {
+		return x.CommitMessage
+	}
+	return ""
+}
+
+// PushWorktreeResponse reports the pushed commit.
+type PushWorktreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pushed commit id.
+	CommitId string `protobuf:"bytes,1,opt,name=commit_id,json=commitId,proto3" json:"commit_id,omitempty"`
+	// The ref it was pushed to (refs/heads/<branch>).
+	Ref string `protobuf:"bytes,2,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Whether a new commit was made (false: the worktree had no changes and
+	// HEAD was pushed as it is).
+	Committed     bool `protobuf:"varint,3,opt,name=committed,proto3" json:"committed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushWorktreeResponse) Reset() {
+	*x = PushWorktreeResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushWorktreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushWorktreeResponse) ProtoMessage() {}
+
+func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
+func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PushWorktreeResponse) GetCommitId() string {
+	if x != nil {
+		return x.CommitId
+	}
+	return ""
+}
+
+func (x *PushWorktreeResponse) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *PushWorktreeResponse) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
 var File_agentplane_session_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/session/v1/session.proto\"\xc9\x03\n" +
+	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\"\x9b\x04\n" +
 	"\x14CreateSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1123,7 +1354,8 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\x12O\n" +
 	"\x06labels\x18\a \x03(\v27.agentplane.session.v1.CreateSessionRequest.LabelsEntryR\x06labels\x122\n" +
-	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x1a9\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x12P\n" +
+	"\x0egit_credential\x18\t \x01(\v2).agentplane.session.v1.GitCredentialInputR\rgitCredential\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
@@ -1188,7 +1420,22 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"Q\n" +
 	"\x14WatchSessionResponse\x129\n" +
-	"\x05event\x18\x01 \x01(\v2#.agentplane.session.v1.SessionEventR\x05event2\xa3\b\n" +
+	"\x05event\x18\x01 \x01(\v2#.agentplane.session.v1.SessionEventR\x05event\":\n" +
+	"\x19GetWorktreeChangesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"^\n" +
+	"\x1aGetWorktreeChangesResponse\x12@\n" +
+	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"s\n" +
+	"\x13PushWorktreeRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\x12%\n" +
+	"\x0ecommit_message\x18\x03 \x01(\tR\rcommitMessage\"c\n" +
+	"\x14PushWorktreeResponse\x12\x1b\n" +
+	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
+	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
+	"\tcommitted\x18\x03 \x01(\bR\tcommitted2\x87\n" +
+	"\n" +
 	"\x0eSessionService\x12j\n" +
 	"\rCreateSession\x12+.agentplane.session.v1.CreateSessionRequest\x1a,.agentplane.session.v1.CreateSessionResponse\x12a\n" +
 	"\n" +
@@ -1201,7 +1448,9 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\rCancelMessage\x12+.agentplane.session.v1.CancelMessageRequest\x1a,.agentplane.session.v1.CancelMessageResponse\x12d\n" +
 	"\vStopSession\x12).agentplane.session.v1.StopSessionRequest\x1a*.agentplane.session.v1.StopSessionResponse\x12j\n" +
 	"\rDeleteSession\x12+.agentplane.session.v1.DeleteSessionRequest\x1a,.agentplane.session.v1.DeleteSessionResponse\x12i\n" +
-	"\fWatchSession\x12*.agentplane.session.v1.WatchSessionRequest\x1a+.agentplane.session.v1.WatchSessionResponse0\x01B\xde\x01\n" +
+	"\fWatchSession\x12*.agentplane.session.v1.WatchSessionRequest\x1a+.agentplane.session.v1.WatchSessionResponse0\x01\x12y\n" +
+	"\x12GetWorktreeChanges\x120.agentplane.session.v1.GetWorktreeChangesRequest\x1a1.agentplane.session.v1.GetWorktreeChangesResponse\x12g\n" +
+	"\fPushWorktree\x12*.agentplane.session.v1.PushWorktreeRequest\x1a+.agentplane.session.v1.PushWorktreeResponseB\xde\x01\n" +
 	"\x19com.agentplane.session.v1B\x13SessionServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -1216,75 +1465,87 @@ func file_agentplane_session_v1_session_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_session_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agentplane_session_v1_session_service_proto_goTypes = []any{
-	(*CreateSessionRequest)(nil),  // 0: agentplane.session.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil), // 1: agentplane.session.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),     // 2: agentplane.session.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),    // 3: agentplane.session.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),   // 4: agentplane.session.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 5: agentplane.session.v1.ListSessionsResponse
-	(*SendMessageRequest)(nil),    // 6: agentplane.session.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),   // 7: agentplane.session.v1.SendMessageResponse
-	(*GetMessageRequest)(nil),     // 8: agentplane.session.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),    // 9: agentplane.session.v1.GetMessageResponse
-	(*ListMessagesRequest)(nil),   // 10: agentplane.session.v1.ListMessagesRequest
-	(*ListMessagesResponse)(nil),  // 11: agentplane.session.v1.ListMessagesResponse
-	(*CancelMessageRequest)(nil),  // 12: agentplane.session.v1.CancelMessageRequest
-	(*CancelMessageResponse)(nil), // 13: agentplane.session.v1.CancelMessageResponse
-	(*StopSessionRequest)(nil),    // 14: agentplane.session.v1.StopSessionRequest
-	(*StopSessionResponse)(nil),   // 15: agentplane.session.v1.StopSessionResponse
-	(*DeleteSessionRequest)(nil),  // 16: agentplane.session.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil), // 17: agentplane.session.v1.DeleteSessionResponse
-	(*WatchSessionRequest)(nil),   // 18: agentplane.session.v1.WatchSessionRequest
-	(*WatchSessionResponse)(nil),  // 19: agentplane.session.v1.WatchSessionResponse
-	nil,                           // 20: agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	(*Worktree)(nil),              // 21: agentplane.session.v1.Worktree
-	(*CredentialInput)(nil),       // 22: agentplane.session.v1.CredentialInput
-	(*Agent)(nil),                 // 23: agentplane.session.v1.Agent
-	(*Session)(nil),               // 24: agentplane.session.v1.Session
-	(*Message)(nil),               // 25: agentplane.session.v1.Message
-	(*SessionEvent)(nil),          // 26: agentplane.session.v1.SessionEvent
+	(*CreateSessionRequest)(nil),       // 0: agentplane.session.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 1: agentplane.session.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),          // 2: agentplane.session.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),         // 3: agentplane.session.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),        // 4: agentplane.session.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),       // 5: agentplane.session.v1.ListSessionsResponse
+	(*SendMessageRequest)(nil),         // 6: agentplane.session.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),        // 7: agentplane.session.v1.SendMessageResponse
+	(*GetMessageRequest)(nil),          // 8: agentplane.session.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),         // 9: agentplane.session.v1.GetMessageResponse
+	(*ListMessagesRequest)(nil),        // 10: agentplane.session.v1.ListMessagesRequest
+	(*ListMessagesResponse)(nil),       // 11: agentplane.session.v1.ListMessagesResponse
+	(*CancelMessageRequest)(nil),       // 12: agentplane.session.v1.CancelMessageRequest
+	(*CancelMessageResponse)(nil),      // 13: agentplane.session.v1.CancelMessageResponse
+	(*StopSessionRequest)(nil),         // 14: agentplane.session.v1.StopSessionRequest
+	(*StopSessionResponse)(nil),        // 15: agentplane.session.v1.StopSessionResponse
+	(*DeleteSessionRequest)(nil),       // 16: agentplane.session.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),      // 17: agentplane.session.v1.DeleteSessionResponse
+	(*WatchSessionRequest)(nil),        // 18: agentplane.session.v1.WatchSessionRequest
+	(*WatchSessionResponse)(nil),       // 19: agentplane.session.v1.WatchSessionResponse
+	(*GetWorktreeChangesRequest)(nil),  // 20: agentplane.session.v1.GetWorktreeChangesRequest
+	(*GetWorktreeChangesResponse)(nil), // 21: agentplane.session.v1.GetWorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 22: agentplane.session.v1.PushWorktreeRequest
+	(*PushWorktreeResponse)(nil),       // 23: agentplane.session.v1.PushWorktreeResponse
+	nil,                                // 24: agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	(*Worktree)(nil),                   // 25: agentplane.session.v1.Worktree
+	(*CredentialInput)(nil),            // 26: agentplane.session.v1.CredentialInput
+	(*Agent)(nil),                      // 27: agentplane.session.v1.Agent
+	(*GitCredentialInput)(nil),         // 28: agentplane.session.v1.GitCredentialInput
+	(*Session)(nil),                    // 29: agentplane.session.v1.Session
+	(*Message)(nil),                    // 30: agentplane.session.v1.Message
+	(*SessionEvent)(nil),               // 31: agentplane.session.v1.SessionEvent
+	(*v1.WorktreeChanges)(nil),         // 32: agentplane.runtime.v1.WorktreeChanges
 }
 var file_agentplane_session_v1_session_service_proto_depIdxs = []int32{
-	21, // 0: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
-	22, // 1: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
-	20, // 2: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	23, // 3: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
-	24, // 4: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
-	24, // 5: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
-	24, // 6: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
-	25, // 7: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
-	25, // 8: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
-	25, // 9: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
-	25, // 10: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
-	24, // 11: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
-	26, // 12: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
-	0,  // 13: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
-	2,  // 14: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
-	4,  // 15: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
-	6,  // 16: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
-	8,  // 17: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
-	10, // 18: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
-	12, // 19: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
-	14, // 20: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
-	16, // 21: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
-	18, // 22: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
-	1,  // 23: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
-	3,  // 24: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
-	5,  // 25: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
-	7,  // 26: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
-	9,  // 27: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
-	11, // 28: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
-	13, // 29: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
-	15, // 30: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
-	17, // 31: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
-	19, // 32: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
-	23, // [23:33] is the sub-list for method output_type
-	13, // [13:23] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	25, // 0: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
+	26, // 1: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
+	24, // 2: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	27, // 3: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
+	28, // 4: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
+	29, // 5: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
+	29, // 6: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
+	29, // 7: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
+	30, // 8: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
+	30, // 9: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
+	30, // 10: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
+	30, // 11: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
+	29, // 12: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
+	31, // 13: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
+	32, // 14: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	0,  // 15: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
+	2,  // 16: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
+	4,  // 17: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
+	6,  // 18: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
+	8,  // 19: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
+	10, // 20: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
+	12, // 21: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
+	14, // 22: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
+	16, // 23: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
+	18, // 24: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
+	20, // 25: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
+	22, // 26: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
+	1,  // 27: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
+	3,  // 28: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
+	5,  // 29: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
+	7,  // 30: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
+	9,  // 31: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
+	11, // 32: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
+	13, // 33: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
+	15, // 34: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
+	17, // 35: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
+	19, // 36: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
+	21, // 37: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
+	23, // 38: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
+	27, // [27:39] is the sub-list for method output_type
+	15, // [15:27] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_service_proto_init() }
@@ -1299,7 +1560,7 @@ func file_agentplane_session_v1_session_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_service_proto_rawDesc), len(file_agentplane_session_v1_session_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

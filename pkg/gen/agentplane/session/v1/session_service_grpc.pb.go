@@ -19,16 +19,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SessionService_CreateSession_FullMethodName = "/agentplane.session.v1.SessionService/CreateSession"
-	SessionService_GetSession_FullMethodName    = "/agentplane.session.v1.SessionService/GetSession"
-	SessionService_ListSessions_FullMethodName  = "/agentplane.session.v1.SessionService/ListSessions"
-	SessionService_SendMessage_FullMethodName   = "/agentplane.session.v1.SessionService/SendMessage"
-	SessionService_GetMessage_FullMethodName    = "/agentplane.session.v1.SessionService/GetMessage"
-	SessionService_ListMessages_FullMethodName  = "/agentplane.session.v1.SessionService/ListMessages"
-	SessionService_CancelMessage_FullMethodName = "/agentplane.session.v1.SessionService/CancelMessage"
-	SessionService_StopSession_FullMethodName   = "/agentplane.session.v1.SessionService/StopSession"
-	SessionService_DeleteSession_FullMethodName = "/agentplane.session.v1.SessionService/DeleteSession"
-	SessionService_WatchSession_FullMethodName  = "/agentplane.session.v1.SessionService/WatchSession"
+	SessionService_CreateSession_FullMethodName      = "/agentplane.session.v1.SessionService/CreateSession"
+	SessionService_GetSession_FullMethodName         = "/agentplane.session.v1.SessionService/GetSession"
+	SessionService_ListSessions_FullMethodName       = "/agentplane.session.v1.SessionService/ListSessions"
+	SessionService_SendMessage_FullMethodName        = "/agentplane.session.v1.SessionService/SendMessage"
+	SessionService_GetMessage_FullMethodName         = "/agentplane.session.v1.SessionService/GetMessage"
+	SessionService_ListMessages_FullMethodName       = "/agentplane.session.v1.SessionService/ListMessages"
+	SessionService_CancelMessage_FullMethodName      = "/agentplane.session.v1.SessionService/CancelMessage"
+	SessionService_StopSession_FullMethodName        = "/agentplane.session.v1.SessionService/StopSession"
+	SessionService_DeleteSession_FullMethodName      = "/agentplane.session.v1.SessionService/DeleteSession"
+	SessionService_WatchSession_FullMethodName       = "/agentplane.session.v1.SessionService/WatchSession"
+	SessionService_GetWorktreeChanges_FullMethodName = "/agentplane.session.v1.SessionService/GetWorktreeChanges"
+	SessionService_PushWorktree_FullMethodName       = "/agentplane.session.v1.SessionService/PushWorktree"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -68,6 +70,16 @@ type SessionServiceClient interface {
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
 	// WatchSession streams the session's events from a resume cursor.
 	WatchSession(ctx context.Context, in *WatchSessionRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchSessionResponse], error)
+	// GetWorktreeChanges returns the current change set of the session's
+	// worktree (files changed, added, deleted and a bounded unified diff),
+	// asked of the wrapper that serves it. FAILED_PRECONDITION
+	// WORKTREE_UNAVAILABLE when no wrapper serves the route now.
+	GetWorktreeChanges(ctx context.Context, in *GetWorktreeChangesRequest, opts ...grpc.CallOption) (*GetWorktreeChangesResponse, error)
+	// PushWorktree commits the worktree's changes and pushes them to a branch
+	// of the session's repository through the credential proxy. A refused push
+	// fails with FAILED_PRECONDITION PUSH_REJECTED (or REPO_AUTH_FAILED,
+	// REPO_UNREACHABLE) and the remote's reason.
+	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -187,6 +199,26 @@ func (c *sessionServiceClient) WatchSession(ctx context.Context, in *WatchSessio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_WatchSessionClient = grpc.ServerStreamingClient[WatchSessionResponse]
 
+func (c *sessionServiceClient) GetWorktreeChanges(ctx context.Context, in *GetWorktreeChangesRequest, opts ...grpc.CallOption) (*GetWorktreeChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetWorktreeChangesResponse)
+	err := c.cc.Invoke(ctx, SessionService_GetWorktreeChanges_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PushWorktreeResponse)
+	err := c.cc.Invoke(ctx, SessionService_PushWorktree_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -224,6 +256,16 @@ type SessionServiceServer interface {
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
 	// WatchSession streams the session's events from a resume cursor.
 	WatchSession(*WatchSessionRequest, grpc.ServerStreamingServer[WatchSessionResponse]) error
+	// GetWorktreeChanges returns the current change set of the session's
+	// worktree (files changed, added, deleted and a bounded unified diff),
+	// asked of the wrapper that serves it. FAILED_PRECONDITION
+	// WORKTREE_UNAVAILABLE when no wrapper serves the route now.
+	GetWorktreeChanges(context.Context, *GetWorktreeChangesRequest) (*GetWorktreeChangesResponse, error)
+	// PushWorktree commits the worktree's changes and pushes them to a branch
+	// of the session's repository through the credential proxy. A refused push
+	// fails with FAILED_PRECONDITION PUSH_REJECTED (or REPO_AUTH_FAILED,
+	// REPO_UNREACHABLE) and the remote's reason.
+	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -263,6 +305,12 @@ func (UnimplementedSessionServiceServer) DeleteSession(context.Context, *DeleteS
 }
 func (UnimplementedSessionServiceServer) WatchSession(*WatchSessionRequest, grpc.ServerStreamingServer[WatchSessionResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchSession not implemented")
+}
+func (UnimplementedSessionServiceServer) GetWorktreeChanges(context.Context, *GetWorktreeChangesRequest) (*GetWorktreeChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetWorktreeChanges not implemented")
+}
+func (UnimplementedSessionServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -458,6 +506,42 @@ func _SessionService_WatchSession_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_WatchSessionServer = grpc.ServerStreamingServer[WatchSessionResponse]
 
+func _SessionService_GetWorktreeChanges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetWorktreeChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetWorktreeChanges(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_GetWorktreeChanges_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetWorktreeChanges(ctx, req.(*GetWorktreeChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_PushWorktree_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PushWorktreeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).PushWorktree(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_PushWorktree_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).PushWorktree(ctx, req.(*PushWorktreeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -500,6 +584,14 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSession",
 			Handler:    _SessionService_DeleteSession_Handler,
+		},
+		{
+			MethodName: "GetWorktreeChanges",
+			Handler:    _SessionService_GetWorktreeChanges_Handler,
+		},
+		{
+			MethodName: "PushWorktree",
+			Handler:    _SessionService_PushWorktree_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,180 @@
+package proxy
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"agentplane.dev/pkg/gitrepo"
+	"agentplane.dev/services/credential/internal/grants"
+)
+
+// GitCredentials opens a member's git credential (grants.Service).
+type GitCredentials interface {
+	GitCredential(ctx context.Context, ref string) (grants.GitAccess, error)
+}
+
+// The git route: /s/<sandbox>/git/<host>/<repo path>/<endpoint>, admitted
+// only for the resolving member's repository (host and path exactly) and
+// only for the smart-HTTP fetch and push endpoints. Its own allowlists of
+// methods and request headers live here, apart from the other routes'.
+
+// gitEndpoint is one admitted smart-HTTP endpoint.
+type gitEndpoint struct {
+	suffix []string
+	method string
+	query  func(string) bool
+}
+
+var gitEndpoints = []gitEndpoint{
+	{[]string{"info", "refs"}, http.MethodGet, func(q string) bool {
+		return q == "service=git-upload-pack" || q == "service=git-receive-pack"
+	}},
+	{[]string{"git-upload-pack"}, http.MethodPost, func(q string) bool { return q == "" }},
+	{[]string{"git-receive-pack"}, http.MethodPost, func(q string) bool { return q == "" }},
+}
+
+// GitPolicy is the git route's method and request-header allowlist (the
+// smart-HTTP client's). It is fixed, not configured: the endpoints are.
+// Accept-Encoding is left out like on every route (the proxy reads every
+// body it returns); Content-Encoding stays, git gzips large requests.
+var GitPolicy = RoutePolicy{
+	Methods: []string{http.MethodGet, http.MethodPost},
+	Headers: []string{"Accept", "Accept-Language", "Content-Type", "Content-Encoding", "Content-Length",
+		"Git-Protocol", "Pragma", "User-Agent"},
+}
+
+// gitUsername is the Basic user name sent with a token when the credential
+// names none (what GitHub and most hosts accept for tokens).
+const gitUsername = "x-access-token"
+
+// matchGit splits rest (host, repo path segments, endpoint) against the
+// member's repository. It returns the endpoint, or "" with a denial reason.
+func matchGit(rest []string, repo gitrepo.Repo, method, query string) (*gitEndpoint, string) {
+	if len(rest) < 2 || !strings.EqualFold(rest[0], repo.Host) {
+		return nil, "git_repo_denied"
+	}
+	segs := strings.Split(strings.TrimPrefix(repo.Path, "/"), "/")
+	tail := rest[1:]
+	if len(tail) <= len(segs) {
+		return nil, "git_repo_denied"
+	}
+	for i, s := range segs {
+		if tail[i] != s {
+			return nil, "git_repo_denied"
+		}
+	}
+	suffix := tail[len(segs):]
+	for i := range gitEndpoints {
+		e := &gitEndpoints[i]
+		if equalSegs(suffix, e.suffix) {
+			if method != e.method {
+				return nil, "method_not_allowed"
+			}
+			if !e.query(query) {
+				return nil, "git_endpoint_denied"
+			}
+			return e, ""
+		}
+	}
+	return nil, "git_endpoint_denied"
+}
+
+func equalSegs(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *grants.Resolved) {
+	ref := res.Member.GitCredentialRef
+	if ref == "" {
+		p.deny(w, "git_not_granted", http.StatusForbidden, "the session has no git credential")
+		return
+	}
+	acc, err := p.cfg.Git.GitCredential(r.Context(), ref)
+	if err != nil {
+		p.cfg.Logger.WarnContext(r.Context(), "git credential unavailable", "error", err.Error())
+		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's git credential is unavailable")
+		return
+	}
+	repo, err := gitrepo.Parse(acc.RepoURL)
+	if err != nil {
+		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's repository is not servable")
+		return
+	}
+	if _, reason := matchGit(t.Rest, repo, r.Method, t.RawQuery); reason != "" {
+		if reason == "method_not_allowed" {
+			p.deny(w, reason, http.StatusMethodNotAllowed, "method not allowed on this git endpoint")
+			return
+		}
+		p.deny(w, reason, http.StatusForbidden, "only the session's repository fetch and push endpoints are admitted")
+		return
+	}
+	user := acc.Username
+	if user == "" {
+		user = gitUsername
+	}
+	h := r.Header
+	FilterRequest(h)
+	keepAllowed(h, p.routes[RouteGit])
+	if _, ok := h["User-Agent"]; !ok {
+		h.Set("User-Agent", "")
+	}
+	basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + string(acc.Token)))
+	h.Set("Authorization", "Basic "+basic)
+	esc := make([]string, len(t.Rest)-1)
+	for i, s := range t.Rest[1:] {
+		esc[i] = url.PathEscape(s)
+	}
+	u := &url.URL{Scheme: repo.Scheme, Host: repo.Host, Path: "/" + strings.Join(t.Rest[1:], "/"),
+		RawPath: "/" + strings.Join(esc, "/"), RawQuery: t.RawQuery}
+	out := &http.Request{
+		Method: r.Method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Host: repo.Host,
+		Header: h, Body: r.Body, ContentLength: r.ContentLength,
+	}
+	if r.ContentLength == 0 {
+		out.Body = nil
+	}
+	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(acc.Token), basic))
+	switch {
+	case err == nil:
+		return
+	case errors.Is(err, errEchoed):
+		p.deny(w, "response_echo", http.StatusBadGateway, "upstream response refused")
+		return
+	case errors.Is(err, errResponseHead):
+		p.deny(w, "response_headers_too_large", http.StatusBadGateway, "upstream response refused")
+		return
+	case errors.Is(err, errEncoded):
+		p.deny(w, "response_encoded", http.StatusBadGateway, "upstream response refused")
+		return
+	}
+	if r.Context().Err() == nil {
+		p.metrics.upstreamErrors.Inc()
+		p.cfg.Logger.WarnContext(r.Context(), "git upstream failed", "host", repo.Host, "error", err.Error())
+	}
+	if errors.Is(err, errAfterHeaders) {
+		panic(http.ErrAbortHandler) // the status is out: cut the response short
+	}
+	writeError(w, http.StatusBadGateway, "upstream unavailable")
+}
+
+// basicHandle takes a handle sent as the Basic password (git with a
+// credential helper answers the route's Basic challenge that way).
+func basicHandle(r *http.Request) (string, bool) {
+	_, pass, ok := r.BasicAuth()
+	if !ok || pass == "" {
+		return "", false
+	}
+	return pass, true
+}

@@ -1,0 +1,39 @@
+package grpcapi
+
+import (
+	"context"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+)
+
+// WorktreeChanges asks the route's wrapper for its change set.
+func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeChangesRequest) (*sandboxv1.WorktreeChangesResponse, error) {
+	var v violations
+	v.check(validID(req.GetSessionId()), "session_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	if err := v.err("invalid worktree request"); err != nil {
+		return nil, err
+	}
+	ch, err := s.D.WorktreeChanges(ctx, req.GetSandboxId(), req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(ctx, s.Log, err)
+	}
+	return &sandboxv1.WorktreeChangesResponse{Changes: ch}, nil
+}
+
+// PushWorktree asks the route's wrapper to commit and push.
+func (s *Sandbox) PushWorktree(ctx context.Context, req *sandboxv1.PushWorktreeRequest) (*sandboxv1.PushWorktreeResponse, error) {
+	var v violations
+	v.check(validID(req.GetSessionId()), "session_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	v.check(req.GetBranch() != "" && len(req.GetBranch()) <= 200, "branch", "1 to 200 bytes")
+	v.check(req.GetCommitMessage() != "" && len(req.GetCommitMessage()) <= 64<<10, "commit_message", "1 byte to 64 KiB")
+	if err := v.err("invalid push request"); err != nil {
+		return nil, err
+	}
+	p, err := s.D.PushWorktree(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetBranch(), req.GetCommitMessage())
+	if err != nil {
+		return nil, toStatus(ctx, s.Log, err)
+	}
+	return &sandboxv1.PushWorktreeResponse{CommitId: p.Commit, Ref: p.Ref, Committed: p.Committed}, nil
+}

@@ -1,0 +1,73 @@
+package worktree
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+)
+
+// PushSpec is a commit-and-push of a route's worktree.
+type PushSpec struct {
+	Dir, RepoURL, ProxyURL string
+	Handle                 func() string
+	Branch, Message        string
+}
+
+// PushResult is what was pushed.
+type PushResult struct {
+	Commit, Ref string
+	Committed   bool
+}
+
+// ValidBranch checks a branch name the way git does.
+func ValidBranch(ctx context.Context, name string) bool {
+	if name == "" || len(name) > 200 || strings.HasPrefix(name, "-") {
+		return false
+	}
+	cmd := exec.CommandContext(ctx, "git", "check-ref-format", "--branch", name)
+	cmd.Env = gitEnv()
+	return cmd.Run() == nil
+}
+
+// Push commits every change of the worktree (as the agentplane identity)
+// and pushes HEAD to refs/heads/<branch> of the route's repository through
+// the proxy. With nothing to commit, HEAD is pushed as it is.
+func Push(ctx context.Context, s PushSpec) (PushResult, error) {
+	defer lockDir(s.Dir)()
+	if !IsRepository(s.Dir) {
+		return PushResult{}, &Failure{Reason: WorktreeUnavailable, Detail: "the workspace is not a git checkout"}
+	}
+	if !ValidBranch(ctx, s.Branch) {
+		return PushResult{}, &Failure{Reason: InvalidBranch, Detail: "not a valid branch name"}
+	}
+	repo, err := ParseRepoURL(s.RepoURL)
+	if err != nil {
+		return PushResult{}, &Failure{Reason: WorktreeUnavailable, Detail: "the session has no pushable repository"}
+	}
+	if _, e, err := git(ctx, s.Dir, nil, "add", "-A", "--", "."); err != nil {
+		return PushResult{}, &Failure{Reason: PushRejected, Detail: lastLine(e)}
+	}
+	res := PushResult{Ref: "refs/heads/" + s.Branch}
+	if _, _, err := git(ctx, s.Dir, nil, "diff", "--cached", "--quiet"); err != nil {
+		args := append(append([]string{}, identity...), "commit", "--quiet", "--no-verify", "-F", "-")
+		if _, e, err := git(ctx, s.Dir, strings.NewReader(s.Message), args...); err != nil {
+			return PushResult{}, &Failure{Reason: PushRejected, Detail: "commit failed: " + lastLine(e)}
+		}
+		res.Committed = true
+	}
+	head, _, err := git(ctx, s.Dir, nil, "rev-parse", "--verify", "HEAD")
+	if err != nil {
+		return PushResult{}, &Failure{Reason: PushRejected, Detail: "nothing to push: the worktree has no commit"}
+	}
+	res.Commit = trim(head)
+	rl, err := startRelay(s.ProxyURL, repo, s.Handle)
+	if err != nil {
+		return PushResult{}, &Failure{Reason: PushUnreachable, Detail: "the credential proxy is not configured"}
+	}
+	defer rl.close()
+	out, e, err := git(ctx, s.Dir, nil, "push", "--porcelain", "--no-verify", rl.url(repo), "HEAD:"+res.Ref)
+	if err != nil {
+		return PushResult{}, classifyPush(out + "\n" + e)
+	}
+	return res, nil
+}
