@@ -154,6 +154,7 @@ func (c *Client) StopSession(ctx context.Context, req *sessionv1.StopSessionRequ
 func (c *Client) DeleteSession(ctx context.Context, req *sessionv1.DeleteSessionRequest) error {
 	reached := false
 	failures, pending := 0, 0
+	var lastPending error // what the caller is told if the deadline cuts a later call short
 	for attempt := 1; ; attempt++ {
 		_, err := c.rpc.DeleteSession(ctx, req)
 		var delay time.Duration
@@ -163,10 +164,14 @@ func (c *Client) DeleteSession(ctx context.Context, req *sessionv1.DeleteSession
 		case reached && status.Code(err) == codes.NotFound && Reason(err) == ReasonSessionNotFound:
 			return nil
 		case ctx.Err() != nil:
+			if lastPending != nil {
+				return lastPending
+			}
 			return err
 		case Reason(err) == ReasonDeletionPendingCleanup:
 			reached = true
 			pending++
+			lastPending = err
 			delay = c.retry.delay(err, pending)
 		case Retryable(err):
 			reached = true // the response may be what was lost
