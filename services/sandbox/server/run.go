@@ -1,6 +1,7 @@
 package server
 
 import (
+	"agentplane.dev/pkg/telemetry"
 	"context"
 	"errors"
 	"fmt"
@@ -41,7 +42,7 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = rdb.Close()
 		return fmt.Errorf("wrapper command: %w", err)
 	}
-	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider")})
+	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"), BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
 		_ = rdb.Close()
 		return err
@@ -91,8 +92,14 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	drvRef.Store(drv)
 
+	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
+	tel, err := telemetry.Setup(ctx, "agentplane-sandbox")
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	srv, err := grpcserver.New(grpcserver.Options{
-		Name: "sandbox", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
+		Name: "sandbox", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 		AuthExempt: func(m string) bool { return m == grpcapi.ConnectMethod },
 		// Wrappers heartbeat every few seconds; allow client pings that often.
@@ -107,6 +114,7 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	if err != nil {
 		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	registerMetrics(srv.Registry(), drv)

@@ -423,7 +423,9 @@ func (r *Reconciler) attempt(ctx context.Context, k keyRef, e leasestore.Entry, 
 	}
 	// The attempt must end before its watchdog, or a successor may start.
 	sctx, cancel := context.WithDeadline(ctx, time.Now().Add(claimed.Lease.WatchdogAt.Sub(r.cfg.Now())))
+	sctx, span := startStopSpan(sctx, int(b.Attempt))
 	res := r.cfg.Provider.Stop(sctx, provider.StopTarget{SandboxID: k.sandbox, RuntimeKey: k.key, InstanceID: claimed.Lease.StopInstance})
+	endStopSpan(span, res)
 	cancel()
 	// Re-read: the result applies only if this attempt is still current.
 	cur, err := r.get(ctx, k)

@@ -51,6 +51,7 @@ type Service struct {
 	mu      sync.Mutex
 	running map[string]bool // sessions with a drain goroutine
 	again   map[string]bool // kicked again while draining
+	traces  pendingTraces   // caller spans of queued messages (tracing.go)
 	drained [drainStripes]atomic.Uint64
 }
 
@@ -258,6 +259,7 @@ func (s *Service) Send(ctx context.Context, id, msgID, content string) (*session
 	if !created {
 		return s.store.GetMessage(ctx, id, msgID)
 	}
+	s.traces.remember(ctx, id)
 	s.kickFrom(id, a, gen)
 	return msg, nil
 }
