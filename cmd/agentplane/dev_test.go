@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
-	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/config"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/logging/logtest"
 
 	"github.com/stretchr/testify/require"

@@ -235,6 +235,13 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
+	gm, err := grants.NewMetrics(srv.Registry())
+	if err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	svc.Observe(gm)
 	credentialv1.RegisterCredentialServiceServer(srv, grpcapi.New(svc, log))
 
 	conn, err := grpcclient.Dial(cfg.IngestAddr, cfg.InternalToken)

@@ -48,8 +48,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	var drvRef atomic.Pointer[driver.Driver] // the reconciler wakes the driver, built below
+	recMetrics, admissions := reconciler.NewMetrics(), newAdmissions()
 	rec := reconciler.New(reconciler.Config{
-		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"),
+		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"), Metrics: recMetrics,
 		Stopped: func(sandboxID, runtimeKey string) {
 			if d := drvRef.Load(); d != nil {
 				// Off the reconciler's key lock: the driver takes its own locks.
@@ -88,7 +89,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
-			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")})},
+			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
 	})
 	drvRef.Store(drv)
 
@@ -118,6 +119,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	registerMetrics(srv.Registry(), drv)
+	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
 	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
 	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv, Log: log})
 
@@ -161,12 +167,15 @@ func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
 // coldAdmission runs capacity admission for the process provider: a
 // workspace directory that already exists is warm (no check).
 type coldAdmission struct {
-	prov  *process.Provider
-	admit *capacity.Admission
+	prov    *process.Provider
+	admit   *capacity.Admission
+	results *prometheus.CounterVec // by admissionResult
 }
 
 func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string) error {
 	_, err := os.Stat(a.prov.WorkspaceDir(sandboxID, directory))
-	_, err = a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), err == nil)
+	warm := err == nil
+	rep, err := a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), warm)
+	a.results.WithLabelValues(admissionResult(warm, rep.Cleaned, err)).Inc()
 	return err
 }

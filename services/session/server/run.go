@@ -60,6 +60,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	deps := service.Deps{
 		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
 		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
+		Metrics: service.NewMetrics(),
 	}
 	if cfg.CredentialAddr != "" {
 		c, err := conns.Dial(cfg.CredentialAddr)
@@ -101,6 +102,11 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 	})
 	if err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := deps.Metrics.Register(srv.Registry()); err != nil {
 		_ = rdb.Close()
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err

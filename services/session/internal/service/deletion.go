@@ -57,9 +57,10 @@ func (s *Service) ReconcileDue(ctx context.Context) {
 // worktree scope; verified absence required), delete the backing
 // credential, delete history, wipe. Each finished step is persisted, so a later attempt
 // resumes where this one stopped; an unfinished step persists the backoff.
-func (s *Service) reconcile(ctx context.Context, id string) error {
+func (s *Service) reconcile(ctx context.Context, id string) (err error) {
 	ctx, span := tracer.Start(ctx, "session.delete")
 	defer span.End()
+	defer func() { s.metrics.deletionFailed(err) }()
 	lease, err := s.store.DeletionLease(ctx, id, s.cfg.Owner, s.cfg.DeletionLeaseTTL)
 	if errors.Is(err, fence.ErrLeaseHeld) {
 		return &session.DeletionPendingError{RetryAfter: s.cfg.DeletionBackoff.Base, Step: "in_progress"}
@@ -171,5 +172,6 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		return err
 	}
 	s.log.InfoContext(ctx, "session deleted", "session_id", id, "reason", in.Reason, "attempts", in.Attempts+1)
+	s.metrics.deletion("deleted", in.CreateTime, s.now())
 	return nil
 }
