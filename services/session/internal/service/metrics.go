@@ -76,8 +76,11 @@ func statesOf(a *session.Aggregate) states {
 	for _, m := range a.Active {
 		s.messages[m.ID] = m.State
 	}
+	// Lookup may be a copy of an Active message that the change did not touch: Active wins.
 	if a.Lookup != nil {
-		s.messages[a.Lookup.ID] = a.Lookup.State
+		if _, active := s.messages[a.Lookup.ID]; !active {
+			s.messages[a.Lookup.ID] = a.Lookup.State
+		}
 	}
 	return s
 }
