@@ -170,7 +170,9 @@ func TestAlertRulesFireAndStaySilent(t *testing.T) {
 	for _, rule := range alertRules(r.prometheusRules[0]) {
 		byName[rule.Alert] = rule
 	}
-	sel := func(job string) string { return `{namespace="` + namespace + `", job="` + releaseName + "-agentplane-" + job + `"` }
+	sel := func(job string) string {
+		return `{namespace="` + namespace + `", job="` + releaseName + "-agentplane-" + job + `"`
+	}
 	cases := []struct {
 		alert        string
 		fire, silent string // promqltest load blocks, 1m steps over 40 minutes
