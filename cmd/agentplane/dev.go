@@ -44,7 +44,7 @@ type devOptions struct {
 	agent, agentsDir, model string
 	providerURL, keyFile    string
 	worktree                string
-	metricsPortBase   int // -1: portBase+2000; 0: no metrics listeners
+	metricsPortBase         int // -1: portBase+2000; 0: no metrics listeners
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,
