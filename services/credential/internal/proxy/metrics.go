@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentplane_credential_proxy_requests_total",
-			Help: "Proxy requests served, by route (provider, backend, ingest, unknown) and HTTP status code.",
+			Help: "Proxy requests served, by route (provider, backend, ingest, git, unknown) and HTTP status code.",
 		}, []string{"route", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "agentplane_credential_proxy_request_duration_seconds",
@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route"}),
 		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "agentplane_credential_proxy_upstream_duration_seconds",
-			Help:    "Seconds the upstream took to answer and stream a forwarded request's response, by route (provider, backend).",
+			Help:    "Seconds the upstream took to answer and stream a forwarded request's response, by route (provider, backend, git).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 		}, []string{"route"}),
 	}

@@ -51,7 +51,7 @@ func routeLabel(path string) string {
 	_, rest, _ = strings.Cut(rest, "/")
 	route, _, _ := strings.Cut(rest, "/")
 	switch Route(route) {
-	case RouteProvider, RouteBackend, RouteIngest:
+	case RouteProvider, RouteBackend, RouteIngest, RouteGit:
 		return route
 	}
 	return "unknown"
