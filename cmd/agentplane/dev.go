@@ -44,18 +44,49 @@ type devOptions struct {
 	agent, agentsDir, model string
 	providerURL, keyFile    string
 	worktree                string
+	metricsPortBase         int // -1: portBase+2000; 0: no metrics listeners
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,
 // sandbox, credential, ingest), the credential proxy on base+4, metrics on
-// base+2000..base+2003. The default base 7401 gives docs/development.md's
-// ports; another base lets a second suite (or a test) run beside it.
-func devPorts(base int, ses, sbx, cred, ing *config.Common, proxy *string) {
+// metricsBase..metricsBase+3 (no metrics listeners when metricsBase is 0).
+// The default base 7401 gives docs/development.md's ports; another base
+// lets a second suite (or a test) run beside it.
+func devPorts(base, metricsBase int, ses, sbx, cred, ing *config.Common, proxy *string) {
 	for i, c := range []*config.Common{ses, sbx, cred, ing} {
 		c.GRPCAddr = fmt.Sprintf("127.0.0.1:%d", base+i)
-		c.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", base+2000+i)
+		c.MetricsAddr = ""
+		if metricsBase > 0 {
+			c.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", metricsBase+i)
+		}
 	}
 	*proxy = fmt.Sprintf("127.0.0.1:%d", base+4)
+}
+
+// checkPorts validates --port-base and --metrics-port-base and resolves
+// the metrics default (port base + 2000).
+func (o *devOptions) checkPorts() error {
+	if o.portBase < 1 || o.portBase+4 > 65535 {
+		return fmt.Errorf("--port-base %d: the ports base..base+4 must lie in 1..65535", o.portBase)
+	}
+	if o.metricsPortBase == -1 {
+		o.metricsPortBase = o.portBase + 2000
+	}
+	if o.metricsPortBase != 0 && (o.metricsPortBase < 1 || o.metricsPortBase+3 > 65535) {
+		return fmt.Errorf("--metrics-port-base %d: the ports base..base+3 must lie in 1..65535 (0: no metrics)", o.metricsPortBase)
+	}
+	if m := o.metricsPortBase; m != 0 && m+3 >= o.portBase && m <= o.portBase+4 {
+		return fmt.Errorf("--metrics-port-base %d overlaps the service ports %d..%d", m, o.portBase, o.portBase+4)
+	}
+	return nil
+}
+
+// metricsColumn is a service's metrics address for the start-up table.
+func metricsColumn(addr string) string {
+	if addr == "" {
+		return "off"
+	}
+	return "http://" + addr + "/metrics"
 }
 
 // runDev runs all four services in this process on the fixed local ports of
@@ -73,7 +104,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&o.drainDelay, "drain-delay", 500*time.Millisecond, "time between NOT_SERVING and stopping on SIGTERM")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
 	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
-	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports (metrics at +2000); 7401 gives the documented ports")
+	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports; 7401 gives the documented ports")
+	fs.IntVar(&o.metricsPortBase, "metrics-port-base", -1, "first of the four /metrics ports (session, sandbox, credential, ingest); -1: port base + 2000; 0: no metrics")
 	fs.StringVar(&o.agent, "agent", "", "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
 	fs.StringVar(&o.agentsDir, "agents-dir", os.Getenv("AGENTPLANE_AGENTS_DIR"), "directory of the pinned agents (make agents installs into agents/); empty: ./agents when it exists")
 	fs.StringVar(&o.model, "model", "default", "model the ACP agents ask the provider for")
@@ -98,8 +130,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return errors.New("--provider-key-file: the file is empty")
 		}
 	}
-	if o.portBase < 1 || o.portBase+2003 > 65535 {
-		return fmt.Errorf("--port-base %d: the ports base..base+2003 must lie in 1..65535", o.portBase)
+	if err := o.checkPorts(); err != nil {
+		return err
 	}
 	if err := o.readSecretFiles(stderr); err != nil {
 		return err
@@ -136,7 +168,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	common(&sbx.Common)
 	common(&cred.Common)
 	common(&ing.Common)
-	devPorts(o.portBase, &ses.Common, &sbx.Common, &cred.Common, &ing.Common, &cred.ProxyAddr)
+	devPorts(o.portBase, o.metricsPortBase, &ses.Common, &sbx.Common, &cred.Common, &ing.Common, &cred.ProxyAddr)
 	ses.SandboxAddr, ses.CredentialAddr, ses.IngestAddr = sbx.GRPCAddr, cred.GRPCAddr, ing.GRPCAddr
 	sbx.SessionAddr, sbx.CredentialAddr = ses.GRPCAddr, cred.GRPCAddr
 	sbx.ProxyURL = "http://" + cred.ProxyAddr
@@ -161,10 +193,10 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(tw, "agentplane dev (pid %d): Redis %s\n", os.Getpid(), redisWhat)
 
 	fmt.Fprintln(tw, "SERVICE\tgRPC\tMETRICS\tNOTES")
-	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, ses.MetricsAddr)
-	fmt.Fprintf(tw, "sandbox\t%s\t%s\tprocess provider, sandboxes in %s\n", sbx.GRPCAddr, sbx.MetricsAddr, sbx.SandboxRoot)
-	fmt.Fprintf(tw, "credential\t%s\t%s\tHTTP credential proxy on %s\n", cred.GRPCAddr, cred.MetricsAddr, cred.ProxyAddr)
-	fmt.Fprintf(tw, "ingest\t%s\t%s\t\n", ing.GRPCAddr, ing.MetricsAddr)
+	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, metricsColumn(ses.MetricsAddr))
+	fmt.Fprintf(tw, "sandbox\t%s\t%s\tprocess provider, sandboxes in %s\n", sbx.GRPCAddr, metricsColumn(sbx.MetricsAddr), sbx.SandboxRoot)
+	fmt.Fprintf(tw, "credential\t%s\t%s\tHTTP credential proxy on %s\n", cred.GRPCAddr, metricsColumn(cred.MetricsAddr), cred.ProxyAddr)
+	fmt.Fprintf(tw, "ingest\t%s\t%s\t\n", ing.GRPCAddr, metricsColumn(ing.MetricsAddr))
 	fmt.Fprintf(tw, "try:\tgrpcurl -plaintext %s list\t\t\n", ses.GRPCAddr)
 	_ = tw.Flush()
 

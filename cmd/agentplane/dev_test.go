@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
+	"agentplane.dev/pkg/config"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/logging/logtest"
 
@@ -75,9 +77,12 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	const drain, graceful = 200 * time.Millisecond, 3 * time.Second
 	root := t.TempDir()
 	base := freePortBase(t)
+	// The metrics ports are moved away from base+2000 (a free range found
+	// the same way, whose service ports go unused).
+	metricsBase := freePortBase(t)
 	addr := func(off int) string { return fmt.Sprintf("127.0.0.1:%d", base+off) }
 	cmd := exec.Command(bin, "dev", "--drain-delay", drain.String(), "--shutdown-timeout", graceful.String(),
-		"--sandbox-root", root, "--port-base", strconv.Itoa(base))
+		"--sandbox-root", root, "--port-base", strconv.Itoa(base), "--metrics-port-base", strconv.Itoa(metricsBase))
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	var logs logtest.Buffer
@@ -89,13 +94,18 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 
 	// The banner names the private redis-server's URL.
 	redisURL := make(chan string, 1)
+	metricsURLs := make(chan string, 4)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		re := regexp.MustCompile(`private redis-server at (redis://\S+)`)
+		metricsRe := regexp.MustCompile(`http://127\.0\.0\.1:\d+/metrics`)
 		for sc.Scan() {
 			t.Log(sc.Text())
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				redisURL <- m[1]
+			}
+			if m := metricsRe.FindString(sc.Text()); m != "" {
+				metricsURLs <- m
 			}
 		}
 	}()
@@ -116,6 +126,22 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 		waitServing(t, conn, addr(off))
 		require.Subset(t, listServices(t, conn), want, "services listed by reflection on %s", addr(off))
 		require.NoError(t, conn.Close())
+	}
+	// The start-up table names the four metrics addresses, on the moved base, and each serves.
+	for i := range 4 {
+		var u string
+		select {
+		case u = <-metricsURLs:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the start-up table named %d metrics addresses, want 4", i)
+		}
+		require.Contains(t, u, fmt.Sprintf(":%d/", metricsBase+i), "metrics address %d", i)
+		resp, err := http.Get(u)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, u)
+		require.Contains(t, string(body), "grpc_server_handled_total", u)
 	}
 
 	// A session with a message leaves a wrapper and a runtime running
@@ -202,4 +228,30 @@ func redisServers(t *testing.T, port string) []string {
 		pids = append(pids, e.Name())
 	}
 	return pids
+}
+
+func TestDevMetricsPortBase(t *testing.T) {
+	o := devOptions{portBase: 7401, metricsPortBase: -1}
+	require.NoError(t, o.checkPorts())
+	require.Equal(t, 9401, o.metricsPortBase, "default: port base + 2000")
+
+	var ses, sbx, cred, ing config.Common
+	var proxy string
+	devPorts(7401, 30000, &ses, &sbx, &cred, &ing, &proxy)
+	require.Equal(t, []string{"127.0.0.1:30000", "127.0.0.1:30001", "127.0.0.1:30002", "127.0.0.1:30003"},
+		[]string{ses.MetricsAddr, sbx.MetricsAddr, cred.MetricsAddr, ing.MetricsAddr})
+	require.Equal(t, "http://127.0.0.1:30000/metrics", metricsColumn(ses.MetricsAddr))
+
+	devPorts(7401, 0, &ses, &sbx, &cred, &ing, &proxy)
+	require.Empty(t, ses.MetricsAddr+sbx.MetricsAddr+cred.MetricsAddr+ing.MetricsAddr, "0: no metrics listeners")
+	require.Equal(t, "off", metricsColumn(ses.MetricsAddr))
+
+	for _, bad := range []devOptions{
+		{portBase: 7401, metricsPortBase: 65534},
+		{portBase: 7401, metricsPortBase: -5},
+		{portBase: 7401, metricsPortBase: 7399}, // overlaps 7401..7405
+		{portBase: 0, metricsPortBase: -1},
+	} {
+		require.Error(t, bad.checkPorts(), "%+v", bad)
+	}
 }

@@ -51,6 +51,7 @@ type rendered struct {
 	pdbs            []*policyv1.PodDisruptionBudget
 	netpols         []*networkingv1.NetworkPolicy
 	serviceMonitors []*monitoringv1.ServiceMonitor
+	prometheusRules []*monitoringv1.PrometheusRule
 }
 
 // workload is a pod template with its owner, for checks that apply to both kinds.
@@ -154,6 +155,8 @@ func (r *rendered) add(doc string) error {
 		return decodeInto(doc, &r.netpols)
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return decodeInto(doc, &r.serviceMonitors)
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		return decodeInto(doc, &r.prometheusRules)
 	}
 	return fmt.Errorf("unexpected kind %q (the test must learn every kind the chart renders)", gvk)
 }
@@ -230,6 +233,8 @@ func checkAll(t *testing.T, r *rendered, v chartutil.Values) {
 	checkPDBs(t, r, v)
 	checkServices(t, r)
 	checkServiceMonitors(t, r, v)
+	checkPrometheusRule(t, r, v)
+	checkDashboard(t, r, v)
 	checkPrivileged(t, r, nil)
 	checkReferences(t, r, v)
 	checkNetworkPolicies(t, r, v)

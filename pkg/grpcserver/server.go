@@ -147,7 +147,7 @@ func New(opts Options) (*Server, error) {
 		Name: "grpc_server_panics_recovered_total",
 		Help: "Handler panics turned into INTERNAL by the recovery interceptor.",
 	})
-	for _, c := range []prometheus.Collector{s.metrics, panics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+	for _, c := range []prometheus.Collector{s.metrics, panics, s.readyGauge(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		if err := s.reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) { // a caller's registry may already have the runtime collectors

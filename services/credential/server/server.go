@@ -4,6 +4,7 @@
 package server
 
 import (
+	"agentplane.dev/pkg/telemetry"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -218,15 +219,29 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		_ = rdb.Close()
 		return err
 	}
+	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
+	tel, err := telemetry.Setup(ctx, "agentplane-credential")
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	srv, err := grpcserver.New(grpcserver.Options{
-		Name: "credential", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
+		Name: "credential", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
 		MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics, InternalToken: cfg.InternalToken,
 		DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 	})
 	if err != nil {
 		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
+	gm, err := grants.NewMetrics(srv.Registry())
+	if err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	svc.Observe(gm)
 	credentialv1.RegisterCredentialServiceServer(srv, grpcapi.New(svc, log))
 
 	conn, err := grpcclient.Dial(cfg.IngestAddr, cfg.InternalToken)
@@ -255,7 +270,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 			return fmt.Errorf("proxy listen: %w", err)
 		}
 	}
-	hs := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: proxy.MaxHeadBytes,
+	hs := &http.Server{Handler: px.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: proxy.MaxHeadBytes,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	proxyDone := make(chan error, 1)
 	go func() {

@@ -101,7 +101,15 @@ func run(ctx context.Context, cfg Config, lis net.Listener) error {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
-	Register(srv, rdb, credential, log)
+	api := grpcapi.New(store.New(rdb), membership.New(credential), log)
+	m, err := grpcapi.NewMetrics(srv.Registry())
+	if err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	api.Observe(m)
+	api.Register(srv)
 	return srv.Serve(ctx)
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"agentplane.dev/pkg/telemetry"
 	"context"
 	"errors"
 	"fmt"
@@ -41,14 +42,15 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = rdb.Close()
 		return fmt.Errorf("wrapper command: %w", err)
 	}
-	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider")})
+	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"), BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
 		_ = rdb.Close()
 		return err
 	}
 	var drvRef atomic.Pointer[driver.Driver] // the reconciler wakes the driver, built below
+	recMetrics, admissions := reconciler.NewMetrics(), newAdmissions()
 	rec := reconciler.New(reconciler.Config{
-		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"),
+		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"), Metrics: recMetrics,
 		Stopped: func(sandboxID, runtimeKey string) {
 			if d := drvRef.Load(); d != nil {
 				// Off the reconciler's key lock: the driver takes its own locks.
@@ -87,12 +89,18 @@ func Run(ctx context.Context, cfg Config) error {
 		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
-			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")})},
+			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
 	})
 	drvRef.Store(drv)
 
+	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
+	tel, err := telemetry.Setup(ctx, "agentplane-sandbox")
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	srv, err := grpcserver.New(grpcserver.Options{
-		Name: "sandbox", Logger: log, Redis: rdb, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
+		Name: "sandbox", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 		AuthExempt: func(m string) bool { return m == grpcapi.ConnectMethod },
 		// Wrappers heartbeat every few seconds; allow client pings that often.
@@ -107,9 +115,15 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	if err != nil {
 		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	registerMetrics(srv.Registry(), drv)
+	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
 	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
 	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv, Log: log})
 
@@ -153,12 +167,15 @@ func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
 // coldAdmission runs capacity admission for the process provider: a
 // workspace directory that already exists is warm (no check).
 type coldAdmission struct {
-	prov  *process.Provider
-	admit *capacity.Admission
+	prov    *process.Provider
+	admit   *capacity.Admission
+	results *prometheus.CounterVec // by admissionResult
 }
 
 func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string) error {
 	_, err := os.Stat(a.prov.WorkspaceDir(sandboxID, directory))
-	_, err = a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), err == nil)
+	warm := err == nil
+	rep, err := a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), warm)
+	a.results.WithLabelValues(admissionResult(warm, rep.Cleaned, err)).Inc()
 	return err
 }

@@ -12,6 +12,7 @@
 package wrapper
 
 import (
+	"agentplane.dev/pkg/telemetry"
 	"context"
 	"errors"
 	"flag"
@@ -101,6 +102,17 @@ func Main(args []string) int {
 	if opts.Runtime == nil {
 		opts.Runtime = runtimeStarter(opts)
 	}
+	// Tracing from the OTEL_* the sandbox service passes on (opt-in, like the services').
+	tel, err := telemetry.Setup(context.Background(), "agentplane-wrapper")
+	if err != nil {
+		log.Error("bad tracing environment", "err", err)
+		return ExitUsage
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(ctx)
+	}()
 	return Run(context.Background(), opts)
 }
 
@@ -492,9 +504,11 @@ func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
 	case *sandboxv1.ConnectResponse_WorktreeRequest:
 		go w.worktreeRequest(f.WorktreeRequest)
 	case *sandboxv1.ConnectResponse_Deliver:
+		ctx, span := startFrameSpan(f.Deliver.GetTraceparent(), "wrapper.deliver")
 		for _, m := range f.Deliver.GetMessages() {
-			w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: f.Deliver.GetSessionId(), MessageID: m.GetMessageId(), Content: m.GetContent()})
+			w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: f.Deliver.GetSessionId(), MessageID: m.GetMessageId(), Content: m.GetContent(), Traceparent: traceparentOf(ctx)})
 		}
+		span.End()
 		w.mu.Lock()
 		w.busy[f.Deliver.GetSessionId()] = true
 		w.mu.Unlock()
@@ -515,6 +529,8 @@ func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
 }
 
 func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
+	_, span := startFrameSpan(p.GetTraceparent(), "wrapper.prepare_route")
+	defer span.End()
 	id := p.GetSessionId()
 	dir, err := workspaceDir(w.opts.WorkspaceRoot, p.GetDirectory())
 	if err != nil {

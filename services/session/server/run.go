@@ -1,6 +1,7 @@
 package server
 
 import (
+	"agentplane.dev/pkg/telemetry"
 	"context"
 	"fmt"
 	"io"
@@ -59,6 +60,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	deps := service.Deps{
 		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
 		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
+		Metrics: service.NewMetrics(),
 	}
 	if cfg.CredentialAddr != "" {
 		c, err := conns.Dial(cfg.CredentialAddr)
@@ -88,13 +90,25 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		Owner:             cfg.ReplicaID,
 		Now:               h.now,
 	})
+	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
+	tel, err := telemetry.Setup(ctx, "agentplane-session")
+	if err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	srv, err := grpcserver.New(grpcserver.Options{
-		Name: "session", Logger: log, Redis: rdb,
+		Name: "session", Logger: log, Redis: rdb, Telemetry: tel,
 		Addr: cfg.GRPCAddr, Listener: h.listener, MetricsAddr: cfg.MetricsAddr,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 	})
 	if err != nil {
 		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := deps.Metrics.Register(srv.Registry()); err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	sessionv1.RegisterSessionServiceServer(srv, grpcapi.NewSessionAPI(svc, log))

@@ -69,6 +69,7 @@ type Service struct {
 	window time.Duration
 	wait   func(ctx context.Context, d time.Duration) error
 	cache  resolutionCache
+	obs    *Metrics // nil until Observe (metrics.go)
 }
 
 // outlastCaches returns once every resolution any replica verified before
@@ -327,7 +328,7 @@ func (s *Service) Adopt(ctx context.Context, sc scope.Scope, j scope.Join) (stri
 
 // Rotate replaces the scope's canonical handle for every member at once. It
 // cuts the old handle to its overlap, so it waits out the caches.
-func (s *Service) Rotate(ctx context.Context, sc scope.Scope, token uint64) (string, Grant, time.Time, error) {
+func (s *Service) rotate(ctx context.Context, sc scope.Scope, token uint64) (string, Grant, time.Time, error) {
 	raw, cand, err := s.candidate(handle.Worktree, sc)
 	if err != nil {
 		return "", Grant{}, time.Time{}, err
@@ -362,7 +363,7 @@ func (s *Service) Release(ctx context.Context, sc scope.Scope, sessionID string,
 
 // Retire drops every accepted handle of the scope; lastMember drops the
 // members too. It waits out the caches.
-func (s *Service) Retire(ctx context.Context, sc scope.Scope, lastMember bool, token uint64) (int, error) {
+func (s *Service) retire(ctx context.Context, sc scope.Scope, lastMember bool, token uint64) (int, error) {
 	var n int
 	_, err := s.update(ctx, sc, token, true, func(st *scope.State) error {
 		n = st.Retire(lastMember)

@@ -90,7 +90,7 @@ func (s *Service) trusted(v, now time.Time) bool {
 // always comes from Redis, a sandbox mismatch too (a cached answer would
 // be faster, and tell the sandboxes apart by timing): a cached entry past
 // its own expiry is read again, it may have been reissued.
-func (s *Service) Resolve(ctx context.Context, raw, sandboxID string) (*Resolved, error) {
+func (s *Service) resolve(ctx context.Context, raw, sandboxID string) (*Resolved, error) {
 	if _, err := handle.Parse(raw); err != nil {
 		return nil, ErrMalformedHandle
 	}

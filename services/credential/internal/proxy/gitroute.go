@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"agentplane.dev/pkg/gitrepo"
 	"agentplane.dev/services/credential/internal/grants"
@@ -145,7 +146,9 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
+	start := time.Now()
 	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(acc.Token), basic))
+	p.metrics.upstream.WithLabelValues(string(RouteGit)).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
 		return

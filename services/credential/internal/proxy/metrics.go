@@ -6,6 +6,9 @@ type metrics struct {
 	denials        *prometheus.CounterVec
 	upstreamErrors prometheus.Counter
 	resolveRetries prometheus.Counter
+	requests       *prometheus.CounterVec
+	duration       *prometheus.HistogramVec
+	upstream       *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -22,9 +25,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "agentplane_credential_proxy_resolve_retries_total",
 			Help: "Handle resolutions retried because the credential store was unavailable (a Redis failover).",
 		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentplane_credential_proxy_requests_total",
+			Help: "Proxy requests served, by route (provider, backend, ingest, git, unknown) and HTTP status code.",
+		}, []string{"route", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "agentplane_credential_proxy_request_duration_seconds",
+			Help:    "Seconds from a proxy request's arrival to the end of its response, by route.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9), // 1 ms .. 65 s
+		}, []string{"route"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "agentplane_credential_proxy_upstream_duration_seconds",
+			Help:    "Seconds the upstream took to answer and stream a forwarded request's response, by route (provider, backend, git).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+		}, []string{"route"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.denials, m.upstreamErrors, m.resolveRetries} {
+		for _, c := range []prometheus.Collector{m.denials, m.upstreamErrors, m.resolveRetries, m.requests, m.duration, m.upstream} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

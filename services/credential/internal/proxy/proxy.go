@@ -158,7 +158,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, att := p.outgoing(r, upstream, t, res)
+	start := time.Now()
 	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att))
+	p.metrics.upstream.WithLabelValues(string(t.Route)).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
 		return

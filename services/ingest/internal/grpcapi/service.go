@@ -29,6 +29,7 @@ type Service struct {
 	store  *store.Store
 	scopes scope.Admitter
 	log    *slog.Logger
+	obs    *Metrics // nil until Observe (metrics.go)
 }
 
 // New returns the service on st, asking members about v2 scope membership.
@@ -109,7 +110,7 @@ func checkBatch(id string, pbScope *ingestv1.ScopeMetadata, pbItems []*ingestv1.
 }
 
 // Ingest stores one batch atomically.
-func (s *Service) Ingest(ctx context.Context, req *ingestv1.IngestRequest) (*ingestv1.IngestResponse, error) {
+func (s *Service) ingest(ctx context.Context, req *ingestv1.IngestRequest) (*ingestv1.IngestResponse, error) {
 	b, err := checkBatch(req.GetRuntimeSessionId(), req.GetScope(), req.GetItems())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
@@ -129,7 +130,7 @@ func (s *Service) Ingest(ctx context.Context, req *ingestv1.IngestRequest) (*ing
 // stored the next is received, validated and encoded, so Redis and the CPU work overlap.
 // Admission is remembered for the stream's lifetime per (scope, target): a stream is one
 // request, and a revocation applies to requests that start after it.
-func (s *Service) IngestStream(stream grpc.ClientStreamingServer[ingestv1.IngestStreamRequest, ingestv1.IngestStreamResponse]) error {
+func (s *Service) ingestStream(stream grpc.ClientStreamingServer[ingestv1.IngestStreamRequest, ingestv1.IngestStreamResponse]) error {
 	ctx := stream.Context()
 	var total ingestv1.IngestStreamResponse
 	type admission struct {
@@ -297,7 +298,7 @@ func decodePageToken(tok string) (string, bool) {
 
 // Tail streams stored item versions after the request's cursor and follows new ones until
 // the caller goes away or the runtime session is deleted (then NOT_FOUND).
-func (s *Service) Tail(req *ingestv1.TailRequest, stream grpc.ServerStreamingServer[ingestv1.TailResponse]) error {
+func (s *Service) tail(req *ingestv1.TailRequest, stream grpc.ServerStreamingServer[ingestv1.TailResponse]) error {
 	ctx := stream.Context()
 	var extra []history.Violation
 	if !validCursor(req.GetCursor()) {

@@ -41,6 +41,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	if err != nil {
 		return store.Route{}, err
 	}
+	rememberRoute(ctx, spec.SandboxID, spec.SessionID)
 	sb.mu.Lock()
 	r := sb.routes[spec.SessionID]
 	if r != nil && r.State != store.RouteReleased && r.Directory != spec.Directory {
@@ -135,7 +136,8 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 // prepare drives one route toward its wrapper; it returns a delay after which
 // to try again (0: nothing more to do here, the wrapper's Hello continues).
 func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
-	ctx := sb.ctx
+	ctx, span := tracer.Start(routeCtx(sb.ctx, sb.id, sessionID), "sandbox.prepare")
+	defer span.End()
 	sb.mu.Lock()
 	r := sb.routes[sessionID]
 	if r == nil || r.State != store.RoutePreparing || sb.dropped {
@@ -347,6 +349,7 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
 		Agent:   &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
 		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, CloneRepo: spec.RepoURL != "" && spec.GitCredentialRef != "",
+		Traceparent: traceparent(routeCtx(sb.ctx, sb.id, sessionID)),
 	}}})
 }
 
@@ -418,7 +421,7 @@ func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs 
 	if err != nil || l.HoldsDelivery() || (l.State == lease.OwnsWrapper && l.Instance != c.Instance) {
 		return false, view, nil
 	}
-	frame := &sandboxv1.Deliver{SessionId: sessionID}
+	frame := &sandboxv1.Deliver{SessionId: sessionID, Traceparent: traceparent(ctx)}
 	for _, m := range msgs {
 		frame.Messages = append(frame.Messages, &sandboxv1.DeliveryMessage{MessageId: m.ID, Content: m.Content})
 	}
@@ -711,6 +714,7 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 }
 
 func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {
+	forgetRouteTrace(sb.id, sessionID)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if r := sb.routes[sessionID]; r != nil && r.State == store.RouteReleased {

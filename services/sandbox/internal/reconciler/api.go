@@ -48,6 +48,8 @@ type Config struct {
 	// lease free (none), so callers refused meanwhile can try again at once
 	// instead of waiting out RetryAfter. It must not block.
 	Stopped func(sandboxID, runtimeKey string)
+	// Metrics, if set, observe lease changes, stop attempts and leaks.
+	Metrics *Metrics
 }
 
 // Action says what EnsureWrapper did.

@@ -161,7 +161,11 @@ func (r *Reconciler) apply(ctx context.Context, k keyRef, e leasestore.Entry, ev
 	if next == e.Lease && e.Quarantined == nil {
 		return e, nil
 	}
-	return r.store.Put(ctx, k.fence.Resource, k.fence.Token, k.key, e, next)
+	out, err := r.store.Put(ctx, k.fence.Resource, k.fence.Token, k.key, e, next)
+	if err == nil {
+		r.cfg.Metrics.transition(k.sandbox, k.key, e.Lease, next, r.cfg.Now())
+	}
+	return out, err
 }
 
 // event applies one event under the key lock.
@@ -423,7 +427,10 @@ func (r *Reconciler) attempt(ctx context.Context, k keyRef, e leasestore.Entry, 
 	}
 	// The attempt must end before its watchdog, or a successor may start.
 	sctx, cancel := context.WithDeadline(ctx, time.Now().Add(claimed.Lease.WatchdogAt.Sub(r.cfg.Now())))
+	sctx, span := startStopSpan(sctx, int(b.Attempt))
 	res := r.cfg.Provider.Stop(sctx, provider.StopTarget{SandboxID: k.sandbox, RuntimeKey: k.key, InstanceID: claimed.Lease.StopInstance})
+	endStopSpan(span, res)
+	r.cfg.Metrics.stopAttempt(res.Kind)
 	cancel()
 	// Re-read: the result applies only if this attempt is still current.
 	cur, err := r.get(ctx, k)
@@ -450,6 +457,8 @@ func (r *Reconciler) attempt(ctx context.Context, k keyRef, e leasestore.Entry, 
 // errors of single keys and returns them joined.
 func (r *Reconciler) Tick(ctx context.Context) error {
 	var errs []error
+	var census leaseCensus
+	defer func() { r.cfg.Metrics.census(census) }()
 	for _, sb := range r.sandboxes() {
 		f, err := r.fence(sb)
 		if err != nil {
@@ -460,6 +469,7 @@ func (r *Reconciler) Tick(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
+		census.add(all) // as read: the tick's own changes show in the next one
 		for _, rk := range sortedKeys(all) {
 			if err := r.tickKey(ctx, keyRef{sandbox: sb, key: rk, fence: f}); err != nil {
 				errs = append(errs, fmt.Errorf("%s/%s: %w", sb, rk, err))
@@ -541,6 +551,7 @@ func (r *Reconciler) sweepKey(ctx context.Context, k keyRef) error {
 		reason = ReasonMismatch
 	}
 	r.log.Warn("leaked wrapper found", "sandbox", k.sandbox, "runtime_key", k.key, "count", len(d.Observed), "reason", reason)
+	r.cfg.Metrics.leakFound(reason)
 	_, err = r.apply(ctx, k, e, lease.RequestStop{Reason: reason, Now: r.cfg.Now()})
 	return err
 }

@@ -54,6 +54,9 @@ type Frame struct {
 	// message, abort
 	MessageID string `json:"message_id,omitempty"`
 	Content   string `json:"content,omitempty"`
+	// Traceparent is the W3C trace context of the delivery (message frames);
+	// a runtime sends it on its proxy requests so the trace continues.
+	Traceparent string `json:"traceparent,omitempty"`
 
 	// credentials
 	SessionIDs []string `json:"session_ids,omitempty"`

@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"go.opentelemetry.io/otel/propagation"
 	"io"
 	"net/http"
 	"os"
@@ -193,7 +194,7 @@ func (rt *route) abort(messageID string) {
 
 // turn plays one turn for message m and emits exactly one outcome.
 func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(traceCtx(m.Traceparent))
 	rt.mu.Lock()
 	rt.cancel, rt.turnMessage = cancel, m.MessageID
 	if rt.aborted[m.MessageID] {
@@ -280,6 +281,7 @@ func (r *Runtime) callProvider(ctx context.Context, proxy, handle, content strin
 	}
 	req.Header.Set("Authorization", "Bearer "+handle)
 	req.Header.Set("Content-Type", "application/json")
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := r.http.Do(req)
 	if err != nil {
 		return map[string]any{"error": "proxy unreachable"}
@@ -336,6 +338,7 @@ func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *rou
 	}
 	req.Header.Set("Authorization", "Bearer "+handle)
 	req.Header.Set("Content-Type", "application/json")
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := r.http.Do(req)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scripted runtime: history post failed: proxy unreachable")
@@ -398,4 +401,10 @@ func randomID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// traceCtx carries the delivery's trace context (a traceparent from the
+// wrapper), so the turn's proxy requests continue the caller's trace.
+func traceCtx(traceparent string) context.Context {
+	return propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent})
 }

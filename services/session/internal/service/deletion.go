@@ -57,7 +57,10 @@ func (s *Service) ReconcileDue(ctx context.Context) {
 // worktree scope; verified absence required), delete the backing
 // credential, delete history, wipe. Each finished step is persisted, so a later attempt
 // resumes where this one stopped; an unfinished step persists the backoff.
-func (s *Service) reconcile(ctx context.Context, id string) error {
+func (s *Service) reconcile(ctx context.Context, id string) (err error) {
+	ctx, span := tracer.Start(ctx, "session.delete")
+	defer span.End()
+	defer func() { s.metrics.deletionFailed(err) }()
 	lease, err := s.store.DeletionLease(ctx, id, s.cfg.Owner, s.cfg.DeletionLeaseTTL)
 	if errors.Is(err, fence.ErrLeaseHeld) {
 		return &session.DeletionPendingError{RetryAfter: s.cfg.DeletionBackoff.Base, Step: "in_progress"}
@@ -92,9 +95,11 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 	save := func() error { return s.store.SaveIntent(ctx, lease, in) }
 
 	if !in.RouteReleased {
-		pctx, cancel := s.peerCtx(ctx)
+		sctx, step := tracer.Start(ctx, "session.delete.release_route")
+		pctx, cancel := s.peerCtx(sctx)
 		rel, err := s.sandbox.ReleaseRoute(pctx, in.SessionID, in.SandboxID, "session-delete")
 		cancel()
+		step.End()
 		switch {
 		case err != nil:
 			// Could not ask: never read as absence.
@@ -115,9 +120,11 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		if s.creds != nil {
 			var err error
 			if in.CredentialRef != "" {
-				pctx, cancel := s.peerCtx(ctx)
+				sctx, step := tracer.Start(ctx, "session.delete.delete_credential")
+				pctx, cancel := s.peerCtx(sctx)
 				err = s.creds.DeleteBacking(pctx, in.CredentialRef)
 				cancel()
+				step.End()
 			}
 			if err == nil && in.GitCredentialRef != "" {
 				pctx, cancel := s.peerCtx(ctx)
@@ -140,9 +147,11 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 			// Every runtime session the session ever had, not only the
 			// latest: each re-preparation started a new history.
 			for _, rsid := range in.HistoryIDs() {
-				pctx, cancel := s.peerCtx(ctx)
+				sctx, step := tracer.Start(ctx, "session.delete.delete_history")
+				pctx, cancel := s.peerCtx(sctx)
 				err := s.history.Delete(pctx, rsid)
 				cancel()
+				step.End()
 				if err != nil {
 					return postpone("delete_history", 0, err)
 				}
@@ -156,9 +165,13 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		}
 	}
 	loc := store.WipeLocator{SandboxID: in.SandboxID, Directory: in.Directory}
-	if err := s.store.Wipe(ctx, lease, in, loc); err != nil {
+	wctx, wipe := tracer.Start(ctx, "session.delete.wipe")
+	err = s.store.Wipe(wctx, lease, in, loc)
+	wipe.End()
+	if err != nil {
 		return err
 	}
 	s.log.InfoContext(ctx, "session deleted", "session_id", id, "reason", in.Reason, "attempts", in.Attempts+1)
+	s.metrics.deletion("deleted", in.CreateTime, s.now())
 	return nil
 }

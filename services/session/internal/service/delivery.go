@@ -54,7 +54,9 @@ func (s *Service) kickFrom(id string, snap *session.Aggregate, gen uint64) {
 	s.mu.Unlock()
 	s.wg.Go(func() {
 		for {
-			s.drain(s.ctx, id, snap)
+			dctx, span := tracer.Start(s.traces.drainCtx(s.ctx, id), "session.drain")
+			s.drain(dctx, id, snap)
+			span.End()
 			snap = nil
 			st.Add(1)
 			s.mu.Lock()
@@ -147,6 +149,7 @@ func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*s
 	snap := a.Session.Route
 	_, err = s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
 		if sent {
+			s.traces.delivered(id)
 			a.Accept(ids, s.now())
 			return nil
 		}

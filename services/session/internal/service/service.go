@@ -51,6 +51,8 @@ type Service struct {
 	mu      sync.Mutex
 	running map[string]bool // sessions with a drain goroutine
 	again   map[string]bool // kicked again while draining
+	traces  pendingTraces   // caller spans of queued messages (tracing.go)
+	metrics *Metrics        // nil: none
 	drained [drainStripes]atomic.Uint64
 }
 
@@ -62,6 +64,7 @@ type Deps struct {
 	Credentials Credentials
 	History     History
 	Logger      *slog.Logger
+	Metrics     *Metrics // optional (metrics.go)
 }
 
 // New builds the service; Start runs its loops and Close stops them.
@@ -72,7 +75,7 @@ func New(d Deps, cfg Config) *Service {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		store: d.Store, watch: d.Watchers, sandbox: d.Sandbox, creds: d.Credentials, history: d.History,
-		log: d.Logger, cfg: cfg, ctx: ctx, cancel: cancel,
+		log: d.Logger, cfg: cfg, ctx: ctx, cancel: cancel, metrics: d.Metrics,
 		running: map[string]bool{}, again: map[string]bool{},
 	}
 	if s.creds == nil {
@@ -122,7 +125,19 @@ func (s *Service) peerCtx(ctx context.Context) (context.Context, context.CancelF
 
 // update changes a session (and its schedules) atomically.
 func (s *Service) update(ctx context.Context, id string, load store.Load, fn func(*session.Aggregate) error) (*session.Aggregate, error) {
-	return s.store.Update(ctx, id, load, fn)
+	var before, after states
+	a, err := s.store.Update(ctx, id, load, func(a *session.Aggregate) error {
+		before = statesOf(a)
+		if err := fn(a); err != nil {
+			return err
+		}
+		after = statesOf(a)
+		return nil
+	})
+	if err == nil {
+		s.metrics.committed(before, after)
+	}
+	return a, err
 }
 
 // CreateInput is a validated CreateSession request.
@@ -215,7 +230,10 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		Route:      session.RouteView{State: session.RouteUnknown, SandboxID: in.SandboxID, UpdateTime: now},
 		CreateTime: now, UpdateTime: now,
 	}
-	stored, _, err := s.store.Create(ctx, sess, same)
+	stored, created, err := s.store.Create(ctx, sess, same)
+	if err == nil && created {
+		s.metrics.created()
+	}
 	return stored, err
 }
 
@@ -258,6 +276,7 @@ func (s *Service) Send(ctx context.Context, id, msgID, content string) (*session
 	if !created {
 		return s.store.GetMessage(ctx, id, msgID)
 	}
+	s.traces.remember(ctx, id)
 	s.kickFrom(id, a, gen)
 	return msg, nil
 }

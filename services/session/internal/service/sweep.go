@@ -18,10 +18,15 @@ func (s *Service) Sweep(ctx context.Context) {
 		s.log.WarnContext(ctx, "sweep: due sessions not read", "error", err)
 	}
 	for _, id := range ids {
-		_, err := s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
+		var before states
+		a, err := s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
+			before = statesOf(a)
 			s.cfg.Backstops.Apply(a, now)
 			return nil
 		})
+		if err == nil {
+			s.metrics.backstopped(before, a)
+		}
 		if ErrNotFound(err) {
 			_ = s.store.Unindex(ctx, id)
 		} else if err != nil {

@@ -14,6 +14,8 @@ const watchBatch = 256
 // for new ones, until ctx ends or the session is deleted. Every event is
 // sent once, in log order; its Cursor resumes right after it.
 func (s *Service) Watch(ctx context.Context, id, cursor string, send func(store.StoredEvent) error) error {
+	s.metrics.watching(1)
+	defer s.metrics.watching(-1)
 	// Watchers end with the service (shutdown), not only with their client.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

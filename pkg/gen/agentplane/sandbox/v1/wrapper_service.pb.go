@@ -1102,7 +1102,10 @@ type PrepareRoute struct {
 	// Whether the wrapper clones repo_url into a workspace that does not exist
 	// yet: the session carries a git credential for it (without one repo_url
 	// stays informational, as before). Added.
-	CloneRepo     bool `protobuf:"varint,11,opt,name=clone_repo,json=cloneRepo,proto3" json:"clone_repo,omitempty"`
+	CloneRepo bool `protobuf:"varint,11,opt,name=clone_repo,json=cloneRepo,proto3" json:"clone_repo,omitempty"`
+	// W3C trace context (`traceparent`) of the call that asked for the route,
+	// so the wrapper's work continues the caller's trace; empty when untraced.
+	Traceparent   string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1214,13 +1217,23 @@ func (x *PrepareRoute) GetCloneRepo() bool {
 	return false
 }
 
+func (x *PrepareRoute) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
 // Deliver carries messages for a route.
 type Deliver struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session id.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Messages in order.
-	Messages      []*DeliveryMessage `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	Messages []*DeliveryMessage `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	// W3C trace context (`traceparent`) of the delivery call; the wrapper
+	// hands it to the runtime, whose proxy requests carry it.
+	Traceparent   string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1267,6 +1280,13 @@ func (x *Deliver) GetMessages() []*DeliveryMessage {
 		return x.Messages
 	}
 	return nil
+}
+
+func (x *Deliver) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // Abort aborts a route's turn.
@@ -1867,7 +1887,7 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\bHelloAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12D\n" +
 	"\x10reconnect_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0freconnectWindow\x12B\n" +
-	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\x9a\x03\n" +
+	"\bcontract\x18\x03 \x01(\x0e2&.agentplane.sandbox.v1.RuntimeContractR\bcontract\"\xbc\x03\n" +
 	"\fPrepareRoute\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
@@ -1883,11 +1903,13 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"repo_depth\x18\n" +
 	" \x01(\rR\trepoDepth\x12\x1d\n" +
 	"\n" +
-	"clone_repo\x18\v \x01(\bR\tcloneRepo\"l\n" +
+	"clone_repo\x18\v \x01(\bR\tcloneRepo\x12 \n" +
+	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\"\x8e\x01\n" +
 	"\aDeliver\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12B\n" +
-	"\bmessages\x18\x02 \x03(\v2&.agentplane.sandbox.v1.DeliveryMessageR\bmessages\"E\n" +
+	"\bmessages\x18\x02 \x03(\v2&.agentplane.sandbox.v1.DeliveryMessageR\bmessages\x12 \n" +
+	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\"E\n" +
 	"\x05Abort\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +

@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/redistest"
+	credential "agentplane.dev/services/credential/server"
+	ingest "agentplane.dev/services/ingest/server"
+	sandbox "agentplane.dev/services/sandbox/server"
+	session "agentplane.dev/services/session/server"
+)
+
+// scrape reads a /metrics page into "name{labels}" → value.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// sum adds the series of name whose labels contain every one of want (`k="v"`).
+func sum(m map[string]float64, name string, want ...string) float64 {
+	var total float64
+	for k, v := range m {
+		if k != name && !strings.HasPrefix(k, name+"{") {
+			continue
+		}
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(k, w)
+		}
+		if ok {
+			total += v
+		}
+	}
+	return total
+}
+
+// TestMetricsMoveAfterAScriptedScenario scrapes every service's /metrics after a scripted
+// scenario — a leaked wrapper found and stopped, a message answered through the proxy, a
+// session deleted, a revoked handle refused — and checks each metric moved as it should.
+func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
+	rs := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	provider := httptest.NewServer(&upstream{})
+	t.Cleanup(provider.Close)
+	credGL, proxyL, sbxL := listen(t), listen(t), listen(t)
+	sesAddr, ingAddr := freeAddr(t), freeAddr(t)
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	b64 := base64.StdEncoding.EncodeToString(key)
+	metrics := map[string]string{"session": freeAddr(t), "sandbox": freeAddr(t), "credential": freeAddr(t), "ingest": freeAddr(t)}
+	root := t.TempDir()
+	killProcessesUnder(t, root)
+
+	ccfg := credential.DefaultConfig()
+	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, metrics["credential"]
+	ccfg.LogLevel, ccfg.LogFormat = slog.LevelError, "text"
+	ccfg.CredentialKey, ccfg.AttestationKey, ccfg.IngestAddr, ccfg.ProviderUpstream = b64, b64, ingAddr, provider.URL
+	icfg := ingest.DefaultConfig()
+	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, metrics["ingest"]
+	icfg.LogLevel, icfg.LogFormat = slog.LevelError, "text"
+	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credGL.Addr().String()
+	bcfg := sandbox.DefaultConfig()
+	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, metrics["sandbox"]
+	bcfg.LogLevel, bcfg.LogFormat = slog.LevelError, "text"
+	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
+	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
+	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
+	bcfg.SandboxRoot, bcfg.WrapperBin = root, wrapperBin
+	scfg := session.DefaultConfig()
+	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, metrics["session"]
+	scfg.LogLevel, scfg.LogFormat = slog.LevelError, "text"
+	scfg.GRPCAddr = sesAddr
+	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxL.Addr().String(), credGL.Addr().String(), ingAddr
+
+	done := make(chan error, 4)
+	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
+	go func() { done <- ingest.Run(ctx, icfg) }()
+	go func() { done <- sandbox.Run(ctx, bcfg) }()
+	go func() { done <- session.Run(ctx, scfg) }()
+	t.Cleanup(func() {
+		cancel()
+		for range 4 {
+			require.NoError(t, <-done)
+		}
+	})
+	url := func(s string) string { return "http://" + metrics[s] + "/metrics" }
+	conn, err := grpcclient.Dial(sesAddr, token)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	credConn, err := grpcclient.Dial(credGL.Addr().String(), token)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = credConn.Close() })
+	s := &suite{ses: sessionv1.NewSessionServiceClient(conn), run: newRunID()}
+	cred := credentialv1.NewCredentialServiceClient(credConn)
+
+	// A leaked wrapper: a process marked as a wrapper of the sandbox that no lease owns.
+	// Adopting the sandbox (the first session's Prepare) sweeps, finds and stops it.
+	sandboxID := "sbx-metrics-" + s.run
+	leak := exec.Command("sleep", "300")
+	leak.Env = []string{"AGENTPLANE_SANDBOX=" + sandboxID, "AGENTPLANE_RUNTIME_KEY=leaked-key", "AGENTPLANE_INSTANCE=i-leaked", "AGENTPLANE_GENERATION=1"}
+	leak.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: the stop signals the group
+	require.NoError(t, leak.Start())
+	leakExited := make(chan struct{})
+	go func() { _ = leak.Wait(); close(leakExited) }()
+	t.Cleanup(func() { _ = leak.Process.Kill() })
+
+	sess := s.create(t, "sbx-metrics", "/work/e2e-metrics", newSecret())
+	s.turn(t, sess.GetSessionId(), "m1", "count me")
+	select {
+	case <-leakExited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the leaked wrapper was not stopped")
+	}
+	require.Eventually(t, func() bool {
+		m := scrape(t, url("sandbox"))
+		return sum(m, "agentplane_sandbox_leaked_wrappers_stopped_total") >= 1 && sum(m, "agentplane_sandbox_cleanup_duration_seconds_count") >= 1
+	}, 30*time.Second, 200*time.Millisecond, "leak stop not counted")
+
+	// A handle revoked by scope retirement, then refused by the proxy.
+	bg := context.Background()
+	static := credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC
+	put, err := cred.PutBackingCredential(bg, &credentialv1.PutBackingCredentialRequest{SessionId: "s-rev", CredentialClass: static, Secret: newSecret()})
+	require.NoError(t, err)
+	sc := &credentialv1.Scope{SandboxId: "sbx-rev-" + s.run, Directory: "/w/rev"}
+	minted, err := cred.MintHandle(bg, &credentialv1.MintHandleRequest{Scope: sc, Member: &credentialv1.Member{SessionId: "s-rev", RuntimeSessionId: "rs-rev", UserId: "u"},
+		CredentialRef: put.GetCredentialRef(), CredentialClass: static, Contract: credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, FenceToken: 7, AllocationId: "a"})
+	require.NoError(t, err)
+	proxyCall := func() int {
+		req, err := http.NewRequest(http.MethodPost, "http://"+proxyL.Addr().String()+"/s/"+sc.GetSandboxId()+"/provider/v1/chat/completions", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+minted.GetHandle())
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, proxyCall(), "the live handle is served")
+	_, err = cred.RetireScope(bg, &credentialv1.RetireScopeRequest{Scope: sc, Reason: credentialv1.RetireReason_RETIRE_REASON_LAST_MEMBER_LEFT, FenceToken: 7})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, proxyCall(), "the revoked handle is refused")
+
+	// A deletion, after which the session's route and runtime are gone.
+	s.deleteSession(t, sess.GetSessionId())
+
+	sbx, ses, crd, ing := scrape(t, url("sandbox")), scrape(t, url("session")), scrape(t, url("credential")), scrape(t, url("ingest"))
+	positive := map[string]float64{
+		"sandbox leaked found":       sum(sbx, "agentplane_sandbox_leaked_wrappers_found_total", `reason="leaked"`),
+		"sandbox leaked stopped":     sum(sbx, "agentplane_sandbox_leaked_wrappers_stopped_total"),
+		"sandbox stop attempts":      sum(sbx, "agentplane_sandbox_stop_attempts_total", `result="absent"`),
+		"sandbox cleanup latency":    sum(sbx, "agentplane_sandbox_cleanup_duration_seconds_count"),
+		"sandbox admissions":         sum(sbx, "agentplane_sandbox_capacity_admissions_total", `result="admitted"`),
+		"session created":            sum(ses, "agentplane_session_session_transitions_total", `from="new"`, `to="active"`),
+		"session deleting":           sum(ses, "agentplane_session_session_transitions_total", `to="deleting"`),
+		"message queued→accepted":    sum(ses, "agentplane_session_message_transitions_total", `from="queued"`, `to="accepted"`),
+		"message accepted→completed": sum(ses, "agentplane_session_message_transitions_total", `from="accepted"`, `to="completed"`),
+		"deletions deleted":          sum(ses, "agentplane_session_deletion_attempts_total", `result="deleted"`),
+		"deletion latency":           sum(ses, "agentplane_session_deletion_duration_seconds_count"),
+		"resolutions ok":             sum(crd, "agentplane_credential_resolutions_total", `result="ok"`),
+		"resolutions refused":        sum(crd, "agentplane_credential_resolutions_total", `result="unknown_handle"`),
+		"revoked handles":            sum(crd, "agentplane_credential_revoked_handles_total"),
+		"proxy 200 provider":         sum(crd, "agentplane_credential_proxy_requests_total", `route="provider"`, `code="200"`),
+		"proxy 401":                  sum(crd, "agentplane_credential_proxy_requests_total", `code="401"`),
+		"proxy ingest":               sum(crd, "agentplane_credential_proxy_requests_total", `route="ingest"`),
+		"proxy upstream latency":     sum(crd, "agentplane_credential_proxy_upstream_duration_seconds_count", `route="provider"`),
+		"proxy denial unknown":       sum(crd, "agentplane_credential_proxy_denials_total", `reason="unknown_handle"`),
+		"ingest items":               sum(ing, "agentplane_ingest_items_total"),
+		"ingest bytes":               sum(ing, "agentplane_ingest_bytes_total"),
+		"ready (every service)":      sum(sbx, "agentplane_ready") * sum(ses, "agentplane_ready") * sum(crd, "agentplane_ready") * sum(ing, "agentplane_ready"),
+	}
+	for name, v := range positive {
+		require.Positive(t, v, name)
+	}
+	// What must be back at zero: nothing leaked or exhausted is left, no subscriber or tail open.
+	require.Zero(t, sum(sbx, "agentplane_sandbox_leaked_wrappers"), "leaked wrappers known")
+	require.Zero(t, sum(sbx, "agentplane_sandbox_exhausted_leases"), "exhausted leases")
+	require.Zero(t, sum(ses, "agentplane_session_watch_subscribers"), "watch subscribers after the watches ended")
+	require.Zero(t, sum(ing, "agentplane_ingest_tails_open"), "tails")
+	require.Zero(t, sum(sbx, "agentplane_sandbox_capacity_admissions_total", `result="rejected"`), "no capacity rejection in this scenario")
+}
