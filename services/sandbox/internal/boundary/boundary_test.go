@@ -121,7 +121,7 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	c := Config{Bwrap: bw, UID: -1, GID: -1}
-	require.NoError(t, c.Probe(context.Background()))
+	require.NoError(t, c.Probe(context.Background(), "", ""))
 	sc, err := SeccompFile()
 	require.NoError(t, err)
 	defer sc.Close()

@@ -51,7 +51,7 @@ type Mount struct {
 // Debian's alternatives. Nothing else of /etc (no machine secrets).
 var etcFiles = []string{
 	"/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
-	"/etc/nsswitch.conf", "/etc/hosts", "/etc/localtime", "/etc/ssl", "/etc/ca-certificates",
+	"/etc/nsswitch.conf", "/etc/hosts", "/etc/localtime", "/etc/ssl/certs", "/etc/ca-certificates",
 	"/etc/pki", "/etc/alternatives", "/etc/gitconfig", "/etc/mime.types",
 }
 
@@ -68,7 +68,9 @@ func (c Config) Args(m Mount, seccompFD int) []string {
 	a := []string{
 		"--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--disable-userns", "--hostname", "sandbox",
-		"--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		// No --die-with-parent: a wrapper outlives its sandbox service (it
+		// reconnects to the replica that takes over, DESIGN 3.2).
+		"--new-session", "--cap-drop", "ALL",
 		"--seccomp", strconv.Itoa(seccompFD),
 	}
 	for _, d := range systemDirs {
@@ -129,9 +131,12 @@ func (c Config) Credential() *syscall.Credential {
 }
 
 // Probe runs a command under exactly the namespaces, filesystem view and
-// seccomp filter of a wrapper, and reports why it cannot when the host (the
-// kernel, a container's seccomp profile, a missing binary) does not allow it.
-func (c Config) Probe(ctx context.Context) error {
+// seccomp filter of a wrapper — with a workspace under the directory under
+// and program (the wrapper binary; empty: none) bound as a wrapper's — and
+// reports why it cannot when the host (the kernel, a container's seccomp
+// profile, a missing binary, a path the sandbox user cannot reach) does not
+// allow it.
+func (c Config) Probe(ctx context.Context, under, program string) error {
 	if c.Bwrap == "" {
 		return errors.New("bubblewrap (bwrap) not found on PATH")
 	}
@@ -139,7 +144,10 @@ func (c Config) Probe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "agentplane-probe")
+	if program == "" {
+		program = truePath
+	}
+	dir, err := os.MkdirTemp(under, ".probe-")
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
@@ -162,7 +170,7 @@ func (c Config) Probe(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	args := append(probe.Args(Mount{Workspace: dir, Home: dir, Program: truePath}, 3), truePath)
+	args := append(probe.Args(Mount{Workspace: dir, Home: dir, Program: program}, 3), truePath)
 	cmd := exec.CommandContext(ctx, c.Bwrap, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.ExtraFiles = []*os.File{sc}
@@ -174,7 +182,7 @@ func (c Config) Probe(ctx context.Context) error {
 		if msg == "" {
 			msg = err.Error()
 		}
-		return fmt.Errorf("%s cannot create the sandbox namespaces: %s", filepath.Base(c.Bwrap), msg)
+		return fmt.Errorf("%s cannot set up a sandbox: %s", filepath.Base(c.Bwrap), msg)
 	}
 	return nil
 }

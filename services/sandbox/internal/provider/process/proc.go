@@ -64,6 +64,10 @@ func scanAll(procRoot string, self identity) (map[int]*procInfo, string, error) 
 			ns, err = os.Readlink(filepath.Join(dir, "ns", "pid"))
 		}
 		if vanished(err) {
+			// Exiting: parts of its /proc entry are gone already. Keep
+			// what stat said (a namespace's init that ends its namespace
+			// is in this state until its last process is gone).
+			out[pid] = &procInfo{pid: pid, ppid: st.ppid, pgid: st.pgid, start: st.start}
 			continue
 		}
 		if err != nil {
@@ -99,14 +103,31 @@ func (s scope) ours(vars map[string]string, sandboxID string) bool {
 	return ok && v == sandboxID && vars[provider.EnvDeployment] == s.deployment && vars[provider.EnvSandboxRoot] == s.root
 }
 
+// nsRecord is written by the provider when bubblewrap names its namespace's
+// init, under the sandbox's run/ directory, which nothing inside a sandbox
+// can reach: it ties the namespace to its wrapper even when the wrapper's
+// bubblewrap is gone (killed, or exited while the init still ends what was
+// left), without trusting any environment inside. The init is named by pid
+// and start time, so a reused pid or namespace inode never matches.
+type nsRecord struct {
+	RuntimeKey  string `json:"runtime_key"`
+	Instance    string `json:"instance"`
+	Generation  uint64 `json:"generation"`
+	Workspace   string `json:"workspace"`
+	AnchorPID   int    `json:"anchor_pid"`
+	AnchorStart uint64 `json:"anchor_start"`
+	InitPID     int    `json:"init_pid"`
+	InitStart   uint64 `json:"init_start"`
+	PidNS       string `json:"pid_ns"`
+}
+
 // units finds the sandbox's wrappers. Markers are trusted only on processes
 // in the service's own PID namespace (code inside a sandbox can rewrite its
-// own environ, but cannot create a process out there); a process inside a
+// own environ, but cannot create a process out there). A process inside a
 // sandbox's namespace belongs to the unit whose anchor is the parent of the
-// namespace's init. A namespace whose bubblewrap already died (its init is
-// being killed with it) still counts, by its init's markers, until its last
-// process is gone.
-func units(procs map[int]*procInfo, selfNS string, sc scope, sandboxID string) []*unit {
+// namespace's init, or whose record names that init: a namespace whose
+// bubblewrap already died still counts until its last process is gone.
+func units(procs map[int]*procInfo, selfNS string, sc scope, sandboxID string, records []nsRecord) []*unit {
 	byAnchor := map[int]*unit{}
 	var out []*unit
 	for _, p := range procs {
@@ -118,14 +139,35 @@ func units(procs map[int]*procInfo, selfNS string, sc scope, sandboxID string) [
 	}
 	byNS := map[string][]*procInfo{}
 	for _, p := range procs {
-		if p.pidNS != selfNS {
+		if p.pidNS != selfNS && p.pidNS != "" {
 			byNS[p.pidNS] = append(byNS[p.pidNS], p)
 		}
 	}
-	// Resolve namespaces whose init's parent is an anchor, then namespaces
-	// nested in those, to a fixed point (nesting needs capabilities a
-	// sandbox does not have, so one round is the norm).
 	owner := map[string]*unit{}
+	for _, r := range records {
+		// The kernel ends every process of a namespace before its init
+		// becomes a zombie: while the init lives, the namespace may.
+		init := procs[r.InitPID]
+		if init == nil || init.start != r.InitStart || r.PidNS == "" || r.PidNS == selfNS {
+			continue
+		}
+		if a := procs[r.AnchorPID]; a != nil && a.start == r.AnchorStart && byAnchor[a.pid] != nil {
+			owner[r.PidNS] = byAnchor[a.pid]
+			continue
+		}
+		if _, ok := byNS[r.PidNS]; !ok {
+			byNS[r.PidNS] = []*procInfo{init} // the init alone, mid-exit
+		}
+		u := &unit{anchor: &procInfo{pid: init.pid, ppid: init.ppid, start: init.start, pidNS: r.PidNS, vars: map[string]string{
+			provider.EnvRuntimeKey: r.RuntimeKey, provider.EnvInstance: r.Instance,
+			provider.EnvGeneration: strconv.FormatUint(r.Generation, 10), EnvWorkspace: r.Workspace,
+		}}, orphan: true}
+		owner[init.pidNS] = u
+		out = append(out, u)
+	}
+	// Namespaces whose init's parent is an anchor, then namespaces nested in
+	// those, to a fixed point (nesting needs capabilities a sandbox does not
+	// have, so one round is the norm).
 	for changed := true; changed; {
 		changed = false
 		for ns, ps := range byNS {
@@ -147,15 +189,6 @@ func units(procs map[int]*procInfo, selfNS string, sc scope, sandboxID string) [
 	}
 	for ns, ps := range byNS {
 		u := owner[ns]
-		if u == nil {
-			for _, p := range ps {
-				if parent := procs[p.ppid]; (parent == nil || parent.pidNS != ns) && sc.ours(p.vars, sandboxID) {
-					u = &unit{anchor: p, orphan: true}
-					out = append(out, u)
-					break
-				}
-			}
-		}
 		if u == nil {
 			continue
 		}

@@ -18,13 +18,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -194,7 +198,7 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if err != nil {
 		return provider.Observed{}, provider.SetupError("open wrapper log", err)
 	}
-	cmd, seccomp, err := p.command(spec)
+	cmd, extra, err := p.command(spec)
 	if err != nil {
 		_ = logf.Close()
 		return provider.Observed{}, err
@@ -203,29 +207,99 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	cmd.Env = p.env(spec, name)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	err = cmd.Start()
-	if seccomp != nil {
-		_ = seccomp.Close()
-	}
+	extra.started()
 	if err != nil {
+		extra.close()
 		_ = logf.Close()
 		return provider.Observed{}, fmt.Errorf("process provider: start wrapper: %w", err)
 	}
 	p.reapers.Add(1)
 	go func() {
 		defer p.reapers.Done()
+		init, initPID := extra.namespaceInit()
+		record := ""
+		if init >= 0 {
+			record = p.recordNamespace(m, name, cmd.Process.Pid, initPID)
+		}
 		_ = cmd.Wait()
 		_ = logf.Close()
+		if init >= 0 {
+			// bubblewrap exits when the wrapper does; whatever the wrapper
+			// left behind keeps its namespace's init alive. Ending the init
+			// ends the namespace; the record goes once the init is gone.
+			_ = unix.PidfdSendSignal(init, syscall.SIGKILL, nil, 0)
+			waitExit(init)
+			_ = unix.Close(init)
+			if record != "" {
+				_ = os.Remove(record)
+			}
+		}
 	}()
 	p.cfg.Logger.Info("wrapper launched", "sandbox", m.SandboxID, "runtime_key", m.RuntimeKey,
 		"instance", m.InstanceID, "generation", m.Generation, "pid", cmd.Process.Pid)
 	return provider.Observed{PID: cmd.Process.Pid, InstanceID: m.InstanceID, Generation: m.Generation, Workspace: name}, nil
 }
 
+// launchFiles are the descriptors bubblewrap inherits besides the
+// wrapper's: the seccomp program, and the write end of its --info-fd pipe,
+// on which it names the host pid of the namespace's init.
+type launchFiles struct {
+	seccomp, infoW, infoR *os.File
+}
+
+// started closes the parent's copies a child inherited.
+func (f *launchFiles) started() {
+	if f == nil {
+		return
+	}
+	_ = f.seccomp.Close()
+	_ = f.infoW.Close()
+}
+
+func (f *launchFiles) close() {
+	if f != nil {
+		_ = f.infoR.Close()
+	}
+}
+
+// namespaceInit reads bubblewrap's info and returns a pidfd and the host
+// pid of the namespace's init (-1 without isolation or if bubblewrap said
+// nothing).
+func (f *launchFiles) namespaceInit() (int, int) {
+	if f == nil {
+		return -1, 0
+	}
+	defer f.infoR.Close()
+	var info struct {
+		ChildPID int `json:"child-pid"`
+	}
+	if err := json.NewDecoder(io.LimitReader(f.infoR, 4096)).Decode(&info); err != nil || info.ChildPID <= 0 {
+		return -1, 0
+	}
+	fd, err := unix.PidfdOpen(info.ChildPID, 0)
+	if err != nil {
+		return -1, 0
+	}
+	return fd, info.ChildPID
+}
+
+// waitExit blocks until the process of a pidfd has exited (a pidfd polls
+// readable then), bounded so a stuck exit never holds the reaper forever.
+func waitExit(pidfd int) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		n, err := unix.Poll(fds, 1000)
+		if n > 0 || err != nil && !errors.Is(err, syscall.EINTR) {
+			return
+		}
+	}
+}
+
 // command is the wrapper's command: the wrapper itself in its own process
 // group, or (isolated) bubblewrap running it behind the boundary, with the
-// seccomp program on the descriptor after spec.ExtraFiles. The caller closes
-// the returned seccomp file once the child started.
-func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *os.File, error) {
+// seccomp program and the info pipe on the descriptors after
+// spec.ExtraFiles.
+func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, error) {
 	iso := p.cfg.Isolation
 	if iso == nil {
 		cmd := exec.Command(spec.Path, spec.Args...)
@@ -237,15 +311,22 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *os.File, error
 	if err != nil {
 		return nil, nil, fmt.Errorf("process provider: %w", err)
 	}
+	infoR, infoW, err := os.Pipe()
+	if err != nil {
+		_ = sc.Close()
+		return nil, nil, fmt.Errorf("process provider: %w", err)
+	}
 	m := spec.Markers
 	mount := boundary.Mount{
 		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), Home: p.HomeDir(m.SandboxID, spec.Workspace), Program: spec.Path,
 	}
-	args := append(iso.Args(mount, 3+len(spec.ExtraFiles)), spec.Path)
+	seccompFD := 3 + len(spec.ExtraFiles)
+	args := append([]string{"--info-fd", strconv.Itoa(seccompFD + 1)}, iso.Args(mount, seccompFD)...)
+	args = append(args, spec.Path)
 	cmd := exec.Command(iso.Bwrap, append(args, spec.Args...)...)
-	cmd.ExtraFiles = append(append([]*os.File{}, spec.ExtraFiles...), sc)
+	cmd.ExtraFiles = append(append([]*os.File{}, spec.ExtraFiles...), sc, infoW)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: iso.Credential()}
-	return cmd, sc, nil
+	return cmd, &launchFiles{seccomp: sc, infoW: infoW, infoR: infoR}, nil
 }
 
 func (p *Provider) credential() *syscall.Credential {
@@ -297,11 +378,75 @@ func (p *Provider) Wait() { p.reapers.Wait() }
 
 // units scans /proc for the sandbox's wrappers of this deployment.
 func (p *Provider) units(sandboxID string) ([]*unit, error) {
+	if err := validSandboxID(sandboxID); err != nil {
+		return nil, err
+	}
+	records, err := p.records(sandboxID)
+	if err != nil {
+		return nil, err
+	}
 	procs, selfNS, err := scanAll(p.cfg.ProcRoot, p.self)
 	if err != nil {
 		return nil, err
 	}
-	return units(procs, selfNS, p.scope, sandboxID), nil
+	return units(procs, selfNS, p.scope, sandboxID, records), nil
+}
+
+func (p *Provider) runDir(sandboxID string) string { return filepath.Join(p.SandboxDir(sandboxID), "run") }
+
+// records reads the sandbox's namespace records; a record that cannot be
+// read or parsed is an inspection failure (it may name a live namespace).
+func (p *Provider) records(sandboxID string) ([]nsRecord, error) {
+	ents, err := os.ReadDir(p.runDir(sandboxID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list namespace records: %w", err)
+	}
+	var out []nsRecord
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(p.runDir(sandboxID), e.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		var r nsRecord
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("namespace record %s: %w", e.Name(), err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// recordNamespace writes the record of a launched wrapper's namespace and
+// returns its path ("" when it could not be written: the namespace is then
+// found through its bubblewrap only).
+func (p *Provider) recordNamespace(m provider.Markers, workspace string, anchorPID, initPID int) string {
+	anchor, err1 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(anchorPID), "stat"))
+	init, err2 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "stat"))
+	ns, err3 := os.Readlink(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "ns", "pid"))
+	if err1 != nil || err2 != nil || err3 != nil {
+		return ""
+	}
+	b, _ := json.Marshal(nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
+		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start, PidNS: ns})
+	if err := os.MkdirAll(p.runDir(m.SandboxID), 0o700); err != nil {
+		return ""
+	}
+	path := filepath.Join(p.runDir(m.SandboxID), WorkspaceName(m.InstanceID)+".json")
+	tmp := path + ".tmp"
+	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
+		_ = os.Remove(tmp)
+		return ""
+	}
+	return path
 }
 
 // keyOf is a unit's runtime key marker ("" and false when it has none).

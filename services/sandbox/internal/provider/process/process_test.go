@@ -40,7 +40,7 @@ func isolation(t *testing.T) *boundary.Config {
 		t.Skipf("no bubblewrap: %v", err)
 	}
 	c := &boundary.Config{Bwrap: bw, UID: -1, GID: -1}
-	require.NoError(t, c.Probe(context.Background()))
+	require.NoError(t, c.Probe(context.Background(), "", ""))
 	return c
 }
 
@@ -319,6 +319,8 @@ func nsOf(t *testing.T, pid int) string {
 }
 
 // inNS lists the live host pids in a PID namespace: a scan of host /proc.
+// Namespace inodes are reused once a namespace is gone (other sandboxes on
+// this host may get ours), so after a stop the check is leftOf(snapshot).
 func inNS(ns string) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
@@ -334,6 +336,30 @@ func inNS(ns string) []int {
 	return pids
 }
 
+// snapshot names processes by pid and start time.
+func snapshot(t *testing.T, pids []int) map[int]uint64 {
+	t.Helper()
+	m := map[int]uint64{}
+	for _, pid := range pids {
+		if st, err := readStat("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
+			m[pid] = st.start
+		}
+	}
+	return m
+}
+
+// leftOf lists the processes of a snapshot still alive (same pid, same
+// start time, not a zombie).
+func leftOf(snap map[int]uint64) []int {
+	var left []int
+	for pid, start := range snap {
+		if st, err := readStat("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && st.start == start && st.state != 'Z' && st.state != 'X' {
+			left = append(left, pid)
+		}
+	}
+	return left
+}
+
 func TestStopEndsEveryDescendant(t *testing.T) {
 	p := newProvider(t)
 	sb := sandboxID(t, p)
@@ -346,9 +372,10 @@ func TestStopEndsEveryDescendant(t *testing.T) {
 	require.Len(t, d.Observed, 1, "one wrapper, however many processes it has")
 	require.Equal(t, o.PID, d.Observed[0].PID)
 
+	snap := snapshot(t, inNS(ns))
 	res := p.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"})
 	require.Equal(t, provider.StopAbsent, res.Kind, "%v", res.Err)
-	require.Empty(t, inNS(ns), "absence is verified only when no process of the key remains")
+	require.Empty(t, leftOf(snap), "absence is verified only when no process of the key remains")
 	p.Wait()
 }
 
@@ -371,10 +398,25 @@ func TestKilledWrapperTakesItsNamespace(t *testing.T) {
 		}
 	}
 	require.NotZero(t, wrapperPID)
+	snap := snapshot(t, inNS(ns))
 	require.NoError(t, syscall.Kill(wrapperPID, syscall.SIGKILL))
-	require.Eventually(t, func() bool { return p.Discover(context.Background(), sb, "k").Kind == provider.Absent }, 20*time.Second, 20*time.Millisecond)
-	require.Empty(t, inNS(ns), "discovery said absent while processes of the key remained")
+	eventuallyAbsent(t, p, sb, snap)
 	p.Wait()
+}
+
+// eventuallyAbsent polls discovery until it reports absent, checking each
+// time that absent is never said while a process of the namespace remains.
+func eventuallyAbsent(t *testing.T, p *Provider, sb string, snap map[int]uint64) {
+	t.Helper()
+	var early []int
+	require.Eventually(t, func() bool {
+		if p.Discover(context.Background(), sb, "k").Kind != provider.Absent {
+			return false
+		}
+		early = leftOf(snap)
+		return true
+	}, 20*time.Second, time.Millisecond)
+	require.Empty(t, early, "discovery said absent while processes of the key remained")
 }
 
 // Two deployments on one host with the same sandbox id and runtime key
@@ -401,4 +443,48 @@ func TestDeploymentsDoNotTouchEachOther(t *testing.T) {
 	require.Equal(t, provider.StopAbsent, p2.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
 	p1.Wait()
 	p2.Wait()
+}
+
+// kill -9 of a wrapper's bubblewrap (the anchor) ends its namespace, and
+// discovery never says absent before the last process is gone.
+func TestKilledBubblewrapLeavesNothingBehind(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	o := launch(t, p, sb, "k", "i", "leak", "/w")
+	ns := nsOf(t, o.PID)
+	require.Eventually(t, func() bool { return len(inNS(ns)) >= 6 }, 10*time.Second, 10*time.Millisecond)
+	snap := snapshot(t, append(inNS(ns), o.PID))
+	require.NoError(t, syscall.Kill(o.PID, syscall.SIGKILL))
+	eventuallyAbsent(t, p, sb, snap)
+	p.Wait()
+}
+
+// A namespace whose bubblewrap is gone while its init still runs (the
+// service that launched it died too, so nobody ended the init) is found by
+// its record and stopped like any wrapper.
+func TestOrphanedNamespaceIsFoundByItsRecord(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	o := launch(t, p, sb, "k", "i", "leak", "/w")
+	ns := nsOf(t, o.PID)
+	require.Eventually(t, func() bool { return len(inNS(ns)) >= 6 }, 10*time.Second, 10*time.Millisecond)
+	recs, err := p.records(sb)
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	// What a dead service leaves: the records, and the namespace without
+	// its bubblewrap. Read through a second provider (a new incarnation).
+	p2, err := New(Config{Root: p.cfg.Root, Isolation: p.cfg.Isolation})
+	require.NoError(t, err)
+	procs, selfNS, err := scanAll("/proc", p2.self)
+	require.NoError(t, err)
+	delete(procs, o.PID) // as if bubblewrap were gone
+	us := units(procs, selfNS, p2.scope, sb, recs)
+	require.Len(t, us, 1)
+	require.True(t, us[0].orphan)
+	require.Equal(t, "i", observed(us[0]).InstanceID)
+	require.Len(t, us[0].members, len(inNS(ns)))
+	snap := snapshot(t, inNS(ns))
+	require.Equal(t, provider.StopAbsent, p2.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+	require.Empty(t, leftOf(snap))
+	p.Wait()
 }
