@@ -36,7 +36,10 @@ func TestChainReachesUpstream(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o666), fi.Mode().Perm())
 	done1 := make(chan struct{})
-	go func() { Serve(outer, func() (net.Conn, error) { return net.Dial("tcp", up.Listener.Addr().String()) }); close(done1) }()
+	go func() {
+		Serve(outer, func() (net.Conn, error) { return net.Dial("tcp", up.Listener.Addr().String()) })
+		close(done1)
+	}()
 
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

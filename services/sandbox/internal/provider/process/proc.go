@@ -224,9 +224,9 @@ func parseEnviron(b []byte) map[string]string {
 }
 
 type statFields struct {
-	state           byte
-	ppid, pgid      int
-	start           uint64
+	state      byte
+	ppid, pgid int
+	start      uint64
 }
 
 // readStat reads state, parent, process group and start time of

@@ -392,7 +392,9 @@ func (p *Provider) units(sandboxID string) ([]*unit, error) {
 	return units(procs, selfNS, p.scope, sandboxID, records), nil
 }
 
-func (p *Provider) runDir(sandboxID string) string { return filepath.Join(p.SandboxDir(sandboxID), "run") }
+func (p *Provider) runDir(sandboxID string) string {
+	return filepath.Join(p.SandboxDir(sandboxID), "run")
+}
 
 // records reads the sandbox's namespace records; a record that cannot be
 // read or parsed is an inspection failure (it may name a live namespace).
