@@ -89,11 +89,13 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 
 	// The banner names the private redis-server's URL.
 	redisURL := make(chan string, 1)
+	var banner logtest.Buffer
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		re := regexp.MustCompile(`private redis-server at (redis://\S+)`)
 		for sc.Scan() {
 			t.Log(sc.Text())
+			_, _ = fmt.Fprintln(&banner, sc.Text())
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				redisURL <- m[1]
 			}
@@ -117,6 +119,14 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 		require.Subset(t, listServices(t, conn), want, "services listed by reflection on %s", addr(off))
 		require.NoError(t, conn.Close())
 	}
+
+	// The start-up table says how sandboxes are isolated; with bubblewrap
+	// here (always under CI=true) that is the namespaces boundary.
+	require.Eventually(t, func() bool { return strings.Contains(banner.String(), "isolation: ") }, 10*time.Second, 10*time.Millisecond)
+	if _, err := exec.LookPath("bwrap"); err == nil || os.Getenv("CI") == "true" {
+		require.Contains(t, banner.String(), "isolation: namespaces (bubblewrap)")
+	}
+	require.Contains(t, banner.String(), "cgroup limits unavailable", "this host has cgroup v1 only")
 
 	// A session with a message leaves a wrapper and a runtime running
 	// under the sandbox root.

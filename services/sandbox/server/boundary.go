@@ -56,13 +56,12 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 		log.Warn("SANDBOX_ISOLATION=none: sandboxes have NO boundary; runtimes share this service's user, PID and network namespace and can read its secrets through /proc")
 		return &boundarySetup{}, nil
 	}
-	bw, err := boundary.FindBwrap(cfg.Bwrap)
+	iso, err := cfg.boundaryConfig()
 	if err != nil {
-		return nil, fmt.Errorf("SANDBOX_ISOLATION=namespaces needs bubblewrap (or set SANDBOX_ISOLATION=none explicitly): %w", err)
+		return nil, err
 	}
+	bw, socketDir := iso.Bwrap, iso.SocketDir
 	lim, _ := boundary.ParseLimits(cfg.Rlimits) // validated
-	socketDir := filepath.Join(cfg.SandboxRoot, ".sockets")
-	iso := &boundary.Config{Bwrap: bw, ReadOnly: cfg.readOnlyPaths(), SocketDir: socketDir, UID: cfg.SandboxUID, GID: cfg.SandboxUID}
 	if err := iso.Probe(ctx, cfg.SandboxRoot, wrapperBin); err != nil {
 		return nil, fmt.Errorf("SANDBOX_ISOLATION=namespaces: %w (set SANDBOX_ISOLATION=none to run without a boundary)", err)
 	}
@@ -112,6 +111,41 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	}
 	return b, nil
 }
+
+func (c *Config) boundaryConfig() (*boundary.Config, error) {
+	bw, err := boundary.FindBwrap(c.Bwrap)
+	if err != nil {
+		return nil, fmt.Errorf("SANDBOX_ISOLATION=namespaces needs bubblewrap (or set SANDBOX_ISOLATION=none explicitly): %w", err)
+	}
+	return &boundary.Config{Bwrap: bw, ReadOnly: c.readOnlyPaths(), SocketDir: filepath.Join(c.SandboxRoot, ".sockets"),
+		UID: c.SandboxUID, GID: c.SandboxUID}, nil
+}
+
+// ProbeIsolation runs the start-up probe of SANDBOX_ISOLATION=namespaces for
+// c without starting anything: nil when the host allows the boundary with
+// this configuration, else why not. It reports the host uid sandboxes would
+// run as ("" for the service's own).
+func ProbeIsolation(ctx context.Context, c Config) (uid string, err error) {
+	iso, err := c.boundaryConfig()
+	if err != nil {
+		return "", err
+	}
+	cmd, err := c.wrapperCommand()
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(c.SandboxRoot, 0o755); err != nil {
+		return "", fmt.Errorf("sandbox root: %w", err)
+	}
+	if cred := iso.Credential(); cred != nil {
+		uid = fmt.Sprint(cred.Uid)
+	}
+	return uid, iso.Probe(ctx, c.SandboxRoot, cmd[0])
+}
+
+// CgroupLimits says whether per-sandbox cgroup limits are available here,
+// and why not.
+func CgroupLimits() (bool, string) { return boundary.CgroupLimits() }
 
 // socketName is a replica's socket file name: short (sun_path is small)
 // and distinct per replica sharing the root.

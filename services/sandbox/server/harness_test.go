@@ -359,6 +359,19 @@ func wrappersOf(t *testing.T, sandbox string) []proc {
 	return ws
 }
 
+// innerWrappersOf returns the wrapper processes themselves: behind the
+// boundary, inside their PID namespaces (argv: <binary> wrapper ...).
+func innerWrappersOf(t *testing.T, sandbox string) []proc {
+	var ws []proc
+	for _, p := range procs(t) {
+		args := bytes.Split(p.Cmdline, []byte{0})
+		if p.Env["AGENTPLANE_SANDBOX"] == sandbox && len(args) > 1 && string(args[1]) == "wrapper" {
+			ws = append(ws, p)
+		}
+	}
+	return ws
+}
+
 // runtimesOf returns runtime processes supervised by wrappers of a sandbox.
 func runtimesOf(t *testing.T, instances map[string]bool) []proc {
 	var rs []proc
