@@ -249,3 +249,49 @@ func TestNoProcessOutlivesItsRuntimeKey(t *testing.T) {
 		})
 	}
 }
+
+// A workspace that cannot be prepared (the sandbox's tree is read-only)
+// fails the route with sandbox_recovering, retryably; once the tree is
+// writable again the next preparation recovers (DESIGN 3.4).
+func TestUnwritableWorkspaceFailsTheRouteAndRecovers(t *testing.T) {
+	n := startNotify(t)
+	svc := startService(t, n.addr, nil)
+	sb := uniqueSandbox(t)
+	dir := filepath.Join(svc.root, sb)
+	for _, d := range []string{"workspaces", "homes", "logs"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, d), 0o755)) // the sandbox exists; its new workspace cannot
+	}
+	if out, err := exec.Command("mount", "--bind", "-o", "ro", dir, dir).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("read-only bind mount: %v: %s", err, out)
+		}
+		t.Skipf("cannot mount here: %v: %s", err, out)
+	}
+	mounted := true
+	unmount := func() {
+		if mounted {
+			out, err := exec.Command("umount", dir).CombinedOutput()
+			require.NoError(t, err, "umount: %s", out)
+			mounted = false
+		}
+	}
+	t.Cleanup(unmount)
+	// The bind mount may not be read-only on the first step on old
+	// util-linux: make sure.
+	if err := os.WriteFile(filepath.Join(dir, "probe"), nil, 0o644); err == nil {
+		out, err := exec.Command("mount", "-o", "remount,bind,ro", dir).CombinedOutput()
+		require.NoError(t, err, "remount ro: %s", out)
+		_ = os.Remove(filepath.Join(dir, "probe"))
+	}
+
+	_, err := svc.client.Prepare(context.Background(), route(sb, "s1", "/repo/ro"))
+	require.NoError(t, err)
+	failed, i := n.wait(t, 0, "failed", "s1")
+	require.Equal(t, "sandbox_recovering", failed.Reason)
+	require.Empty(t, wrappersOf(t, sb), "nothing runs for a route that could not be prepared")
+
+	unmount()
+	_, err = svc.client.Prepare(context.Background(), route(sb, "s1", "/repo/ro"))
+	require.NoError(t, err)
+	n.wait(t, i, "ready", "s1")
+}
