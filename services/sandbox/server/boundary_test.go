@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/sandbox/internal/provider/process"
 	"agentplane.dev/services/sandbox/server"
 )
@@ -294,4 +295,39 @@ func TestUnwritableWorkspaceFailsTheRouteAndRecovers(t *testing.T) {
 	_, err = svc.client.Prepare(context.Background(), route(sb, "s1", "/repo/ro"))
 	require.NoError(t, err)
 	n.wait(t, i, "ready", "s1")
+}
+
+// Two deployments on one host (their own Redis and sandbox root, the same
+// org, user and so sandbox id): sessions in both run to completion, and
+// stopping one's runtime key, or its leak sweep, never touches the other's
+// wrapper.
+func TestTwoDeploymentsSameSandboxIDDoNotTouch(t *testing.T) {
+	n1, n2 := startNotify(t), startNotify(t)
+	redis2 := redistest.Start(t)
+	svc1 := startService(t, n1.addr, nil)
+	svc2 := startService(t, n2.addr, func(c *server.Config) { c.RedisURL = redis2.URL() })
+	sb := uniqueSandbox(t)
+	_, i1 := waitReady(t, svc1, n1, 0, route(sb, "s1", "/repo/same"))
+	_, i2 := waitReady(t, svc2, n2, 0, route(sb, "s1", "/repo/same"))
+	all := wrappersOf(t, sb)
+	require.Len(t, all, 2, "one wrapper per deployment")
+
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc1, sb, "s1", "m1", "hello one"))
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc2, sb, "s1", "m1", "hello two"))
+	o1, _ := n1.wait(t, i1, "outcome", "s1")
+	o2, _ := n2.wait(t, i2, "outcome", "s1")
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", o1.Reason)
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", o2.Reason)
+
+	// Deployment 2 releases its session: only its wrapper goes.
+	require.Eventually(t, func() bool {
+		rel, err := svc2.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+		require.NoError(t, err)
+		return rel.GetAbsenceVerified()
+	}, 60*time.Second, 100*time.Millisecond)
+	left := wrappersOf(t, sb)
+	require.Len(t, left, 1)
+	require.Equal(t, svc1.root, left[0].Env["AGENTPLANE_SANDBOX_ROOT"], "deployment 1's wrapper survives")
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc1, sb, "s1", "m2", "still here"))
+	_, _ = n1.wait(t, i1, "outcome", "s1")
 }
