@@ -126,8 +126,16 @@ func TestDeletingOneSiblingKeepsTheSharedRuntime(t *testing.T) {
 // launched wrapper and the scripted runtime. Every iteration uses a new
 // sandbox, so each one creates the sandbox, launches and connects a wrapper
 // and starts a runtime. Reports p50/p99.
+// BenchmarkColdFirstEvent measures cold CreateSession+SendMessage → first
+// runtime event behind the boundary and without it, side by side.
 func BenchmarkColdFirstEvent(b *testing.B) {
-	s := startSuite(b)
+	for _, iso := range []string{"namespaces", "none"} {
+		b.Run("isolation="+iso, func(b *testing.B) { benchColdFirstEvent(b, iso) })
+	}
+}
+
+func benchColdFirstEvent(b *testing.B, isolation string) {
+	s := startSuiteIsolated(b, isolation)
 	s.create(b, "sbx-cold-warmup", "/work/cold", newSecret()) // services are up
 	// Sandbox ids unique to this invocation: the benchmark function runs
 	// several times per process (b.N probing, -count), and wrappers of an
