@@ -39,7 +39,7 @@ func hostile(t *testing.T) string {
 		hostileBin = filepath.Join(filepath.Dir(binPath), "hostile")
 		out, err := exec.Command("go", "build", "-o", hostileBin, "./testdata/hostile").CombinedOutput()
 		if err != nil {
-			hostileErr = fmt.Errorf("build hostile runtime: %v: %s", err, out)
+			hostileErr = fmt.Errorf("build hostile runtime: %w: %s", err, out)
 		}
 	})
 	require.NoError(t, hostileErr)

@@ -3,6 +3,7 @@ package boundary
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,23 +30,10 @@ func errno(err error) string {
 		return "ok"
 	}
 	var e syscall.Errno
-	if ok := asErrno(err, &e); ok {
+	if errors.As(err, &e) {
 		return unix.ErrnoName(e)
 	}
 	return err.Error()
-}
-
-func asErrno(err error, e *syscall.Errno) bool {
-	switch v := err.(type) {
-	case syscall.Errno:
-		*e = v
-		return true
-	case *os.SyscallError:
-		return asErrno(v.Err, e)
-	case *os.PathError:
-		return asErrno(v.Err, e)
-	}
-	return false
 }
 
 func helper() int {
@@ -148,7 +136,8 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 }
 
 func exitStderr(err error) string {
-	if ee, ok := err.(*exec.ExitError); ok {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
 		return string(ee.Stderr)
 	}
 	return ""

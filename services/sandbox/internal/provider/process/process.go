@@ -639,7 +639,7 @@ func (p *Provider) signal(pi *procInfo, sig syscall.Signal) {
 	if err != nil {
 		return // gone (ESRCH), or a kernel without pidfds: nothing safe to signal
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	st, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(pi.pid), "stat"))
 	if err != nil || st.start != pi.start {
 		return
