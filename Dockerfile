@@ -37,9 +37,19 @@ RUN --mount=type=cache,target=/root/go/pkg/mod \
  && go build -ldflags "-s -w" -o /out/agentplane-wrapper ./services/sandbox/cmd/agentplane-wrapper \
  && mkdir -p /out/sandboxes
 
-# distroless static: no shell, no package manager, CA certificates and /etc/passwd only;
+# bubblewrap puts every sandbox behind its boundary (docs/sandbox.md, "The boundary"); it is
+# dynamically linked, so the runtime image is distroless base (glibc) with bwrap and its two
+# libraries copied from Debian's package.
+FROM debian:bookworm-slim AS bwrap
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap \
+ && mkdir -p /out/lib && cp /usr/bin/bwrap /out/ \
+ && cp -L $(ldd /usr/bin/bwrap | awk '/=> \// {print $3}' | grep -E 'libcap|libselinux|libpcre2') /out/lib/
+
+# distroless base: no shell, no package manager; glibc, CA certificates and /etc/passwd;
 # the :nonroot tag runs as uid/gid 65532.
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/base-debian12:nonroot
+COPY --from=bwrap /out/bwrap /usr/bin/bwrap
+COPY --from=bwrap /out/lib/ /usr/lib/x86_64-linux-gnu/
 COPY --from=build /out/agentplane /out/agentplane-wrapper /usr/local/bin/
 # Default sandbox root of the process provider (the chart mounts a volume here).
 COPY --from=build --chown=65532:65532 /out/sandboxes /var/lib/agentplane/sandboxes

@@ -27,7 +27,8 @@ want=${1:-all}
 [[ $want == all || $want == proxy-processes ]] && bash "$root/bench/proxy/run.sh"
 [[ $want == all || $want == ingest ]] && run ingest services/ingest ./internal/grpcapi BenchmarkIngest1KiB 1500x
 [[ $want == all || $want == session ]] && run session services/session ./server WarmSendToAccepted 3s
-[[ $want == all || $want == session ]] && run session-cold cmd/agentplane ./e2e ColdFirstEvent 3s
+# Cold first event with the sandbox boundary and without it, alternating (docs/benchmarks.md).
+[[ $want == all || $want == session ]] && run session-cold cmd/agentplane ./e2e '^BenchmarkColdFirstEvent$' 40x
 # Real agents over ACP (issue 17): needs make agents; few iterations, agents are heavy.
 [[ $want == all || $want == acp ]] && run acp cmd/agentplane ./e2e 'ACPUpdateToWatcher|OpenCodeColdFirstEvent' 5x
 echo "raw results in $out"

@@ -45,6 +45,7 @@ type devOptions struct {
 	providerURL, keyFile    string
 	worktree                string
 	metricsPortBase         int // -1: portBase+2000; 0: no metrics listeners
+	sandboxIsolation        string
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,
@@ -104,6 +105,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&o.drainDelay, "drain-delay", 500*time.Millisecond, "time between NOT_SERVING and stopping on SIGTERM")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
 	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
+	fs.StringVar(&o.sandboxIsolation, "sandbox-isolation", "", "namespaces or none; empty: namespaces when this host allows them, else none with a warning")
 	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports; 7401 gives the documented ports")
 	fs.IntVar(&o.metricsPortBase, "metrics-port-base", -1, "first of the four /metrics ports (session, sandbox, credential, ingest); -1: port base + 2000; 0: no metrics")
 	fs.StringVar(&o.agent, "agent", "", "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
@@ -142,6 +144,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer os.RemoveAll(scratch)
+	// Sandboxes run as their own user: it must be able to traverse to the
+	// sandbox root (not list the scratch directory).
+	if err := os.Chmod(scratch, 0o711); err != nil {
+		return err
+	}
 	if o.sandboxRoot == "" {
 		o.sandboxRoot = filepath.Join(scratch, "sandboxes")
 	}
@@ -188,6 +195,10 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
+	isolation := devIsolation(&sbx, o.sandboxIsolation)
+	if sbx.Isolation == "none" {
+		fmt.Fprintf(stderr, "agentplane dev: WARNING: %s\n", isolation)
+	}
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "agentplane dev (pid %d): Redis %s\n", os.Getpid(), redisWhat)
@@ -195,6 +206,10 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintln(tw, "SERVICE\tgRPC\tMETRICS\tNOTES")
 	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, metricsColumn(ses.MetricsAddr))
 	fmt.Fprintf(tw, "sandbox\t%s\t%s\tprocess provider, sandboxes in %s\n", sbx.GRPCAddr, metricsColumn(sbx.MetricsAddr), sbx.SandboxRoot)
+	fmt.Fprintf(tw, "\t\t\t%s\n", isolation)
+	if ok, why := sandbox.CgroupLimits(); !ok {
+		fmt.Fprintf(tw, "\t\t\tcgroup limits unavailable: %s\n", why)
+	}
 	fmt.Fprintf(tw, "credential\t%s\t%s\tHTTP credential proxy on %s\n", cred.GRPCAddr, metricsColumn(cred.MetricsAddr), cred.ProxyAddr)
 	fmt.Fprintf(tw, "ingest\t%s\t%s\t\n", ing.GRPCAddr, metricsColumn(ing.MetricsAddr))
 	fmt.Fprintf(tw, "try:\tgrpcurl -plaintext %s list\t\t\n", ses.GRPCAddr)
@@ -337,4 +352,37 @@ func devSession(ctx context.Context, addr string, o devOptions, key string, stdo
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// devIsolation picks the sandbox boundary for dev: what was asked, or by
+// default namespaces when this host allows them (probed once, as the
+// sandbox service itself would at start), falling back to the service's own
+// uid when the unprivileged sandbox user cannot reach the wrapper binary or
+// the sandbox root, and to none, with the reason, when the kernel refuses.
+// It returns the line for the start-up table.
+func devIsolation(sbx *sandbox.Config, want string) string {
+	if want == "none" {
+		sbx.Isolation = "none"
+		return "isolation: NONE (--sandbox-isolation=none): runtimes share the services' user, PID and network namespace"
+	}
+	ctx := context.Background()
+	uid, err := sandbox.ProbeIsolation(ctx, *sbx)
+	if err != nil && uid != "" {
+		first := err
+		sbx.SandboxUID = -1
+		if uid, err = sandbox.ProbeIsolation(ctx, *sbx); err == nil {
+			return fmt.Sprintf("isolation: namespaces (bubblewrap), sandboxes as this process's uid: as nobody: %v", first)
+		}
+	}
+	if err != nil {
+		if want == "namespaces" {
+			return "isolation: namespaces requested but unavailable: " + err.Error()
+		}
+		sbx.Isolation = "none"
+		return "isolation: NONE, sandboxes run without a boundary: " + err.Error()
+	}
+	if uid == "" {
+		uid = "this process's"
+	}
+	return "isolation: namespaces (bubblewrap), sandboxes as uid " + uid
 }

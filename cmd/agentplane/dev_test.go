@@ -95,12 +95,14 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	// The banner names the private redis-server's URL.
 	redisURL := make(chan string, 1)
 	metricsURLs := make(chan string, 4)
+	var banner logtest.Buffer
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		re := regexp.MustCompile(`private redis-server at (redis://\S+)`)
 		metricsRe := regexp.MustCompile(`http://127\.0\.0\.1:\d+/metrics`)
 		for sc.Scan() {
 			t.Log(sc.Text())
+			_, _ = fmt.Fprintln(&banner, sc.Text())
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				redisURL <- m[1]
 			}
@@ -143,6 +145,14 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, u)
 		require.Contains(t, string(body), "grpc_server_handled_total", u)
 	}
+
+	// The start-up table says how sandboxes are isolated; with bubblewrap
+	// here (always under CI=true) that is the namespaces boundary.
+	require.Eventually(t, func() bool { return strings.Contains(banner.String(), "isolation: ") }, 10*time.Second, 10*time.Millisecond)
+	if _, err := exec.LookPath("bwrap"); err == nil || os.Getenv("CI") == "true" {
+		require.Contains(t, banner.String(), "isolation: namespaces (bubblewrap)")
+	}
+	require.Contains(t, banner.String(), "cgroup limits unavailable", "this host has cgroup v1 only")
 
 	// A session with a message leaves a wrapper and a runtime running
 	// under the sandbox root.

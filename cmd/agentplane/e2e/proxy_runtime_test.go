@@ -50,6 +50,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Sandboxes run as their own user (nobody when the tests run as root):
+	// the wrapper binary must be reachable.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	wrapperBin = filepath.Join(dir, "agentplane-wrapper")
 	build := exec.Command("go", "build", "-o", wrapperBin, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
@@ -124,10 +130,19 @@ func captureStderr(t testing.TB) *logtest.Buffer {
 
 func startSuite(t testing.TB) *suite { return startSuiteWith(t, nil, nil) }
 
+// startSuiteIsolated starts the suite with SANDBOX_ISOLATION=isolation.
+func startSuiteIsolated(t testing.TB, isolation string) *suite {
+	return startSuiteWith(t, nil, func(c *sandbox.Config) { c.Isolation = isolation })
+}
+
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
-	s := &suite{up: &upstream{}, root: t.TempDir(), run: newRunID()}
+	root := t.TempDir()
+	// t.TempDir's directories are 0700; the sandboxes' own user traverses them.
+	require.NoError(t, os.Chmod(filepath.Dir(root), 0o755))
+	require.NoError(t, os.Chmod(root, 0o755))
+	s := &suite{up: &upstream{}, root: root, run: newRunID()}
 	killProcessesUnder(t, s.root)
 	s.logs = captureStderr(t)
 	if up == nil {

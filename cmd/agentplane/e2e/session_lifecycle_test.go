@@ -126,49 +126,93 @@ func TestDeletingOneSiblingKeepsTheSharedRuntime(t *testing.T) {
 // launched wrapper and the scripted runtime. Every iteration uses a new
 // sandbox, so each one creates the sandbox, launches and connects a wrapper
 // and starts a runtime. Reports p50/p99.
+// BenchmarkColdFirstEvent measures cold CreateSession+SendMessage → first
+// runtime event behind the boundary and without it, side by side: two
+// suites, one with SANDBOX_ISOLATION=namespaces and one with none, taking
+// turns, so both see the same machine state. It also reports the resident
+// memory of an idle sandbox (wrapper and runtime kept warm) in each.
 func BenchmarkColdFirstEvent(b *testing.B) {
-	s := startSuite(b)
-	s.create(b, "sbx-cold-warmup", "/work/cold", newSecret()) // services are up
+	modes := []string{"namespaces", "none"}
+	suites := map[string]*suite{}
+	for _, m := range modes {
+		suites[m] = startSuiteIsolated(b, m)
+		suites[m].create(b, "sbx-cold-warmup", "/work/cold", newSecret()) // services are up
+	}
 	// Sandbox ids unique to this invocation: the benchmark function runs
 	// several times per process (b.N probing, -count), and wrappers of an
 	// earlier suite outlive it (reconnect window). The process provider finds
 	// them by sandbox id in /proc, so reusing "sbx-cold-0" would measure the
 	// stop of a leaked wrapper, not a cold sandbox.
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	var lat []time.Duration
+	lat := map[string][]time.Duration{}
 	for i := range b.N {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		t0 := time.Now()
-		resp, err := s.ses.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-			UserId: "u-cold", OrgId: "o-e2e", SandboxId: "sbx-cold-" + run + "-" + strconv.Itoa(i),
-			Worktree:   &sessionv1.Worktree{Directory: "/work/cold"},
-			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-cold"},
-		})
-		if err != nil {
-			b.Fatal(err)
+		for j := range modes {
+			m := modes[(i+j)%len(modes)] // alternate which goes first
+			lat[m] = append(lat[m], coldFirstEvent(b, suites[m], "sbx-cold-"+run+"-"+strconv.Itoa(i)))
 		}
-		id := resp.GetSession().GetSessionId()
-		stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: id})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: id, MessageId: "m1", Content: "hi"}); err != nil {
-			b.Fatal(err)
-		}
-		for {
-			ev, err := stream.Recv()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if ev.GetEvent().GetRuntimeEvent() != nil {
-				break
-			}
-		}
-		lat = append(lat, time.Since(t0))
-		cancel()
 	}
 	b.StopTimer()
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+	p50 := map[string]float64{}
+	for _, m := range modes {
+		l := lat[m]
+		slices.Sort(l)
+		p50[m] = float64(l[len(l)/2].Microseconds()) / 1000
+		b.ReportMetric(p50[m], "p50-ms-"+m)
+		b.ReportMetric(float64(l[len(l)*99/100].Microseconds())/1000, "p99-ms-"+m)
+		// Every sandbox (the warm-up one too) is idle now.
+		b.ReportMetric(residentMiB(suites[m].root)/float64(b.N+1), "rss-MiB/sandbox-"+m)
+	}
+	b.ReportMetric(p50["namespaces"]-p50["none"], "p50-ms-added")
+}
+
+func coldFirstEvent(b *testing.B, s *suite, sandboxID string) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	resp, err := s.ses.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+		UserId: "u-cold", OrgId: "o-e2e", SandboxId: sandboxID,
+		Worktree:   &sessionv1.Worktree{Directory: "/work/cold"},
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-cold"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := resp.GetSession().GetSessionId()
+	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: id})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: id, MessageId: "m1", Content: "hi"}); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ev.GetEvent().GetRuntimeEvent() != nil {
+			return time.Since(t0)
+		}
+	}
+}
+
+// residentMiB sums VmRSS of every process carrying the sandbox-root marker
+// of root: bubblewrap and its init (isolated), the wrapper and the runtime.
+func residentMiB(root string) float64 {
+	var kib float64
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, []byte("\x00AGENTPLANE_SANDBOX_ROOT="+root+"\x00")) {
+			continue
+		}
+		status, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				n, _ := strconv.ParseFloat(strings.Fields(v)[0], 64)
+				kib += n
+			}
+		}
+	}
+	return kib / 1024
 }

@@ -18,6 +18,7 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/capacity"
 )
 
@@ -55,6 +56,13 @@ type Config struct {
 	// the mtime age past which stale cleanup may remove a directory.
 	CapacityThreshold ByteSize
 	StaleAge          time.Duration
+	// The boundary (DESIGN.md 3.3, docs/sandbox.md "The boundary").
+	Isolation     string // SANDBOX_ISOLATION: namespaces (default) or none (explicit, warned)
+	Bwrap         string // SANDBOX_BWRAP: bubblewrap binary; empty: bwrap on PATH
+	ReadOnlyPaths string // SANDBOX_READONLY_PATHS: host paths bound read-only into sandboxes (installed agents), colon separated
+	SandboxUID    int    // SANDBOX_UID: host uid (and gid) sandboxes run as when the service is root; -1 keeps the service's
+	Rlimits       string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=4096,nproc=1024,as=68719476736
+	Deployment    string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
 
 	// Agent profiles (internal/agents, docs/runtime-protocol.md).
 	AgentsDir    string // AGENTS_DIR: where `make agents` installed the pinned agents (holds node_modules); empty: no opencode/kilo
@@ -83,6 +91,9 @@ func DefaultConfig() Config {
 		StaleAge:          capacity.DefaultStaleAge,
 		AgentModel:        "default",
 		AgentDefault:      agents.Scripted,
+		Isolation:         boundary.ModeNamespaces,
+		SandboxUID:        65534, // nobody
+		Rlimits:           boundary.DefaultLimits.String(),
 	}
 }
 
@@ -118,6 +129,12 @@ func (c *Config) Bind(l *config.Loader) {
 	def := c.CapacityThreshold
 	l.Var(&c.CapacityThreshold, "SANDBOX_CAPACITY_THRESHOLD", &def, "free space a cold workspace needs (bytes, or with KiB/MiB/GiB/TiB)")
 	l.Duration(&c.StaleAge, "SANDBOX_STALE_AGE", c.StaleAge, "stale cleanup removes only directories older than this (by mtime)")
+	l.String(&c.Isolation, "SANDBOX_ISOLATION", c.Isolation, "namespaces (bubblewrap boundary per runtime key) or none (no boundary: explicit only)")
+	l.String(&c.Bwrap, "SANDBOX_BWRAP", c.Bwrap, "bubblewrap binary; empty: bwrap on PATH")
+	l.String(&c.ReadOnlyPaths, "SANDBOX_READONLY_PATHS", c.ReadOnlyPaths, "host paths bound read-only into every sandbox (installed agent runtimes), colon separated")
+	l.Int(&c.SandboxUID, "SANDBOX_UID", c.SandboxUID, "host uid and gid sandboxes run as when the service runs as root; -1 keeps the service's")
+	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES")
+	l.String(&c.Deployment, "SANDBOX_DEPLOYMENT", c.Deployment, "deployment id in wrapper markers; empty: derived from the sandbox root")
 }
 
 // Validate checks every setting and names the variable and flag of each bad one.
@@ -178,6 +195,23 @@ func (c *Config) Validate() error {
 	}
 	if c.StaleAge < time.Minute {
 		bad("SANDBOX_STALE_AGE", errors.New("must be at least 1m: a younger directory may be a route being prepared"))
+	}
+	if c.Isolation != boundary.ModeNamespaces && c.Isolation != boundary.ModeNone {
+		bad("SANDBOX_ISOLATION", fmt.Errorf("want %s or %s", boundary.ModeNamespaces, boundary.ModeNone))
+	}
+	for _, p := range c.readOnlyPaths() {
+		if !filepath.IsAbs(p) {
+			bad("SANDBOX_READONLY_PATHS", fmt.Errorf("%q is not an absolute path", p))
+		}
+	}
+	if c.SandboxUID < -1 {
+		bad("SANDBOX_UID", errors.New("want a uid, or -1"))
+	}
+	if _, err := boundary.ParseLimits(c.Rlimits); err != nil {
+		bad("SANDBOX_RLIMITS", err)
+	}
+	if strings.ContainsAny(c.Deployment, "= \x00") {
+		bad("SANDBOX_DEPLOYMENT", errors.New("must not contain '=', spaces or NUL"))
 	}
 	if c.Timers.DeadAfter <= c.Timers.Heartbeat {
 		bad("SANDBOX_DEAD_AFTER", errors.New("must exceed SANDBOX_HEARTBEAT"))
@@ -247,6 +281,16 @@ func (c *Config) wrapperCommand() ([]string, error) {
 		bin = self
 	}
 	return append([]string{bin, "wrapper"}, strings.Fields(c.WrapperArgs)...), nil
+}
+
+func (c *Config) readOnlyPaths() []string {
+	var out []string
+	for _, p := range strings.Split(c.ReadOnlyPaths, ":") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, filepath.Clean(p))
+		}
+	}
+	return out
 }
 
 func splitList(s string) []string {

@@ -91,7 +91,8 @@ func (r *replica) owner(t *testing.T, sb string) (string, uint64) {
 // sandbox root; each lists both as the addresses wrappers dial.
 func startPair(t *testing.T) (n *fakeNotify, a, b *replica) {
 	n = startNotify(t)
-	root := t.TempDir()
+	root := sandboxRoot(t)
+	t.Cleanup(func() { logWrappers(t, root) })
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	peers := addrA + "," + addrB
 	a = startReplica(t, "replica-a", addrA, peers, root, n.addr)

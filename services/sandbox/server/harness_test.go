@@ -57,6 +57,11 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 		defer os.RemoveAll(dir)
+		// Sandboxes run as their own user: the wrapper binary must be reachable.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 		binPath = filepath.Join(dir, "sandbox")
 		build := exec.Command("go", "build", "-o", binPath, "agentplane.dev/services/sandbox/cmd/sandbox")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
@@ -221,7 +226,7 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 	cfg.DrainDelay = 0
 	cfg.ShutdownTimeout = 2 * time.Second
 	cfg.Listener = lis
-	cfg.SandboxRoot = t.TempDir()
+	cfg.SandboxRoot = sandboxRoot(t)
 	cfg.WrapperCommand = []string{binPath, "wrapper"}
 	cfg.SessionAddr = notifyAddr
 	cfg.ProxyURL = ""
@@ -257,6 +262,28 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 	return &service{addr: lis.Addr().String(), root: cfg.SandboxRoot, client: sandboxv1.NewSandboxServiceClient(conn)}
 }
 
+// sandboxRoot is a new sandbox root that the sandboxes' own user can reach
+// (t.TempDir's directories are 0700).
+func sandboxRoot(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
+}
+
+// logWrappers prints the wrapper logs under root when the test failed.
+func logWrappers(t *testing.T, root string) {
+	if !t.Failed() {
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(root, "*", "logs", "*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		t.Logf("wrapper log %s:\n%s", l, b)
+	}
+}
+
 func uniqueSandbox(t *testing.T) string {
 	sb := "sb-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	sandboxTest.Store(sb, t.Name())
@@ -274,6 +301,7 @@ func route(sandbox, session, dir string) *sandboxv1.PrepareRequest {
 // proc is one process as /proc shows it.
 type proc struct {
 	PID, PPID int
+	PidNS     string // readlink of /proc/<pid>/ns/pid
 	Env       map[string]string
 	RawEnv    []byte
 	Cmdline   []byte
@@ -296,6 +324,7 @@ func procs(t *testing.T) []proc {
 			continue // exited meanwhile or not ours
 		}
 		p := proc{PID: pid, Env: map[string]string{}, RawEnv: env, Cmdline: cmd}
+		p.PidNS, _ = os.Readlink(filepath.Join("/proc", e.Name(), "ns", "pid"))
 		// stat: pid (comm) state ppid ...; comm may hold spaces.
 		if i := bytes.LastIndexByte(stat, ')'); i > 0 {
 			f := strings.Fields(string(stat[i+1:]))
@@ -315,11 +344,28 @@ func procs(t *testing.T) []proc {
 	return out
 }
 
-// wrappersOf returns the wrapper processes of a sandbox.
+// wrappersOf returns the wrappers of a sandbox as the host sees them: the
+// marked processes in the test's own PID namespace (a wrapper's bubblewrap
+// behind the boundary; the wrapper itself without one).
 func wrappersOf(t *testing.T, sandbox string) []proc {
+	self, err := os.Readlink("/proc/self/ns/pid")
+	require.NoError(t, err)
 	var ws []proc
 	for _, p := range procs(t) {
-		if p.Env["AGENTPLANE_SANDBOX"] == sandbox {
+		if p.Env["AGENTPLANE_SANDBOX"] == sandbox && p.PidNS == self {
+			ws = append(ws, p)
+		}
+	}
+	return ws
+}
+
+// innerWrappersOf returns the wrapper processes themselves: behind the
+// boundary, inside their PID namespaces (argv: <binary> wrapper ...).
+func innerWrappersOf(t *testing.T, sandbox string) []proc {
+	var ws []proc
+	for _, p := range procs(t) {
+		args := bytes.Split(p.Cmdline, []byte{0})
+		if p.Env["AGENTPLANE_SANDBOX"] == sandbox && len(args) > 1 && string(args[1]) == "wrapper" {
 			ws = append(ws, p)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/store"
+	"agentplane.dev/services/sandbox/server"
 )
 
 // Issue 18 item 8 (process level): ReleaseRoute for a session whose route
@@ -36,7 +37,9 @@ func TestReleaseWithoutARouteRecordFailsClosed(t *testing.T) {
 			// and reconnects); the route record is lost meanwhile.
 			stopFirst()
 			require.NoError(t, corrupt(ctx, sb))
-			second := startService(t, n.addr, nil)
+			// The replica that takes over shares the node's sandbox root
+			// (discovery only sees its own root's wrappers, issue 16).
+			second := startService(t, n.addr, func(c *server.Config) { c.SandboxRoot = first.root })
 
 			rel, err := second.client.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
 			require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -42,7 +43,19 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = rdb.Close()
 		return fmt.Errorf("wrapper command: %w", err)
 	}
-	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"), BaseEnv: wrapperBaseEnv(os.LookupEnv)})
+	if err := os.MkdirAll(cfg.SandboxRoot, 0o755); err != nil {
+		_ = rdb.Close()
+		return fmt.Errorf("sandbox root: %w", err)
+	}
+	bnd, err := setUpBoundary(ctx, cfg, wrapperCmd[0], log)
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	defer bnd.close()
+	wrapperCmd = append(wrapperCmd, bnd.wrapperFlags...)
+	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
+		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
 		_ = rdb.Close()
 		return err
@@ -84,10 +97,21 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(control) == 0 {
 		control = []string{cfg.localControlAddr()}
 	}
+	proxyURL := cfg.ProxyURL
+	if bnd.iso != nil {
+		// Behind the boundary a wrapper has no network: it dials this
+		// replica's socket first, then the node's other replicas', and the
+		// runtime finds the proxy on its own loopback.
+		control = []string{bnd.controlAddr}
+		if proxyURL != "" {
+			u, _ := url.Parse(proxyURL) // validated
+			proxyURL = u.Scheme + "://" + sandboxProxyAddr
+		}
+	}
 	drv := driver.New(driver.Config{
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
 		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
-		ControlAddrs: control, ProxyURL: cfg.ProxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
+		ControlAddrs: control, ProxyURL: proxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
 	})
@@ -143,6 +167,11 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Warn("notifications left unsent at shutdown", "count", unsent)
 		}
 	})
+	if bnd.controlLn != nil {
+		// The same server on the control socket (after every service is
+		// registered); its GracefulStop ends both.
+		go func() { _ = srv.GRPC().Serve(bnd.controlLn) }()
+	}
 	err = srv.Serve(ctx)
 	if errors.Is(err, context.Canceled) {
 		return nil

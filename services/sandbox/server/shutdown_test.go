@@ -20,7 +20,7 @@ import (
 func TestSigtermReleasesOwnership(t *testing.T) {
 	n := startNotify(t)
 	addr := freeAddr(t)
-	r := startReplica(t, "r-term", addr, addr, t.TempDir(), n.addr)
+	r := startReplica(t, "r-term", addr, addr, sandboxRoot(t), n.addr)
 	sb := uniqueSandbox(t)
 	_, err := r.client.Prepare(context.Background(), route(sb, "s1", "/repo/term"))
 	require.NoError(t, err)

@@ -37,7 +37,9 @@ func TestWrapperKilledRouteLostThenNewInstance(t *testing.T) {
 	oldInstances := instancesOf(ws)
 	require.Len(t, runtimesOf(t, oldInstances), 1)
 
-	require.NoError(t, syscall.Kill(ws[0].PID, syscall.SIGKILL))
+	inner := innerWrappersOf(t, sb)
+	require.Len(t, inner, 1)
+	require.NoError(t, syscall.Kill(inner[0].PID, syscall.SIGKILL), "kill -9 of the wrapper itself")
 	_, ri := n.wait(t, i, "reconnecting", "s1")
 	lost, li := n.wait(t, ri, "lost", "s1")
 	require.NotEmpty(t, lost.Reason)
@@ -102,11 +104,11 @@ func TestHelloRejectedAndCredentialNeverExposed(t *testing.T) {
 			require.False(t, bytes.Contains(b, []byte(forged)))
 		}
 	}
-	// The wrapper's fd 3 was consumed and closed.
-	_, err = os.Readlink(filepath.Join("/proc", itoa(ws[0].PID), "fd", "3"))
-	if err == nil {
-		link, _ := os.Readlink(filepath.Join("/proc", itoa(ws[0].PID), "fd", "3"))
-		require.False(t, strings.HasPrefix(link, "pipe:"), "credential pipe still open: %s", link)
+	// The wrapper's fd 3 was consumed and closed (in its bubblewrap too).
+	for _, w := range append(ws, innerWrappersOf(t, sb)...) {
+		if link, err := os.Readlink(filepath.Join("/proc", itoa(w.PID), "fd", "3")); err == nil {
+			require.False(t, strings.HasPrefix(link, "pipe:"), "credential pipe still open in pid %d: %s", w.PID, link)
+		}
 	}
 }
 
@@ -149,7 +151,9 @@ func TestWrapperHeartbeatLossRouteReconnectingThenLost(t *testing.T) {
 	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/hb"))
 	ws := wrappersOf(t, sb)
 	require.Len(t, ws, 1)
-	pid := ws[0].PID
+	inner := innerWrappersOf(t, sb)
+	require.Len(t, inner, 1)
+	pid := inner[0].PID // pause the wrapper itself, not its bubblewrap
 	inst := instancesOf(ws)
 	require.Len(t, runtimesOf(t, inst), 1)
 

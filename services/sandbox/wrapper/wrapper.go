@@ -19,12 +19,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,7 +39,9 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
+	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/relay"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
 	"agentplane.dev/services/sandbox/wrapper/acp"
 	"agentplane.dev/services/sandbox/wrapper/jsonl"
@@ -87,6 +92,18 @@ type Options struct {
 	Logger           *slog.Logger
 	// MaxRepoBytes bounds a clone on disk (REPO_TOO_LARGE); 0: no bound.
 	MaxRepoBytes int64
+
+	// Behind the boundary (set by the sandbox service when isolated):
+	// ControlDir holds every local replica's control socket, tried after
+	// ControlAddrs; ProxyListen is the loopback address where the runtime
+	// finds the credential proxy, relayed to a socket of ProxyDir;
+	// Contained says the wrapper is in its own PID namespace, so on the way
+	// out it ends everything left in it.
+	ControlDir  string
+	ProxyListen string
+	ProxyDir    string
+	Contained   bool
+	Limits      boundary.Limits
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -96,6 +113,12 @@ func Main(args []string) int {
 	opts, err := parse(args)
 	if err != nil {
 		log.Error("bad wrapper arguments", "err", err)
+		return ExitUsage
+	}
+	// Limits first: everything the wrapper starts inherits them, and
+	// nothing inside can raise a hard limit again.
+	if err := opts.Limits.Apply(); err != nil {
+		log.Error("cannot apply the sandbox's limits", "err", err)
 		return ExitUsage
 	}
 	opts.Logger = log.With("sandbox", opts.Markers.SandboxID, "runtime_key", opts.Markers.RuntimeKey, "instance", opts.Markers.InstanceID)
@@ -113,7 +136,10 @@ func Main(args []string) int {
 		defer cancel()
 		_ = tel.Shutdown(ctx)
 	}()
-	return Run(context.Background(), opts)
+	// SIGTERM (the provider's stop) stops the runtime first, then exits.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return Run(ctx, opts)
 }
 
 func parse(args []string) (Options, error) {
@@ -131,6 +157,11 @@ func parse(args []string) (Options, error) {
 		spec      = fs.String("runtime-spec", "", "the agent profile to run, as the sandbox service resolved it (JSON, no secrets); empty: the scripted runtime")
 		initWait  = fs.Duration("agent-init-timeout", envDuration(EnvAgentInitTimeout, 2*time.Minute), "bound on an ACP agent's initialize and each session/new or session/load")
 		maxRepo   = fs.Int64("max-repo-bytes", 10<<30, "largest repository clone on disk, in bytes (route failed(repo_too_large) above it); 0: no bound")
+		ctlDir    = fs.String("control-dir", "", "directory of control sockets (unix) to try after --control-addr")
+		proxyLn   = fs.String("proxy-listen", "", "loopback address where the runtime reaches the credential proxy (relayed to --proxy-dir)")
+		proxyDir  = fs.String("proxy-dir", "", "directory of Unix sockets leading to the credential proxy")
+		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it")
+		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=4096,nproc=1024,as=68719476736")
 	)
 	if err := fs.Parse(args); err != nil {
 		return Options{}, err
@@ -139,6 +170,7 @@ func parse(args []string) (Options, error) {
 		ControlAddrs: splitList(*addrs), AllocationID: *alloc, FenceToken: *fenceTok,
 		WorkspaceRoot: *root, Capabilities: splitList(*caps), Heartbeat: *heartbeat, ReconnectWindow: *window,
 		RuntimeCommand: fs.Args(), Agent: agents.Scripted, MaxRepoBytes: *maxRepo,
+		ControlDir: *ctlDir, ProxyListen: *proxyLn, ProxyDir: *proxyDir, Contained: *contained,
 	}
 	if *spec != "" {
 		s, err := agents.ParseSpec(*spec)
@@ -146,6 +178,14 @@ func parse(args []string) (Options, error) {
 			return Options{}, err
 		}
 		o.Agent, o.RuntimeSpec, o.AgentInitTimeout = s.Profile, s, *initWait
+	}
+	lim, err := boundary.ParseLimits(*rlimits)
+	if err != nil {
+		return Options{}, err
+	}
+	o.Limits = lim
+	if (o.ProxyListen == "") != (o.ProxyDir == "") {
+		return Options{}, errors.New("--proxy-listen and --proxy-dir go together")
 	}
 	gen, _ := strconv.ParseUint(os.Getenv(provider.EnvGeneration), 10, 64)
 	o.Markers = provider.Markers{
@@ -286,9 +326,55 @@ func Run(ctx context.Context, opts Options) int {
 		// A failed start is retried (and reported) by that PrepareRoute.
 		go func() { _ = w.startRuntime() }()
 	}
+	if opts.ProxyListen != "" {
+		ln, err := net.Listen("tcp", opts.ProxyListen)
+		if err != nil {
+			w.log.Error("cannot offer the proxy inside the sandbox", "addr", opts.ProxyListen, "err", err)
+			return ExitUsage
+		}
+		relayed := make(chan struct{})
+		go func() {
+			relay.Serve(ln, func() (net.Conn, error) { return relay.DialDir(opts.ProxyDir) })
+			close(relayed)
+		}()
+		defer func() { _ = ln.Close(); <-relayed }()
+	}
 	code := w.loop(ctx)
 	w.stopRuntime()
+	if opts.Contained {
+		endNamespace(w.log)
+	}
 	return code
+}
+
+// endNamespace kills every other process of the wrapper's PID namespace:
+// kill(-1) reaches all of them but the namespace's init (bubblewrap, which
+// exits with the wrapper) and the caller, whatever group or session they
+// moved to. It refuses unless pid 1 is bubblewrap, so a wrapper wrongly
+// told it is contained never signals a host's processes.
+func endNamespace(log *slog.Logger) {
+	comm, err := os.ReadFile("/proc/1/comm")
+	if err != nil || strings.TrimSpace(string(comm)) != "bwrap" {
+		log.Error("--contained but pid 1 is not bubblewrap; not ending the namespace", "pid1", strings.TrimSpace(string(comm)))
+		return
+	}
+	_ = syscall.Kill(-1, syscall.SIGKILL)
+}
+
+// controlAddrs are the addresses to try: the configured ones, then every
+// other socket of the control directory (the replicas of this node).
+func (w *wrapper) controlAddrs() []string {
+	addrs := append([]string{}, w.opts.ControlAddrs...)
+	if w.opts.ControlDir == "" {
+		return addrs
+	}
+	socks, _ := relay.Sockets(w.opts.ControlDir)
+	for _, s := range socks {
+		if a := "unix://" + s; !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // loop connects, serves a stream until it breaks, and reconnects with
@@ -297,7 +383,8 @@ func (w *wrapper) loop(ctx context.Context) int {
 	disconnectedSince := time.Now()
 	backoff := 100 * time.Millisecond
 	for attempt := 0; ; attempt++ {
-		addr := w.opts.ControlAddrs[attempt%len(w.opts.ControlAddrs)]
+		addrs := w.controlAddrs()
+		addr := addrs[attempt%len(addrs)]
 		if w.ownerAddr != "" {
 			addr, w.ownerAddr = w.ownerAddr, ""
 		}

@@ -615,6 +615,16 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 			Markers: m, Path: d.cfg.WrapperCommand[0], Args: args, ExtraFiles: []*os.File{r}, Workspace: directory,
 		})
 		_ = r.Close()
+		if err != nil {
+			// No wrapper is starting: a slot left "starting" would make the
+			// next preparation wait for a Hello that never comes.
+			sb.mu.Lock()
+			if s := sb.slots[key]; s != nil && s.Alloc.Instance == m.InstanceID && s.Alloc.Phase == allocation.Starting {
+				s.Alloc = allocation.Allocation{Phase: allocation.Stopped, Reason: "launch_failed"}
+				d.persistSlots(sb, []*store.Slot{s})
+			}
+			sb.mu.Unlock()
+		}
 		return err
 	}
 }

@@ -199,6 +199,12 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	case errors.Is(err, provider.ErrCapacityRejected):
 		d.failRoute(sb, sessionID, "capacity_rejected", true)
 		return 0
+	case provider.DestroysSandbox(err):
+		// The launch could not prepare the workspace (ENOSPC, an unwritable
+		// tree): the route fails with a reason and the sandbox recovers
+		// (DESIGN 3.4), rather than waiting for a cleanup that fixes nothing.
+		d.admissionFailed(sb, sessionID, err)
+		return 0
 	case err != nil:
 		if ctx.Err() != nil {
 			return 0

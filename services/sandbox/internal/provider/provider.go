@@ -23,6 +23,11 @@ const (
 	EnvRuntimeKey = "AGENTPLANE_RUNTIME_KEY"
 	EnvInstance   = "AGENTPLANE_INSTANCE"
 	EnvGeneration = "AGENTPLANE_GENERATION"
+	// EnvDeployment and EnvSandboxRoot scope discovery to one deployment:
+	// two deployments on one host (same org and user, so the same sandbox
+	// ids) never see, let alone stop, each other's wrappers.
+	EnvDeployment  = "AGENTPLANE_DEPLOYMENT"
+	EnvSandboxRoot = "AGENTPLANE_SANDBOX_ROOT"
 )
 
 // Markers identify one wrapper process.

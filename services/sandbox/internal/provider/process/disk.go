@@ -56,16 +56,17 @@ func (p *Provider) Workspaces(_ context.Context, sandboxID string) ([]provider.W
 // of the sandbox. A failed listing, or a sandbox process that does not say
 // which workspace it serves, is an error: the caller then cleans nothing.
 func (p *Provider) LiveWorkspaces(_ context.Context, sandboxID string) (map[string]bool, error) {
-	procs, err := scan(p.cfg.ProcRoot, sandboxID, p.self)
+	us, err := p.units(sandboxID)
 	if err != nil {
 		return nil, err
 	}
 	live := map[string]bool{}
-	for _, pe := range procs {
-		if pe.workspace == "" {
-			return nil, fmt.Errorf("pid %d of the sandbox names no workspace", pe.pid)
+	for _, u := range us {
+		ws := u.anchor.vars[EnvWorkspace]
+		if ws == "" {
+			return nil, fmt.Errorf("pid %d of the sandbox names no workspace", u.anchor.pid)
 		}
-		live[pe.workspace] = true
+		live[ws] = true
 	}
 	return live, nil
 }

@@ -2,6 +2,7 @@ package process
 
 import (
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 	"testing"
@@ -17,6 +18,12 @@ func TestMain(m *testing.M) {
 	case "":
 		goleak.VerifyTestMain(m)
 	case "sleep":
+		_ = os.WriteFile("ready", nil, 0o644)
+		time.Sleep(time.Hour)
+	case "leak":
+		// What a runtime leaves behind: a background child, one in its own
+		// session, a double fork reparented to init, one without environment.
+		_ = exec.Command("/bin/sh", "-c", "sleep 600 & setsid sleep 600 & (sleep 600 &) ; env -i sleep 600 &").Run()
 		_ = os.WriteFile("ready", nil, 0o644)
 		time.Sleep(time.Hour)
 	case "ignore-term":

@@ -36,9 +36,10 @@ func WorkspaceName(workspace string) string {
 	return clean + "-" + hex.EncodeToString(sum[:8])
 }
 
-// validSandboxID reports whether id can be a directory name under the root.
+// validSandboxID reports whether id can be a directory name under the root
+// (a leading dot is reserved for the root's own files, such as its sockets).
 func validSandboxID(id string) error {
-	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") || len(id) > 200 {
+	if id == "" || id[0] == '.' || strings.ContainsAny(id, "/\\\x00") || len(id) > 200 {
 		return fmt.Errorf("process provider: invalid sandbox id %q", id)
 	}
 	return nil

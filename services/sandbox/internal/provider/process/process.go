@@ -16,18 +16,27 @@ package process
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"agentplane.dev/pkg/pause"
+	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
@@ -46,6 +55,19 @@ type Config struct {
 	// secrets, and environ is readable through /proc.
 	BaseEnv []string
 	Logger  *slog.Logger
+	// Deployment names this deployment in every wrapper's markers (default:
+	// derived from Root); discovery only ever matches its own deployment and
+	// root, so two deployments on one host never touch each other's wrappers.
+	Deployment string
+	// Isolation runs each wrapper behind the boundary (DESIGN.md 3.3); nil
+	// is SANDBOX_ISOLATION=none.
+	Isolation *boundary.Config
+}
+
+// DeploymentOf is the default deployment id of a sandbox root.
+func DeploymentOf(root string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(root)))
+	return "d-" + hex.EncodeToString(sum[:6])
 }
 
 // StopSchedule is when Stop observes after SIGTERM (offsets from the
@@ -60,6 +82,7 @@ var (
 type Provider struct {
 	cfg     Config
 	self    identity
+	scope   scope
 	reapers sync.WaitGroup
 }
 
@@ -85,10 +108,13 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Deployment == "" {
+		cfg.Deployment = DeploymentOf(cfg.Root)
+	}
 	if err := os.MkdirAll(cfg.Root, 0o755); err != nil {
 		return nil, provider.SetupError("create root", err)
 	}
-	return &Provider{cfg: cfg, self: selfIdentity()}, nil
+	return &Provider{cfg: cfg, self: selfIdentity(), scope: scope{deployment: cfg.Deployment, root: cfg.Root}}, nil
 }
 
 // SandboxDir is the directory of a sandbox.
@@ -138,6 +164,15 @@ func (p *Provider) PrepareWorkspace(ctx context.Context, sandboxID, workspace st
 	if err := os.WriteFile(filepath.Join(home, ".agentplane-workspace"), []byte(workspace+"\n"), 0o644); err != nil {
 		return false, provider.SetupError("record workspace", err)
 	}
+	if cred := p.credential(); cred != nil {
+		// The sandbox's own user owns its workspace and home: nothing else
+		// on the host is writable (or, when not world-readable, readable) to it.
+		for _, d := range []string{ws, home} {
+			if err := os.Lchown(d, int(cred.Uid), int(cred.Gid)); err != nil {
+				return false, provider.SetupError("chown workspace", err)
+			}
+		}
+	}
 	return warm, nil
 }
 
@@ -163,31 +198,149 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if err != nil {
 		return provider.Observed{}, provider.SetupError("open wrapper log", err)
 	}
-	cmd := exec.Command(spec.Path, spec.Args...)
+	cmd, extra, err := p.command(spec)
+	if err != nil {
+		_ = logf.Close()
+		return provider.Observed{}, err
+	}
 	cmd.Dir = p.WorkspaceDir(m.SandboxID, spec.Workspace)
 	cmd.Env = p.env(spec, name)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = spec.ExtraFiles
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	extra.started()
+	if err != nil {
+		extra.close()
 		_ = logf.Close()
 		return provider.Observed{}, fmt.Errorf("process provider: start wrapper: %w", err)
 	}
 	p.reapers.Add(1)
 	go func() {
 		defer p.reapers.Done()
+		init, initPID := extra.namespaceInit()
+		record := ""
+		if init >= 0 {
+			record = p.recordNamespace(m, name, cmd.Process.Pid, initPID)
+		}
 		_ = cmd.Wait()
 		_ = logf.Close()
+		if init >= 0 {
+			// bubblewrap exits when the wrapper does; whatever the wrapper
+			// left behind keeps its namespace's init alive. Ending the init
+			// ends the namespace; the record goes once the init is gone.
+			_ = unix.PidfdSendSignal(init, syscall.SIGKILL, nil, 0)
+			waitExit(init)
+			_ = unix.Close(init)
+			if record != "" {
+				_ = os.Remove(record)
+			}
+		}
 	}()
 	p.cfg.Logger.Info("wrapper launched", "sandbox", m.SandboxID, "runtime_key", m.RuntimeKey,
 		"instance", m.InstanceID, "generation", m.Generation, "pid", cmd.Process.Pid)
 	return provider.Observed{PID: cmd.Process.Pid, InstanceID: m.InstanceID, Generation: m.Generation, Workspace: name}, nil
 }
 
+// launchFiles are the descriptors bubblewrap inherits besides the
+// wrapper's: the seccomp program, and the write end of its --info-fd pipe,
+// on which it names the host pid of the namespace's init.
+type launchFiles struct {
+	seccomp, infoW, infoR *os.File
+}
+
+// started closes the parent's copies a child inherited.
+func (f *launchFiles) started() {
+	if f == nil {
+		return
+	}
+	_ = f.seccomp.Close()
+	_ = f.infoW.Close()
+}
+
+func (f *launchFiles) close() {
+	if f != nil {
+		_ = f.infoR.Close()
+	}
+}
+
+// namespaceInit reads bubblewrap's info and returns a pidfd and the host
+// pid of the namespace's init (-1 without isolation or if bubblewrap said
+// nothing).
+func (f *launchFiles) namespaceInit() (int, int) {
+	if f == nil {
+		return -1, 0
+	}
+	defer f.infoR.Close()
+	var info struct {
+		ChildPID int `json:"child-pid"`
+	}
+	if err := json.NewDecoder(io.LimitReader(f.infoR, 4096)).Decode(&info); err != nil || info.ChildPID <= 0 {
+		return -1, 0
+	}
+	fd, err := unix.PidfdOpen(info.ChildPID, 0)
+	if err != nil {
+		return -1, 0
+	}
+	return fd, info.ChildPID
+}
+
+// waitExit blocks until the process of a pidfd has exited (a pidfd polls
+// readable then), bounded so a stuck exit never holds the reaper forever.
+func waitExit(pidfd int) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		n, err := unix.Poll(fds, 1000)
+		if n > 0 || err != nil && !errors.Is(err, syscall.EINTR) {
+			return
+		}
+	}
+}
+
+// command is the wrapper's command: the wrapper itself in its own process
+// group, or (isolated) bubblewrap running it behind the boundary, with the
+// seccomp program and the info pipe on the descriptors after
+// spec.ExtraFiles.
+func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, error) {
+	iso := p.cfg.Isolation
+	if iso == nil {
+		cmd := exec.Command(spec.Path, spec.Args...)
+		cmd.ExtraFiles = spec.ExtraFiles
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return cmd, nil, nil
+	}
+	sc, err := boundary.SeccompFile()
+	if err != nil {
+		return nil, nil, fmt.Errorf("process provider: %w", err)
+	}
+	infoR, infoW, err := os.Pipe()
+	if err != nil {
+		_ = sc.Close()
+		return nil, nil, fmt.Errorf("process provider: %w", err)
+	}
+	m := spec.Markers
+	mount := boundary.Mount{
+		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), Home: p.HomeDir(m.SandboxID, spec.Workspace), Program: spec.Path,
+	}
+	seccompFD := 3 + len(spec.ExtraFiles)
+	args := append([]string{"--info-fd", strconv.Itoa(seccompFD + 1)}, iso.Args(mount, seccompFD)...)
+	args = append(args, spec.Path)
+	cmd := exec.Command(iso.Bwrap, append(args, spec.Args...)...)
+	cmd.ExtraFiles = append(append([]*os.File{}, spec.ExtraFiles...), sc, infoW)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: iso.Credential()}
+	return cmd, &launchFiles{seccomp: sc, infoW: infoW, infoR: infoR}, nil
+}
+
+func (p *Provider) credential() *syscall.Credential {
+	if p.cfg.Isolation == nil {
+		return nil
+	}
+	return p.cfg.Isolation.Credential()
+}
+
 func (p *Provider) env(spec provider.LaunchSpec, name string) []string {
 	reserved := map[string]bool{
 		provider.EnvSandbox: true, provider.EnvRuntimeKey: true, provider.EnvInstance: true,
 		provider.EnvGeneration: true, EnvWorkspace: true, "HOME": true,
+		provider.EnvDeployment: true, provider.EnvSandboxRoot: true,
 	}
 	var env []string
 	for _, list := range [][]string{p.cfg.BaseEnv, spec.Env} {
@@ -206,6 +359,8 @@ func (p *Provider) env(spec provider.LaunchSpec, name string) []string {
 		provider.EnvRuntimeKey+"="+m.RuntimeKey,
 		provider.EnvInstance+"="+m.InstanceID,
 		provider.EnvGeneration+"="+strconv.FormatUint(m.Generation, 10),
+		provider.EnvDeployment+"="+p.cfg.Deployment,
+		provider.EnvSandboxRoot+"="+p.cfg.Root,
 	)
 }
 
@@ -221,18 +376,98 @@ func cutEnv(kv string) (string, string, bool) {
 // Wait blocks until every child launched by this provider has been reaped.
 func (p *Provider) Wait() { p.reapers.Wait() }
 
+// units scans /proc for the sandbox's wrappers of this deployment.
+func (p *Provider) units(sandboxID string) ([]*unit, error) {
+	if err := validSandboxID(sandboxID); err != nil {
+		return nil, err
+	}
+	records, err := p.records(sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	procs, selfNS, err := scanAll(p.cfg.ProcRoot, p.self)
+	if err != nil {
+		return nil, err
+	}
+	return units(procs, selfNS, p.scope, sandboxID, records), nil
+}
+
+func (p *Provider) runDir(sandboxID string) string {
+	return filepath.Join(p.SandboxDir(sandboxID), "run")
+}
+
+// records reads the sandbox's namespace records; a record that cannot be
+// read or parsed is an inspection failure (it may name a live namespace).
+func (p *Provider) records(sandboxID string) ([]nsRecord, error) {
+	ents, err := os.ReadDir(p.runDir(sandboxID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list namespace records: %w", err)
+	}
+	var out []nsRecord
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(p.runDir(sandboxID), e.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		var r nsRecord
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("namespace record %s: %w", e.Name(), err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// recordNamespace writes the record of a launched wrapper's namespace and
+// returns its path ("" when it could not be written: the namespace is then
+// found through its bubblewrap only).
+func (p *Provider) recordNamespace(m provider.Markers, workspace string, anchorPID, initPID int) string {
+	anchor, err1 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(anchorPID), "stat"))
+	init, err2 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "stat"))
+	ns, err3 := os.Readlink(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "ns", "pid"))
+	if err1 != nil || err2 != nil || err3 != nil {
+		return ""
+	}
+	b, _ := json.Marshal(nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
+		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start, PidNS: ns})
+	if err := os.MkdirAll(p.runDir(m.SandboxID), 0o700); err != nil {
+		return ""
+	}
+	path := filepath.Join(p.runDir(m.SandboxID), WorkspaceName(m.InstanceID)+".json")
+	tmp := path + ".tmp"
+	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
+		_ = os.Remove(tmp)
+		return ""
+	}
+	return path
+}
+
+// keyOf is a unit's runtime key marker ("" and false when it has none).
+func keyOf(u *unit) (string, bool) {
+	k, ok := u.anchor.vars[provider.EnvRuntimeKey]
+	return k, ok
+}
+
 // Discover finds the live wrappers whose sandbox and runtime key markers
-// equal sandboxID and runtimeKey exactly.
+// equal sandboxID and runtimeKey exactly: one Observed per launched wrapper,
+// present while any process of it (inside its namespaces too) remains.
 func (p *Provider) Discover(_ context.Context, sandboxID, runtimeKey string) provider.Discovery {
-	procs, err := scan(p.cfg.ProcRoot, sandboxID, p.self)
+	us, err := p.units(sandboxID)
 	if err != nil {
 		return provider.Discovery{Kind: provider.InspectionFailed, Err: err}
 	}
 	var obs []provider.Observed
-	for _, pe := range procs {
-		if pe.hasKey && pe.runtimeKey == runtimeKey || !pe.hasKey && runtimeKey == "" {
-			obs = append(obs, observed(pe))
-		}
+	for _, u := range matchKey(us, runtimeKey) {
+		obs = append(obs, observed(u))
 	}
 	if len(obs) == 0 {
 		return provider.Discovery{Kind: provider.Absent}
@@ -240,16 +475,27 @@ func (p *Provider) Discover(_ context.Context, sandboxID, runtimeKey string) pro
 	return provider.Discovery{Kind: provider.Present, Observed: obs}
 }
 
-// DiscoverSandbox finds every live process carrying the sandbox's marker,
+func matchKey(us []*unit, runtimeKey string) []*unit {
+	var out []*unit
+	for _, u := range us {
+		if k, has := keyOf(u); has && k == runtimeKey || !has && runtimeKey == "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// DiscoverSandbox finds every live wrapper carrying the sandbox's marker,
 // grouped by runtime key (a missing key marker groups under "").
 func (p *Provider) DiscoverSandbox(_ context.Context, sandboxID string) provider.SandboxDiscovery {
-	procs, err := scan(p.cfg.ProcRoot, sandboxID, p.self)
+	us, err := p.units(sandboxID)
 	if err != nil {
 		return provider.SandboxDiscovery{Kind: provider.InspectionFailed, Err: err}
 	}
 	byKey := map[string][]provider.Observed{}
-	for _, pe := range procs {
-		byKey[pe.runtimeKey] = append(byKey[pe.runtimeKey], observed(pe))
+	for _, u := range us {
+		k, _ := keyOf(u)
+		byKey[k] = append(byKey[k], observed(u))
 	}
 	if len(byKey) == 0 {
 		return provider.SandboxDiscovery{Kind: provider.Absent}
@@ -257,42 +503,52 @@ func (p *Provider) DiscoverSandbox(_ context.Context, sandboxID string) provider
 	return provider.SandboxDiscovery{Kind: provider.Present, ByRuntimeKey: byKey}
 }
 
-func observed(pe procEntry) provider.Observed {
-	return provider.Observed{PID: pe.pid, InstanceID: pe.instance, Generation: pe.generation, Unmarked: pe.unmarked, Workspace: pe.workspace}
+func observed(u *unit) provider.Observed {
+	v := u.anchor.vars
+	o := provider.Observed{PID: u.anchor.pid, Workspace: v[EnvWorkspace]}
+	inst, hasInst := v[provider.EnvInstance]
+	gen, genErr := strconv.ParseUint(v[provider.EnvGeneration], 10, 64)
+	if !hasInst || inst == "" || genErr != nil {
+		o.Unmarked = true
+	} else {
+		o.InstanceID, o.Generation = inst, gen
+	}
+	return o
 }
 
-// Stop sends SIGTERM to the process groups of the target's wrappers,
-// observes at 100 ms, 500 ms and 1 s after it, then sends SIGKILL and
-// observes once more. Only an observation that could look and found
-// nothing yields StopAbsent.
+// Stop sends SIGTERM to the target's wrappers, observes at 100 ms, 500 ms
+// and 1 s after it, then sends SIGKILL to everything of them and observes
+// once more. Only an observation that could look and found nothing yields
+// StopAbsent.
 func (p *Provider) Stop(ctx context.Context, t provider.StopTarget) provider.StopResult {
-	d := p.matchStop(ctx, t)
+	us, d := p.matchStop(t)
 	if d.Kind != provider.Present {
 		return stopResult(d)
 	}
-	p.signal(d.Observed, syscall.SIGTERM)
+	p.terminate(us)
 	var elapsed time.Duration
 	for _, at := range StopSchedule {
 		if err := p.cfg.Sleep(ctx, at-elapsed); err != nil {
 			return provider.StopResult{Kind: provider.StopInspectionFailed, Err: err}
 		}
 		elapsed = at
-		d = p.matchStop(ctx, t)
+		us, d = p.matchStop(t)
 		if d.Kind == provider.Absent {
 			return provider.StopResult{Kind: provider.StopAbsent}
 		}
 		if d.Kind == provider.Present {
-			p.signal(d.Observed, syscall.SIGTERM) // a straggler that joined late
+			p.terminate(us) // a straggler that joined late
 		}
 	}
 	if d.Kind == provider.Present {
-		p.cfg.Logger.Warn("wrapper ignored SIGTERM, killing", "sandbox", t.SandboxID, "runtime_key", t.RuntimeKey, "count", len(d.Observed))
-		p.signal(d.Observed, syscall.SIGKILL)
+		p.cfg.Logger.Warn("wrapper ignored SIGTERM, killing", "sandbox", t.SandboxID, "runtime_key", t.RuntimeKey, "count", len(us))
+		p.kill(us)
 	}
 	if err := p.cfg.Sleep(ctx, KillSettle); err != nil {
 		return provider.StopResult{Kind: provider.StopInspectionFailed, Err: err}
 	}
-	return stopResult(p.matchStop(ctx, t))
+	_, d = p.matchStop(t)
+	return stopResult(d)
 }
 
 func stopResult(d provider.Discovery) provider.StopResult {
@@ -308,34 +564,87 @@ func stopResult(d provider.Discovery) provider.StopResult {
 
 // matchStop discovers the target: every wrapper of the key, or only one
 // instance.
-func (p *Provider) matchStop(ctx context.Context, t provider.StopTarget) provider.Discovery {
-	d := p.Discover(ctx, t.SandboxID, t.RuntimeKey)
-	if d.Kind != provider.Present || t.InstanceID == "" {
-		return d
+func (p *Provider) matchStop(t provider.StopTarget) ([]*unit, provider.Discovery) {
+	us, err := p.units(t.SandboxID)
+	if err != nil {
+		return nil, provider.Discovery{Kind: provider.InspectionFailed, Err: err}
 	}
-	var keep []provider.Observed
-	for _, o := range d.Observed {
-		if o.InstanceID == t.InstanceID {
-			keep = append(keep, o)
+	var keep []*unit
+	for _, u := range matchKey(us, t.RuntimeKey) {
+		if t.InstanceID == "" || observed(u).InstanceID == t.InstanceID {
+			keep = append(keep, u)
 		}
 	}
 	if len(keep) == 0 {
-		return provider.Discovery{Kind: provider.Absent}
+		return nil, provider.Discovery{Kind: provider.Absent}
 	}
-	return provider.Discovery{Kind: provider.Present, Observed: keep}
+	return keep, provider.Discovery{Kind: provider.Present}
 }
 
-// signal sends sig to each process's group (wrappers lead their own group,
-// so the runtime they supervise goes too) and to the process itself, in
-// case an unmarked one shares a group. Our own group is never signalled.
-func (p *Provider) signal(obs []provider.Observed, sig syscall.Signal) {
-	own := syscall.Getpgrp()
-	for _, o := range obs {
-		if _, pgid, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(o.PID), "stat")); err == nil && pgid > 1 && pgid != own {
-			_ = syscall.Kill(-pgid, sig)
+// terminate asks each unit's wrapper to stop: behind the boundary the
+// processes bubblewrap's init started (the wrapper, which stops its runtime
+// and then everything else in its namespace, and whatever was reparented to
+// the init); without it the wrapper's process group (its runtime goes too)
+// and the wrapper itself, in case an unmarked one shares a group.
+func (p *Provider) terminate(us []*unit) {
+	for _, u := range us {
+		if len(u.inits) == 0 {
+			p.signalGroup(u.anchor, syscall.SIGTERM)
+			continue
 		}
-		_ = syscall.Kill(o.PID, sig)
+		for _, m := range u.members {
+			for _, in := range u.inits {
+				if m.ppid == in.pid {
+					p.signal(m, syscall.SIGTERM)
+				}
+			}
+		}
+		if u.orphan {
+			p.signal(u.anchor, syscall.SIGKILL) // its bubblewrap is gone: nothing will stop it gracefully
+		}
 	}
+}
+
+// kill ends each unit outright: the anchor, the namespaces' inits (the
+// kernel kills every process of a PID namespace whose init dies) and every
+// member, in case one is slow to go.
+func (p *Provider) kill(us []*unit) {
+	for _, u := range us {
+		if len(u.inits) == 0 {
+			p.signalGroup(u.anchor, syscall.SIGKILL)
+		}
+		p.signal(u.anchor, syscall.SIGKILL)
+		for _, in := range u.inits {
+			p.signal(in, syscall.SIGKILL)
+		}
+		for _, m := range u.members {
+			p.signal(m, syscall.SIGKILL)
+		}
+	}
+}
+
+// signalGroup signals a process's group (never our own) and the process.
+func (p *Provider) signalGroup(pi *procInfo, sig syscall.Signal) {
+	if pi.pgid > 1 && pi.pgid != syscall.Getpgrp() {
+		_ = syscall.Kill(-pi.pgid, sig)
+	}
+	p.signal(pi, sig)
+}
+
+// signal sends sig through a pidfd opened on the process and checked to
+// still be the one scanned (same start time), so a pid reused since the
+// scan is never signalled.
+func (p *Provider) signal(pi *procInfo, sig syscall.Signal) {
+	fd, err := unix.PidfdOpen(pi.pid, 0)
+	if err != nil {
+		return // gone (ESRCH), or a kernel without pidfds: nothing safe to signal
+	}
+	defer func() { _ = unix.Close(fd) }()
+	st, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(pi.pid), "stat"))
+	if err != nil || st.start != pi.start {
+		return
+	}
+	_ = unix.PidfdSendSignal(fd, sig, nil, 0)
 }
 
 // KeepAlive is a no-op: a directory tree does not expire.

@@ -15,14 +15,33 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/pkg/pause"
+	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
+// newProvider isolates like the service does by default.
 func newProvider(t *testing.T) *Provider {
 	t.Helper()
-	p, err := New(Config{Root: t.TempDir()})
+	p, err := New(Config{Root: t.TempDir(), Isolation: isolation(t)})
 	require.NoError(t, err)
 	return p
+}
+
+// isolation is the boundary of the tests: bubblewrap from PATH, the
+// service's own uid (the test binary is not readable by another), no
+// sockets. A missing bubblewrap fails under CI=true.
+func isolation(t *testing.T) *boundary.Config {
+	t.Helper()
+	bw, err := boundary.FindBwrap(os.Getenv("AGENTPLANE_SANDBOX_BWRAP"))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("bubblewrap is required under CI=true: %v", err)
+		}
+		t.Skipf("no bubblewrap: %v", err)
+	}
+	c := &boundary.Config{Bwrap: bw, UID: -1, GID: -1}
+	require.NoError(t, c.Probe(context.Background(), "", ""))
+	return c
 }
 
 func launch(t *testing.T, p *Provider, sb, key, inst, mode, workspace string) provider.Observed {
@@ -138,7 +157,8 @@ func TestUnmarkedWrapperIsFound(t *testing.T) {
 	require.NoError(t, p.Create(context.Background(), sb))
 	cmd := exec.Command(os.Args[0])
 	cmd.Dir = t.TempDir()
-	cmd.Env = []string{"HELPER_MODE=sleep", provider.EnvSandbox + "=" + sb, provider.EnvRuntimeKey + "=k"}
+	cmd.Env = []string{"HELPER_MODE=sleep", provider.EnvSandbox + "=" + sb, provider.EnvRuntimeKey + "=k",
+		provider.EnvDeployment + "=" + p.cfg.Deployment, provider.EnvSandboxRoot + "=" + p.cfg.Root}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(t, cmd.Start())
 	done := make(chan struct{})
@@ -168,19 +188,26 @@ func fakeProc(t *testing.T, procs map[int][2]string) string {
 		} else if p[0] != "" {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "environ"), []byte(p[0]), 0o644))
 		}
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), []byte(strconv.Itoa(pid)+" (x y) "+p[1]+" 1 "+strconv.Itoa(pid)+" 0"), 0o644))
+		state := p[1]
+		if state == "foreign" {
+			state = "S"
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), []byte(strconv.Itoa(pid)+" (x y) "+state+" 1 "+strconv.Itoa(pid)+" 0"), 0o644))
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "ns"), 0o755))
+		require.NoError(t, os.Symlink("pid:[1]", filepath.Join(dir, "ns", "pid")))
 		status := "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t0000000000000000\n"
 		if p[1] == "foreign" { // holds a capability nobody has
 			status = "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t8000000000000000\n"
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644))
 	}
-	require.NoError(t, os.MkdirAll(filepath.Join(root, "self"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "self", "ns"), 0o755))
+	require.NoError(t, os.Symlink("pid:[1]", filepath.Join(root, "self", "ns", "pid")))
 	return root
 }
 
 func markersEnv(sb, key, inst string) string {
-	return provider.EnvSandbox + "=" + sb + "\x00" + provider.EnvRuntimeKey + "=" + key + "\x00" + provider.EnvInstance + "=" + inst + "\x00" + provider.EnvGeneration + "=1\x00"
+	return provider.EnvDeployment + "=d\x00" + provider.EnvSandboxRoot + "=/r\x00" + provider.EnvSandbox + "=" + sb + "\x00" + provider.EnvRuntimeKey + "=" + key + "\x00" + provider.EnvInstance + "=" + inst + "\x00" + provider.EnvGeneration + "=1\x00"
 }
 
 func TestInspectionFailureIsNeverAbsence(t *testing.T) {
@@ -199,8 +226,9 @@ func TestInspectionFailureIsNeverAbsence(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			p, err := New(Config{Root: t.TempDir(), ProcRoot: c.proc, Sleep: func(context.Context, time.Duration) error { return nil }})
+			p, err := New(Config{Root: t.TempDir(), ProcRoot: c.proc, Deployment: "d", Sleep: func(context.Context, time.Duration) error { return nil }})
 			require.NoError(t, err)
+			p.scope.root = "/r"
 			d := p.Discover(ctx, "sb", "k")
 			require.Equal(t, c.want, d.Kind, "%v", d.Err)
 			if c.want == provider.InspectionFailed {
@@ -267,4 +295,196 @@ func FuzzParseEnviron(f *testing.F) {
 			}
 		}
 	})
+}
+
+// nsOf is the PID namespace bubblewrap (pid) created: its child's.
+func nsOf(t *testing.T, pid int) string {
+	t.Helper()
+	var ns string
+	require.Eventually(t, func() bool {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			st, err := readStat(filepath.Join("/proc", e.Name(), "stat"))
+			if err == nil && st.ppid == pid {
+				ns, err = os.Readlink(filepath.Join("/proc", e.Name(), "ns", "pid"))
+				return err == nil
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	self, err := os.Readlink("/proc/self/ns/pid")
+	require.NoError(t, err)
+	require.NotEqual(t, self, ns, "the wrapper runs in its own PID namespace")
+	return ns
+}
+
+// inNS lists the live host pids in a PID namespace: a scan of host /proc.
+// Namespace inodes are reused once a namespace is gone (other sandboxes on
+// this host may get ours), so after a stop the check is leftOf(snapshot).
+func inNS(ns string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "pid")); err == nil && l == ns && alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// snapshot names processes by pid and start time.
+func snapshot(t *testing.T, pids []int) map[int]uint64 {
+	t.Helper()
+	m := map[int]uint64{}
+	for _, pid := range pids {
+		if st, err := readStat("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
+			m[pid] = st.start
+		}
+	}
+	return m
+}
+
+// leftOf lists the processes of a snapshot still alive (same pid, same
+// start time, not a zombie).
+func leftOf(snap map[int]uint64) []int {
+	var left []int
+	for pid, start := range snap {
+		if st, err := readStat("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && st.start == start && st.state != 'Z' && st.state != 'X' {
+			left = append(left, pid)
+		}
+	}
+	return left
+}
+
+func TestStopEndsEveryDescendant(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	o := launch(t, p, sb, "k", "i", "leak", "/w")
+	ns := nsOf(t, o.PID)
+	require.Eventually(t, func() bool { return len(inNS(ns)) >= 6 }, 10*time.Second, 10*time.Millisecond,
+		"init, the helper and four sleeps")
+	d := p.Discover(context.Background(), sb, "k")
+	require.Equal(t, provider.Present, d.Kind)
+	require.Len(t, d.Observed, 1, "one wrapper, however many processes it has")
+	require.Equal(t, o.PID, d.Observed[0].PID)
+
+	snap := snapshot(t, inNS(ns))
+	res := p.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"})
+	require.Equal(t, provider.StopAbsent, res.Kind, "%v", res.Err)
+	require.Empty(t, leftOf(snap), "absence is verified only when no process of the key remains")
+	p.Wait()
+}
+
+func TestKilledWrapperTakesItsNamespace(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	o := launch(t, p, sb, "k", "i", "leak", "/w")
+	ns := nsOf(t, o.PID)
+	require.Eventually(t, func() bool { return len(inNS(ns)) >= 6 }, 10*time.Second, 10*time.Millisecond)
+	// kill -9 of the wrapper itself (the init's child), not of bubblewrap.
+	var wrapperPID int
+	for _, pid := range inNS(ns) {
+		st, err := readStat("/proc/" + strconv.Itoa(pid) + "/stat")
+		require.NoError(t, err)
+		if parent, err := os.Readlink("/proc/" + strconv.Itoa(st.ppid) + "/ns/pid"); err == nil && parent != ns {
+			continue // the init
+		}
+		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.HasPrefix(string(cmd), os.Args[0]) {
+			wrapperPID = pid
+		}
+	}
+	require.NotZero(t, wrapperPID)
+	snap := snapshot(t, inNS(ns))
+	require.NoError(t, syscall.Kill(wrapperPID, syscall.SIGKILL))
+	eventuallyAbsent(t, p, sb, snap)
+	p.Wait()
+}
+
+// eventuallyAbsent polls discovery until it reports absent, checking each
+// time that absent is never said while a process of the namespace remains.
+func eventuallyAbsent(t *testing.T, p *Provider, sb string, snap map[int]uint64) {
+	t.Helper()
+	var early []int
+	require.Eventually(t, func() bool {
+		if p.Discover(context.Background(), sb, "k").Kind != provider.Absent {
+			return false
+		}
+		early = leftOf(snap)
+		return true
+	}, 20*time.Second, time.Millisecond)
+	require.Empty(t, early, "discovery said absent while processes of the key remained")
+}
+
+// Two deployments on one host with the same sandbox id and runtime key
+// (same org and user) never see or stop each other's wrappers.
+func TestDeploymentsDoNotTouchEachOther(t *testing.T) {
+	iso := isolation(t)
+	p1, err := New(Config{Root: t.TempDir(), Isolation: iso})
+	require.NoError(t, err)
+	p2, err := New(Config{Root: t.TempDir(), Isolation: iso})
+	require.NoError(t, err)
+	require.NotEqual(t, p1.cfg.Deployment, p2.cfg.Deployment)
+	sb := sandboxID(t, p1)
+	_ = sandboxID(t, p2)
+	o1 := launch(t, p1, sb, "k", "i", "sleep", "/w")
+	o2 := launch(t, p2, sb, "k", "i", "sleep", "/w")
+	d := p1.Discover(context.Background(), sb, "k")
+	require.Equal(t, provider.Present, d.Kind)
+	require.Len(t, d.Observed, 1)
+	require.Equal(t, o1.PID, d.Observed[0].PID)
+	require.Equal(t, provider.StopAbsent, p1.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+	require.False(t, alive(o1.PID))
+	require.True(t, alive(o2.PID), "the other deployment's wrapper is untouched")
+	require.Equal(t, provider.Present, p2.Discover(context.Background(), sb, "k").Kind)
+	require.Equal(t, provider.StopAbsent, p2.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+	p1.Wait()
+	p2.Wait()
+}
+
+// kill -9 of a wrapper's bubblewrap (the anchor) ends its namespace, and
+// discovery never says absent before the last process is gone.
+func TestKilledBubblewrapLeavesNothingBehind(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	o := launch(t, p, sb, "k", "i", "leak", "/w")
+	ns := nsOf(t, o.PID)
+	require.Eventually(t, func() bool { return len(inNS(ns)) >= 6 }, 10*time.Second, 10*time.Millisecond)
+	snap := snapshot(t, append(inNS(ns), o.PID))
+	require.NoError(t, syscall.Kill(o.PID, syscall.SIGKILL))
+	eventuallyAbsent(t, p, sb, snap)
+	p.Wait()
+}
+
+// A namespace whose bubblewrap is gone while its init still runs (the
+// service that launched it died too, so nobody ended the init) is found by
+// its record and stopped like any wrapper.
+func TestOrphanedNamespaceIsFoundByItsRecord(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	o := launch(t, p, sb, "k", "i", "leak", "/w")
+	ns := nsOf(t, o.PID)
+	require.Eventually(t, func() bool { return len(inNS(ns)) >= 6 }, 10*time.Second, 10*time.Millisecond)
+	recs, err := p.records(sb)
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	// What a dead service leaves: the records, and the namespace without
+	// its bubblewrap. Read through a second provider (a new incarnation).
+	p2, err := New(Config{Root: p.cfg.Root, Isolation: p.cfg.Isolation})
+	require.NoError(t, err)
+	procs, selfNS, err := scanAll("/proc", p2.self)
+	require.NoError(t, err)
+	delete(procs, o.PID) // as if bubblewrap were gone
+	us := units(procs, selfNS, p2.scope, sb, recs)
+	require.Len(t, us, 1)
+	require.True(t, us[0].orphan)
+	require.Equal(t, "i", observed(us[0]).InstanceID)
+	require.Len(t, us[0].members, len(inNS(ns)))
+	snap := snapshot(t, inNS(ns))
+	require.Equal(t, provider.StopAbsent, p2.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+	require.Empty(t, leftOf(snap))
+	p.Wait()
 }

@@ -1,0 +1,195 @@
+package boundary
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// The test binary doubles as the program run inside the boundary: with
+// BOUNDARY_HELPER set it tries what a hostile runtime would and prints the
+// errno of each attempt as JSON.
+func TestMain(m *testing.M) {
+	if os.Getenv("BOUNDARY_HELPER") != "" {
+		os.Exit(helper())
+	}
+	os.Exit(m.Run())
+}
+
+func errno(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return unix.ErrnoName(e)
+	}
+	return err.Error()
+}
+
+func helper() int {
+	got := map[string]string{}
+	_, _, e := unix.RawSyscall(unix.SYS_PTRACE, unix.PTRACE_TRACEME, 0, 0)
+	got["ptrace"] = errno(errOrNil(e))
+	got["unshare_user"] = errno(unix.Unshare(unix.CLONE_NEWUSER))
+	got["unshare_ns"] = errno(unix.Unshare(unix.CLONE_NEWNS))
+	got["mount"] = errno(unix.Mount("tmpfs", "/tmp", "tmpfs", 0, ""))
+	_, _, e = unix.RawSyscall(unix.SYS_KEYCTL, 0 /* KEYCTL_GET_KEYRING_ID */, 0, 0)
+	got["keyctl"] = errno(errOrNil(e))
+	_, _, e = unix.RawSyscall(unix.SYS_BPF, 0, 0, 0)
+	got["bpf"] = errno(errOrNil(e))
+	_, _, e = unix.RawSyscall6(unix.SYS_PERF_EVENT_OPEN, 0, 0, ^uintptr(0), ^uintptr(0), 0, 0)
+	got["perf_event_open"] = errno(errOrNil(e))
+	_, _, e = unix.RawSyscall6(unix.SYS_KEXEC_LOAD, 0, 0, 0, 0, 0, 0)
+	got["kexec_load"] = errno(errOrNil(e))
+	_, _, e = unix.RawSyscall(unix.SYS_CLONE, unix.CLONE_NEWUSER|uintptr(syscall.SIGCHLD), 0, 0)
+	got["clone_newuser"] = errno(errOrNil(e))
+	_, _, e = unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
+	got["clone3"] = errno(errOrNil(e))
+	if err := (Limits{OpenFiles: 64, Processes: 100, AddressSpace: 0}).Apply(); err != nil {
+		got["apply"] = err.Error()
+	}
+	got["raise_nofile"] = errno(syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 65, Max: 65}))
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(status), "\n") {
+		for _, k := range []string{"CapEff", "CapPrm", "NoNewPrivs", "Seccomp"} {
+			if v, ok := strings.CutPrefix(line, k+":"); ok {
+				got[k] = strings.TrimSpace(v)
+			}
+		}
+	}
+	got["pid"] = fmt.Sprint(os.Getpid())
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		if e.Name()[0] >= '0' && e.Name()[0] <= '9' {
+			n++
+		}
+	}
+	got["visible_pids"] = fmt.Sprint(n)
+	_, err := os.Stat("/work")
+	got["stat_host_dir"] = errno(err)
+	_ = json.NewEncoder(os.Stdout).Encode(got)
+	return 0
+}
+
+func errOrNil(e syscall.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
+}
+
+func bwrapOrFail(t *testing.T) string {
+	t.Helper()
+	p, err := FindBwrap(os.Getenv("AGENTPLANE_SANDBOX_BWRAP"))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("bubblewrap is required under CI=true: %v", err)
+		}
+		t.Skipf("no bubblewrap: %v", err)
+	}
+	return p
+}
+
+// TestBoundaryRefusesWhatReachesOut runs a real program under the real
+// bubblewrap command line and seccomp filter.
+func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
+	bw := bwrapOrFail(t)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	c := Config{Bwrap: bw, UID: -1, GID: -1}
+	require.NoError(t, c.Probe(context.Background(), "", ""))
+	sc, err := SeccompFile()
+	require.NoError(t, err)
+	defer sc.Close()
+	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, 3), self)
+	cmd := exec.Command(bw, args...)
+	cmd.Env = []string{"BOUNDARY_HELPER=1"}
+	cmd.ExtraFiles = []*os.File{sc}
+	out, err := cmd.Output()
+	require.NoError(t, err, "%s", exitStderr(err))
+	got := map[string]string{}
+	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	for _, k := range []string{"ptrace", "unshare_user", "unshare_ns", "mount", "keyctl", "bpf", "perf_event_open", "kexec_load", "clone_newuser", "raise_nofile"} {
+		require.Equal(t, "EPERM", got[k], "%s: %v", k, got)
+	}
+	require.Equal(t, "ENOSYS", got["clone3"], "clone3 falls back to clone: %v", got)
+	require.Empty(t, got["apply"])
+	require.Equal(t, "0000000000000000", got["CapEff"])
+	require.Equal(t, "0000000000000000", got["CapPrm"])
+	require.Equal(t, "1", got["NoNewPrivs"])
+	require.Equal(t, "2", got["Seccomp"], "filter mode")
+	require.Equal(t, "2", got["pid"], "own PID namespace: bubblewrap's init is 1")
+	require.Equal(t, "2", got["visible_pids"], "only the namespace's init and itself")
+	require.Equal(t, "ENOENT", got["stat_host_dir"], "host directories outside the view do not exist")
+}
+
+func exitStderr(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(ee.Stderr)
+	}
+	return ""
+}
+
+func TestSeccompProgramShape(t *testing.T) {
+	p, err := SeccompProgram()
+	require.NoError(t, err)
+	require.Zero(t, len(p)%8, "struct sock_filter is 8 bytes")
+	require.Less(t, len(p)/8, 4096, "BPF_MAXINSNS")
+}
+
+func TestLimitsRoundTrip(t *testing.T) {
+	l := Limits{OpenFiles: 10, Processes: 20, AddressSpace: 30}
+	got, err := ParseLimits(l.String())
+	require.NoError(t, err)
+	require.Equal(t, l, got)
+	for _, bad := range []string{"nofile", "nofile=0", "nofile=-1", "x=1", "nofile=1,,", "as=1e9"} {
+		_, err := ParseLimits(bad)
+		require.Error(t, err, bad)
+	}
+	got, err = ParseLimits("")
+	require.NoError(t, err)
+	require.Equal(t, Limits{}, got)
+}
+
+func FuzzParseLimits(f *testing.F) {
+	for _, s := range []string{"nofile=1,nproc=2,as=3", "", "as=", "=1", "nofile=18446744073709551615"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		l, err := ParseLimits(s)
+		if err != nil {
+			return
+		}
+		back, err := ParseLimits(l.String())
+		if err != nil || back != l {
+			t.Fatalf("%q → %+v → %q → %+v, %v", s, l, l.String(), back, err)
+		}
+	})
+}
+
+func TestArgsBindNothingElse(t *testing.T) {
+	c := Config{Bwrap: "/usr/bin/bwrap", ReadOnly: []string{"/opt/agents"}, SocketDir: "/srv/sk", UID: -1, GID: -1}
+	a := strings.Join(c.Args(Mount{Workspace: "/r/sb/workspaces/w", Home: "/r/sb/homes/w", Program: "/bin/wrapper"}, 4), " ")
+	require.Contains(t, a, "--bind /r/sb/workspaces/w /r/sb/workspaces/w")
+	require.Contains(t, a, "--bind /r/sb/homes/w /r/sb/homes/w")
+	require.Contains(t, a, "--ro-bind /opt/agents /opt/agents")
+	require.Contains(t, a, "--ro-bind /srv/sk "+InnerSocketDir)
+	require.Contains(t, a, "--seccomp 4")
+	require.NotContains(t, a, "--bind / ")
+	require.NotContains(t, a, "/r/sb ")
+	require.Less(t, strings.Index(a, "--tmpfs /tmp"), strings.Index(a, "--bind /r/sb/homes"), "tmpfs before binds that may live under /tmp")
+	require.True(t, strings.HasSuffix(a, "--"))
+}

@@ -1,0 +1,200 @@
+package boundary
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Isolation modes (SANDBOX_ISOLATION).
+const (
+	ModeNamespaces = "namespaces" // the default: bubblewrap namespaces, seccomp, no capabilities
+	ModeNone       = "none"       // explicit only; wrappers share the service's uid, PID and network namespace
+)
+
+// InnerSocketDir is where the host's socket directory (Config.SocketDir)
+// appears inside a sandbox: control/ holds the sandbox service replicas'
+// control sockets, proxy/ the relays to the credential proxy.
+const InnerSocketDir = "/run/agentplane"
+
+// Config is how sandboxes are isolated.
+type Config struct {
+	// Bwrap is the bubblewrap binary.
+	Bwrap string
+	// ReadOnly are extra host paths bound read-only at the same path: the
+	// installed agent runtimes (e.g. an agents/node_modules directory).
+	ReadOnly []string
+	// SocketDir is the host directory bound read-only at InnerSocketDir.
+	SocketDir string
+	// UID and GID run the sandbox as this host user (when the service is
+	// root); -1 keeps the service's own.
+	UID, GID int
+}
+
+// Mount is what one wrapper sees besides the system directories.
+type Mount struct {
+	Workspace string // bound read-write at the same path; the working directory
+	Home      string // bound read-write at the same path
+	Program   string // the wrapper binary, bound read-only at the same path
+}
+
+// etcFiles are the few files of /etc a runtime needs: the dynamic linker's
+// cache, user and name-service lookups, time zone, TLS roots, git's and
+// Debian's alternatives. Nothing else of /etc (no machine secrets).
+var etcFiles = []string{
+	"/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
+	"/etc/nsswitch.conf", "/etc/hosts", "/etc/localtime", "/etc/ssl/certs", "/etc/ca-certificates",
+	"/etc/pki", "/etc/alternatives", "/etc/gitconfig", "/etc/mime.types",
+}
+
+// systemDirs are bound read-only, or recreated as the same symlink when the
+// host has merged /usr (Debian: /bin → usr/bin).
+var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
+
+// Args is bubblewrap's command line for one wrapper, up to and including
+// "--"; seccompFD is the inherited descriptor holding SeccompProgram.
+//
+// Order matters: bubblewrap applies the operations in turn, so /tmp is a
+// fresh tmpfs before the workspace (which may live under /tmp) is bound.
+func (c Config) Args(m Mount, seccompFD int) []string {
+	a := []string{
+		"--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--disable-userns", "--hostname", "sandbox",
+		// No --die-with-parent: a wrapper outlives its sandbox service (it
+		// reconnects to the replica that takes over, DESIGN 3.2).
+		"--new-session", "--cap-drop", "ALL",
+		"--seccomp", strconv.Itoa(seccompFD),
+	}
+	for _, d := range systemDirs {
+		fi, err := os.Lstat(d)
+		switch {
+		case err != nil:
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(d); err == nil {
+				a = append(a, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			a = append(a, "--ro-bind", d, d)
+		}
+	}
+	for _, f := range etcFiles {
+		a = append(a, "--ro-bind-try", f, f)
+	}
+	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run")
+	a = append(a, "--ro-bind", m.Program, m.Program)
+	for _, p := range c.ReadOnly {
+		a = append(a, "--ro-bind", p, p)
+	}
+	if c.SocketDir != "" {
+		a = append(a, "--ro-bind", c.SocketDir, InnerSocketDir)
+	}
+	a = append(a, "--bind", m.Home, m.Home, "--bind", m.Workspace, m.Workspace,
+		"--setenv", "TMPDIR", "/tmp", "--chdir", m.Workspace, "--")
+	return a
+}
+
+// SeccompFile returns a pipe's read end holding SeccompProgram, for a child
+// to inherit (bubblewrap reads it to the end before it starts the wrapper).
+func SeccompFile() (*os.File, error) {
+	prog, err := SeccompProgram()
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	_, werr := w.Write(prog) // a few hundred bytes: far below a pipe's buffer
+	cerr := w.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Credential is the SysProcAttr credential that runs bubblewrap as the
+// configured host user, or nil to keep the service's.
+func (c Config) Credential() *syscall.Credential {
+	if c.UID < 0 || os.Geteuid() != 0 {
+		return nil
+	}
+	return &syscall.Credential{Uid: uint32(c.UID), Gid: uint32(c.GID), Groups: []uint32{}}
+}
+
+// Probe runs a command under exactly the namespaces, filesystem view and
+// seccomp filter of a wrapper — with a workspace under the directory under
+// and program (the wrapper binary; empty: none) bound as a wrapper's — and
+// reports why it cannot when the host (the kernel, a container's seccomp
+// profile, a missing binary, a path the sandbox user cannot reach) does not
+// allow it.
+func (c Config) Probe(ctx context.Context, under, program string) error {
+	if c.Bwrap == "" {
+		return errors.New("bubblewrap (bwrap) not found on PATH")
+	}
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	if program == "" {
+		program = truePath
+	}
+	dir, err := os.MkdirTemp(under, ".probe-")
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if cred := c.Credential(); cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+	}
+	sc, err := SeccompFile()
+	if err != nil {
+		return err
+	}
+	defer sc.Close()
+	probe := c
+	if probe.SocketDir != "" {
+		if _, err := os.Stat(probe.SocketDir); err != nil {
+			probe.SocketDir = ""
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	args := append(probe.Args(Mount{Workspace: dir, Home: dir, Program: program}, 3), truePath)
+	cmd := exec.CommandContext(ctx, c.Bwrap, args...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.ExtraFiles = []*os.File{sc}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.Credential()}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return fmt.Errorf("%s cannot set up a sandbox: %s", filepath.Base(c.Bwrap), msg)
+	}
+	return nil
+}
+
+// FindBwrap resolves the bubblewrap binary: path when set, else bwrap on PATH.
+func FindBwrap(path string) (string, error) {
+	if path == "" {
+		path = "bwrap"
+	}
+	p, err := exec.LookPath(path)
+	if err != nil {
+		return "", fmt.Errorf("bubblewrap: %w", err)
+	}
+	return filepath.Abs(p)
+}

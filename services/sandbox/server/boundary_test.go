@@ -1,0 +1,333 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/services/sandbox/internal/provider/process"
+	"agentplane.dev/services/sandbox/server"
+)
+
+var (
+	hostileOnce sync.Once
+	hostileBin  string
+	hostileErr  error
+)
+
+// hostile builds testdata/hostile (a wrapper whose runtime attacks its
+// boundary) next to the sandbox binary.
+func hostile(t *testing.T) string {
+	t.Helper()
+	hostileOnce.Do(func() {
+		hostileBin = filepath.Join(filepath.Dir(binPath), "hostile")
+		out, err := exec.Command("go", "build", "-o", hostileBin, "./testdata/hostile").CombinedOutput()
+		if err != nil {
+			hostileErr = fmt.Errorf("build hostile runtime: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, hostileErr)
+	return hostileBin
+}
+
+// targets writes what the hostile runtime of (sandbox, dir) attacks into its
+// workspace before the route exists.
+func targets(t *testing.T, root, sandbox, dir string, v any) string {
+	t.Helper()
+	ws := filepath.Join(root, sandbox, "workspaces", process.WorkspaceName(dir))
+	require.NoError(t, os.MkdirAll(ws, 0o755))
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "targets.json"), b, 0o644))
+	return ws
+}
+
+func report(t *testing.T, ws string) map[string]string {
+	t.Helper()
+	var rep map[string]string
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(ws, "hostile-report.json"))
+		return err == nil && json.Unmarshal(b, &rep) == nil
+	}, 60*time.Second, 20*time.Millisecond, "the hostile runtime never reported")
+	return rep
+}
+
+// The hostile-runtime e2e of issue 16: a runtime that tries to read
+// another process's environ or memory (a service's, another sandbox's
+// wrapper's), another sandbox's files and the sandbox root's, to connect to
+// Redis, to a service's gRPC port, to an HTTP server on host loopback and to
+// the proxy's real address, to signal a process outside and to raise its
+// limits — every attempt fails — and that reaches the model provider through
+// proxy_url and gets the answer.
+func TestHostileRuntimeIsContained(t *testing.T) {
+	bin := hostile(t)
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "provider answer for "+r.URL.Path)
+	}))
+	defer provider.Close()
+	hostHTTP := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "host secret") }))
+	defer hostHTTP.Close()
+
+	n := startNotify(t)
+	svc := startService(t, n.addr, func(c *server.Config) {
+		c.WrapperCommand = []string{bin, "wrapper"}
+		c.ProxyURL = provider.URL
+	})
+
+	// A neighbour sandbox with a file and a wrapper of its own.
+	nb := uniqueSandbox(t)
+	nws := targets(t, svc.root, nb, "/repo/neighbour", map[string]any{})
+	require.NoError(t, os.WriteFile(filepath.Join(nws, "secret.txt"), []byte("neighbour secret"), 0o644))
+	waitReady(t, svc, n, 0, route(nb, "n1", "/repo/neighbour"))
+	nOuter, nInner := wrappersOf(t, nb), innerWrappersOf(t, nb)
+	require.Len(t, nOuter, 1)
+	require.Len(t, nInner, 1)
+	nbLogs, _ := filepath.Glob(filepath.Join(svc.root, nb, "logs", "*.log"))
+	nbRecords, _ := filepath.Glob(filepath.Join(svc.root, nb, "run", "*.json"))
+	require.NotEmpty(t, nbLogs)
+	require.NotEmpty(t, nbRecords)
+
+	sb := uniqueSandbox(t)
+	redisAddr := strings.TrimPrefix(redisSrv.URL(), "redis://")
+	if i := strings.LastIndexByte(redisAddr, '/'); i > 0 {
+		redisAddr = redisAddr[:i]
+	}
+	ws := targets(t, svc.root, sb, "/repo/hostile", map[string]any{
+		"pids":  []int{os.Getpid(), nOuter[0].PID, nInner[0].PID},
+		"files": []string{filepath.Join(nws, "secret.txt"), nbLogs[0], nbRecords[0], filepath.Join(svc.root, sb, "logs")},
+		"addrs": []string{redisAddr, svc.addr, hostHTTP.Listener.Addr().String(), provider.Listener.Addr().String()},
+	})
+	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/hostile"))
+	rep := report(t, ws)
+	t.Logf("hostile report: %v", rep)
+
+	for _, k := range []string{"proxy", "uid", "rlimit nofile"} {
+		require.Contains(t, rep, k)
+	}
+	attempts := 0
+	for k, v := range rep {
+		switch k {
+		case "proxy", "uid", "rlimit nofile":
+			continue
+		}
+		attempts++
+		require.True(t, strings.HasPrefix(v, "failed: "), "%s succeeded from inside the sandbox: %s", k, v)
+	}
+	require.GreaterOrEqual(t, attempts, 3*4+5+1+5+2, "every attack ran: pids, files, /usr, addresses, limits")
+	for _, pid := range []int{os.Getpid(), nOuter[0].PID, nInner[0].PID} {
+		require.Contains(t, rep[fmt.Sprintf("read /proc/%d/environ", pid)], "no such file", "processes outside are not even visible")
+		require.Contains(t, rep[fmt.Sprintf("signal %d", pid)], "no such process")
+	}
+	require.Contains(t, rep["raise rlimit nofile"], "operation not permitted")
+	require.Equal(t, "4096/4096", rep["rlimit nofile"], "the default SANDBOX_RLIMITS hold")
+	if os.Geteuid() == 0 {
+		require.Equal(t, "65534", rep["uid"], "a root service runs sandboxes as nobody")
+	}
+	require.Equal(t, "ok: provider answer for /s/"+sb+"/provider/v1/messages", rep["proxy"], "the proxy is reachable through proxy_url")
+
+	// The runtime still works: a turn completes.
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
+	out, _ := n.wait(t, i, "outcome", "s1")
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
+}
+
+// leftovers names every process of a sandbox's wrapper (its bubblewrap and
+// every process of the PID namespace it created) by pid and start time.
+func leftovers(t *testing.T, sandbox string) map[int]string {
+	t.Helper()
+	ws := wrappersOf(t, sandbox)
+	require.Len(t, ws, 1)
+	var ns string
+	for _, p := range procs(t) {
+		if p.PPID == ws[0].PID {
+			ns = p.PidNS
+		}
+	}
+	require.NotEmpty(t, ns)
+	snap := map[int]string{ws[0].PID: startOf(ws[0].PID)}
+	for _, p := range procs(t) {
+		if p.PidNS == ns {
+			snap[p.PID] = startOf(p.PID)
+		}
+	}
+	return snap
+}
+
+func startOf(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 20 || f[0] == "Z" {
+		return ""
+	}
+	return f[19]
+}
+
+func stillRunning(snap map[int]string) []int {
+	var left []int
+	for pid, start := range snap {
+		if s := startOf(pid); s != "" && s == start {
+			left = append(left, pid)
+		}
+	}
+	return left
+}
+
+func leaseOf(t *testing.T, svc *service, sandbox string) sandboxv1.LeaseState {
+	st, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sandbox})
+	require.NoError(t, err)
+	for _, k := range st.GetSandbox().GetRuntimeKeys() {
+		return k.GetLeaseState()
+	}
+	return sandboxv1.LeaseState_LEASE_STATE_UNSPECIFIED
+}
+
+// Leak tests of issue 16: a runtime that leaves `sleep 600 &`, `setsid
+// sleep 600 &`, a double fork and a process without environment behind.
+// Once the service holds the runtime key absent — after the release of the
+// last session, after an idle stop, after kill -9 of the wrapper — a scan of
+// host /proc finds no process of it.
+func TestNoProcessOutlivesItsRuntimeKey(t *testing.T) {
+	bin := hostile(t)
+	cases := map[string]struct {
+		idle time.Duration
+		act  func(t *testing.T, svc *service, sb string)
+	}{
+		"release": {act: func(t *testing.T, svc *service, sb string) {
+			require.Eventually(t, func() bool {
+				rel, err := svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+				require.NoError(t, err)
+				return rel.GetAbsenceVerified()
+			}, 60*time.Second, 100*time.Millisecond)
+		}},
+		"idle": {idle: 2 * time.Second, act: func(*testing.T, *service, string) {}},
+		"kill9": {act: func(t *testing.T, _ *service, sb string) {
+			inner := innerWrappersOf(t, sb)
+			require.Len(t, inner, 1)
+			require.NoError(t, syscall.Kill(inner[0].PID, syscall.SIGKILL))
+		}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			n := startNotify(t)
+			svc := startService(t, n.addr, func(cfg *server.Config) {
+				cfg.WrapperCommand = []string{bin, "wrapper"}
+				if c.idle > 0 {
+					cfg.Timers.IdleStop = c.idle
+				}
+			})
+			sb := uniqueSandbox(t)
+			ws := targets(t, svc.root, sb, "/repo/leak", map[string]any{"leak": true})
+			waitReady(t, svc, n, 0, route(sb, "s1", "/repo/leak"))
+			require.Equal(t, "ok", report(t, ws)["leak"])
+			var snap map[int]string
+			require.Eventually(t, func() bool { snap = leftovers(t, sb); return len(snap) >= 8 }, 20*time.Second, 20*time.Millisecond,
+				"bubblewrap, its init, the wrapper, the hostile runtime, the scripted one and four sleeps")
+			require.Equal(t, sandboxv1.LeaseState_LEASE_STATE_OWNS_WRAPPER, leaseOf(t, svc, sb))
+
+			c.act(t, svc, sb)
+			require.Eventually(t, func() bool { return leaseOf(t, svc, sb) == sandboxv1.LeaseState_LEASE_STATE_NONE }, 60*time.Second, 50*time.Millisecond,
+				"the service verifies the runtime key absent")
+			require.Empty(t, stillRunning(snap), "processes of the runtime key outlived its verified absence")
+		})
+	}
+}
+
+// A workspace that cannot be prepared (the sandbox's tree is read-only)
+// fails the route with sandbox_recovering, retryably; once the tree is
+// writable again the next preparation recovers (DESIGN 3.4).
+func TestUnwritableWorkspaceFailsTheRouteAndRecovers(t *testing.T) {
+	n := startNotify(t)
+	svc := startService(t, n.addr, nil)
+	sb := uniqueSandbox(t)
+	dir := filepath.Join(svc.root, sb)
+	for _, d := range []string{"workspaces", "homes", "logs"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, d), 0o755)) // the sandbox exists; its new workspace cannot
+	}
+	if out, err := exec.Command("mount", "--bind", "-o", "ro", dir, dir).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("read-only bind mount: %v: %s", err, out)
+		}
+		t.Skipf("cannot mount here: %v: %s", err, out)
+	}
+	mounted := true
+	unmount := func() {
+		if mounted {
+			out, err := exec.Command("umount", dir).CombinedOutput()
+			require.NoError(t, err, "umount: %s", out)
+			mounted = false
+		}
+	}
+	t.Cleanup(unmount)
+	// The bind mount may not be read-only on the first step on old
+	// util-linux: make sure.
+	if err := os.WriteFile(filepath.Join(dir, "probe"), nil, 0o644); err == nil {
+		out, err := exec.Command("mount", "-o", "remount,bind,ro", dir).CombinedOutput()
+		require.NoError(t, err, "remount ro: %s", out)
+		_ = os.Remove(filepath.Join(dir, "probe"))
+	}
+
+	_, err := svc.client.Prepare(context.Background(), route(sb, "s1", "/repo/ro"))
+	require.NoError(t, err)
+	failed, i := n.wait(t, 0, "failed", "s1")
+	require.Equal(t, "sandbox_recovering", failed.Reason)
+	require.Empty(t, wrappersOf(t, sb), "nothing runs for a route that could not be prepared")
+
+	unmount()
+	_, err = svc.client.Prepare(context.Background(), route(sb, "s1", "/repo/ro"))
+	require.NoError(t, err)
+	n.wait(t, i, "ready", "s1")
+}
+
+// Two deployments on one host (their own Redis and sandbox root, the same
+// org, user and so sandbox id): sessions in both run to completion, and
+// stopping one's runtime key, or its leak sweep, never touches the other's
+// wrapper.
+func TestTwoDeploymentsSameSandboxIDDoNotTouch(t *testing.T) {
+	n1, n2 := startNotify(t), startNotify(t)
+	redis2 := redistest.Start(t)
+	svc1 := startService(t, n1.addr, nil)
+	svc2 := startService(t, n2.addr, func(c *server.Config) { c.RedisURL = redis2.URL() })
+	sb := uniqueSandbox(t)
+	_, i1 := waitReady(t, svc1, n1, 0, route(sb, "s1", "/repo/same"))
+	_, i2 := waitReady(t, svc2, n2, 0, route(sb, "s1", "/repo/same"))
+	all := wrappersOf(t, sb)
+	require.Len(t, all, 2, "one wrapper per deployment")
+
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc1, sb, "s1", "m1", "hello one"))
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc2, sb, "s1", "m1", "hello two"))
+	o1, _ := n1.wait(t, i1, "outcome", "s1")
+	o2, _ := n2.wait(t, i2, "outcome", "s1")
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", o1.Reason)
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", o2.Reason)
+
+	// Deployment 2 releases its session: only its wrapper goes.
+	require.Eventually(t, func() bool {
+		rel, err := svc2.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+		require.NoError(t, err)
+		return rel.GetAbsenceVerified()
+	}, 60*time.Second, 100*time.Millisecond)
+	left := wrappersOf(t, sb)
+	require.Len(t, left, 1)
+	require.Equal(t, svc1.root, left[0].Env["AGENTPLANE_SANDBOX_ROOT"], "deployment 1's wrapper survives")
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc1, sb, "s1", "m2", "still here"))
+	_, _ = n1.wait(t, i1, "outcome", "s1")
+}
