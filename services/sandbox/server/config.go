@@ -283,8 +283,14 @@ func (c *Config) wrapperCommand() ([]string, error) {
 	return append([]string{bin, "wrapper"}, strings.Fields(c.WrapperArgs)...), nil
 }
 
+// readOnlyPaths are SANDBOX_READONLY_PATHS plus the pinned agents'
+// directory: an agent profile the service offers must be runnable inside
+// the boundary without the operator listing its directory twice.
 func (c *Config) readOnlyPaths() []string {
 	var out []string
+	if c.AgentsDir != "" {
+		out = append(out, filepath.Clean(c.AgentsDir))
+	}
 	for _, p := range strings.Split(c.ReadOnlyPaths, ":") {
 		if p = strings.TrimSpace(p); p != "" {
 			out = append(out, filepath.Clean(p))
