@@ -209,22 +209,12 @@ func NewCluster(dir string) (*Cluster, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := c.WaitHealthy(ctx); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
-	return c, nil
+	return healthyOrClosed(c)
 }
 
 // Addrs are the nodes' host:port addresses.
 func (c *Cluster) Addrs() []string {
-	out := make([]string, len(c.Nodes))
-	for i, n := range c.Nodes {
-		out[i] = n.Addr()
-	}
-	return out
+	return addrsOf(c.Nodes)
 }
 
 // URL is the redis+cluster:// URL of the cluster (every node as a seed).
@@ -412,22 +402,12 @@ func NewSentinel(dir string) (*SentinelGroup, error) {
 		}
 		g.Sentinels = append(g.Sentinels, s)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := g.WaitHealthy(ctx); err != nil {
-		_ = g.Close()
-		return nil, err
-	}
-	return g, nil
+	return healthyOrClosed(g)
 }
 
 // SentinelAddrs are the sentinels' host:port addresses.
 func (g *SentinelGroup) SentinelAddrs() []string {
-	out := make([]string, len(g.Sentinels))
-	for i, s := range g.Sentinels {
-		out[i] = s.Addr()
-	}
-	return out
+	return addrsOf(g.Sentinels)
 }
 
 // URL is the redis+sentinel:// URL of the group.
@@ -530,4 +510,31 @@ func (g *SentinelGroup) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// topology is a started group of servers (a Cluster or a SentinelGroup).
+type topology interface {
+	WaitHealthy(ctx context.Context) error
+	Close() error
+}
+
+// healthyOrClosed gives t a minute to become healthy; one that does not is
+// closed, so a failed start leaves no server running.
+func healthyOrClosed[T topology](t T) (T, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := t.WaitHealthy(ctx); err != nil {
+		_ = t.Close()
+		var zero T
+		return zero, err
+	}
+	return t, nil
+}
+
+func addrsOf(servers []*Server) []string {
+	out := make([]string, len(servers))
+	for i, s := range servers {
+		out[i] = s.Addr()
+	}
+	return out
 }
