@@ -72,7 +72,7 @@ type restartable struct {
 }
 
 func startRestartable(t *testing.T) *restartable {
-	root := t.TempDir()
+	root := sandboxRoot(t)
 	killProcessesUnder(t, root)
 	captureStderr(t)
 	provider := httptest.NewServer(&upstream{})

@@ -107,7 +107,7 @@ func startMetricsSuite(t *testing.T) (grpcAddr, metricsURL map[string]string) {
 	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
 	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
 	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
-	bcfg.SandboxRoot, bcfg.WrapperBin = t.TempDir(), wrapperBin
+	bcfg.SandboxRoot, bcfg.WrapperBin = sandboxRoot(t), wrapperBin
 	scfg := session.DefaultConfig()
 	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, metrics["session"]
 	scfg.LogLevel, scfg.LogFormat = slog.LevelError, "text"

@@ -83,7 +83,7 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	_, _ = rand.Read(key)
 	b64 := base64.StdEncoding.EncodeToString(key)
 	metrics := map[string]string{"session": freeAddr(t), "sandbox": freeAddr(t), "credential": freeAddr(t), "ingest": freeAddr(t)}
-	root := t.TempDir()
+	root := sandboxRoot(t)
 	killProcessesUnder(t, root)
 
 	ccfg := credential.DefaultConfig()
@@ -101,6 +101,7 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
 	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
 	bcfg.SandboxRoot, bcfg.WrapperBin = root, wrapperBin
+	bcfg.Deployment = "d-metrics" // the leaked wrapper below carries it: discovery sees only its own deployment
 	scfg := session.DefaultConfig()
 	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, metrics["session"]
 	scfg.LogLevel, scfg.LogFormat = slog.LevelError, "text"
@@ -132,7 +133,8 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	// Adopting the sandbox (the first session's Prepare) sweeps, finds and stops it.
 	sandboxID := "sbx-metrics-" + s.run
 	leak := exec.Command("sleep", "300")
-	leak.Env = []string{"AGENTPLANE_SANDBOX=" + sandboxID, "AGENTPLANE_RUNTIME_KEY=leaked-key", "AGENTPLANE_INSTANCE=i-leaked", "AGENTPLANE_GENERATION=1"}
+	leak.Env = []string{"AGENTPLANE_SANDBOX=" + sandboxID, "AGENTPLANE_RUNTIME_KEY=leaked-key", "AGENTPLANE_INSTANCE=i-leaked", "AGENTPLANE_GENERATION=1",
+		"AGENTPLANE_DEPLOYMENT=d-metrics", "AGENTPLANE_SANDBOX_ROOT=" + root}
 	leak.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: the stop signals the group
 	require.NoError(t, leak.Start())
 	leakExited := make(chan struct{})

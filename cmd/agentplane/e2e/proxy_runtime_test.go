@@ -138,10 +138,7 @@ func startSuiteIsolated(t testing.TB, isolation string) *suite {
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
-	root := t.TempDir()
-	// t.TempDir's directories are 0700; the sandboxes' own user traverses them.
-	require.NoError(t, os.Chmod(filepath.Dir(root), 0o755))
-	require.NoError(t, os.Chmod(root, 0o755))
+	root := sandboxRoot(t)
 	s := &suite{up: &upstream{}, root: root, run: newRunID()}
 	killProcessesUnder(t, s.root)
 	s.logs = captureStderr(t)
@@ -429,4 +426,13 @@ func TestSiblingAdoptsWorktreeHandle(t *testing.T) {
 		digests[c.SecretDigest] = true
 	}
 	require.Len(t, digests, 1)
+}
+
+// sandboxRoot is a fresh sandbox root that the sandboxes' own user (nobody,
+// when the tests run as root) can traverse: t.TempDir's directories are 0700.
+func sandboxRoot(t testing.TB) string {
+	root := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(root), 0o755))
+	require.NoError(t, os.Chmod(root, 0o755))
+	return root
 }

@@ -173,7 +173,7 @@ func waitCompleted(t *testing.T, ses sessionv1.SessionServiceClient, sessionID, 
 // replica and its sessions complete their next message.
 func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
 	rs := redistest.Start(t)
-	root := t.TempDir()
+	root := sandboxRoot(t)
 	killProcessesUnder(t, root)
 	run := newRunID()
 

@@ -181,7 +181,7 @@ func startProcSuite(t *testing.T) (*suite, *sandboxProc) {
 }
 
 func startProcSuiteCut(t *testing.T) (*suite, *sandboxProc, *cutProxy) {
-	s := &suite{up: &upstream{}, root: t.TempDir(), run: newRunID()}
+	s := &suite{up: &upstream{}, root: sandboxRoot(t), run: newRunID()}
 	killProcessesUnder(t, s.root)
 	provider := httptest.NewServer(s.up)
 	t.Cleanup(provider.Close)

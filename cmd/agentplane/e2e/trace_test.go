@@ -119,7 +119,7 @@ func TestOneTraceAcrossEveryHop(t *testing.T) {
 	rs := redistest.Start(t)
 	provider := httptest.NewServer(&upstream{})
 	t.Cleanup(provider.Close)
-	root := t.TempDir()
+	root := sandboxRoot(t)
 	killProcessesUnder(t, root)
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
@@ -137,7 +137,11 @@ func TestOneTraceAcrossEveryHop(t *testing.T) {
 		"AGENTPLANE_PROVIDER_UPSTREAM="+provider.URL))
 	startProcess(t, bin, "sandbox", with("AGENTPLANE_GRPC_ADDR="+sbx, "AGENTPLANE_SESSION_ADDR="+ses,
 		"AGENTPLANE_CREDENTIAL_ADDR="+cred, "AGENTPLANE_SANDBOX_PROXY_URL=http://"+proxy,
-		"AGENTPLANE_SANDBOX_ROOT="+root, "AGENTPLANE_WRAPPER_BIN="+wrapperBin))
+		"AGENTPLANE_SANDBOX_ROOT="+root, "AGENTPLANE_WRAPPER_BIN="+wrapperBin,
+		// Not built: behind the boundary the wrapper has no route to an OTLP
+		// collector (its network is loopback only), so its spans and the
+		// runtime's are lost; this test traces the unisolated path.
+		"AGENTPLANE_SANDBOX_ISOLATION=none"))
 	startProcess(t, bin, "session", with("AGENTPLANE_GRPC_ADDR="+ses, "AGENTPLANE_SANDBOX_ADDR="+sbx,
 		"AGENTPLANE_CREDENTIAL_ADDR="+cred, "AGENTPLANE_INGEST_ADDR="+ing))
 
