@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -188,4 +192,120 @@ func TestChaosSandboxKilledPastReconnectWindow(t *testing.T) {
 		_, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
 		require.Equal(t, codes.NotFound, status.Code(err), "history %s remains: %v", rs, err)
 	}
+}
+
+// tmpfsRoot mounts a 64 MiB tmpfs with room for only inodes files as a
+// sandbox root: its bytes stay far above any capacity threshold while its
+// inodes run out. It is unmounted when the test ends (after the services
+// stopped and the processes under it were killed).
+func tmpfsRoot(t *testing.T, inodes int) string {
+	t.Helper()
+	root := sandboxRoot(t)
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m,mode=0755,nr_inodes="+strconv.Itoa(inodes), "tmpfs", root).CombinedOutput()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mount a tmpfs sandbox root: %v: %s", err, out)
+		}
+		t.Skipf("cannot mount a tmpfs here: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		out, err := exec.Command("umount", root).CombinedOutput()
+		require.NoError(t, err, "umount %s: %s", root, out)
+	})
+	return root
+}
+
+// fillInodes creates empty files under dir until the filesystem has no
+// inode left (ENOSPC), and returns how many it made.
+func fillInodes(t *testing.T, dir string) int {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for n := 0; ; n++ {
+		f, err := os.Create(filepath.Join(dir, strconv.Itoa(n)))
+		if err != nil {
+			require.ErrorIs(t, err, syscall.ENOSPC, "the filesystem's inodes run out first")
+			return n
+		}
+		require.NoError(t, f.Close())
+	}
+}
+
+// Issue 18 item 2 (process level): a cold workspace whose creation hits a
+// real ENOSPC (inodes exhausted on a filesystem far above the byte
+// threshold) fails the route with sandbox_recovering, and the queued
+// messages fail with it instead of waiting for good; recovery stops the
+// sandbox's other wrapper and deletes the sandbox's tree only once no
+// wrapper of it runs, and leaves other sandboxes alone; freeing the inodes
+// lets the next messages complete.
+func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
+	root := tmpfsRoot(t, 512)
+	s, _, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"AGENTPLANE_SANDBOX_CAPACITY_THRESHOLD=1MiB"}})
+	other := s.create(t, "sbx-enospc-other", "/work/e2e-enospc", newSecret())
+	s.turn(t, other.GetSessionId(), "m1", "another sandbox")
+	warm := s.create(t, "sbx-enospc", "/work/e2e-enospc-warm", newSecret())
+	s.turn(t, warm.GetSessionId(), "m1", "a wrapper of the sandbox runs")
+	sandboxID := warm.GetSandboxId()
+	sbDir := filepath.Join(root, sandboxID)
+
+	// Watch for the lie recovery must never tell: the sandbox's tree gone
+	// while a wrapper of it still runs.
+	var mu sync.Mutex
+	var early []string
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			pids := wrapperPIDs(t, sandboxID)
+			if _, err := os.Stat(sbDir); os.IsNotExist(err) && len(pids) > 0 {
+				mu.Lock()
+				early = append(early, pids...)
+				mu.Unlock()
+			}
+		}
+	}()
+
+	filler := filepath.Join(root, ".filler")
+	require.Positive(t, fillInodes(t, filler)) // a new workspace needs inodes the filesystem no longer has
+	sess := s.create(t, "sbx-enospc", "/work/e2e-enospc-cold", newSecret())
+	require.Equal(t, sandboxID, sess.GetSandboxId())
+	ctx := context.Background()
+	for _, m := range []string{"m1", "m2"} {
+		_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sess.GetSessionId(), MessageId: m, Content: "no room"})
+		require.NoError(t, err)
+	}
+	for _, m := range []string{"m1", "m2"} {
+		require.Eventually(t, func() bool {
+			got, err := s.ses.GetMessage(ctx, &sessionv1.GetMessageRequest{SessionId: sess.GetSessionId(), MessageId: m})
+			require.NoError(t, err)
+			return got.GetMessage().GetState() == sessionv1.MessageState_MESSAGE_STATE_FAILED &&
+				got.GetMessage().GetFailureReason() == "route_failed"
+		}, 60*time.Second, 100*time.Millisecond, "queued message %s fails with its route instead of staying queued", m)
+	}
+	rv := s.routeView(t, sess.GetSessionId())
+	require.Equal(t, sessionv1.RouteState_ROUTE_STATE_FAILED, rv.GetState())
+	require.Equal(t, "sandbox_recovering", rv.GetFailureReason())
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(sbDir)
+		return os.IsNotExist(err) && len(wrapperPIDs(t, sandboxID)) == 0
+	}, 60*time.Second, 20*time.Millisecond, "recovery stops the sandbox's wrappers and deletes its tree")
+	close(stop)
+	<-watched
+	require.Empty(t, early, "the sandbox's tree was deleted while its wrappers ran")
+	require.DirExists(t, filepath.Join(root, other.GetSandboxId()), "recovery destroys that sandbox only")
+
+	require.NoError(t, os.RemoveAll(filler)) // the inodes come back
+	s.turn(t, sess.GetSessionId(), "m3", "room again")
+	s.turn(t, warm.GetSessionId(), "m2", "back after the recovery")
+	s.turn(t, other.GetSessionId(), "m2", "never touched")
+	for _, id := range []*sessionv1.Session{sess, warm, other} {
+		s.deleteSession(t, id.GetSessionId())
+	}
+	require.Empty(t, wrapperPIDs(t, sandboxID))
+	require.Empty(t, wrapperPIDs(t, other.GetSandboxId()))
 }

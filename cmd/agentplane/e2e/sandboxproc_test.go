@@ -181,7 +181,20 @@ func startProcSuite(t *testing.T) (*suite, *sandboxProc) {
 }
 
 func startProcSuiteCut(t *testing.T) (*suite, *sandboxProc, *cutProxy) {
-	s := &suite{up: &upstream{}, root: sandboxRoot(t), run: newRunID()}
+	return startProcSuiteWith(t, procOptions{})
+}
+
+// procOptions change the process suite's sandbox service.
+type procOptions struct {
+	root string   // sandbox root ("": a new directory)
+	env  []string // more of the sandbox service's environment
+}
+
+func startProcSuiteWith(t *testing.T, o procOptions) (*suite, *sandboxProc, *cutProxy) {
+	if o.root == "" {
+		o.root = sandboxRoot(t)
+	}
+	s := &suite{up: &upstream{}, root: o.root, run: newRunID()}
 	killProcessesUnder(t, s.root)
 	provider := httptest.NewServer(s.up)
 	t.Cleanup(provider.Close)
@@ -228,6 +241,7 @@ func startProcSuiteCut(t *testing.T) (*suite, *sandboxProc, *cutProxy) {
 		"AGENTPLANE_SANDBOX_HEARTBEAT=" + procHeartbeat.String(), "AGENTPLANE_SANDBOX_DEAD_AFTER=" + procDeadAfter.String(),
 		"AGENTPLANE_SANDBOX_RECONNECT_WINDOW=" + procReconnectWindow.String(), "AGENTPLANE_SANDBOX_OWNER_TTL=" + procOwnerTTL.String(),
 	}}
+	p.env = append(p.env, o.env...)
 	p.start()
 	var once sync.Once
 	s.stopped = func() {

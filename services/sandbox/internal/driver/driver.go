@@ -211,6 +211,11 @@ type sandbox struct {
 	// member releases (retryMemberReleases).
 	memberRetrying bool
 	memberRetryAt  time.Time
+	// recovering is set from ENOSPC evidence (or a failed setup) until the
+	// sandbox's tree is deleted after its wrappers' verified absence
+	// (recovery.go); recoveryCause is that evidence.
+	recovering    bool
+	recoveryCause error
 }
 
 // stopSignal returns the channel the next completed stop closes. The

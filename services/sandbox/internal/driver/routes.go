@@ -13,7 +13,6 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
-	"agentplane.dev/services/sandbox/internal/capacity"
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
@@ -144,6 +143,13 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 		sb.mu.Unlock()
 		return 0
 	}
+	if sb.recovering {
+		// Nothing is made in a tree that is about to be deleted.
+		r.Step = "wait_for_recovery"
+		d.persistRoute(sb, r)
+		sb.mu.Unlock()
+		return time.Second
+	}
 	if sb.allocationID == "" {
 		sb.allocationID = newID("alloc_")
 		if err := store.PutMeta(ctx, sb.owner, sb.id, sb.allocationID); err != nil {
@@ -179,7 +185,8 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	cancel()
 	if err != nil {
 		if provider.DestroysSandbox(err) {
-			_ = d.cfg.Provider.Delete(ctx, sb.id, "", provider.DeleteRecovery)
+			d.admissionFailed(sb, sessionID, err) // recovery, as for a workspace that cannot be made
+			return 0
 		}
 		d.failRoute(sb, sessionID, "sandbox_create_failed", true)
 		return 0
@@ -241,7 +248,8 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 
 // admissionFailed applies DESIGN.md 3.4: low capacity fails the route
 // retryably and keeps the sandbox; ENOSPC evidence (or a failed directory
-// setup) stops the sandbox's wrappers and recovers that sandbox only;
+// setup) stops the sandbox's wrappers and recovers that sandbox only, its
+// tree deleted once they are verified absent (recovery.go);
 // unmeasurable capacity destroys nothing.
 func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
 	switch {
@@ -250,19 +258,8 @@ func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
 		d.log.Warn("capacity rejected", "sandbox", sb.id, "session", sessionID, "err", err)
 		d.failRoute(sb, sessionID, "capacity_rejected", true)
 	case provider.DestroysSandbox(err):
-		d.log.Warn("sandbox recovery: no space left", "sandbox", sb.id, "err", err)
-		sb.mu.Lock()
-		keys := make([]string, 0, len(sb.slots))
-		for k := range sb.slots {
-			keys = append(keys, k)
-		}
-		sb.mu.Unlock()
-		for _, k := range keys {
-			d.stopKey(sb, k, "sandbox_recovering")
-		}
-		if _, rerr := capacity.Recover(sb.ctx, d.cfg.Provider, sb.id, err); rerr != nil {
-			d.log.Warn("sandbox recovery failed", "sandbox", sb.id, "err", rerr)
-		}
+		d.log.Warn("sandbox recovery: stopping its wrappers, then deleting its tree", "sandbox", sb.id, "err", err)
+		d.beginRecovery(sb, err)
 		d.failRoute(sb, sessionID, "sandbox_recovering", true)
 	default:
 		d.log.Warn("capacity unmeasurable", "sandbox", sb.id, "err", err)

@@ -75,6 +75,7 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 		d.checkGone(ctx, sb, key)
 	}
 	d.checkStopped(ctx, sb)
+	d.checkRecovery(ctx, sb)
 	d.retryMemberReleases(sb)
 }
 
