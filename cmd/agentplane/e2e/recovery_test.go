@@ -309,3 +309,32 @@ func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
 	require.Empty(t, wrapperPIDs(t, sandboxID))
 	require.Empty(t, wrapperPIDs(t, other.GetSandboxId()))
 }
+
+// Issue 18 item 15: a runtime key's home goes once its last route is
+// released and its wrapper verified absent. Twenty sessions in ten
+// directories, each with a turn, all deleted: the sandbox holds no home of
+// them (the workspaces stay warm; the stale cleanup takes those).
+func TestDeletedSessionsLeaveNoHomes(t *testing.T) {
+	s := startSuite(t)
+	var sessions []*sessionv1.Session
+	for i := range 20 {
+		sess := s.create(t, "sbx-homes", "/work/e2e-homes-"+strconv.Itoa(i/2), newSecret())
+		s.turn(t, sess.GetSessionId(), "m1", "make a home")
+		sessions = append(sessions, sess)
+	}
+	homes := filepath.Join(s.root, sessions[0].GetSandboxId(), "homes")
+	ents, err := os.ReadDir(homes)
+	require.NoError(t, err)
+	require.Len(t, ents, 10, "one home per runtime key (directory) while they run")
+	for _, sess := range sessions {
+		s.deleteSession(t, sess.GetSessionId())
+	}
+	ents, err = os.ReadDir(homes)
+	require.NoError(t, err)
+	var left []string
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	require.Empty(t, left, "homes of deleted sessions stay on disk")
+	require.Empty(t, wrapperPIDs(t, sessions[0].GetSandboxId()))
+}

@@ -68,7 +68,7 @@ func newFixture(t *testing.T, procRoot string) *fixture {
 // (negative: from the future, i.e. unknown).
 func (f *fixture) workspace(t *testing.T, name string, size int, age time.Duration) string {
 	t.Helper()
-	_, err := f.p.PrepareWorkspace(context.Background(), f.sb, name)
+	_, err := f.p.PrepareWorkspace(context.Background(), f.sb, name, name)
 	require.NoError(t, err)
 	if size > 0 {
 		require.NoError(t, os.WriteFile(filepath.Join(f.p.WorkspaceDir(f.sb, name), "blob"), bytes.Repeat([]byte{1}, size), 0o644))
@@ -187,7 +187,7 @@ func TestENOSPCDuringSetupDestroysOnlyThatSandbox(t *testing.T) {
 	f := newFixture(t, "")
 	other := f.sb + "-other"
 	require.NoError(t, f.p.Create(context.Background(), other))
-	_, err := f.p.PrepareWorkspace(context.Background(), other, "/keep")
+	_, err := f.p.PrepareWorkspace(context.Background(), other, "/keep", "/keep")
 	require.NoError(t, err)
 
 	fill, err := os.Create(filepath.Join(f.p.SandboxDir(f.sb), "fill"))
@@ -207,7 +207,7 @@ func TestENOSPCDuringSetupDestroysOnlyThatSandbox(t *testing.T) {
 		}
 	}
 
-	_, err = f.p.PrepareWorkspace(context.Background(), f.sb, "/new")
+	_, err = f.p.PrepareWorkspace(context.Background(), f.sb, "/new", "/new")
 	require.Error(t, err)
 	require.ErrorIs(t, err, provider.ErrENOSPC)
 	require.ErrorIs(t, err, syscall.ENOSPC, "the errno is kept")
@@ -228,4 +228,34 @@ func TestENOSPCEvidenceClassification(t *testing.T) {
 	require.True(t, provider.DestroysSandbox(provider.SetupError("mkdir", syscall.EACCES)))
 	require.False(t, provider.DestroysSandbox(provider.ErrCapacityUnmeasurable))
 	require.False(t, provider.DestroysSandbox(nil))
+}
+
+// Issue 18 item 15: the stale cleanup covers homes as well as workspaces. A
+// per-session home whose wrapper is gone goes once stale; one whose
+// wrapper runs stays whatever its age, and so does the workspace it serves.
+func TestStaleCleanupCoversHomes(t *testing.T) {
+	f := newFixture(t, "")
+	ctx := context.Background()
+	current := f.workspace(t, "/current", mib, time.Hour)
+	for _, key := range []string{"ses-gone", "ses-live"} {
+		_, err := f.p.PrepareWorkspace(ctx, f.sb, "/shared", key)
+		require.NoError(t, err)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(f.p.HomeDir(f.sb, "ses-gone"), "cache"), bytes.Repeat([]byte{1}, 40*mib), 0o644))
+	_, err := f.p.Launch(ctx, provider.LaunchSpec{
+		Markers: provider.Markers{SandboxID: f.sb, RuntimeKey: "ses-live", InstanceID: "i", Generation: 1},
+		Path:    os.Args[0], Env: []string{"HELPER_MODE=sleep"}, Workspace: "/shared",
+	})
+	require.NoError(t, err)
+	for _, d := range []string{f.p.WorkspaceDir(f.sb, "/shared"), f.p.HomeDir(f.sb, "ses-gone"), f.p.HomeDir(f.sb, "ses-live")} {
+		require.NoError(t, os.Chtimes(d, f.now.Add(-time.Hour), f.now.Add(-time.Hour)))
+	}
+	require.Less(t, f.p.Capacity(ctx, f.sb).AvailableBytes, uint64(32*mib), "fixture is below the threshold")
+
+	rep, err := f.admission().Admit(ctx, f.sb, current, false)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Cleaned)
+	require.NoDirExists(t, f.p.HomeDir(f.sb, "ses-gone"), "a stale home without its wrapper is cleaned")
+	require.DirExists(t, f.p.HomeDir(f.sb, "ses-live"), "a live wrapper's home stays")
+	require.DirExists(t, f.p.WorkspaceDir(f.sb, "/shared"), "a live wrapper's workspace stays")
 }

@@ -571,6 +571,9 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		d.log.Warn("deletion allowed on an exhausted wrapper lease after its final observation; the lease stays tracked",
 			"sandbox", sb.id, "session", sessionID, "runtime_key", key)
 	}
+	if ok {
+		d.dropHome(sb, key)
+	}
 	if ok || exhausted {
 		d.forgetRoute(sb, sessionID)
 	}
@@ -714,6 +717,26 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 		rel.AbsenceVerified = false // allowed by the exception, not verified
 	}
 	return rel, nil
+}
+
+// dropHome removes a released runtime key's home once its wrapper is
+// verified absent (the workspace stays warm), unless a route of the key is
+// there again or its wrapper is coming: the check and the removal run under
+// the sandbox's lock, which a preparation takes before it launches.
+func (d *Driver) dropHome(sb *sandbox, key string) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	for id, r := range sb.routes {
+		if r.RuntimeKey == key && (r.State != store.RouteReleased || sb.driving[id]) {
+			return
+		}
+	}
+	if s := sb.slots[key]; s != nil && s.Alloc.Live() {
+		return
+	}
+	if err := d.cfg.Provider.Delete(sb.ctx, sb.id, key, provider.DeleteHome); err != nil {
+		d.log.Warn("home not removed; the stale cleanup takes it", "sandbox", sb.id, "runtime_key", key, "err", err)
+	}
 }
 
 func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {

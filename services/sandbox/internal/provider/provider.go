@@ -131,6 +131,9 @@ const (
 	// DeleteRecovery removes the whole sandbox tree (ENOSPC evidence or a
 	// failed directory setup).
 	DeleteRecovery
+	// DeleteHome removes a runtime key's home (the workspace argument names
+	// the key) once its wrapper is verified absent.
+	DeleteHome
 )
 
 // AgentSandbox is the provider seam. Implementations: process (this node's
@@ -148,7 +151,8 @@ type AgentSandbox interface {
 	KeepAlive(ctx context.Context, sandboxID string) error
 	// Capacity measures free bytes of the sandbox filesystem.
 	Capacity(ctx context.Context, sandboxID string) Capacity
-	// Delete removes a workspace (and its home) or the whole sandbox.
+	// Delete removes a workspace (and its home), a runtime key's home or the
+	// whole sandbox.
 	Delete(ctx context.Context, sandboxID, workspace string, reason DeleteReason) error
 }
 

@@ -52,9 +52,10 @@ func (p *Provider) Workspaces(_ context.Context, sandboxID string) ([]provider.W
 	return out, nil
 }
 
-// LiveWorkspaces returns the names of workspaces served by a live process
-// of the sandbox. A failed listing, or a sandbox process that does not say
-// which workspace it serves, is an error: the caller then cleans nothing.
+// LiveWorkspaces returns the names of workspaces and homes in use by a
+// live process of the sandbox (a per-session home has a name of its own). A
+// failed listing, or a sandbox process that does not say which workspace it
+// serves, is an error: the caller then cleans nothing.
 func (p *Provider) LiveWorkspaces(_ context.Context, sandboxID string) (map[string]bool, error) {
 	us, err := p.units(sandboxID)
 	if err != nil {
@@ -67,6 +68,9 @@ func (p *Provider) LiveWorkspaces(_ context.Context, sandboxID string) (map[stri
 			return nil, fmt.Errorf("pid %d of the sandbox names no workspace", u.anchor.pid)
 		}
 		live[ws] = true
+		if home := u.anchor.vars["HOME"]; home != "" {
+			live[filepath.Base(home)] = true
+		}
 	}
 	return live, nil
 }

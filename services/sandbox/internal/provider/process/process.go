@@ -5,10 +5,14 @@
 // Layout under Config.Root:
 //
 //	<root>/<sandbox-id>/workspaces/<name>   working directory of a workspace's wrapper
-//	<root>/<sandbox-id>/homes/<name>        its HOME
+//	<root>/<sandbox-id>/homes/<key>         HOME of a runtime key's wrapper
 //	<root>/<sandbox-id>/logs/<name>.<instance>.log   the wrapper's stdout and stderr
 //
-// where <name> is WorkspaceName(route workspace directory). Discovery never
+// where <name> is WorkspaceName(route workspace directory) and <key> is
+// WorkspaceName(runtime key): the directory under the worktree contract (so
+// the same name as its workspace), the session under per_session. A home
+// goes with its runtime key (DeleteHome, once the key's wrapper is verified
+// absent after its last route's release); a workspace stays warm. Discovery never
 // trusts memory of what it started: it reads /proc/<pid>/environ of every
 // process, so it finds wrappers of a previous incarnation of the service
 // (after kill -9) as well as its own.
@@ -125,9 +129,9 @@ func (p *Provider) WorkspaceDir(sandboxID, workspace string) string {
 	return filepath.Join(p.cfg.Root, sandboxID, "workspaces", WorkspaceName(workspace))
 }
 
-// HomeDir is the HOME of a route's workspace.
-func (p *Provider) HomeDir(sandboxID, workspace string) string {
-	return filepath.Join(p.cfg.Root, sandboxID, "homes", WorkspaceName(workspace))
+// HomeDir is the HOME of a runtime key's wrapper.
+func (p *Provider) HomeDir(sandboxID, runtimeKey string) string {
+	return filepath.Join(p.cfg.Root, sandboxID, "homes", WorkspaceName(runtimeKey))
 }
 
 // Create makes the sandbox tree (idempotent). Failures are classified
@@ -144,15 +148,15 @@ func (p *Provider) Create(_ context.Context, sandboxID string) error {
 	return nil
 }
 
-// PrepareWorkspace makes a route's workspace and home directories and
-// records which route directory they serve (a small file in the home, which
-// is also where a full disk shows up as ENOSPC). It reports whether the
-// workspace already existed (warm).
-func (p *Provider) PrepareWorkspace(ctx context.Context, sandboxID, workspace string) (warm bool, err error) {
+// PrepareWorkspace makes a route's workspace and its runtime key's home
+// and records which route directory they serve (a small file in the home,
+// which is also where a full disk shows up as ENOSPC). It reports whether
+// the workspace already existed (warm).
+func (p *Provider) PrepareWorkspace(ctx context.Context, sandboxID, workspace, runtimeKey string) (warm bool, err error) {
 	if err := p.Create(ctx, sandboxID); err != nil {
 		return false, err
 	}
-	ws, home := p.WorkspaceDir(sandboxID, workspace), p.HomeDir(sandboxID, workspace)
+	ws, home := p.WorkspaceDir(sandboxID, workspace), p.HomeDir(sandboxID, runtimeKey)
 	if _, err := os.Stat(ws); err == nil {
 		warm = true
 	}
@@ -189,7 +193,7 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if m.InstanceID == "" {
 		return provider.Observed{}, errors.New("process provider: launch without instance id")
 	}
-	if _, err := p.PrepareWorkspace(ctx, m.SandboxID, spec.Workspace); err != nil {
+	if _, err := p.PrepareWorkspace(ctx, m.SandboxID, spec.Workspace, m.RuntimeKey); err != nil {
 		return provider.Observed{}, err
 	}
 	name := WorkspaceName(spec.Workspace)
@@ -318,7 +322,7 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, e
 	}
 	m := spec.Markers
 	mount := boundary.Mount{
-		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), Home: p.HomeDir(m.SandboxID, spec.Workspace), Program: spec.Path,
+		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), Home: p.HomeDir(m.SandboxID, m.RuntimeKey), Program: spec.Path,
 	}
 	seccompFD := 3 + len(spec.ExtraFiles)
 	args := append([]string{"--info-fd", strconv.Itoa(seccompFD + 1)}, iso.Args(mount, seccompFD)...)
@@ -353,7 +357,7 @@ func (p *Provider) env(spec provider.LaunchSpec, name string) []string {
 	}
 	m := spec.Markers
 	return append(env,
-		"HOME="+p.HomeDir(m.SandboxID, spec.Workspace),
+		"HOME="+p.HomeDir(m.SandboxID, m.RuntimeKey),
 		EnvWorkspace+"="+name,
 		provider.EnvSandbox+"="+m.SandboxID,
 		provider.EnvRuntimeKey+"="+m.RuntimeKey,
@@ -664,8 +668,9 @@ func (p *Provider) Capacity(_ context.Context, sandboxID string) provider.Capaci
 }
 
 // Delete removes one workspace and its home (DeleteWorkspace, on a shared
-// sandbox) or the whole sandbox tree (DeleteRecovery). The caller stops the
-// wrappers first.
+// sandbox), a runtime key's home (DeleteHome: workspace names the key) or
+// the whole sandbox tree (DeleteRecovery). The caller stops the wrappers
+// first.
 func (p *Provider) Delete(_ context.Context, sandboxID, workspace string, reason provider.DeleteReason) error {
 	if err := validSandboxID(sandboxID); err != nil {
 		return err
@@ -673,6 +678,11 @@ func (p *Provider) Delete(_ context.Context, sandboxID, workspace string, reason
 	switch reason {
 	case provider.DeleteWorkspace:
 		return p.removeWorkspace(sandboxID, WorkspaceName(workspace))
+	case provider.DeleteHome:
+		if err := os.RemoveAll(p.HomeDir(sandboxID, workspace)); err != nil {
+			return fmt.Errorf("process provider: delete home: %w", err)
+		}
+		return nil
 	case provider.DeleteRecovery:
 		if err := os.RemoveAll(p.SandboxDir(sandboxID)); err != nil {
 			return fmt.Errorf("process provider: delete sandbox: %w", err)
