@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -71,7 +72,9 @@ func sum(m map[string]float64, name string, want ...string) float64 {
 
 // TestMetricsMoveAfterAScriptedScenario scrapes every service's /metrics after a scripted
 // scenario — a leaked wrapper found and stopped, a message answered through the proxy, a
-// session deleted, a revoked handle refused — and checks each metric moved as it should.
+// session deleted, a revoked handle refused, and (from a sandbox service restarted with a
+// capacity threshold the disk cannot meet) a capacity rejection — and checks each metric
+// moved as it should.
 func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	rs := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,11 +114,27 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	done := make(chan error, 4)
 	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
 	go func() { done <- ingest.Run(ctx, icfg) }()
-	go func() { done <- sandbox.Run(ctx, bcfg) }()
 	go func() { done <- session.Run(ctx, scfg) }()
+	// The sandbox service has a context of its own: the capacity step restarts it.
+	var sbxCancel context.CancelFunc
+	sbxDone := make(chan error, 1)
+	startSandbox := func(c sandbox.Config) {
+		sctx, scancel := context.WithCancel(ctx)
+		sbxCancel = scancel
+		go func() { sbxDone <- sandbox.Run(sctx, c) }()
+	}
+	stopSandbox := func() {
+		if sbxCancel != nil {
+			sbxCancel()
+			require.NoError(t, <-sbxDone)
+			sbxCancel = nil
+		}
+	}
+	startSandbox(bcfg)
 	t.Cleanup(func() {
+		stopSandbox()
 		cancel()
-		for range 4 {
+		for range 3 {
 			require.NoError(t, <-done)
 		}
 	})
@@ -152,6 +171,7 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 		m := scrape(t, url("sandbox"))
 		return sum(m, "agentplane_sandbox_leaked_wrappers_stopped_total") >= 1 && sum(m, "agentplane_sandbox_cleanup_duration_seconds_count") >= 1
 	}, 30*time.Second, 200*time.Millisecond, "leak stop not counted")
+	require.Equal(t, 1.0, sum(scrape(t, url("session")), "agentplane_session_sessions", `state="active"`), "sessions by state: the one session is active")
 
 	// A handle revoked by scope retirement, then refused by the proxy.
 	bg := context.Background()
@@ -213,5 +233,25 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	require.Zero(t, sum(sbx, "agentplane_sandbox_exhausted_leases"), "exhausted leases")
 	require.Zero(t, sum(ses, "agentplane_session_watch_subscribers"), "watch subscribers after the watches ended")
 	require.Zero(t, sum(ing, "agentplane_ingest_tails_open"), "tails")
-	require.Zero(t, sum(sbx, "agentplane_sandbox_capacity_admissions_total", `result="rejected"`), "no capacity rejection in this scenario")
+	require.Zero(t, sum(ses, "agentplane_session_sessions"), "sessions by state after the deletion (every state)")
+	require.Contains(t, ses, `agentplane_session_sessions{state="deleting"}`, "the gauge reports every state")
+	require.Zero(t, sum(sbx, "agentplane_sandbox_capacity_admissions_total", `result="rejected"`), "no capacity rejection yet")
+
+	// A capacity rejection: the sandbox service again, with a threshold (a setting of the
+	// sandbox service) that the disk's free space cannot meet; a cold workspace is refused.
+	stopSandbox()
+	sbxL2, err := net.Listen("tcp", sbxL.Addr().String())
+	require.NoError(t, err)
+	bcfg.Listener, bcfg.CapacityThreshold = sbxL2, sandbox.ByteSize(1<<62)
+	startSandbox(bcfg)
+	cold := s.create(t, "sbx-metrics-cold", "/work/e2e-metrics-cold", newSecret())
+	_, err = s.ses.SendMessage(bg, &sessionv1.SendMessageRequest{SessionId: cold.GetSessionId(), MessageId: "m1", Content: "no room"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return s.routeView(t, cold.GetSessionId()).GetFailureReason() == "capacity_rejected"
+	}, 60*time.Second, 100*time.Millisecond, "the cold workspace is refused")
+	require.Eventually(t, func() bool {
+		return sum(scrape(t, url("sandbox")), "agentplane_sandbox_capacity_admissions_total", `result="rejected"`) >= 1
+	}, 30*time.Second, 200*time.Millisecond, "the capacity rejection is counted")
+	s.deleteSession(t, cold.GetSessionId())
 }

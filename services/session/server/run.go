@@ -106,7 +106,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
-	if err := deps.Metrics.Register(srv.Registry()); err != nil {
+	if err := deps.Metrics.Register(srv.Registry(), deps.Store.StateCounts); err != nil {
 		_ = rdb.Close()
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err

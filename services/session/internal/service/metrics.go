@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -51,9 +52,42 @@ func NewMetrics() *Metrics {
 	}
 }
 
-// Register adds the metrics to reg.
-func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.sessions, m.messages, m.backstops, m.deletions, m.deleteTime, m.subscribers} {
+// StateCounter reads how many sessions are in each state (store.StateCounts).
+type StateCounter func(ctx context.Context) (map[session.State]int64, error)
+
+// stateGauge is agentplane_session_sessions{state}: the deployment-wide
+// counts the store keeps beside each state change, read at scrape time.
+type stateGauge struct {
+	desc  *prometheus.Desc
+	count StateCounter
+}
+
+func (g stateGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+// Collect reports nothing when the counts cannot be read: the rest of the
+// page (agentplane_ready among it) still answers.
+func (g stateGauge) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := g.count(ctx)
+	if err != nil {
+		return
+	}
+	for st, n := range counts {
+		ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(n), string(st))
+	}
+}
+
+// Register adds the metrics to reg; with states, also the sessions-by-state
+// gauge.
+func (m *Metrics) Register(reg prometheus.Registerer, states StateCounter) error {
+	cs := []prometheus.Collector{m.sessions, m.messages, m.backstops, m.deletions, m.deleteTime, m.subscribers}
+	if states != nil {
+		cs = append(cs, stateGauge{count: states, desc: prometheus.NewDesc("agentplane_session_sessions",
+			"Sessions of the deployment by state (active, stopped; deleting: a deletion intent not yet wiped), from counts kept in Redis with each state change.",
+			[]string{"state"}, nil)})
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -158,7 +158,7 @@ func (s *Store) commitRecent(ctx context.Context, id string, load Load, fn func(
 		return nil, false, nil
 	}
 	a, st, absent := rs.fresh(load.MessageID)
-	before, prevUpdate := s.deadline(a), a.Session.UpdateTime
+	before, prevUpdate, from := s.deadline(a), a.Session.UpdateTime, a.Session.State
 	if err := fn(a); err != nil {
 		return nil, false, nil
 	}
@@ -166,7 +166,7 @@ func (s *Store) commitRecent(ctx context.Context, id string, load Load, fn func(
 	if err != nil {
 		return nil, true, err
 	}
-	s.scheduleAfter(a, before, prevUpdate).write(&cmds)
+	s.scheduleAfter(a, before, prevUpdate, from).write(&cmds)
 
 	n := len(rs.ids)
 	args := make([]any, 0, 4+2*n+len(load.SeenIDs)+len(cmds)*8)

@@ -51,7 +51,11 @@ const (
 	idxActive   = "ses:idx:active"
 	idxUpdated  = "ses:idx:updated"
 	idxDeleting = "ses:idx:deleting"
-	maxRetries  = 100
+	// idxStates counts sessions per live state (active, stopped), moved in
+	// the same write as each state change (schedule.write); sessions with
+	// a deletion intent are the members of idxDeleting.
+	idxStates  = "ses:idx:states"
+	maxRetries = 100
 )
 
 // Resource is the session's pkg/fence resource, "ses/<id>": every service
@@ -144,7 +148,7 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 		if err != nil {
 			return err
 		}
-		before, prevUpdate := s.deadline(a), a.Session.UpdateTime
+		before, prevUpdate, from := s.deadline(a), a.Session.UpdateTime, a.Session.State
 		if err := fn(a); err != nil {
 			return err
 		}
@@ -153,7 +157,7 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 		if err != nil {
 			return err
 		}
-		sched = s.scheduleAfter(a, before, prevUpdate)
+		sched = s.scheduleAfter(a, before, prevUpdate, from)
 		if !s.cluster {
 			sched.write(&cmds)
 		}
@@ -194,10 +198,11 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 	return nil, session.ErrConflictRetries
 }
 
-// scheduleAfter says which schedule entries a change of a moves; before and
-// prevUpdate are the backstop deadline and update time it was loaded with.
-func (s *Store) scheduleAfter(a *session.Aggregate, before, prevUpdate time.Time) schedule {
-	sched := schedule{a: a, deadline: s.deadline(a)}
+// scheduleAfter says which schedule entries a change of a moves; before,
+// prevUpdate and from are the backstop deadline, update time and state it
+// was loaded with.
+func (s *Store) scheduleAfter(a *session.Aggregate, before, prevUpdate time.Time, from session.State) schedule {
+	sched := schedule{a: a, deadline: s.deadline(a), from: from}
 	sched.deadlineChanged = !sched.deadline.Equal(before)
 	// Retention needs day precision: refresh the index at most once a minute.
 	sched.updateChanged = a.Session.UpdateTime.Sub(prevUpdate) >= time.Minute || a.IntentChanged()
@@ -464,6 +469,9 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, same func(*se
 			}
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Set(ctx, key(id, "meta"), raw, 0)
+				if !s.cluster { // on Cluster the count lives in another slot: right after
+					p.HIncrBy(ctx, idxStates, string(sess.State), 1)
+				}
 				return nil
 			})
 			stored, created = sess, true
@@ -481,6 +489,9 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, same func(*se
 				p.ZAdd(ctx, orgIndex(sess.OrgID), redis.Z{Member: member})
 				p.ZAdd(ctx, userIndex(sess.OrgID, sess.UserID), redis.Z{Member: member})
 				p.ZAdd(ctx, idxUpdated, redis.Z{Score: float64(sess.UpdateTime.UnixMilli()), Member: id})
+				if s.cluster {
+					p.HIncrBy(ctx, idxStates, string(sess.State), 1)
+				}
 				return nil
 			})
 		}
@@ -648,6 +659,7 @@ type schedule struct {
 	a                              *session.Aggregate
 	deadline                       time.Time
 	deadlineChanged, updateChanged bool
+	from                           session.State
 }
 
 func (sc schedule) write(cmds *commands) {
@@ -665,6 +677,45 @@ func (sc schedule) write(cmds *commands) {
 	if sc.a.IntentChanged() {
 		cmds.add("zadd", idxDeleting, sc.a.Intent.NextAttempt.UnixMilli(), id)
 	}
+	if to := sc.a.Session.State; to != sc.from {
+		if counted(sc.from) {
+			cmds.add("hincrby", idxStates, string(sc.from), -1)
+		}
+		if counted(to) {
+			cmds.add("hincrby", idxStates, string(to), 1)
+		}
+	}
+}
+
+// counted says whether idxStates counts a state (deleting is idxDeleting's).
+func counted(st session.State) bool {
+	return st == session.StateActive || st == session.StateStopped
+}
+
+// StateCounts returns how many sessions are in each state: active and
+// stopped from idxStates, deleting (a deletion intent not yet wiped) from
+// idxDeleting.
+func (s *Store) StateCounts(ctx context.Context) (map[session.State]int64, error) {
+	var states *redis.MapStringStringCmd
+	var deleting *redis.IntCmd
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		states = p.HGetAll(ctx, idxStates)
+		deleting = p.ZCard(ctx, idxDeleting)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := map[session.State]int64{session.StateActive: 0, session.StateStopped: 0, session.StateDeleting: deleting.Val()}
+	for k, v := range states.Val() {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("session state count %s: %w", k, err)
+		}
+		if counted(session.State(k)) {
+			out[session.State(k)] = n
+		}
+	}
+	return out, nil
 }
 
 // DueActive returns up to n sessions whose backstop deadline is ≤ now.

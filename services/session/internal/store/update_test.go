@@ -213,3 +213,42 @@ func TestKeptStateCommitsWhatALoadWould(t *testing.T) {
 	}
 	require.Equal(t, run(false), run(true))
 }
+
+// Sessions by state (issue 22): the counts move in the same write as each
+// state change, whichever path commits it, and a wipe ends the deleting one.
+func TestStateCountsFollowEveryTransition(t *testing.T) {
+	s := newUpdateStore(t)
+	ctx := context.Background()
+	counts := func() map[session.State]int64 {
+		c, err := s.StateCounts(ctx)
+		require.NoError(t, err)
+		return c
+	}
+	for _, id := range []string{"k1", "k2", "k3"} {
+		createSession(t, s, id)
+	}
+	createSession(t, s, "k1") // the same request again creates nothing
+	require.Equal(t, map[session.State]int64{session.StateActive: 3, session.StateStopped: 0, session.StateDeleting: 0}, counts())
+
+	now := time.Now()
+	for range 2 { // the second stop changes nothing
+		_, err := s.Update(ctx, "k2", Load{}, func(a *session.Aggregate) error { a.Stop(now); return nil })
+		require.NoError(t, err)
+	}
+	require.Equal(t, map[session.State]int64{session.StateActive: 2, session.StateStopped: 1, session.StateDeleting: 0}, counts())
+	_, err := s.Update(ctx, "k2", Load{MessageID: "m1"}, func(a *session.Aggregate) error {
+		_, _, err := a.Send("m1", "again", now)
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[session.State]int64{session.StateActive: 3, session.StateStopped: 0, session.StateDeleting: 0}, counts(), "a new message makes it active")
+
+	var in *session.DeletionIntent
+	_, err = s.Update(ctx, "k3", Load{}, func(a *session.Aggregate) error { in = a.BeginDeletion("user", now); return nil })
+	require.NoError(t, err)
+	require.Equal(t, map[session.State]int64{session.StateActive: 2, session.StateStopped: 0, session.StateDeleting: 1}, counts())
+	l, err := s.DeletionLease(ctx, "k3", "t", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, s.Wipe(ctx, l, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}))
+	require.Equal(t, map[session.State]int64{session.StateActive: 2, session.StateStopped: 0, session.StateDeleting: 0}, counts())
+}
