@@ -171,7 +171,7 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 		m := scrape(t, url("sandbox"))
 		return sum(m, "agentplane_sandbox_leaked_wrappers_stopped_total") >= 1 && sum(m, "agentplane_sandbox_cleanup_duration_seconds_count") >= 1
 	}, 30*time.Second, 200*time.Millisecond, "leak stop not counted")
-	require.Equal(t, 1.0, sum(scrape(t, url("session")), "agentplane_session_sessions", `state="active"`), "sessions by state: the one session is active")
+	require.InDelta(t, 1.0, sum(scrape(t, url("session")), "agentplane_session_sessions", `state="active"`), 0, "sessions by state: the one session is active")
 
 	// A handle revoked by scope retirement, then refused by the proxy.
 	bg := context.Background()

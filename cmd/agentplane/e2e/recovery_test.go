@@ -261,8 +261,8 @@ func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			pids := wrapperPIDs(t, sandboxID)
-			if _, err := os.Stat(sbDir); os.IsNotExist(err) && len(pids) > 0 {
+			pids, lerr := listWrapperPIDs(sandboxID)
+			if _, err := os.Stat(sbDir); lerr == nil && os.IsNotExist(err) && len(pids) > 0 {
 				mu.Lock()
 				early = append(early, pids...)
 				mu.Unlock()

@@ -23,8 +23,17 @@ import (
 // (exact match of the environ entry, read through /proc).
 func wrapperPIDs(t *testing.T, sandboxID string) []string {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	pids, err := listWrapperPIDs(sandboxID)
 	require.NoError(t, err)
+	return pids
+}
+
+// listWrapperPIDs is wrapperPIDs without assertions (for a goroutine).
+func listWrapperPIDs(sandboxID string) ([]string, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
 	marker := []byte("AGENTPLANE_SANDBOX=" + sandboxID)
 	var pids []string
 	for _, e := range entries {
@@ -42,7 +51,7 @@ func wrapperPIDs(t *testing.T, sandboxID string) []string {
 			pids = append(pids, e.Name())
 		}
 	}
-	return pids
+	return pids, nil
 }
 
 // deleteSession calls DeleteSession until it succeeds, honouring the
