@@ -311,7 +311,10 @@ const (
 )
 
 // Outcome settles every accepted message up to and including lastMessageID
-// (by queue position). A repeated turn id (already in Seen) or an unknown
+// (by queue position), and every such message still queued: the outcome
+// proves it was delivered, by a replica that died before it recorded the
+// acceptance (left queued, it would wait for the backstop, and its
+// redelivery would only bring back this turn's id). A repeated turn id (already in Seen) or an unknown
 // last message settles nothing; late outcomes for terminal messages are
 // ignored because terminal states are final. The payload is recorded once.
 func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, reason string, payload []byte, now time.Time) {
@@ -334,7 +337,9 @@ func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, rea
 	case TurnCancelled:
 		st = MessageCancelled
 	}
-	a.failWhere(func(m *Message) bool { return m.State == MessageAccepted && m.Seq <= upTo }, st, r, now)
+	a.failWhere(func(m *Message) bool {
+		return (m.State == MessageAccepted || m.State == MessageQueued) && m.Seq <= upTo
+	}, st, r, now)
 }
 
 // Backstops bound every wait: queued longer than queuedFor fails with
