@@ -181,7 +181,7 @@ func (r *replicated) round(t *testing.T, all []*mrSession, messageID string, dur
 func (r *replicated) requireNothingLost(t *testing.T, all []*mrSession) {
 	t.Helper()
 	for _, s := range all {
-		resp, err := r.client.ListMessages(context.Background(), &sessionv1.ListMessagesRequest{SessionId: s.id, PageSize: 1000})
+		resp, err := r.client.ListMessages(context.Background(), &sessionv1.ListMessagesRequest{SessionId: s.id, PageSize: 500})
 		require.NoError(t, err)
 		states := map[string]sessionv1.MessageState{}
 		for _, m := range resp.GetMessages() {
