@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
 )
 
 // Short sandbox timers for the process-level tests: the reconnect window
