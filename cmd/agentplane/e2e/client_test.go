@@ -3,10 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
-	"log/slog"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +17,6 @@ import (
 	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	"agentplane.dev/pkg/redistest"
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
@@ -72,51 +67,21 @@ type restartable struct {
 }
 
 func startRestartable(t *testing.T) *restartable {
-	root := sandboxRoot(t)
-	killProcessesUnder(t, root)
+	st := newStack(t, stackOptions{})
 	captureStderr(t)
-	provider := httptest.NewServer(&upstream{})
-	t.Cleanup(provider.Close)
-	rs := redistest.Start(t)
-	sesAddr, sbxAddr, credAddr, proxyAddr, ingAddr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	key, att := make([]byte, 32), make([]byte, 32)
-	_, _ = rand.Read(key)
-	_, _ = rand.Read(att)
-
-	ccfg := credential.DefaultConfig()
-	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, ""
-	ccfg.LogLevel, ccfg.LogFormat = slog.LevelDebug, "json"
-	ccfg.CredentialKey, ccfg.AttestationKey = base64.StdEncoding.EncodeToString(key), base64.StdEncoding.EncodeToString(att)
-	ccfg.GRPCAddr, ccfg.ProxyAddr, ccfg.IngestAddr, ccfg.ProviderUpstream = credAddr, proxyAddr, ingAddr, provider.URL
-
-	icfg := ingest.DefaultConfig()
-	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, ""
-	icfg.LogLevel, icfg.LogFormat = slog.LevelDebug, "json"
-	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credAddr
-
-	bcfg := sandbox.DefaultConfig()
-	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, ""
-	bcfg.LogLevel, bcfg.LogFormat = slog.LevelDebug, "json"
-	bcfg.GRPCAddr, bcfg.SessionAddr, bcfg.CredentialAddr = sbxAddr, sesAddr, credAddr
-	bcfg.ProxyURL = "http://" + proxyAddr
-	bcfg.SandboxRoot, bcfg.WrapperBin = root, wrapperBin
-
-	scfg := session.DefaultConfig()
-	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
-	scfg.LogLevel, scfg.LogFormat = slog.LevelDebug, "json"
-	scfg.ShutdownTimeout = 2 * time.Second
-	scfg.GRPCAddr = sesAddr
-	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxAddr, credAddr, ingAddr
-	// Pending deletions are tried again soon, so a test waits seconds.
-	scfg.DeleteBackoffBase, scfg.DeleteBackoffMax, scfg.ReconcileInterval = 200*time.Millisecond, time.Second, 200*time.Millisecond
-
+	// Each service restarts on its own address: no held listeners.
+	st.releaseListeners()
+	st.set(svcSession, "SHUTDOWN_TIMEOUT", "2s",
+		// Pending deletions are tried again soon, so a test waits seconds.
+		"SESSION_DELETE_BACKOFF_BASE", "200ms", "SESSION_DELETE_BACKOFF_MAX", "1s", "SESSION_RECONCILE_INTERVAL", "200ms")
+	c := st.configs()
 	s := &restartable{
-		credential: &service{name: "credential", run: func(ctx context.Context) error { return credential.Run(ctx, ccfg) }},
-		ingest:     &service{name: "ingest", run: func(ctx context.Context) error { return ingest.Run(ctx, icfg) }},
-		sandbox:    &service{name: "sandbox", run: func(ctx context.Context) error { return sandbox.Run(ctx, bcfg) }},
-		session:    &service{name: "session", run: func(ctx context.Context) error { return session.Run(ctx, scfg) }},
-		addr:       sesAddr,
-		run:        newRunID(),
+		credential: &service{name: "credential", run: func(ctx context.Context) error { return credential.Run(ctx, c.cred) }},
+		ingest:     &service{name: "ingest", run: func(ctx context.Context) error { return ingest.Run(ctx, c.ing) }},
+		sandbox:    &service{name: "sandbox", run: func(ctx context.Context) error { return sandbox.Run(ctx, c.sbx) }},
+		session:    &service{name: "session", run: func(ctx context.Context) error { return session.Run(ctx, c.ses) }},
+		addr:       st.addr[svcSession],
+		run:        st.run,
 	}
 	for _, svc := range []*service{s.credential, s.ingest, s.sandbox, s.session} {
 		svc.start(t)

@@ -2,12 +2,9 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -33,11 +30,6 @@ import (
 	_ "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	_ "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcserver"
-	"agentplane.dev/pkg/redistest"
-	credential "agentplane.dev/services/credential/server"
-	ingest "agentplane.dev/services/ingest/server"
-	sandbox "agentplane.dev/services/sandbox/server"
-	session "agentplane.dev/services/session/server"
 )
 
 // rawCodec sends message bytes as they are: what no generated client sends.
@@ -84,53 +76,13 @@ var truncated = []byte{0x0a, 0x05, 'a'}
 // with its metrics endpoint; it returns gRPC and metrics addresses by
 // service.
 func startMetricsSuite(t *testing.T) (grpcAddr, metricsURL map[string]string) {
-	rs := redistest.Start(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	credGL, proxyL, sbxL := listen(t), listen(t), listen(t)
-	sesAddr, ingAddr := freeAddr(t), freeAddr(t)
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	b64 := base64.StdEncoding.EncodeToString(key)
-	metrics := map[string]string{"session": freeAddr(t), "sandbox": freeAddr(t), "credential": freeAddr(t), "ingest": freeAddr(t)}
-
-	ccfg := credential.DefaultConfig()
-	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, metrics["credential"]
-	ccfg.LogLevel, ccfg.LogFormat = slog.LevelError, "text"
-	ccfg.CredentialKey, ccfg.AttestationKey, ccfg.IngestAddr = b64, b64, ingAddr
-	icfg := ingest.DefaultConfig()
-	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, metrics["ingest"]
-	icfg.LogLevel, icfg.LogFormat = slog.LevelError, "text"
-	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credGL.Addr().String()
-	bcfg := sandbox.DefaultConfig()
-	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, metrics["sandbox"]
-	bcfg.LogLevel, bcfg.LogFormat = slog.LevelError, "text"
-	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
-	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
-	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
-	bcfg.SandboxRoot, bcfg.WrapperBin = sandboxRoot(t), wrapperBin
-	scfg := session.DefaultConfig()
-	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, metrics["session"]
-	scfg.LogLevel, scfg.LogFormat = slog.LevelError, "text"
-	scfg.GRPCAddr = sesAddr
-	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxL.Addr().String(), credGL.Addr().String(), ingAddr
-
-	done := make(chan error, 4)
-	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
-	go func() { done <- ingest.Run(ctx, icfg) }()
-	go func() { done <- sandbox.Run(ctx, bcfg) }()
-	go func() { done <- session.Run(ctx, scfg) }()
-	t.Cleanup(func() {
-		cancel()
-		for range 4 {
-			require.NoError(t, <-done)
-		}
-	})
-	grpcAddr = map[string]string{"session": sesAddr, "sandbox": sbxL.Addr().String(), "credential": credGL.Addr().String(), "ingest": ingAddr}
-	metricsURL = map[string]string{}
-	for name, a := range metrics {
-		metricsURL[name] = "http://" + a + "/metrics"
+	st := newStack(t, stackOptions{logLevel: "error", logFormat: "text", metrics: true})
+	st.runInProcess(nil)
+	grpcAddr = map[string]string{}
+	for _, svc := range allServices {
+		grpcAddr[svc] = st.addr[svc]
 	}
-	return grpcAddr, metricsURL
+	return grpcAddr, st.metricsURL
 }
 
 // listed returns the services reflection lists on conn (with the token).

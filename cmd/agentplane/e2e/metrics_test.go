@@ -3,13 +3,9 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -21,12 +17,7 @@ import (
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	"agentplane.dev/pkg/grpcclient"
-	"agentplane.dev/pkg/redistest"
-	credential "agentplane.dev/services/credential/server"
-	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
-	session "agentplane.dev/services/session/server"
 )
 
 // scrape reads a /metrics page into "name{labels}" → value.
@@ -76,77 +67,17 @@ func sum(m map[string]float64, name string, want ...string) float64 {
 // capacity threshold the disk cannot meet) a capacity rejection — and checks each metric
 // moved as it should.
 func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
-	rs := redistest.Start(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	provider := httptest.NewServer(&upstream{})
-	t.Cleanup(provider.Close)
-	credGL, proxyL, sbxL := listen(t), listen(t), listen(t)
-	sesAddr, ingAddr := freeAddr(t), freeAddr(t)
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	b64 := base64.StdEncoding.EncodeToString(key)
-	metrics := map[string]string{"session": freeAddr(t), "sandbox": freeAddr(t), "credential": freeAddr(t), "ingest": freeAddr(t)}
-	root := sandboxRoot(t)
-	killProcessesUnder(t, root)
+	st := newStack(t, stackOptions{logLevel: "error", logFormat: "text", metrics: true})
+	root := st.root
+	// the leaked wrapper below carries it: discovery sees only its own deployment
+	st.set(svcSandbox, "SANDBOX_DEPLOYMENT", "d-metrics")
+	st.runInProcess(nil, svcCredential, svcIngest, svcSession)
+	// The sandbox service runs on its own: the capacity step restarts it.
+	stopSandbox := st.runInProcess(nil, svcSandbox)
 
-	ccfg := credential.DefaultConfig()
-	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, metrics["credential"]
-	ccfg.LogLevel, ccfg.LogFormat = slog.LevelError, "text"
-	ccfg.CredentialKey, ccfg.AttestationKey, ccfg.IngestAddr, ccfg.ProviderUpstream = b64, b64, ingAddr, provider.URL
-	icfg := ingest.DefaultConfig()
-	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, metrics["ingest"]
-	icfg.LogLevel, icfg.LogFormat = slog.LevelError, "text"
-	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credGL.Addr().String()
-	bcfg := sandbox.DefaultConfig()
-	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, metrics["sandbox"]
-	bcfg.LogLevel, bcfg.LogFormat = slog.LevelError, "text"
-	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
-	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
-	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
-	bcfg.SandboxRoot, bcfg.WrapperBin = root, wrapperBin
-	bcfg.Deployment = "d-metrics" // the leaked wrapper below carries it: discovery sees only its own deployment
-	scfg := session.DefaultConfig()
-	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, metrics["session"]
-	scfg.LogLevel, scfg.LogFormat = slog.LevelError, "text"
-	scfg.GRPCAddr = sesAddr
-	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxL.Addr().String(), credGL.Addr().String(), ingAddr
-
-	done := make(chan error, 4)
-	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
-	go func() { done <- ingest.Run(ctx, icfg) }()
-	go func() { done <- session.Run(ctx, scfg) }()
-	// The sandbox service has a context of its own: the capacity step restarts it.
-	var sbxCancel context.CancelFunc
-	sbxDone := make(chan error, 1)
-	startSandbox := func(c sandbox.Config) {
-		sctx, scancel := context.WithCancel(ctx)
-		sbxCancel = scancel
-		go func() { sbxDone <- sandbox.Run(sctx, c) }()
-	}
-	stopSandbox := func() {
-		if sbxCancel != nil {
-			sbxCancel()
-			require.NoError(t, <-sbxDone)
-			sbxCancel = nil
-		}
-	}
-	startSandbox(bcfg)
-	t.Cleanup(func() {
-		stopSandbox()
-		cancel()
-		for range 3 {
-			require.NoError(t, <-done)
-		}
-	})
-	url := func(s string) string { return "http://" + metrics[s] + "/metrics" }
-	conn, err := grpcclient.Dial(sesAddr, token)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	credConn, err := grpcclient.Dial(credGL.Addr().String(), token)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = credConn.Close() })
-	s := &suite{ses: sessionv1.NewSessionServiceClient(conn), run: newRunID()}
-	cred := credentialv1.NewCredentialServiceClient(credConn)
+	url := func(s string) string { return st.metricsURL[s] }
+	s := st.suite()
+	cred := s.cred
 
 	// A leaked wrapper: a process marked as a wrapper of the sandbox that no lease owns.
 	// Adopting the sandbox (the first session's Prepare) sweeps, finds and stops it.
@@ -183,7 +114,7 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 		CredentialRef: put.GetCredentialRef(), CredentialClass: static, Contract: credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, FenceToken: 7, AllocationId: "a"})
 	require.NoError(t, err)
 	proxyCall := func() int {
-		req, err := http.NewRequest(http.MethodPost, "http://"+proxyL.Addr().String()+"/s/"+sc.GetSandboxId()+"/provider/v1/chat/completions", strings.NewReader(`{}`))
+		req, err := http.NewRequest(http.MethodPost, s.proxy+"/s/"+sc.GetSandboxId()+"/provider/v1/chat/completions", strings.NewReader(`{}`))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+minted.GetHandle())
 		resp, err := http.DefaultClient.Do(req)
@@ -240,10 +171,9 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	// A capacity rejection: the sandbox service again, with a threshold (a setting of the
 	// sandbox service) that the disk's free space cannot meet; a cold workspace is refused.
 	stopSandbox()
-	sbxL2, err := net.Listen("tcp", sbxL.Addr().String())
+	st.lis[svcSandbox], err = net.Listen("tcp", st.addr[svcSandbox])
 	require.NoError(t, err)
-	bcfg.Listener, bcfg.CapacityThreshold = sbxL2, sandbox.ByteSize(1<<62)
-	startSandbox(bcfg)
+	st.runInProcess(func(c *configs) { c.sbx.CapacityThreshold = sandbox.ByteSize(1 << 62) }, svcSandbox)
 	cold := s.create(t, "sbx-metrics-cold", "/work/e2e-metrics-cold", newSecret())
 	_, err = s.ses.SendMessage(bg, &sessionv1.SendMessageRequest{SessionId: cold.GetSessionId(), MessageId: "m1", Content: "no room"})
 	require.NoError(t, err)

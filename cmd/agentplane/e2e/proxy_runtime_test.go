@@ -3,15 +3,12 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,22 +17,16 @@ import (
 	"testing"
 	"time"
 
-	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/logging/logtest"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/credential/attestation"
-	credential "agentplane.dev/services/credential/server"
-	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
-	session "agentplane.dev/services/session/server"
 )
 
 // wrapperBin is the real agentplane-wrapper binary, built once, as deployed
@@ -138,81 +129,15 @@ func startSuiteIsolated(t testing.TB, isolation string) *suite {
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
-	root := sandboxRoot(t)
-	s := &suite{up: &upstream{}, root: root, run: newRunID()}
-	killProcessesUnder(t, s.root)
-	s.logs = captureStderr(t)
-	if up == nil {
-		up = s.up
-	}
-	provider := httptest.NewServer(up)
-	t.Cleanup(provider.Close)
-	rs := redistest.Start(t)
-	ctx, cancel := context.WithCancel(context.Background())
-
-	credGL, proxyL, sbxL := listen(t), listen(t), listen(t)
-	sesAddr, ingAddr := freeAddr(t), freeAddr(t)
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	s.attKey = make([]byte, 32)
-	_, _ = rand.Read(s.attKey)
-
-	// Info level: the secret must not show up in the lines services do write.
-	ccfg := credential.DefaultConfig()
-	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, ""
-	ccfg.LogLevel, ccfg.LogFormat = slog.LevelDebug, "json"
-	ccfg.CredentialKey = base64.StdEncoding.EncodeToString(key)
-	ccfg.AttestationKey = base64.StdEncoding.EncodeToString(s.attKey)
-	ccfg.IngestAddr, ccfg.ProviderUpstream = ingAddr, provider.URL
-
-	icfg := ingest.DefaultConfig()
-	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, ""
-	icfg.LogLevel, icfg.LogFormat = slog.LevelDebug, "json"
-	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credGL.Addr().String()
-
-	bcfg := sandbox.DefaultConfig()
-	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, ""
-	bcfg.LogLevel, bcfg.LogFormat = slog.LevelDebug, "json"
-	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
-	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
-	bcfg.ProxyURL = "http://" + proxyL.Addr().String()
-	s.proxy = bcfg.ProxyURL
-	bcfg.SandboxRoot, bcfg.WrapperBin = s.root, wrapperBin
-	if tune != nil {
-		tune(&bcfg)
-	}
-
-	scfg := session.DefaultConfig()
-	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
-	scfg.LogLevel, scfg.LogFormat = slog.LevelDebug, "json"
-	scfg.GRPCAddr = sesAddr
-	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxL.Addr().String(), credGL.Addr().String(), ingAddr
-
-	done := make(chan error, 4)
-	go func() { done <- credential.RunWith(ctx, ccfg, credential.Listeners{GRPC: credGL, Proxy: proxyL}) }()
-	go func() { done <- ingest.Run(ctx, icfg) }()
-	go func() { done <- sandbox.Run(ctx, bcfg) }()
-	go func() { done <- session.Run(ctx, scfg) }()
-	var once sync.Once
-	s.stopped = func() {
-		once.Do(func() {
-			cancel()
-			for range 4 {
-				require.NoError(t, <-done)
-			}
-		})
-	}
-	t.Cleanup(s.stopped)
-
-	dial := func(addr string) *grpc.ClientConn {
-		c, err := grpcclient.Dial(addr, token)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	s.ses = sessionv1.NewSessionServiceClient(dial(sesAddr))
-	s.cred = credentialv1.NewCredentialServiceClient(dial(credGL.Addr().String()))
-	s.ing = ingestv1.NewIngestServiceClient(dial(ingAddr))
+	st := newStack(t, stackOptions{upstream: up})
+	logs := captureStderr(t)
+	stopped := st.runInProcess(func(c *configs) {
+		if tune != nil {
+			tune(&c.sbx)
+		}
+	})
+	s := st.suite()
+	s.logs, s.stopped = logs, stopped
 	return s
 }
 

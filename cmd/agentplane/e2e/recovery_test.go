@@ -239,7 +239,7 @@ func fillInodes(t *testing.T, dir string) int {
 // lets the next messages complete.
 func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
 	root := tmpfsRoot(t, 512)
-	s, _, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"AGENTPLANE_SANDBOX_CAPACITY_THRESHOLD=1MiB"}})
+	s, _, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"SANDBOX_CAPACITY_THRESHOLD", "1MiB"}})
 	other := s.create(t, "sbx-enospc-other", "/work/e2e-enospc", newSecret())
 	s.turn(t, other.GetSessionId(), "m1", "another sandbox")
 	warm := s.create(t, "sbx-enospc", "/work/e2e-enospc-warm", newSecret())

@@ -4,13 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,10 +17,6 @@ import (
 	"agentplane.dev/pkg/apierr"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	"agentplane.dev/pkg/grpcclient"
-	"agentplane.dev/pkg/logging/logtest"
-	"agentplane.dev/pkg/redistest"
-	session "agentplane.dev/services/session/server"
 )
 
 // balancer is a round-robin TCP balancer standing in for a Kubernetes
@@ -79,53 +71,24 @@ func (b *balancer) proxy(c net.Conn) {
 
 // sandboxReplica is one sandbox-service replica as its own process.
 type sandboxReplica struct {
-	name, addr string
-	cmd        *exec.Cmd
-	logs       *logtest.Buffer
-	done       chan struct{}
-	client     sandboxv1.SandboxServiceClient
+	*proc
+	addr   string
+	client sandboxv1.SandboxServiceClient
 }
 
 const replicaOwnerTTL = 2 * time.Second
 
-func startSandboxReplica(t *testing.T, name, addr, redisURL, root, sessionAddr, controlAddr string) *sandboxReplica {
-	r := &sandboxReplica{name: name, addr: addr, logs: &logtest.Buffer{}, done: make(chan struct{})}
-	r.cmd = exec.Command(sandboxBinary(t))
-	r.cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
-		"AGENTPLANE_REDIS_URL=" + redisURL,
-		"AGENTPLANE_GRPC_ADDR=" + r.addr,
-		"AGENTPLANE_SANDBOX_ADVERTISE_ADDR=" + r.addr,
-		"AGENTPLANE_METRICS_ADDR=",
-		"AGENTPLANE_INTERNAL_TOKEN=" + token,
-		"AGENTPLANE_DRAIN_DELAY=0s",
-		"AGENTPLANE_SANDBOX_ROOT=" + root,
-		"AGENTPLANE_WRAPPER_BIN=" + wrapperBin,
-		"AGENTPLANE_SESSION_ADDR=" + sessionAddr,
-		"AGENTPLANE_SANDBOX_PROXY_URL=",
-		// Wrappers dial the balancer too, as they would dial the Service.
-		"AGENTPLANE_SANDBOX_CONTROL_ADDRS=" + controlAddr,
-		"AGENTPLANE_SANDBOX_REPLICA=" + name,
-		"AGENTPLANE_SANDBOX_OWNER_TTL=" + replicaOwnerTTL.String(),
-		"AGENTPLANE_SANDBOX_HEARTBEAT=200ms",
-		"AGENTPLANE_SANDBOX_DEAD_AFTER=3s",
-		"AGENTPLANE_SANDBOX_RECONNECT_WINDOW=60s",
-		"AGENTPLANE_LOG_FORMAT=text",
-	}
-	r.cmd.Stderr = r.logs
-	require.NoError(t, r.cmd.Start())
-	go func() { _ = r.cmd.Wait(); close(r.done) }()
-	t.Cleanup(func() {
-		_ = r.cmd.Process.Kill()
-		<-r.done
-		if t.Failed() {
-			t.Logf("sandbox replica %s log:\n%s", name, r.logs.String())
-		}
-	})
-	conn, err := grpcclient.Dial(r.addr, token)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	r.client = sandboxv1.NewSandboxServiceClient(conn)
+// startSandboxReplica starts replica name of the stack's sandbox service
+// on addr; wrappers dial controlAddr (the balancer, as they would dial the
+// Service); kv overrides more settings.
+func (st *stack) startSandboxReplica(name, addr, controlAddr string, kv ...string) *sandboxReplica {
+	t := st.t
+	r := &sandboxReplica{addr: addr, proc: st.process(svcSandbox, name, append([]string{
+		"GRPC_ADDR", addr, "SANDBOX_ADVERTISE_ADDR", addr, "SANDBOX_CONTROL_ADDRS", controlAddr,
+		"SANDBOX_OWNER_TTL", replicaOwnerTTL.String(), "SANDBOX_HEARTBEAT", "200ms",
+		"SANDBOX_DEAD_AFTER", "3s", "SANDBOX_RECONNECT_WINDOW", "60s", "LOG_FORMAT", "text",
+	}, kv...)...)}
+	r.client = sandboxv1.NewSandboxServiceClient(st.dial(addr))
 	require.Eventually(t, func() bool {
 		_, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
 		return err == nil
@@ -172,38 +135,26 @@ func waitCompleted(t *testing.T, ses sessionv1.SessionServiceClient, sessionID, 
 // kill -9 of the replica owning a sandbox moves that sandbox to the other
 // replica and its sessions complete their next message.
 func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
-	rs := redistest.Start(t)
-	root := sandboxRoot(t)
-	killProcessesUnder(t, root)
-	run := newRunID()
-
-	sesAddr := freeAddr(t)
+	st := newStack(t, stackOptions{})
+	st.releaseListeners(svcSandbox)
+	run := st.run
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	lb := startBalancer(t, addrA, addrB)
-	a := startSandboxReplica(t, "replica-a", addrA, rs.URL(), root, sesAddr, lb.addr())
-	b := startSandboxReplica(t, "replica-b", addrB, rs.URL(), root, sesAddr, lb.addr())
+	// Without a proxy and credential service: this test is about routing.
+	a := st.startSandboxReplica("replica-a", addrA, lb.addr(), "SANDBOX_PROXY_URL", "", "CREDENTIAL_ADDR", "")
+	b := st.startSandboxReplica("replica-b", addrB, lb.addr(), "SANDBOX_PROXY_URL", "", "CREDENTIAL_ADDR", "")
 
 	logs := captureStderr(t)
-	scfg := session.DefaultConfig()
-	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
-	scfg.LogLevel, scfg.LogFormat = slog.LevelDebug, "json"
-	scfg.GRPCAddr = sesAddr
-	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = lb.addr(), "", ""
-	scfg.ReconcileInterval, scfg.DeleteBackoffBase, scfg.DeleteBackoffMax = 200*time.Millisecond, 200*time.Millisecond, 2*time.Second
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- session.Run(ctx, scfg) }()
+	st.set(svcSession, "SANDBOX_ADDR", lb.addr(), "CREDENTIAL_ADDR", "", "INGEST_ADDR", "",
+		"SESSION_RECONCILE_INTERVAL", "200ms", "SESSION_DELETE_BACKOFF_BASE", "200ms", "SESSION_DELETE_BACKOFF_MAX", "2s")
+	st.runInProcess(nil, svcSession)
 	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
 		if t.Failed() {
 			t.Logf("session log:\n%s", logs.String())
 		}
 	})
-	sesConn, err := grpcclient.Dial(scfg.GRPCAddr, token)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sesConn.Close() })
-	ses := sessionv1.NewSessionServiceClient(sesConn)
+	ses := st.suite().ses
+	var err error
 
 	// Each replica takes two of the four sandboxes before any session
 	// exists (Abort of an unknown message makes the replica asked own the
@@ -253,8 +204,7 @@ func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
 	if a.owner(all[0].sandbox) == "replica-b" {
 		victim, survivor = b, a
 	}
-	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
-	<-victim.done
+	victim.kill9()
 	killed := time.Now()
 	require.Eventually(t, func() bool { return survivor.owner(all[0].sandbox) == survivor.name },
 		30*time.Second, 20*time.Millisecond, "the sandbox moves to the survivor")

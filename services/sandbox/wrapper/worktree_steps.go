@@ -1,19 +1,17 @@
 package wrapper
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/ingestpost"
 	"agentplane.dev/services/sandbox/wrapper/worktree"
 )
 
@@ -182,21 +180,8 @@ func (w *wrapper) recordChanges(id, turnID string) {
 	body, _ := json.Marshal(map[string]any{"items": []map[string]any{{
 		"item_id": "diff-" + turnID, "type": "diff", "version": 1, "time": ch.Time, "payload": ch,
 	}}})
-	url := strings.TrimRight(g.proxyURL, "/") + "/ingest/v1/sessions/" + rsid + "/items"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return
-	}
-	req.Header.Set("Authorization", "Bearer "+g.handle)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
-	if err != nil {
-		w.log.Warn("change set not recorded: proxy unreachable", "session", id)
-		return
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		w.log.Warn("change set not recorded", "session", id, "status", resp.StatusCode)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	if err := ingestpost.Post(ctx, client, g.proxyURL, g.handle, rsid, body); err != nil {
+		w.log.Warn("change set not recorded", "session", id, "err", err)
 	}
 }

@@ -23,6 +23,7 @@ type Config struct {
 
 	QueuedTimeout     time.Duration // SESSION_QUEUED_TIMEOUT: queued longer → failed(preparation_timeout)
 	AcceptedTimeout   time.Duration // SESSION_ACCEPTED_TIMEOUT: accepted longer → failed(no_outcome)
+	QueuedRedrive     time.Duration // SESSION_QUEUED_REDRIVE: queued longer → any replica's sweep drains the session again
 	Retention         time.Duration // SESSION_RETENTION: idle sessions older than this are deleted
 	SweepInterval     time.Duration // SESSION_SWEEP_INTERVAL
 	ReconcileInterval time.Duration // SESSION_RECONCILE_INTERVAL
@@ -47,6 +48,7 @@ func DefaultConfig() Config {
 
 		QueuedTimeout:     16*time.Minute + 30*time.Second,
 		AcceptedTimeout:   125 * time.Minute,
+		QueuedRedrive:     15 * time.Second,
 		Retention:         90 * 24 * time.Hour,
 		SweepInterval:     10 * time.Second,
 		ReconcileInterval: 2 * time.Second,
@@ -69,6 +71,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service address; empty skips history deletion (dev only); "+config.PeerAddrHelp)
 	l.Duration(&c.QueuedTimeout, "SESSION_QUEUED_TIMEOUT", c.QueuedTimeout, "queued messages older than this fail with preparation_timeout")
 	l.Duration(&c.AcceptedTimeout, "SESSION_ACCEPTED_TIMEOUT", c.AcceptedTimeout, "accepted messages older than this fail with no_outcome")
+	l.Duration(&c.QueuedRedrive, "SESSION_QUEUED_REDRIVE", c.QueuedRedrive, "a message queued this long is drained again by any replica's sweep (its replica may have died)")
 	l.Duration(&c.Retention, "SESSION_RETENTION", c.Retention, "sessions idle this long are deleted")
 	l.Duration(&c.SweepInterval, "SESSION_SWEEP_INTERVAL", c.SweepInterval, "how often backstops and retention run")
 	l.Duration(&c.ReconcileInterval, "SESSION_RECONCILE_INTERVAL", c.ReconcileInterval, "how often pending deletions are driven")
@@ -96,10 +99,11 @@ func (c *Config) Validate() error {
 		"SESSION_RECONCILE_INTERVAL": c.ReconcileInterval, "SESSION_DELETE_BACKOFF_BASE": c.DeleteBackoffBase,
 		"SESSION_DELETE_BACKOFF_MAX": c.DeleteBackoffMax, "SESSION_DELETE_LEASE_TTL": c.DeleteLeaseTTL,
 		"SESSION_PEER_TIMEOUT": c.PeerTimeout, "SESSION_WATCH_BLOCK": c.WatchBlock,
+		"SESSION_QUEUED_REDRIVE": c.QueuedRedrive,
 	}
 	for _, name := range []string{"SESSION_QUEUED_TIMEOUT", "SESSION_ACCEPTED_TIMEOUT", "SESSION_RETENTION",
 		"SESSION_SWEEP_INTERVAL", "SESSION_RECONCILE_INTERVAL", "SESSION_DELETE_BACKOFF_BASE",
-		"SESSION_DELETE_BACKOFF_MAX", "SESSION_DELETE_LEASE_TTL", "SESSION_PEER_TIMEOUT", "SESSION_WATCH_BLOCK"} {
+		"SESSION_DELETE_BACKOFF_MAX", "SESSION_DELETE_LEASE_TTL", "SESSION_PEER_TIMEOUT", "SESSION_WATCH_BLOCK", "SESSION_QUEUED_REDRIVE"} {
 		if positive[name] <= 0 {
 			bad(name, errors.New("must be positive"))
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -44,6 +46,8 @@ type fakeSandbox struct {
 	exhaustedLease atomic.Bool
 	// deliverNotReady makes Deliver answer NOT_READY.
 	deliverNotReady atomic.Bool
+	// prepareUnavailable makes Prepare answer UNAVAILABLE.
+	prepareUnavailable atomic.Bool
 
 	mu        sync.Mutex
 	prepares  map[string]int
@@ -62,6 +66,9 @@ func (f *fakeSandbox) Prepare(_ context.Context, r *sandboxv1.PrepareRequest) (*
 	f.mu.Lock()
 	f.prepares[r.GetRoute().GetSessionId()]++
 	f.mu.Unlock()
+	if f.prepareUnavailable.Load() {
+		return nil, status.Error(codes.Unavailable, "sandbox replica gone")
+	}
 	v := &sandboxv1.RouteView{SessionId: r.GetRoute().GetSessionId(), State: sandboxv1.RouteState_ROUTE_STATE_PREPARING, Step: "create_sandbox"}
 	if f.readyOnPrepare.Load() {
 		v = &sandboxv1.RouteView{SessionId: r.GetRoute().GetSessionId(), State: sandboxv1.RouteState_ROUTE_STATE_READY,

@@ -56,7 +56,7 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 		_ = rdb.Close()
 		return fmt.Errorf("sandbox client: %w", err)
 	}
-	backstops := session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout}
+	backstops := session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout, Redrive: cfg.QueuedRedrive}
 	deps := service.Deps{
 		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
 		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},

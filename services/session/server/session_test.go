@@ -281,6 +281,34 @@ func TestDeleteSucceedsAtOnceWhenAbsenceIsVerified(t *testing.T) {
 	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 }
 
+// A queued message whose drain ended without delivering it (the replica
+// that queued it died, or gave up on an unavailable sandbox service) is
+// drained again by the sweep once it is queued longer than
+// SESSION_QUEUED_REDRIVE, not left for the 16.5-minute backstop.
+func TestSweepRedrivesAStalledQueuedMessage(t *testing.T) {
+	e := newEnv(t)
+	e.create("s1", "u1", "/work/repo")
+	e.sandbox.readyOnPrepare.Store(true)
+	e.sandbox.prepareUnavailable.Store(true)
+	e.send("s1", "q1", "stalled")
+	prepares := func() int {
+		e.sandbox.mu.Lock()
+		defer e.sandbox.mu.Unlock()
+		return e.sandbox.prepares["s1"]
+	}
+	require.Eventually(t, func() bool { return prepares() == 8 }, 60*time.Second, 20*time.Millisecond, "the drain tries 8 times, then gives up")
+	e.sandbox.prepareUnavailable.Store(false)
+
+	e.svc.Sweep(context.Background()) // not yet stalled: no drain
+	require.Equal(t, 8, prepares())
+	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_QUEUED, e.message("s1", "q1").GetState())
+
+	e.clock.Advance(DefaultConfig().QueuedRedrive + time.Second)
+	e.svc.Sweep(context.Background())
+	e.waitState("s1", "q1", sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
+	require.Greater(t, prepares(), 8)
+}
+
 func TestBackstopsFailStuckMessages(t *testing.T) {
 	e := newEnv(t)
 	e.create("s1", "u1", "/work/repo")

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"agentplane.dev/services/sandbox/internal/ingestpost"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
 )
 
@@ -307,13 +308,16 @@ func (r *Runtime) callProvider(ctx context.Context, proxy, handle, content strin
 	return out
 }
 
+// historyBudget bounds one turn's history post, its retries included.
+const historyBudget = 20 * time.Second
+
 // postHistory posts the turn as ingest items to the proxy's ingest route
 // (docs/credential.md): the session item, the user message, the reply with
 // its text part, and the route's status. Versions make retries idempotent:
 // the session and messages never change (version 1), the status item takes
-// the turn's time so a later turn's status wins. Any failure is tolerated
-// (history is best effort for this runtime) and noted on stderr without the
-// handle.
+// the turn's time so a later turn's status wins. A post that failed in
+// transit is sent again within historyBudget; a failure after that is
+// tolerated and noted on stderr without the handle.
 func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *route, m runtimeproto.Frame, reply string) {
 	now := time.Now().UTC()
 	item := func(id, typ string, version uint64, parent string, payload map[string]any) map[string]any {
@@ -331,23 +335,12 @@ func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *rou
 		item(answer+"-part-0", "part", 1, answer, map[string]any{"kind": "text", "text": reply}),
 		item("status", "status", uint64(now.UnixNano()), "session", map[string]any{"state": "idle", "last_message_id": m.MessageID}),
 	}})
-	url := strings.TrimRight(proxy, "/") + "/ingest/v1/sessions/" + rt.runtimeSessionID + "/items"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return
-	}
-	req.Header.Set("Authorization", "Bearer "+handle)
-	req.Header.Set("Content-Type", "application/json")
-	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
-	resp, err := r.http.Do(req)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scripted runtime: history post failed: proxy unreachable")
-		return
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintln(os.Stderr, "scripted runtime: history post answered", resp.StatusCode)
+	// The outcome waits for the history (bounded), so a completed message
+	// has its items in ingest unless the budget ran out.
+	ctx, cancel := context.WithTimeout(ctx, historyBudget)
+	defer cancel()
+	if err := ingestpost.Post(ctx, r.http, proxy, handle, rt.runtimeSessionID, body); err != nil {
+		fmt.Fprintln(os.Stderr, "scripted runtime: history post failed:", err)
 	}
 }
 

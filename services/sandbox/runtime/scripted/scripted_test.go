@@ -153,3 +153,54 @@ func TestTurnCallsProviderAndNeverEchoesHandle(t *testing.T) {
 	}
 	require.NotContains(t, s.raw.String(), handle, "the handle never leaves stdin")
 }
+
+// The proxy replica a history post reached died before answering (its
+// connection dropped): the runtime sends the same batch again and the
+// turn's outcome comes only after the proxy took it, so a completed message
+// has its history.
+func TestHistoryPostIsSentAgainAfterADroppedConnection(t *testing.T) {
+	var mu sync.Mutex
+	var posts []string
+	stored := false
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/ingest/") {
+			http.NotFound(w, r)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		posts = append(posts, string(body))
+		first := len(posts) == 1
+		stored = !first
+		mu.Unlock()
+		if first {
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = c.Close()
+			}
+			return
+		}
+		_, _ = io.WriteString(w, `{"applied":5,"ignored":0}`)
+	}))
+	t.Cleanup(srv.Close)
+
+	s := start(t)
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", RuntimeSessionID: "rs_1", Directory: t.TempDir(), Handle: handle, ProxyURL: srv.URL})
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m1", Content: "hello"})
+	frames := s.untilOutcome(t, "s1")
+	require.Equal(t, runtimeproto.ResultSucceeded, frames[len(frames)-1].Outcome.Result)
+
+	mu.Lock()
+	require.True(t, stored, "the outcome came after the history was stored")
+	require.Len(t, posts, 2)
+	require.Equal(t, posts[0], posts[1], "the retry is the same batch (idempotent by item id and version)")
+	require.Contains(t, posts[1], `"item_id":"msg-m1"`)
+	require.Contains(t, posts[1], `"item_id":"reply-m1"`)
+	mu.Unlock()
+
+	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeShutdown})
+	require.NoError(t, <-s.done)
+	_ = s.in.Close()
+	for range s.out {
+	}
+}

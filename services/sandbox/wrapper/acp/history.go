@@ -1,18 +1,15 @@
 package acp
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
-	"strings"
 	"time"
 
+	"agentplane.dev/services/sandbox/internal/ingestpost"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
 )
 
-// historyTimeout bounds one turn's history post.
+// historyTimeout bounds one turn's history post, its retries included.
 const historyTimeout = 20 * time.Second
 
 // postHistory writes the turn to ingest through the proxy's ingest route
@@ -20,7 +17,8 @@ const historyTimeout = 20 * time.Second
 // current handle): the session item, the user message, the assistant
 // message with its text part, one part per tool call (input and output
 // bounded) and the route's status. Items are versioned so a retry is
-// idempotent. A failure is logged without the handle; history does not
+// idempotent: a post that failed in transit is sent again within
+// historyTimeout. A failure is logged without the handle; history does not
 // change the turn's outcome.
 func (r *Runtime) postHistory(rt *route, m runtimeproto.Frame, t *turn, reply, result string) {
 	proxy, handle := r.relay.Target()
@@ -59,21 +57,7 @@ func (r *Runtime) postHistory(rt *route, m runtimeproto.Frame, t *turn, reply, r
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), historyTimeout)
 	defer cancel()
-	url := strings.TrimRight(proxy, "/") + "/ingest/v1/sessions/" + rt.rsid + "/items"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return
-	}
-	req.Header.Set("Authorization", "Bearer "+handle)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.http.Do(req)
-	if err != nil {
-		r.log.Warn("history post failed: proxy unreachable", "session", rt.sessionID)
-		return
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		r.log.Warn("history post refused", "session", rt.sessionID, "status", resp.StatusCode)
+	if err := ingestpost.Post(ctx, r.http, proxy, handle, rt.rsid, body); err != nil {
+		r.log.Warn("history post failed", "session", rt.sessionID, "err", err)
 	}
 }

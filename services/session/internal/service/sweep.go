@@ -26,6 +26,12 @@ func (s *Service) Sweep(ctx context.Context) {
 		})
 		if err == nil {
 			s.metrics.backstopped(before, a)
+			if s.cfg.Backstops.Stalled(a, now) {
+				// Its drain may have died with another replica: drain
+				// here (delivery is at-least-once; a preparing route is
+				// left alone).
+				s.kick(id)
+			}
 		}
 		if ErrNotFound(err) {
 			_ = s.store.Unindex(ctx, id)

@@ -311,7 +311,10 @@ const (
 )
 
 // Outcome settles every accepted message up to and including lastMessageID
-// (by queue position). A repeated turn id (already in Seen) or an unknown
+// (by queue position), and every such message still queued: the outcome
+// proves it was delivered, by a replica that died before it recorded the
+// acceptance (left queued, it would wait for the backstop, and its
+// redelivery would only bring back this turn's id). A repeated turn id (already in Seen) or an unknown
 // last message settles nothing; late outcomes for terminal messages are
 // ignored because terminal states are final. The payload is recorded once.
 func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, reason string, payload []byte, now time.Time) {
@@ -334,14 +337,33 @@ func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, rea
 	case TurnCancelled:
 		st = MessageCancelled
 	}
-	a.failWhere(func(m *Message) bool { return m.State == MessageAccepted && m.Seq <= upTo }, st, r, now)
+	a.failWhere(func(m *Message) bool {
+		return (m.State == MessageAccepted || m.State == MessageQueued) && m.Seq <= upTo
+	}, st, r, now)
 }
 
 // Backstops bound every wait: queued longer than queuedFor fails with
 // preparation_timeout, accepted longer than acceptedFor with no_outcome.
+// A message queued longer than Redrive (when set) makes its session due
+// at every sweep until it leaves queued: the drain that delivers it lives
+// only in the replica that queued it, which may have died in between.
 type Backstops struct {
 	QueuedFor   time.Duration
 	AcceptedFor time.Duration
+	Redrive     time.Duration
+}
+
+// Stalled reports whether a has a message queued longer than Redrive.
+func (b Backstops) Stalled(a *Aggregate, now time.Time) bool {
+	if b.Redrive <= 0 {
+		return false
+	}
+	for _, m := range a.Active {
+		if m.State == MessageQueued && now.Sub(m.CreateTime) > b.Redrive {
+			return true
+		}
+	}
+	return false
 }
 
 // Apply fails overdue messages and returns how many it failed.
@@ -364,6 +386,9 @@ func (b Backstops) NextDeadline(a *Aggregate) time.Time {
 		switch m.State {
 		case MessageQueued:
 			d = m.CreateTime.Add(b.QueuedFor)
+			if b.Redrive > 0 && b.Redrive < b.QueuedFor {
+				d = m.CreateTime.Add(b.Redrive)
+			}
 		case MessageAccepted:
 			d = m.AcceptTime.Add(b.AcceptedFor)
 		default:

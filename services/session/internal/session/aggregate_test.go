@@ -46,6 +46,22 @@ func TestOutcomeSettlesUpToLastMessage(t *testing.T) {
 	require.Equal(t, MessageAccepted, m3.State)
 }
 
+// The replica that delivered m1 and m2 died before it recorded them
+// accepted: the outcome naming m2 still settles both, not m3.
+func TestOutcomeSettlesDeliveredMessagesStillQueued(t *testing.T) {
+	a := agg()
+	m1 := &Message{ID: "m1", State: MessageQueued, Seq: 1}
+	m2 := &Message{ID: "m2", State: MessageQueued, Seq: 2}
+	m3 := &Message{ID: "m3", State: MessageQueued, Seq: 3}
+	a.Active = []*Message{m1, m2, m3}
+	a.Lookup = m2
+	a.Seen = map[string]bool{}
+	a.Outcome("t1", "m2", TurnSucceeded, "", nil, t0)
+	require.Equal(t, MessageCompleted, m1.State)
+	require.Equal(t, MessageCompleted, m2.State)
+	require.Equal(t, MessageQueued, m3.State)
+}
+
 func TestNoticesFromOtherSandboxesOrOlderTokensAreDropped(t *testing.T) {
 	a := agg()
 	a.Session.Route.FenceToken = 7
