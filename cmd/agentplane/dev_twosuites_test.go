@@ -124,10 +124,7 @@ func alive(pids []int) bool {
 // sweeps it for leaks, and that sweep must not see A's wrapper. Then
 // deleting A's session, and stopping A, leave B's wrapper running.
 func TestTwoDevSuitesOnOneHost(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "agentplane")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build agentplane")
+	bin := buildAgentplane(t)
 
 	a := startDevSuite(t, bin)
 	sessA := a.runTurn(t)
