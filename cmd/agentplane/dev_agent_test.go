@@ -34,10 +34,7 @@ func TestDevRunsARealAgent(t *testing.T) {
 		}
 		t.Skipf("SKIPPED, not passed: pinned opencode is not installed under %s; run `make agents`", agents)
 	}
-	bin := filepath.Join(t.TempDir(), "agentplane")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build agentplane")
+	bin := buildAgentplane(t)
 
 	model := fakemodel.New()
 	up := httptest.NewServer(model)

@@ -69,10 +69,7 @@ func freePortBase(t *testing.T) int {
 // SERVING on health; after SIGTERM the process exits 0 within its drain bound
 // and the private redis-server it started is gone.
 func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "agentplane")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build agentplane")
+	bin := buildAgentplane(t)
 
 	const drain, graceful = 200 * time.Millisecond, 3 * time.Second
 	root := t.TempDir()
@@ -185,6 +182,16 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	require.Empty(t, sandboxprocs.Under(root), "no wrapper or runtime started by dev is left running")
 	// The sandbox stopped while the session service still answered.
 	require.Zero(t, strings.Count(logs.String(), "not sent at shutdown"), "notifications left unsent (log above)")
+}
+
+// buildAgentplane builds this binary into a temporary directory.
+func buildAgentplane(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "agentplane")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run(), "build agentplane")
+	return bin
 }
 
 func waitServing(t *testing.T, conn *grpc.ClientConn, addr string) {

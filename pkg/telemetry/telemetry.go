@@ -38,7 +38,7 @@ type Provider struct {
 // Setup reads the OTEL_* environment, installs the global tracer provider and the W3C
 // propagator (tracecontext + baggage), and returns the provider to flush at shutdown.
 // Call it once per process; serviceName is the default for OTEL_SERVICE_NAME.
-func Setup(ctx context.Context, serviceName string) (*Provider, error) {
+func Setup(ctx context.Context, serviceName string, opts ...Option) (*Provider, error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 
 	exporter, err := exporterFromEnv()
@@ -51,7 +51,11 @@ func Setup(ctx context.Context, serviceName string) (*Provider, error) {
 		return &Provider{}, nil
 	}
 
-	exp, err := otlptracegrpc.New(ctx)
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	exp, err := otlptracegrpc.New(ctx, o.exporter...)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: OTLP trace exporter: %w", err)
 	}

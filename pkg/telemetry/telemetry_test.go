@@ -3,11 +3,16 @@ package telemetry_test
 import (
 	"context"
 	"net"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
 
 	"agentplane.dev/pkg/telemetry"
 )
@@ -59,4 +64,49 @@ func TestBadEnvFailsFast(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
 	_, err = telemetry.Setup(t.Context(), "test")
 	require.ErrorContains(t, err, "OTEL_EXPORTER_OTLP_PROTOCOL")
+}
+
+// spanSink is an OTLP trace collector that counts the spans it receives.
+type spanSink struct {
+	collectortrace.UnimplementedTraceServiceServer
+	spans atomic.Int64
+}
+
+func (s *spanSink) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			s.spans.Add(int64(len(ss.GetSpans())))
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+// TestWithDialerNeverResolvesTheEndpoint: behind the boundary the endpoint's
+// name means nothing (no DNS, no route); the spans go over the dialer's
+// connection (a Unix socket here, as the sandbox relay's is) all the same.
+func TestWithDialerNeverResolvesTheEndpoint(t *testing.T) {
+	clearEnv(t)
+	sock := filepath.Join(t.TempDir(), "otlp.sock")
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	sink := &spanSink{}
+	collectortrace.RegisterTraceServiceServer(srv, sink)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector.invalid:4317")
+
+	var dials atomic.Int64
+	p, err := telemetry.Setup(t.Context(), "test", telemetry.WithDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		dials.Add(1)
+		assert.Equal(t, "collector.invalid:4317", addr, "the dialer gets the endpoint unresolved")
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}))
+	require.NoError(t, err)
+	_, span := p.TracerProvider().Tracer("test").Start(t.Context(), "through the relay")
+	span.End()
+	require.NoError(t, p.Shutdown(t.Context()), "the batch is flushed through the dialer")
+	require.Equal(t, int64(1), sink.spans.Load())
+	require.Positive(t, dials.Load())
 }

@@ -107,8 +107,8 @@ func startProcess(t *testing.T, bin, service string, env []string) {
 // TestOneTraceAcrossEveryHop runs the four services as separate processes exporting to an
 // in-process OTLP receiver, sends one message under a known trace id through a real
 // wrapper and the scripted runtime (which calls the provider and ingest routes through the
-// proxy), and follows the parent links from the ingest service's span back to the client:
-// ingest ← proxy (credential) ← wrapper ← sandbox ← session ← client.
+// proxy) behind the sandbox boundary, and follows the parent links from the ingest
+// service's span back to the client: ingest ← proxy (credential) ← wrapper ← sandbox ← session ← client.
 func TestOneTraceAcrossEveryHop(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "agentplane")
 	build := exec.Command("go", "build", "-o", bin, "agentplane.dev/cmd/agentplane")
@@ -137,11 +137,9 @@ func TestOneTraceAcrossEveryHop(t *testing.T) {
 		"AGENTPLANE_PROVIDER_UPSTREAM="+provider.URL))
 	startProcess(t, bin, "sandbox", with("AGENTPLANE_GRPC_ADDR="+sbx, "AGENTPLANE_SESSION_ADDR="+ses,
 		"AGENTPLANE_CREDENTIAL_ADDR="+cred, "AGENTPLANE_SANDBOX_PROXY_URL=http://"+proxy,
-		"AGENTPLANE_SANDBOX_ROOT="+root, "AGENTPLANE_WRAPPER_BIN="+wrapperBin,
-		// Not built: behind the boundary the wrapper has no route to an OTLP
-		// collector (its network is loopback only), so its spans and the
-		// runtime's are lost; this test traces the unisolated path.
-		"AGENTPLANE_SANDBOX_ISOLATION=none"))
+		// Behind the boundary (the default) the wrapper's network is
+		// loopback only: its spans leave through the sandbox service's OTLP relay.
+		"AGENTPLANE_SANDBOX_ROOT="+root, "AGENTPLANE_WRAPPER_BIN="+wrapperBin))
 	startProcess(t, bin, "session", with("AGENTPLANE_GRPC_ADDR="+ses, "AGENTPLANE_SANDBOX_ADDR="+sbx,
 		"AGENTPLANE_CREDENTIAL_ADDR="+cred, "AGENTPLANE_INGEST_ADDR="+ing))
 

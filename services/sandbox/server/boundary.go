@@ -31,17 +31,15 @@ const maxSocketPath = 107
 type boundarySetup struct {
 	iso          *boundary.Config // nil: SANDBOX_ISOLATION=none
 	controlLn    net.Listener
-	controlAddr  string // the control socket as a wrapper dials it, inside
-	proxyLn      net.Listener
-	proxyDone    chan struct{}
+	controlAddr  string       // the control socket as a wrapper dials it, inside
+	proxy        *socketRelay // to the credential proxy
+	otlp         *socketRelay // to the OTLP collector (otlprelay.go)
 	wrapperFlags []string
 }
 
 func (b *boundarySetup) close() {
-	if b.proxyLn != nil {
-		_ = b.proxyLn.Close()
-		<-b.proxyDone
-	}
+	b.proxy.close()
+	b.otlp.close()
 	if b.controlLn != nil {
 		_ = b.controlLn.Close()
 	}
@@ -88,17 +86,19 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 			b.close()
 			return nil, err
 		}
-		if b.proxyLn, err = relay.Listen(filepath.Join(socketDir, "proxy", name)); err != nil {
+		var d net.Dialer
+		if b.proxy, err = serveRelay(filepath.Join(socketDir, "proxy", name), func() (net.Conn, error) { return d.Dial("tcp", target) }); err != nil {
 			b.close()
 			return nil, fmt.Errorf("proxy socket: %w", err)
 		}
-		b.proxyDone = make(chan struct{})
-		go func() {
-			defer close(b.proxyDone)
-			var d net.Dialer
-			relay.Serve(b.proxyLn, func() (net.Conn, error) { return d.Dial("tcp", target) })
-		}()
 		b.wrapperFlags = append(b.wrapperFlags, "--proxy-listen", sandboxProxyAddr, "--proxy-dir", inner+"/proxy")
+	}
+	if b.otlp, err = serveOTLPRelay(socketDir, name, os.LookupEnv); err != nil {
+		b.close()
+		return nil, err
+	}
+	if b.otlp != nil {
+		b.wrapperFlags = append(b.wrapperFlags, "--otlp-dir", inner+"/otlp")
 	}
 	uid := "the service's"
 	if cred := iso.Credential(); cred != nil {

@@ -97,11 +97,13 @@ type Options struct {
 	// ControlDir holds every local replica's control socket, tried after
 	// ControlAddrs; ProxyListen is the loopback address where the runtime
 	// finds the credential proxy, relayed to a socket of ProxyDir;
-	// Contained says the wrapper is in its own PID namespace, so on the way
-	// out it ends everything left in it.
+	// OTLPDir holds the sockets its spans leave through (relayed to the
+	// collector); Contained says the wrapper is in its own PID namespace,
+	// so on the way out it ends everything left in it.
 	ControlDir  string
 	ProxyListen string
 	ProxyDir    string
+	OTLPDir     string
 	Contained   bool
 	Limits      boundary.Limits
 }
@@ -126,7 +128,11 @@ func Main(args []string) int {
 		opts.Runtime = runtimeStarter(opts)
 	}
 	// Tracing from the OTEL_* the sandbox service passes on (opt-in, like the services').
-	tel, err := telemetry.Setup(context.Background(), "agentplane-wrapper")
+	var telOpts []telemetry.Option
+	if opts.OTLPDir != "" {
+		telOpts = append(telOpts, telemetry.WithDialer(func(context.Context, string) (net.Conn, error) { return relay.DialDir(opts.OTLPDir) }))
+	}
+	tel, err := telemetry.Setup(context.Background(), "agentplane-wrapper", telOpts...)
 	if err != nil {
 		log.Error("bad tracing environment", "err", err)
 		return ExitUsage
@@ -160,6 +166,7 @@ func parse(args []string) (Options, error) {
 		ctlDir    = fs.String("control-dir", "", "directory of control sockets (unix) to try after --control-addr")
 		proxyLn   = fs.String("proxy-listen", "", "loopback address where the runtime reaches the credential proxy (relayed to --proxy-dir)")
 		proxyDir  = fs.String("proxy-dir", "", "directory of Unix sockets leading to the credential proxy")
+		otlpDir   = fs.String("otlp-dir", "", "directory of Unix sockets leading to the OTLP collector (behind the boundary)")
 		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it")
 		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=4096,nproc=1024,as=68719476736")
 	)
@@ -170,7 +177,7 @@ func parse(args []string) (Options, error) {
 		ControlAddrs: splitList(*addrs), AllocationID: *alloc, FenceToken: *fenceTok,
 		WorkspaceRoot: *root, Capabilities: splitList(*caps), Heartbeat: *heartbeat, ReconnectWindow: *window,
 		RuntimeCommand: fs.Args(), Agent: agents.Scripted, MaxRepoBytes: *maxRepo,
-		ControlDir: *ctlDir, ProxyListen: *proxyLn, ProxyDir: *proxyDir, Contained: *contained,
+		ControlDir: *ctlDir, ProxyListen: *proxyLn, ProxyDir: *proxyDir, OTLPDir: *otlpDir, Contained: *contained,
 	}
 	if *spec != "" {
 		s, err := agents.ParseSpec(*spec)

@@ -78,6 +78,23 @@ func helper() int {
 	got["visible_pids"] = fmt.Sprint(n)
 	_, err := os.Stat("/work")
 	got["stat_host_dir"] = errno(err)
+	passwd, _ := os.ReadFile("/etc/passwd")
+	got["read_passwd"] = string(passwd)
+	if f, err := os.OpenFile("/etc/passwd", os.O_WRONLY|os.O_APPEND, 0); err != nil {
+		got["write_passwd"] = errno(err)
+	} else {
+		_ = f.Close()
+		got["write_passwd"] = "ok"
+	}
+	got["create_in_root"] = errno(os.WriteFile("/hostile", nil, 0o644))
+	got["create_in_tmp"] = errno(os.WriteFile("/tmp/ok", nil, 0o644))
+	fds, _ := os.ReadDir("/proc/self/fd")
+	got["etc_fds"] = ""
+	for _, fd := range fds {
+		if target, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(target, "/etc") {
+			got["etc_fds"] += fd.Name() + "→" + target + " "
+		}
+	}
 	_ = json.NewEncoder(os.Stdout).Encode(got)
 	return 0
 }
@@ -110,13 +127,13 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 	dir := t.TempDir()
 	c := Config{Bwrap: bw, UID: -1, GID: -1}
 	require.NoError(t, c.Probe(context.Background(), "", ""))
-	sc, err := SeccompFile()
+	files, err := OpenFiles()
 	require.NoError(t, err)
-	defer sc.Close()
-	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, 3), self)
+	defer files.Close()
+	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), self)
 	cmd := exec.Command(bw, args...)
 	cmd.Env = []string{"BOUNDARY_HELPER=1"}
-	cmd.ExtraFiles = []*os.File{sc}
+	cmd.ExtraFiles = files.List()
 	out, err := cmd.Output()
 	require.NoError(t, err, "%s", exitStderr(err))
 	got := map[string]string{}
@@ -133,6 +150,13 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 	require.Equal(t, "2", got["pid"], "own PID namespace: bubblewrap's init is 1")
 	require.Equal(t, "2", got["visible_pids"], "only the namespace's init and itself")
 	require.Equal(t, "ENOENT", got["stat_host_dir"], "host directories outside the view do not exist")
+	hostPasswd, err := os.ReadFile("/etc/passwd")
+	require.NoError(t, err)
+	require.Equal(t, string(hostPasswd), got["read_passwd"], "/etc/passwd is the host's (copied in)")
+	require.Equal(t, "EROFS", got["write_passwd"], "the copied /etc files are read-only")
+	require.Equal(t, "EROFS", got["create_in_root"], "the sandbox's root is read-only")
+	require.Equal(t, "ok", got["create_in_tmp"], "its /tmp is writable")
+	require.Empty(t, got["etc_fds"], "bubblewrap closed the descriptors it copied from")
 }
 
 func exitStderr(err error) string {
@@ -182,14 +206,19 @@ func FuzzParseLimits(f *testing.F) {
 
 func TestArgsBindNothingElse(t *testing.T) {
 	c := Config{Bwrap: "/usr/bin/bwrap", ReadOnly: []string{"/opt/agents"}, SocketDir: "/srv/sk", UID: -1, GID: -1}
-	a := strings.Join(c.Args(Mount{Workspace: "/r/sb/workspaces/w", Home: "/r/sb/homes/w", Program: "/bin/wrapper"}, 4), " ")
+	files, err := OpenFiles()
+	require.NoError(t, err)
+	defer files.Close()
+	a := strings.Join(c.Args(Mount{Workspace: "/r/sb/workspaces/w", Home: "/r/sb/homes/w", Program: "/bin/wrapper"}, files, 4), " ")
 	require.Contains(t, a, "--bind /r/sb/workspaces/w /r/sb/workspaces/w")
 	require.Contains(t, a, "--bind /r/sb/homes/w /r/sb/homes/w")
 	require.Contains(t, a, "--ro-bind /opt/agents /opt/agents")
 	require.Contains(t, a, "--ro-bind /srv/sk "+InnerSocketDir)
 	require.Contains(t, a, "--seccomp 4")
+	require.Contains(t, a, "--file 5 /etc/ld.so.cache", "regular /etc files are copied in from the next descriptors")
+	require.Contains(t, a, "--ro-bind-try /etc/ssl/certs /etc/ssl/certs", "directories stay bound")
+	require.True(t, strings.HasSuffix(a, "--remount-ro / --setenv TMPDIR /tmp --chdir /r/sb/workspaces/w --"), "the root goes read-only last")
 	require.NotContains(t, a, "--bind / ")
 	require.NotContains(t, a, "/r/sb ")
 	require.Less(t, strings.Index(a, "--tmpfs /tmp"), strings.Index(a, "--bind /r/sb/homes"), "tmpfs before binds that may live under /tmp")
-	require.True(t, strings.HasSuffix(a, "--"))
 }

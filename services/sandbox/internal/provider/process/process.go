@@ -245,10 +245,12 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 }
 
 // launchFiles are the descriptors bubblewrap inherits besides the
-// wrapper's: the seccomp program, and the write end of its --info-fd pipe,
-// on which it names the host pid of the namespace's init.
+// wrapper's: the boundary's files (seccomp program, /etc copies), and the
+// write end of its --info-fd pipe, on which it names the host pid of the
+// namespace's init.
 type launchFiles struct {
-	seccomp, infoW, infoR *os.File
+	boundary     *boundary.Files
+	infoW, infoR *os.File
 }
 
 // started closes the parent's copies a child inherited.
@@ -256,7 +258,7 @@ func (f *launchFiles) started() {
 	if f == nil {
 		return
 	}
-	_ = f.seccomp.Close()
+	f.boundary.Close()
 	_ = f.infoW.Close()
 }
 
@@ -301,7 +303,7 @@ func waitExit(pidfd int) {
 
 // command is the wrapper's command: the wrapper itself in its own process
 // group, or (isolated) bubblewrap running it behind the boundary, with the
-// seccomp program and the info pipe on the descriptors after
+// boundary's files and the info pipe on the descriptors after
 // spec.ExtraFiles.
 func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, error) {
 	iso := p.cfg.Isolation
@@ -311,26 +313,27 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, e
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		return cmd, nil, nil
 	}
-	sc, err := boundary.SeccompFile()
+	bf, err := boundary.OpenFiles()
 	if err != nil {
 		return nil, nil, fmt.Errorf("process provider: %w", err)
 	}
 	infoR, infoW, err := os.Pipe()
 	if err != nil {
-		_ = sc.Close()
+		bf.Close()
 		return nil, nil, fmt.Errorf("process provider: %w", err)
 	}
 	m := spec.Markers
 	mount := boundary.Mount{
 		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), Home: p.HomeDir(m.SandboxID, m.RuntimeKey), Program: spec.Path,
 	}
-	seccompFD := 3 + len(spec.ExtraFiles)
-	args := append([]string{"--info-fd", strconv.Itoa(seccompFD + 1)}, iso.Args(mount, seccompFD)...)
+	firstFD := 3 + len(spec.ExtraFiles)
+	inherited := bf.List()
+	args := append([]string{"--info-fd", strconv.Itoa(firstFD + len(inherited))}, iso.Args(mount, bf, firstFD)...)
 	args = append(args, spec.Path)
 	cmd := exec.Command(iso.Bwrap, append(args, spec.Args...)...)
-	cmd.ExtraFiles = append(append([]*os.File{}, spec.ExtraFiles...), sc, infoW)
+	cmd.ExtraFiles = append(append(append([]*os.File{}, spec.ExtraFiles...), inherited...), infoW)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: iso.Credential()}
-	return cmd, &launchFiles{seccomp: sc, infoW: infoW, infoR: infoR}, nil
+	return cmd, &launchFiles{boundary: bf, infoW: infoW, infoR: infoR}, nil
 }
 
 func (p *Provider) credential() *syscall.Credential {
