@@ -22,6 +22,8 @@ import (
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	credential "agentplane.dev/services/credential/server"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -60,14 +62,19 @@ type acpSuite struct {
 // startACPSuite runs the four services with the fake model as the proxy's
 // provider upstream and the pinned agents installed as profiles.
 func startACPSuite(t *testing.T, agent string, tune func(*sandbox.Config)) *acpSuite {
+	return startACPSuiteTuned(t, agent, tune, nil)
+}
+
+// startACPSuiteTuned is startACPSuite that also tunes the credential service.
+func startACPSuiteTuned(t *testing.T, agent string, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *acpSuite {
 	dir := requireAgent(t, agent)
 	model := fakemodel.New()
-	s := startSuiteWith(t, model, func(c *sandbox.Config) {
+	s := startSuiteTuned(t, model, func(c *sandbox.Config) {
 		c.AgentsDir, c.AgentModel = dir, "fake-model"
 		if tune != nil {
 			tune(c)
 		}
-	})
+	}, tuneCred)
 	return &acpSuite{suite: s, model: model}
 }
 
@@ -418,4 +425,53 @@ func TestAgentProfileChecks(t *testing.T) {
 	}, 2*time.Minute, 100*time.Millisecond, "the mismatched route fails with agent_mismatch")
 	_, o = s.watchTurn(t, scripted.GetSessionId(), "m2", "still here", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the worktree's own session is not affected")
+}
+
+// TestAgentHandleRotation: a handle rotated during a session reaches the
+// live wrapper (SandboxService.RotateHandle pushes it on the control
+// stream), whose provider relay puts it on the agent's next model request:
+// with no overlap window the old handle stops resolving at once, so the
+// next turn only reaches the model, with the backing secret, through the
+// new one. The agent process and the wrapper are the same before and after.
+func TestAgentHandleRotation(t *testing.T) {
+	forEachAgent(t, func(t *testing.T, agent string) {
+		s := startACPSuiteTuned(t, agent, nil, func(c *credential.Config) { c.OverlapWindow = 0 })
+		secret := newSecret()
+		sess := s.createAgent(t, "sbx-rot-"+agent, "/work/e2e-rot", secret, agent)
+		_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello", nil)
+		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+		before := s.routeView(t, sess.GetSessionId())
+		pids := agentProcesses(t, before.GetWrapperInstance())
+		require.Len(t, pids, 1)
+		seen := len(s.model.Requests())
+
+		rot, err := s.sbx.RotateHandle(context.Background(), &sandboxv1.RotateHandleRequest{SessionId: sess.GetSessionId(), SandboxId: sess.GetSandboxId()})
+		require.NoError(t, err)
+		require.Equal(t, []string{sess.GetSessionId()}, rot.GetSessionIds())
+
+		_, o = s.watchTurn(t, sess.GetSessionId(), "m2", "hello again", nil)
+		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+		reqs := s.model.Requests()[seen:]
+		require.NotEmpty(t, reqs, "the next turn reached the model through the rotated handle")
+		for _, r := range reqs {
+			require.Equal(t, "Bearer "+secret, r.Authorization, "the proxy resolved the new handle to the backing secret")
+		}
+		require.Equal(t, "hello again", reqs[len(reqs)-1].LastText)
+		after := s.routeView(t, sess.GetSessionId())
+		require.Equal(t, before.GetWrapperInstance(), after.GetWrapperInstance(), "the same wrapper")
+		require.Equal(t, pids, agentProcesses(t, after.GetWrapperInstance()), "the same agent process: no restart")
+		require.Positive(t, scanProcs(t, "aph_"))
+		scanFiles(t, s.root, "aph_")
+	})
+}
+
+// acpAgents are the pinned real agents every ACP e2e runs with.
+var acpAgents = []string{"opencode", "kilo"}
+
+// forEachAgent runs body as one subtest per pinned agent (run one at a
+// time: -run 'TestX/opencode').
+func forEachAgent(t *testing.T, body func(t *testing.T, agent string)) {
+	for _, agent := range acpAgents {
+		t.Run(agent, func(t *testing.T) { body(t, agent) })
+	}
 }

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -96,6 +97,7 @@ func (u *upstream) seen() ([]string, []string) {
 type suite struct {
 	ses     sessionv1.SessionServiceClient
 	cred    credentialv1.CredentialServiceClient
+	sbx     sandboxv1.SandboxServiceClient
 	ing     ingestv1.IngestServiceClient
 	up      *upstream
 	attKey  []byte
@@ -138,6 +140,11 @@ func startSuiteIsolated(t testing.TB, isolation string) *suite {
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
+	return startSuiteTuned(t, up, tune, nil)
+}
+
+// startSuiteTuned is startSuiteWith that also tunes the credential service.
+func startSuiteTuned(t testing.TB, up http.Handler, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *suite {
 	root := sandboxRoot(t)
 	s := &suite{up: &upstream{}, root: root, run: newRunID()}
 	killProcessesUnder(t, s.root)
@@ -164,6 +171,9 @@ func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *
 	ccfg.CredentialKey = base64.StdEncoding.EncodeToString(key)
 	ccfg.AttestationKey = base64.StdEncoding.EncodeToString(s.attKey)
 	ccfg.IngestAddr, ccfg.ProviderUpstream = ingAddr, provider.URL
+	if tuneCred != nil {
+		tuneCred(&ccfg)
+	}
 
 	icfg := ingest.DefaultConfig()
 	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, ""
@@ -213,6 +223,7 @@ func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *
 	s.ses = sessionv1.NewSessionServiceClient(dial(sesAddr))
 	s.cred = credentialv1.NewCredentialServiceClient(dial(credGL.Addr().String()))
 	s.ing = ingestv1.NewIngestServiceClient(dial(ingAddr))
+	s.sbx = sandboxv1.NewSandboxServiceClient(dial(sbxL.Addr().String()))
 	return s
 }
 
