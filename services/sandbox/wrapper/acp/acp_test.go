@@ -250,6 +250,7 @@ func TestFaultNonJSONOutputFailsTheTurn(t *testing.T) {
 	require.Equal(t, runtimeproto.ResultFailed, o.Result)
 	require.Equal(t, ReasonProtocol, o.FailureReason)
 	waitExit(t, rec)
+	requireRouteFailed(t, rec, "s1", ReasonProtocol)
 }
 
 func TestFaultNoInitializeAnswerTimesOut(t *testing.T) {
@@ -270,6 +271,7 @@ func TestFaultSecondAnswerIsAProtocolError(t *testing.T) {
 	waitExit(t, rec)
 	require.Len(t, rec.outcomes("s1"), 1, "the second answer settles nothing")
 	require.Equal(t, ReasonProtocol, rt.brokenReason().reason)
+	requireRouteFailed(t, rec, "s1", ReasonProtocol)
 }
 
 func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
@@ -280,6 +282,18 @@ func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
 	require.Equal(t, runtimeproto.ResultFailed, o.Result)
 	require.Equal(t, ReasonExited, o.FailureReason)
 	waitExit(t, rec)
+	requireRouteFailed(t, rec, "s1", ReasonExited)
+}
+
+// requireRouteFailed: the route failed, retryable, with the agent's own
+// reason (reported before the runtime's exit).
+func requireRouteFailed(t *testing.T, rec *recorder, session, reason string) {
+	t.Helper()
+	f := rec.wait(t, "route failure", func(f runtimeproto.Frame) bool {
+		return f.Type == runtimeproto.TypeRouteFailed && f.SessionID == session
+	})
+	require.Equal(t, reason, f.Reason)
+	require.True(t, f.Retryable)
 }
 
 func waitExit(t *testing.T, rec *recorder) {
