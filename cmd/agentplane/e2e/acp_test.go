@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -152,18 +153,13 @@ func findFile(t *testing.T, root, name string) []string {
 	return out
 }
 
-// TestOpenCodeCreatesAFile (issue 17): the real pinned opencode, driven over
+// TestAgentCreatesAFile (issue 17): each real pinned agent, driven over
 // ACP by the wrapper, writes hello.txt in the session's workspace with its own
 // tool; the session's watchers see the deltas, the tool call and its result
 // and one succeeded outcome; the model saw the backing secret, never a
 // handle; Export returns the conversation.
-func TestOpenCodeCreatesAFile(t *testing.T) {
-	testAgentCreatesAFile(t, "opencode")
-}
-
-// TestKiloCreatesAFile: the same with the pinned Kilo CLI.
-func TestKiloCreatesAFile(t *testing.T) {
-	testAgentCreatesAFile(t, "kilo")
+func TestAgentCreatesAFile(t *testing.T) {
+	forEachAgent(t, testAgentCreatesAFile)
 }
 
 func testAgentCreatesAFile(t *testing.T, agent string) {
@@ -203,7 +199,10 @@ func testAgentCreatesAFile(t *testing.T, agent string) {
 		require.NotContains(t, r.Authorization, "aps_")
 	}
 
-	rsid := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
+	view := s.routeView(t, sess.GetSessionId())
+	require.Equal(t, agent, view.GetAgent().GetProfile(), "the route reports the agent it runs")
+	require.Equal(t, "fake-model", view.GetAgent().GetModel())
+	rsid := view.GetRuntimeSessionId()
 	require.NotEmpty(t, rsid)
 	var items []*ingestv1.Item
 	require.Eventually(t, func() bool {
@@ -238,13 +237,17 @@ func testAgentCreatesAFile(t *testing.T, agent string) {
 	scanFiles(t, s.root, secret)
 }
 
-// TestOpenCodeAbortAndSharedWorktree: an abort mid-turn ends the turn with
+// TestAgentAbortAndSharedWorktree: an abort mid-turn ends the turn with
 // one cancelled outcome; a second session in the same worktree joins the
 // same agent process with its own ACP session.
-func TestOpenCodeAbortAndSharedWorktree(t *testing.T) {
-	s := startACPSuite(t, "opencode", nil)
-	first := s.createAgent(t, "sbx-oc-abort", "/work/e2e-oc-shared", newSecret(), "opencode")
-	second := s.createAgent(t, "sbx-oc-abort", "/work/e2e-oc-shared", newSecret(), "opencode")
+func TestAgentAbortAndSharedWorktree(t *testing.T) {
+	forEachAgent(t, testAgentAbortAndSharedWorktree)
+}
+
+func testAgentAbortAndSharedWorktree(t *testing.T, agent string) {
+	s := startACPSuite(t, agent, nil)
+	first := s.createAgent(t, "sbx-abort-"+agent, "/work/e2e-shared", newSecret(), agent)
+	second := s.createAgent(t, "sbx-abort-"+agent, "/work/e2e-shared", newSecret(), agent)
 
 	cancelled := false
 	events, o := s.watchTurn(t, first.GetSessionId(), "m1", "think slow about it", func(ev *sessionv1.SessionEvent) {
@@ -306,15 +309,19 @@ func agentProcesses(t *testing.T, instance string) []int {
 	return pids
 }
 
-// TestOpenCodeResumesAfterWrapperKill: kill -9 of the wrapper takes its
+// TestAgentResumesAfterWrapperKill: kill -9 of the wrapper takes its
 // agent along; the route is prepared again on a new wrapper, which resumes
 // the same ACP session with session/load, so the conversation goes on.
-func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
-	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
+func TestAgentResumesAfterWrapperKill(t *testing.T) {
+	forEachAgent(t, testAgentResumesAfterWrapperKill)
+}
+
+func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
+	s := startACPSuite(t, agent, func(c *sandbox.Config) {
 		// Notice the dead wrapper soon.
 		c.Timers.Heartbeat, c.Timers.DeadAfter, c.Timers.ReconnectWindow = 200*time.Millisecond, time.Second, 2*time.Second
 	})
-	sess := s.createAgent(t, "sbx-oc-kill", "/work/e2e-oc-kill", newSecret(), "opencode")
+	sess := s.createAgent(t, "sbx-kill-"+agent, "/work/e2e-kill", newSecret(), agent)
 	_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
 	before := s.routeView(t, sess.GetSessionId())
@@ -340,10 +347,25 @@ func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
 
 	// The model got the earlier turn's messages again: the conversation
 	// continued rather than starting over.
-	reqs := s.model.Requests()
-	last := reqs[len(reqs)-1]
-	require.Equal(t, "hello again", last.LastText)
+	last := turnRequest(t, s.model.Requests(), "hello again")
 	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
+}
+
+// turnRequest is the last model request of the turn whose user message
+// holds text: one offering tools (agents also make requests of their own,
+// such as kilo's title, and may wrap the user's text).
+func turnRequest(t *testing.T, reqs []fakemodel.Request, text string) fakemodel.Request {
+	for i := len(reqs) - 1; i >= 0; i-- {
+		if strings.Contains(reqs[i].LastText, text) && len(reqs[i].Tools) > 0 {
+			return reqs[i]
+		}
+	}
+	var seen []string
+	for _, r := range reqs {
+		seen = append(seen, fmt.Sprintf("%s(%d tools): %.80q", r.LastRole, len(r.Tools), r.LastText))
+	}
+	t.Fatalf("no model request of the turn %q; requests: %v", text, seen)
+	return fakemodel.Request{}
 }
 
 // statGroup reads pid and process group from /proc/<pid>/stat (the
@@ -456,7 +478,7 @@ func TestAgentHandleRotation(t *testing.T) {
 		for _, r := range reqs {
 			require.Equal(t, "Bearer "+secret, r.Authorization, "the proxy resolved the new handle to the backing secret")
 		}
-		require.Equal(t, "hello again", reqs[len(reqs)-1].LastText)
+		turnRequest(t, reqs, "hello again")
 		after := s.routeView(t, sess.GetSessionId())
 		require.Equal(t, before.GetWrapperInstance(), after.GetWrapperInstance(), "the same wrapper")
 		require.Equal(t, pids, agentProcesses(t, after.GetWrapperInstance()), "the same agent process: no restart")
