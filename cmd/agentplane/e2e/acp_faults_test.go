@@ -31,6 +31,23 @@ func TestACPAgentFaults(t *testing.T) {
 		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the healthy session: %v", o)
 	}
 	turnOK("h0")
+	v := s.routeView(t, healthy.GetSessionId())
+	require.Equal(t, "acp", v.GetAgent().GetProfile(), "the route reports the agent it runs")
+	require.Equal(t, healthy.GetAgent().GetModel(), v.GetAgent().GetModel())
+
+	// Another model in the same worktree is not silently served by the
+	// running agent: the route fails agent_mismatch, the first goes on.
+	other, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+		UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-fault-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/work/fault-ok"},
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+		Agent:      &sessionv1.Agent{Profile: "acp", Model: "another-model"},
+	})
+	require.NoError(t, err)
+	s.watchUntil(t, other.GetSession().GetSessionId(), "m1", "hello", func(ev *sessionv1.SessionEvent) bool {
+		r := ev.GetRoute()
+		return r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED && r.GetFailureReason() == "agent_mismatch"
+	})
+	turnOK("h00")
 
 	for i, tc := range []struct {
 		name, dir, prompt string

@@ -437,10 +437,10 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		return
 	}
 	w.emit(progress(id, "prepare_worktree", "preparing the worktree directory"))
-	if a := p.GetAgent().GetProfile(); a != "" && w.opts.Agent != "" && a != w.opts.Agent {
+	if why := w.agentMismatch(p.GetAgent()); why != "" {
 		// One agent process per runtime key: the worktree's first session
-		// chose it (docs/runtime-protocol.md, "Agent profiles").
-		w.emit(routeFailed(id, "agent_mismatch", fmt.Sprintf("this worktree runs agent %q; the session asks for %q", w.opts.Agent, a), false))
+		// chose it (docs/runtime-protocol.md, "One agent per worktree").
+		w.emit(routeFailed(id, "agent_mismatch", why, false))
 		return
 	}
 	w.mu.Lock()
@@ -480,6 +480,19 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 	w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: id, Directory: dir,
 		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid,
 		Agent: p.GetAgent().GetProfile(), RejectToolKinds: p.GetAgent().GetRejectToolKinds()})
+}
+
+// agentMismatch says why a route's agent is not the one this wrapper runs:
+// another profile, or another model of an ACP profile (the agent's provider
+// config names one model). Empty: the same agent.
+func (w *wrapper) agentMismatch(a *sandboxv1.Agent) string {
+	if p := a.GetProfile(); p != "" && w.opts.Agent != "" && p != w.opts.Agent {
+		return fmt.Sprintf("this worktree runs agent %q; the session asks for %q", w.opts.Agent, p)
+	}
+	if m, run := a.GetModel(), w.opts.RuntimeSpec.Model; m != "" && run != "" && m != run {
+		return fmt.Sprintf("this worktree's agent runs model %q; the session asks for %q", run, m)
+	}
+	return ""
 }
 
 // workspaceDir maps a route's absolute directory under the workspace root,
