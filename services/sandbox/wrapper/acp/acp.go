@@ -552,6 +552,7 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 	}
 	rt.mu.Unlock()
 	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "busy", data: busy})
+	r.relay.SetTraceparent(m.Traceparent)
 
 	var res struct {
 		StopReason string `json:"stopReason"`

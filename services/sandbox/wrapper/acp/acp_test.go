@@ -316,7 +316,7 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "/provider/") { // history posts go to /ingest/
 			mu.Lock()
-			seen = append(seen, r.URL.Path+" "+r.Header.Get("Authorization"))
+			seen = append(seen, strings.TrimSpace(r.URL.Path+" "+r.Header.Get("Authorization")+" "+r.Header.Get("Traceparent")))
 			mu.Unlock()
 		}
 		_, _ = io.WriteString(w, `{"choices":[]}`)
@@ -337,8 +337,9 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 		RuntimeSessionID: "rs_rot", Handle: oldHandle, ProxyURL: up.URL + "/s/sbx-1"}))
 	rec.wait(t, "ready", func(f runtimeproto.Frame) bool { return f.Type == runtimeproto.TypeRouteReady })
 
-	reply := func(id string) []string {
-		send(t, rt, "s1", id, "call the model")
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	reply := func(id, traceparent string) []string {
+		require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: id, Content: "call the model", Traceparent: traceparent}))
 		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", id).Result)
 		for _, f := range rec.all() {
 			if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == id && f.Event.Kind == runtimeproto.KindMessage {
@@ -348,17 +349,17 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 		t.Fatal("no reply")
 		return nil
 	}
-	first := reply("m1")
+	first := reply("m1", "")
 	require.Equal(t, "200 OK", first[0])
 	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: []string{"s1"}, Handle: newHandle}))
-	second := reply("m2")
+	second := reply("m2", tp) // the turn's trace context reaches the proxy
 	require.Equal(t, first[1], second[1], "the same agent process, not restarted")
 
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{
 		"/s/sbx-1/provider/v1/chat/completions Bearer " + oldHandle,
-		"/s/sbx-1/provider/v1/chat/completions Bearer " + newHandle,
+		"/s/sbx-1/provider/v1/chat/completions Bearer " + newHandle + " " + tp,
 	}, seen)
 	for _, part := range append(first[2:], second[2:]...) {
 		require.NotContains(t, part, "aph_", "no handle in the agent's config, environment or argv")
