@@ -22,8 +22,8 @@ import (
 	"agentplane.dev/pkg/apierr"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	credential "agentplane.dev/services/credential/server"
 	sandbox "agentplane.dev/services/sandbox/server"
 )

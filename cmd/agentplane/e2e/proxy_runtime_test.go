@@ -27,9 +27,9 @@ import (
 	"google.golang.org/grpc"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/credential/attestation"
