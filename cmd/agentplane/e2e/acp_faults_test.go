@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -95,26 +94,5 @@ func TestACPAgentFaults(t *testing.T) {
 			}
 			turnOK("h" + string(rune('1'+i)))
 		})
-	}
-}
-
-// watchUntil sends a message and watches the session until done says so,
-// within a bound (nothing may hang).
-func (s *acpSuite) watchUntil(t *testing.T, sessionID, messageID, content string, done func(ev *sessionv1.SessionEvent) bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
-	require.NoError(t, err)
-	_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
-	require.NoError(t, err)
-	var seen []*sessionv1.SessionEvent
-	for {
-		resp, err := stream.Recv()
-		require.NoError(t, err, "the bound passed; events so far: %v", seen)
-		seen = append(seen, resp.GetEvent())
-		if done(resp.GetEvent()) {
-			return
-		}
 	}
 }

@@ -95,28 +95,42 @@ func (s *acpSuite) createAgent(t *testing.T, sandboxID, dir, secret, profile str
 }
 
 // watchTurn sends a message and watches until its outcome (any result);
-// agents start slowly here, so the bound is generous.
+// a failed route ends the test.
 func (s *acpSuite) watchTurn(t *testing.T, sessionID, messageID, content string, during func(ev *sessionv1.SessionEvent)) ([]*sessionv1.SessionEvent, *runtimev1.TurnOutcome) {
+	var outcome *runtimev1.TurnOutcome
+	events := s.watchUntil(t, sessionID, messageID, content, func(ev *sessionv1.SessionEvent) bool {
+		if during != nil {
+			during(ev)
+		}
+		if r := ev.GetRoute(); r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
+			t.Fatalf("route failed: %s", r.GetFailureReason())
+		}
+		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+			outcome = o
+		}
+		return outcome != nil
+	})
+	return events, outcome
+}
+
+// watchUntil sends a message and watches the session until done says so;
+// agents start slowly here, so the bound is generous (but nothing may
+// hang). It returns every event seen.
+func (s *acpSuite) watchUntil(t *testing.T, sessionID, messageID, content string, done func(ev *sessionv1.SessionEvent) bool) []*sessionv1.SessionEvent {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
 	require.NoError(t, err)
 	_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
 	require.NoError(t, err)
-	var events []*sessionv1.SessionEvent
+	var seen []*sessionv1.SessionEvent
 	for {
 		resp, err := stream.Recv()
-		require.NoError(t, err, "watch ended before the outcome; events so far: %v", events)
-		ev := resp.GetEvent()
-		events = append(events, ev)
-		if during != nil {
-			during(ev)
-		}
-		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
-			return events, o
-		}
-		if r := ev.GetRoute(); r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
-			t.Fatalf("route failed: %s", r.GetFailureReason())
+		require.NoError(t, err, "watch ended before the end; events so far: %v", seen)
+		seen = append(seen, resp.GetEvent())
+		if done(resp.GetEvent()) {
+			return seen
 		}
 	}
 }

@@ -286,16 +286,11 @@ type wrapper struct {
 	busy    map[string]bool
 }
 
-// Run runs the wrapper until shutdown or the reconnect window passes.
+// Run runs the wrapper until shutdown or the reconnect window passes
+// (zero Heartbeat and ReconnectWindow: control's defaults).
 func Run(ctx context.Context, opts Options) int {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.Heartbeat <= 0 {
-		opts.Heartbeat = 5 * time.Second
-	}
-	if opts.ReconnectWindow <= 0 {
-		opts.ReconnectWindow = 90 * time.Second
 	}
 	if opts.Runtime == nil {
 		opts.Runtime = runtimeStarter(opts)
