@@ -116,8 +116,15 @@ func percentiles(b *testing.B, prefix string, d []time.Duration) {
 	b.ReportMetric(float64(d[len(d)*95/100].Microseconds())/1000, prefix+"-p95-ms")
 }
 
-func buildFakeACP(b *testing.B) string {
-	bin := filepath.Join(b.TempDir(), "fakeacp")
+func buildFakeACP(b testing.TB) string {
+	dir := b.TempDir()
+	// Sandboxes run as their own user: the program must be reachable.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "fakeacp")
 	out, err := exec.Command("go", "build", "-o", bin, "agentplane.dev/cmd/agentplane/internal/fakeacp").CombinedOutput()
 	if err != nil {
 		b.Fatalf("build fakeacp: %v\n%s", err, out)

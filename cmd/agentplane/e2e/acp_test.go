@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -21,7 +22,9 @@ import (
 	"agentplane.dev/pkg/apierr"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	credential "agentplane.dev/services/credential/server"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -60,14 +63,19 @@ type acpSuite struct {
 // startACPSuite runs the four services with the fake model as the proxy's
 // provider upstream and the pinned agents installed as profiles.
 func startACPSuite(t *testing.T, agent string, tune func(*sandbox.Config)) *acpSuite {
+	return startACPSuiteTuned(t, agent, tune, nil)
+}
+
+// startACPSuiteTuned is startACPSuite that also tunes the credential service.
+func startACPSuiteTuned(t *testing.T, agent string, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *acpSuite {
 	dir := requireAgent(t, agent)
 	model := fakemodel.New()
-	s := startSuiteWith(t, model, func(c *sandbox.Config) {
+	s := startSuiteTuned(t, model, func(c *sandbox.Config) {
 		c.AgentsDir, c.AgentModel = dir, "fake-model"
 		if tune != nil {
 			tune(c)
 		}
-	})
+	}, tuneCred)
 	return &acpSuite{suite: s, model: model}
 }
 
@@ -87,28 +95,42 @@ func (s *acpSuite) createAgent(t *testing.T, sandboxID, dir, secret, profile str
 }
 
 // watchTurn sends a message and watches until its outcome (any result);
-// agents start slowly here, so the bound is generous.
+// a failed route ends the test.
 func (s *acpSuite) watchTurn(t *testing.T, sessionID, messageID, content string, during func(ev *sessionv1.SessionEvent)) ([]*sessionv1.SessionEvent, *runtimev1.TurnOutcome) {
+	var outcome *runtimev1.TurnOutcome
+	events := s.watchUntil(t, sessionID, messageID, content, func(ev *sessionv1.SessionEvent) bool {
+		if during != nil {
+			during(ev)
+		}
+		if r := ev.GetRoute(); r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
+			t.Fatalf("route failed: %s", r.GetFailureReason())
+		}
+		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+			outcome = o
+		}
+		return outcome != nil
+	})
+	return events, outcome
+}
+
+// watchUntil sends a message and watches the session until done says so;
+// agents start slowly here, so the bound is generous (but nothing may
+// hang). It returns every event seen.
+func (s *acpSuite) watchUntil(t *testing.T, sessionID, messageID, content string, done func(ev *sessionv1.SessionEvent) bool) []*sessionv1.SessionEvent {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
 	require.NoError(t, err)
 	_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
 	require.NoError(t, err)
-	var events []*sessionv1.SessionEvent
+	var seen []*sessionv1.SessionEvent
 	for {
 		resp, err := stream.Recv()
-		require.NoError(t, err, "watch ended before the outcome; events so far: %v", events)
-		ev := resp.GetEvent()
-		events = append(events, ev)
-		if during != nil {
-			during(ev)
-		}
-		if o := ev.GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
-			return events, o
-		}
-		if r := ev.GetRoute(); r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
-			t.Fatalf("route failed: %s", r.GetFailureReason())
+		require.NoError(t, err, "watch ended before the end; events so far: %v", seen)
+		seen = append(seen, resp.GetEvent())
+		if done(resp.GetEvent()) {
+			return seen
 		}
 	}
 }
@@ -145,18 +167,13 @@ func findFile(t *testing.T, root, name string) []string {
 	return out
 }
 
-// TestOpenCodeCreatesAFile (issue 17): the real pinned opencode, driven over
+// TestAgentCreatesAFile (issue 17): each real pinned agent, driven over
 // ACP by the wrapper, writes hello.txt in the session's workspace with its own
 // tool; the session's watchers see the deltas, the tool call and its result
 // and one succeeded outcome; the model saw the backing secret, never a
 // handle; Export returns the conversation.
-func TestOpenCodeCreatesAFile(t *testing.T) {
-	testAgentCreatesAFile(t, "opencode")
-}
-
-// TestKiloCreatesAFile: the same with the pinned Kilo CLI.
-func TestKiloCreatesAFile(t *testing.T) {
-	testAgentCreatesAFile(t, "kilo")
+func TestAgentCreatesAFile(t *testing.T) {
+	forEachAgent(t, testAgentCreatesAFile)
 }
 
 func testAgentCreatesAFile(t *testing.T, agent string) {
@@ -196,7 +213,10 @@ func testAgentCreatesAFile(t *testing.T, agent string) {
 		require.NotContains(t, r.Authorization, "aps_")
 	}
 
-	rsid := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
+	view := s.routeView(t, sess.GetSessionId())
+	require.Equal(t, agent, view.GetAgent().GetProfile(), "the route reports the agent it runs")
+	require.Equal(t, "fake-model", view.GetAgent().GetModel())
+	rsid := view.GetRuntimeSessionId()
 	require.NotEmpty(t, rsid)
 	var items []*ingestv1.Item
 	require.Eventually(t, func() bool {
@@ -231,13 +251,17 @@ func testAgentCreatesAFile(t *testing.T, agent string) {
 	scanFiles(t, s.root, secret)
 }
 
-// TestOpenCodeAbortAndSharedWorktree: an abort mid-turn ends the turn with
+// TestAgentAbortAndSharedWorktree: an abort mid-turn ends the turn with
 // one cancelled outcome; a second session in the same worktree joins the
 // same agent process with its own ACP session.
-func TestOpenCodeAbortAndSharedWorktree(t *testing.T) {
-	s := startACPSuite(t, "opencode", nil)
-	first := s.createAgent(t, "sbx-oc-abort", "/work/e2e-oc-shared", newSecret(), "opencode")
-	second := s.createAgent(t, "sbx-oc-abort", "/work/e2e-oc-shared", newSecret(), "opencode")
+func TestAgentAbortAndSharedWorktree(t *testing.T) {
+	forEachAgent(t, testAgentAbortAndSharedWorktree)
+}
+
+func testAgentAbortAndSharedWorktree(t *testing.T, agent string) {
+	s := startACPSuite(t, agent, nil)
+	first := s.createAgent(t, "sbx-abort-"+agent, "/work/e2e-shared", newSecret(), agent)
+	second := s.createAgent(t, "sbx-abort-"+agent, "/work/e2e-shared", newSecret(), agent)
 
 	cancelled := false
 	events, o := s.watchTurn(t, first.GetSessionId(), "m1", "think slow about it", func(ev *sessionv1.SessionEvent) {
@@ -299,15 +323,19 @@ func agentProcesses(t *testing.T, instance string) []int {
 	return pids
 }
 
-// TestOpenCodeResumesAfterWrapperKill: kill -9 of the wrapper takes its
+// TestAgentResumesAfterWrapperKill: kill -9 of the wrapper takes its
 // agent along; the route is prepared again on a new wrapper, which resumes
 // the same ACP session with session/load, so the conversation goes on.
-func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
-	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
+func TestAgentResumesAfterWrapperKill(t *testing.T) {
+	forEachAgent(t, testAgentResumesAfterWrapperKill)
+}
+
+func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
+	s := startACPSuite(t, agent, func(c *sandbox.Config) {
 		// Notice the dead wrapper soon.
 		c.Timers.Heartbeat, c.Timers.DeadAfter, c.Timers.ReconnectWindow = 200*time.Millisecond, time.Second, 2*time.Second
 	})
-	sess := s.createAgent(t, "sbx-oc-kill", "/work/e2e-oc-kill", newSecret(), "opencode")
+	sess := s.createAgent(t, "sbx-kill-"+agent, "/work/e2e-kill", newSecret(), agent)
 	_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
 	before := s.routeView(t, sess.GetSessionId())
@@ -333,10 +361,25 @@ func TestOpenCodeResumesAfterWrapperKill(t *testing.T) {
 
 	// The model got the earlier turn's messages again: the conversation
 	// continued rather than starting over.
-	reqs := s.model.Requests()
-	last := reqs[len(reqs)-1]
-	require.Equal(t, "hello again", last.LastText)
+	last := turnRequest(t, s.model.Requests(), "hello again")
 	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
+}
+
+// turnRequest is the last model request of the turn whose user message
+// holds text: one offering tools (agents also make requests of their own,
+// such as kilo's title, and may wrap the user's text).
+func turnRequest(t *testing.T, reqs []fakemodel.Request, text string) fakemodel.Request {
+	for i := len(reqs) - 1; i >= 0; i-- {
+		if strings.Contains(reqs[i].LastText, text) && len(reqs[i].Tools) > 0 {
+			return reqs[i]
+		}
+	}
+	var seen []string
+	for _, r := range reqs {
+		seen = append(seen, fmt.Sprintf("%s(%d tools): %.80q", r.LastRole, len(r.Tools), r.LastText))
+	}
+	t.Fatalf("no model request of the turn %q; requests: %v", text, seen)
+	return fakemodel.Request{}
 }
 
 // statGroup reads pid and process group from /proc/<pid>/stat (the
@@ -418,4 +461,53 @@ func TestAgentProfileChecks(t *testing.T) {
 	}, 2*time.Minute, 100*time.Millisecond, "the mismatched route fails with agent_mismatch")
 	_, o = s.watchTurn(t, scripted.GetSessionId(), "m2", "still here", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the worktree's own session is not affected")
+}
+
+// TestAgentHandleRotation: a handle rotated during a session reaches the
+// live wrapper (SandboxService.RotateHandle pushes it on the control
+// stream), whose provider relay puts it on the agent's next model request:
+// with no overlap window the old handle stops resolving at once, so the
+// next turn only reaches the model, with the backing secret, through the
+// new one. The agent process and the wrapper are the same before and after.
+func TestAgentHandleRotation(t *testing.T) {
+	forEachAgent(t, func(t *testing.T, agent string) {
+		s := startACPSuiteTuned(t, agent, nil, func(c *credential.Config) { c.OverlapWindow = 0 })
+		secret := newSecret()
+		sess := s.createAgent(t, "sbx-rot-"+agent, "/work/e2e-rot", secret, agent)
+		_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello", nil)
+		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+		before := s.routeView(t, sess.GetSessionId())
+		pids := agentProcesses(t, before.GetWrapperInstance())
+		require.Len(t, pids, 1)
+		seen := len(s.model.Requests())
+
+		rot, err := s.sbx.RotateHandle(context.Background(), &sandboxv1.RotateHandleRequest{SessionId: sess.GetSessionId(), SandboxId: sess.GetSandboxId()})
+		require.NoError(t, err)
+		require.Equal(t, []string{sess.GetSessionId()}, rot.GetSessionIds())
+
+		_, o = s.watchTurn(t, sess.GetSessionId(), "m2", "hello again", nil)
+		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+		reqs := s.model.Requests()[seen:]
+		require.NotEmpty(t, reqs, "the next turn reached the model through the rotated handle")
+		for _, r := range reqs {
+			require.Equal(t, "Bearer "+secret, r.Authorization, "the proxy resolved the new handle to the backing secret")
+		}
+		turnRequest(t, reqs, "hello again")
+		after := s.routeView(t, sess.GetSessionId())
+		require.Equal(t, before.GetWrapperInstance(), after.GetWrapperInstance(), "the same wrapper")
+		require.Equal(t, pids, agentProcesses(t, after.GetWrapperInstance()), "the same agent process: no restart")
+		require.Positive(t, scanProcs(t, "aph_"))
+		scanFiles(t, s.root, "aph_")
+	})
+}
+
+// acpAgents are the pinned real agents every ACP e2e runs with.
+var acpAgents = []string{"opencode", "kilo"}
+
+// forEachAgent runs body as one subtest per pinned agent (run one at a
+// time: -run 'TestX/opencode').
+func forEachAgent(t *testing.T, body func(t *testing.T, agent string)) {
+	for _, agent := range acpAgents {
+		t.Run(agent, func(t *testing.T) { body(t, agent) })
+	}
 }

@@ -24,8 +24,10 @@ import (
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/services/credential/attestation"
+	credential "agentplane.dev/services/credential/server"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -87,6 +89,7 @@ func (u *upstream) seen() ([]string, []string) {
 type suite struct {
 	ses     sessionv1.SessionServiceClient
 	cred    credentialv1.CredentialServiceClient
+	sbx     sandboxv1.SandboxServiceClient
 	ing     ingestv1.IngestServiceClient
 	up      *upstream
 	attKey  []byte
@@ -129,11 +132,19 @@ func startSuiteIsolated(t testing.TB, isolation string) *suite {
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
+	return startSuiteTuned(t, up, tune, nil)
+}
+
+// startSuiteTuned is startSuiteWith that also tunes the credential service.
+func startSuiteTuned(t testing.TB, up http.Handler, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *suite {
 	st := newStack(t, stackOptions{upstream: up})
 	logs := captureStderr(t)
 	stopped := st.runInProcess(func(c *configs) {
 		if tune != nil {
 			tune(&c.sbx)
+		}
+		if tuneCred != nil {
+			tuneCred(&c.cred)
 		}
 	})
 	s := st.suite()

@@ -25,6 +25,7 @@ import (
 	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/redistest"
@@ -242,6 +243,7 @@ func (st *stack) suite() *suite {
 		ses:    sessionv1.NewSessionServiceClient(st.dial(st.addr[svcSession])),
 		cred:   credentialv1.NewCredentialServiceClient(st.dial(st.addr[svcCredential])),
 		ing:    ingestv1.NewIngestServiceClient(st.dial(st.addr[svcIngest])),
+		sbx:    sandboxv1.NewSandboxServiceClient(st.dial(st.addr[svcSandbox])),
 		up:     st.up,
 		attKey: st.attKey,
 		root:   st.root,

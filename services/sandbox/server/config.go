@@ -284,12 +284,16 @@ func (c *Config) wrapperCommand() ([]string, error) {
 }
 
 // readOnlyPaths are SANDBOX_READONLY_PATHS plus the pinned agents'
-// directory: an agent profile the service offers must be runnable inside
-// the boundary without the operator listing its directory twice.
+// directory and the directory of the generic acp profile's program: an
+// agent profile the service offers must be runnable inside the boundary
+// without the operator listing its directory twice.
 func (c *Config) readOnlyPaths() []string {
 	var out []string
 	if c.AgentsDir != "" {
 		out = append(out, filepath.Clean(c.AgentsDir))
+	}
+	if f := strings.Fields(c.AgentACP); len(f) > 0 && filepath.IsAbs(f[0]) {
+		out = append(out, filepath.Dir(filepath.Clean(f[0])))
 	}
 	for _, p := range strings.Split(c.ReadOnlyPaths, ":") {
 		if p = strings.TrimSpace(p); p != "" {

@@ -1,9 +1,10 @@
 // Package wrapper is the process that runs inside a sandbox, one per runtime
-// key (`agentplane wrapper`, `sandbox wrapper`). It authenticates to the
-// sandbox service's WrapperControlService with its launch credential, keeps
-// the control stream alive with heartbeats, supervises ONE runtime process in
-// its own process group, and multiplexes the routes (sessions) of its runtime
-// key over that runtime's JSON-lines stdio (docs/runtime-protocol.md).
+// key (`agentplane wrapper`, `sandbox wrapper`). It keeps a control stream
+// to the sandbox service's WrapperControlService with its launch credential
+// (package control), supervises ONE runtime process in its own process group
+// through a runtime driver (JSON lines for the scripted runtime, package
+// jsonl; ACP agents, package acp), and multiplexes the routes (sessions) of
+// its runtime key over it (docs/runtime-protocol.md).
 //
 // The launch credential is read from an inherited file descriptor (or a 0600
 // file deleted after reading), never from the environment or command line.
@@ -30,12 +31,8 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"agentplane.dev/pkg/apierr"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
@@ -44,6 +41,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/relay"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
 	"agentplane.dev/services/sandbox/wrapper/acp"
+	"agentplane.dev/services/sandbox/wrapper/control"
 	"agentplane.dev/services/sandbox/wrapper/jsonl"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
@@ -283,50 +281,30 @@ type routeState struct {
 	git              gitRoute // the route's repository and proxy access
 }
 
-// keptOutcomes is how many sent turn outcomes a wrapper sends again on each
-// new stream. A Send that returned nil only queued the frame, and a replica
-// forwards outcomes to the session service from memory: when it dies, what
-// it had not forwarded is lost, and the turn's messages would wait for the
-// session's no_outcome backstop. The session service settles a turn once
-// (by turn id), so an outcome that arrives twice changes nothing.
-const keptOutcomes = 16
-
 type wrapper struct {
-	opts Options
-	log  *slog.Logger
-	// ownerAddr is the owner a non-owner replica named at the last Hello;
-	// the next attempt dials it (once) instead of the next control address.
-	ownerAddr string
+	opts    Options
+	log     *slog.Logger
+	control *control.Stream
 
-	mu       sync.Mutex
-	routes   map[string]*routeState
-	runtime  runtimedriver.Runtime
-	stopped  bool // the wrapper is ending: no runtime starts any more
-	busy     map[string]bool
-	outbox   []*sandboxv1.ConnectRequest // frames waiting for a stream
-	sent     []*sandboxv1.ConnectRequest // the last keptOutcomes outcome frames sent; see replaySent
-	wake     chan struct{}
-	shutdown chan struct{}
+	mu      sync.Mutex
+	routes  map[string]*routeState
+	runtime runtimedriver.Runtime
+	stopped bool // the wrapper is ending: no runtime starts any more
+	busy    map[string]bool
 }
 
-// Run runs the wrapper until shutdown or the reconnect window passes.
+// Run runs the wrapper until shutdown or the reconnect window passes
+// (zero Heartbeat and ReconnectWindow: control's defaults).
 func Run(ctx context.Context, opts Options) int {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Heartbeat <= 0 {
-		opts.Heartbeat = 5 * time.Second
-	}
-	if opts.ReconnectWindow <= 0 {
-		opts.ReconnectWindow = 90 * time.Second
-	}
 	if opts.Runtime == nil {
 		opts.Runtime = runtimeStarter(opts)
 	}
-	w := &wrapper{
-		opts: opts, log: opts.Logger, routes: map[string]*routeState{}, busy: map[string]bool{},
-		wake: make(chan struct{}, 1), shutdown: make(chan struct{}),
-	}
+	w := &wrapper{opts: opts, log: opts.Logger, routes: map[string]*routeState{}, busy: map[string]bool{}}
+	w.control = control.New(control.Config{Addrs: w.controlAddrs, Heartbeat: opts.Heartbeat,
+		ReconnectWindow: opts.ReconnectWindow, Logger: opts.Logger}, w)
 	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
 		// A real agent takes seconds to start: start it now, alongside
 		// the Hello and the handle mint, not after the first PrepareRoute.
@@ -346,7 +324,10 @@ func Run(ctx context.Context, opts Options) int {
 		}()
 		defer func() { _ = ln.Close(); <-relayed }()
 	}
-	code := w.loop(ctx)
+	code := ExitOK
+	if w.control.Run(ctx) == control.Unreachable {
+		code = ExitUnreachable
+	}
 	w.stopRuntime()
 	if opts.Contained {
 		endNamespace(w.log)
@@ -384,103 +365,9 @@ func (w *wrapper) controlAddrs() []string {
 	return addrs
 }
 
-// loop connects, serves a stream until it breaks, and reconnects with
-// backoff until shutdown or the reconnect window passes.
-func (w *wrapper) loop(ctx context.Context) int {
-	disconnectedSince := time.Now()
-	backoff := 100 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		addrs := w.controlAddrs()
-		addr := addrs[attempt%len(addrs)]
-		if w.ownerAddr != "" {
-			addr, w.ownerAddr = w.ownerAddr, ""
-		}
-		connected, shutdown := w.serve(ctx, addr)
-		if shutdown {
-			return ExitOK
-		}
-		if connected {
-			disconnectedSince = time.Now()
-			backoff = 100 * time.Millisecond
-		}
-		if time.Since(disconnectedSince) > w.opts.ReconnectWindow {
-			w.log.Warn("control plane unreachable past the reconnect window; stopping runtime", "window", w.opts.ReconnectWindow.String())
-			return ExitUnreachable
-		}
-		select {
-		case <-ctx.Done():
-			return ExitOK
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second, w.opts.ReconnectWindow/4+time.Millisecond)
-	}
-}
-
-// serve runs one control stream. connected reports whether a HelloAck came;
-// shutdown whether the service told the wrapper to stop.
-func (w *wrapper) serve(ctx context.Context, addr string) (connected, shutdown bool) {
-	// Keepalive pings notice a control plane that stopped answering (a
-	// paused or partitioned replica) even though TCP stays open.
-	ka := max(2*w.opts.Heartbeat, 2*time.Second)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: ka, Timeout: ka, PermitWithoutStream: true}))
-	if err != nil {
-		return false, false
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := sandboxv1.NewWrapperControlServiceClient(conn).Connect(ctx)
-	if err != nil {
-		return false, false
-	}
-	if err := stream.Send(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Hello{Hello: w.hello()}}); err != nil {
-		return false, false
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		// Reached a replica that does not own the sandbox (through a
-		// balancer): it names the owner, try there next.
-		if apierr.Reason(err) == "SANDBOX_OWNED_ELSEWHERE" {
-			w.ownerAddr = apierr.Info(err).GetMetadata()[apierr.MetaOwnerAddr]
-		}
-		return false, false
-	}
-	if sd := first.GetShutdown(); sd != nil {
-		w.log.Info("shutdown at hello", "reason", sd.GetReason().String(), "detail", sd.GetDetail())
-		return false, true
-	}
-	ack := first.GetHelloAck()
-	if ack == nil {
-		return false, false
-	}
-	if d := ack.GetHeartbeatInterval().AsDuration(); d > 0 {
-		w.opts.Heartbeat = d
-	}
-	if d := ack.GetReconnectWindow().AsDuration(); d > 0 {
-		w.opts.ReconnectWindow = d
-	}
-	w.log.Info("connected", "addr", addr, "contract", ack.GetContract().String())
-	w.replaySent()
-
-	sendErr := make(chan error, 1)
-	go func() { sendErr <- w.sendLoop(ctx, stream) }()
-	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			cancel()
-			<-sendErr //nolint:errcheck // the stream is over; the send loop's error adds nothing
-			return true, false
-		}
-		if w.handle(msg) {
-			cancel()
-			<-sendErr //nolint:errcheck // the stream is over; the send loop's error adds nothing
-			return true, true
-		}
-	}
-}
-
-func (w *wrapper) hello() *sandboxv1.Hello {
+// Hello is the Hello of a new control stream, with the routes this
+// wrapper serves.
+func (w *wrapper) Hello() *sandboxv1.Hello {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h := &sandboxv1.Hello{
@@ -496,102 +383,23 @@ func (w *wrapper) hello() *sandboxv1.Hello {
 	return h
 }
 
-// sendLoop sends heartbeats and queued frames; a frame whose send fails goes
-// back to the head of the outbox for the next stream.
-func (w *wrapper) sendLoop(ctx context.Context, stream sandboxv1.WrapperControlService_ConnectClient) error {
-	tick := time.NewTicker(w.opts.Heartbeat)
-	defer tick.Stop()
-	for {
-		for {
-			w.mu.Lock()
-			if len(w.outbox) == 0 {
-				w.mu.Unlock()
-				break
-			}
-			f := w.outbox[0]
-			w.outbox = w.outbox[1:]
-			w.mu.Unlock()
-			if err := stream.Send(f); err != nil {
-				w.mu.Lock()
-				w.outbox = append([]*sandboxv1.ConnectRequest{f}, w.outbox...)
-				w.mu.Unlock()
-				return err
-			}
-			if f.GetOutcome() != nil {
-				w.keepSent(f)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-w.wake:
-		case <-tick.C:
-			if err := stream.Send(w.heartbeat()); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// keepSent remembers a sent outcome frame (once: a replayed frame is the
-// same pointer), keeping the last keptOutcomes.
-func (w *wrapper) keepSent(f *sandboxv1.ConnectRequest) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if slices.Contains(w.sent, f) {
-		return
-	}
-	w.sent = append(w.sent, f)
-	if len(w.sent) > keptOutcomes {
-		w.sent = slices.Clone(w.sent[len(w.sent)-keptOutcomes:])
-	}
-}
-
-// replaySent puts the kept outcomes, in the order they were sent, ahead of
-// the outbox for the stream that just connected. Its Hello already
-// restored the routes they belong to. A replay the last stream broke off
-// is still in the outbox and is not queued twice.
-func (w *wrapper) replaySent() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var again []*sandboxv1.ConnectRequest
-	for _, f := range w.sent {
-		if !slices.Contains(w.outbox, f) {
-			again = append(again, f)
-		}
-	}
-	w.outbox = append(again, w.outbox...)
-}
-
-func (w *wrapper) heartbeat() *sandboxv1.ConnectRequest {
+// Heartbeat says whether the runtime runs and which routes are busy.
+func (w *wrapper) Heartbeat() *sandboxv1.Heartbeat {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	hb := &sandboxv1.Heartbeat{Time: timestamppb.Now(), RuntimeRunning: w.runtime != nil}
 	for id := range w.busy {
 		hb.BusySessionIds = append(hb.BusySessionIds, id)
 	}
-	return &sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_Heartbeat{Heartbeat: hb}}
+	return hb
 }
 
 // emit queues a frame for the service (kept across reconnects).
-func (w *wrapper) emit(f *sandboxv1.ConnectRequest) {
-	w.mu.Lock()
-	if len(w.outbox) < 10000 {
-		w.outbox = append(w.outbox, f)
-	}
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
+func (w *wrapper) emit(f *sandboxv1.ConnectRequest) { w.control.Emit(f) }
 
-// handle applies one service frame; it returns true on Shutdown.
-func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
+// Handle applies one service frame (the stream handles Shutdown).
+func (w *wrapper) Handle(msg *sandboxv1.ConnectResponse) {
 	switch f := msg.GetFrame().(type) {
-	case *sandboxv1.ConnectResponse_Shutdown:
-		w.log.Info("shutdown", "reason", f.Shutdown.GetReason().String())
-		return true
 	case *sandboxv1.ConnectResponse_PrepareRoute:
 		// A clone can take minutes: the stream keeps serving meanwhile.
 		go w.prepare(f.PrepareRoute)
@@ -619,7 +427,6 @@ func (w *wrapper) handle(msg *sandboxv1.ConnectResponse) bool {
 		delete(w.busy, id)
 		w.mu.Unlock()
 	}
-	return false
 }
 
 func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
@@ -632,10 +439,10 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		return
 	}
 	w.emit(progress(id, "prepare_worktree", "preparing the worktree directory"))
-	if a := p.GetAgent().GetProfile(); a != "" && w.opts.Agent != "" && a != w.opts.Agent {
+	if why := w.agentMismatch(p.GetAgent()); why != "" {
 		// One agent process per runtime key: the worktree's first session
-		// chose it (docs/runtime-protocol.md, "Agent profiles").
-		w.emit(routeFailed(id, "agent_mismatch", fmt.Sprintf("this worktree runs agent %q; the session asks for %q", w.opts.Agent, a), false))
+		// chose it (docs/runtime-protocol.md, "One agent per worktree").
+		w.emit(routeFailed(id, "agent_mismatch", why, false))
 		return
 	}
 	w.mu.Lock()
@@ -675,6 +482,19 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 	w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: id, Directory: dir,
 		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid,
 		Agent: p.GetAgent().GetProfile(), RejectToolKinds: p.GetAgent().GetRejectToolKinds()})
+}
+
+// agentMismatch says why a route's agent is not the one this wrapper runs:
+// another profile, or another model of an ACP profile (the agent's provider
+// config names one model). Empty: the same agent.
+func (w *wrapper) agentMismatch(a *sandboxv1.Agent) string {
+	if p := a.GetProfile(); p != "" && w.opts.Agent != "" && p != w.opts.Agent {
+		return fmt.Sprintf("this worktree runs agent %q; the session asks for %q", w.opts.Agent, p)
+	}
+	if m, run := a.GetModel(), w.opts.RuntimeSpec.Model; m != "" && run != "" && m != run {
+		return fmt.Sprintf("this worktree's agent runs model %q; the session asks for %q", run, m)
+	}
+	return ""
 }
 
 // workspaceDir maps a route's absolute directory under the workspace root,

@@ -165,6 +165,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		sb.mu.Unlock()
 		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, w.Instance)
 	}
+	d.resendHandle(sb, c, resumed)
 	if len(prepare) > 0 || retire {
 		go d.reprepare(sb, c, slot.Directory, sb.owner.Token(), retire, prepare)
 	}

@@ -344,7 +344,7 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		}
 		sb.mu.Unlock()
 		if len(stale) > 0 {
-			c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Credentials{Credentials: &sandboxv1.Credentials{SessionIds: stale, Handle: h}}})
+			c.send(credentialsFrame(stale, h))
 		}
 	}
 	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{

@@ -31,6 +31,7 @@ const (
 	ReasonUnavailable       = "SANDBOX_UNAVAILABLE"
 	ReasonContractDowngrade = "RUNTIME_CONTRACT_DOWNGRADE"
 	ReasonWorktreeUnavail   = "WORKTREE_UNAVAILABLE"
+	ReasonNotWorktree       = "SCOPE_NOT_WORKTREE"
 )
 
 // toStatus is the service's one error translator. A store outage is
@@ -49,6 +50,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, driver.ErrWorktreeUnavailable):
 		return apierr.Error(codes.FailedPrecondition, ReasonWorktreeUnavail, "no wrapper serves the session's worktree now; send a message to prepare the route",
 			apierr.RetryAfter(5*time.Second))
+	case errors.Is(err, driver.ErrNotWorktree):
+		return apierr.Error(codes.FailedPrecondition, ReasonNotWorktree, "the session's route holds a per-session handle, not a worktree handle to rotate")
 	case errors.As(err, &wt):
 		// The wrapper's reasons are the worktree reasons of docs/errors.md;
 		// the detail is git's last line (no secret ever reaches git).

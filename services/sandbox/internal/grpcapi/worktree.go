@@ -3,6 +3,8 @@ package grpcapi
 import (
 	"context"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 )
 
@@ -36,4 +38,20 @@ func (s *Sandbox) PushWorktree(ctx context.Context, req *sandboxv1.PushWorktreeR
 		return nil, toStatus(ctx, s.Log, err)
 	}
 	return &sandboxv1.PushWorktreeResponse{CommitId: p.Commit, Ref: p.Ref, Committed: p.Committed}, nil
+}
+
+// RotateHandle rotates the route's worktree handle and pushes it to the
+// wrapper serving it.
+func (s *Sandbox) RotateHandle(ctx context.Context, req *sandboxv1.RotateHandleRequest) (*sandboxv1.RotateHandleResponse, error) {
+	var v violations
+	v.check(validID(req.GetSessionId()), "session_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	if err := v.err("invalid rotation request"); err != nil {
+		return nil, err
+	}
+	r, err := s.D.RotateHandle(ctx, req.GetSandboxId(), req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(ctx, s.Log, err)
+	}
+	return &sandboxv1.RotateHandleResponse{SessionIds: r.Sessions, PreviousValidUntil: timestamppb.New(r.PreviousValidUntil)}, nil
 }

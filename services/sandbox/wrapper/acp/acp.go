@@ -104,10 +104,11 @@ type Runtime struct {
 
 	emitMu sync.Mutex // OnFrame is called by one goroutine at a time
 
-	mu     sync.Mutex
-	routes map[string]*route // by agentplane session id
-	byACP  map[string]*route // by ACP session id
-	broken *failure          // why the connection ended
+	mu       sync.Mutex
+	routes   map[string]*route // by agentplane session id
+	byACP    map[string]*route // by ACP session id
+	broken   *failure          // why the connection ended
+	stopping bool              // Stop was called: the wrapper ends the agent
 }
 
 // failure is a named reason with a detail (no secrets).
@@ -256,10 +257,30 @@ func (r *Runtime) read(stdout io.Reader, cmd interface{ Wait() error }) {
 	// Running turns fail with the reason first; then the wrapper learns the
 	// runtime is gone and fails its routes.
 	r.busy.Wait()
+	r.failRoutes(why)
 	_ = cmd.Wait()
 	_ = r.relay.Close()
 	close(r.exited)
 	r.hooks.OnExit()
+}
+
+// failRoutes fails the open routes with why (agent_protocol_error,
+// agent_exited), retryable: the route is prepared again on a new agent,
+// and the session sees the reason rather than the wrapper's generic
+// runtime_exited. Not when the wrapper itself stopped the agent.
+func (r *Runtime) failRoutes(why *failure) {
+	r.mu.Lock()
+	ids := make([]string, 0, len(r.routes))
+	if !r.stopping {
+		for id := range r.routes {
+			ids = append(ids, id)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		r.routeFailed(id, why, true)
+	}
 }
 
 // call sends a request and waits for its answer, at most timeout (0: no
@@ -531,6 +552,7 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 	}
 	rt.mu.Unlock()
 	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "busy", data: busy})
+	r.relay.SetTraceparent(m.Traceparent)
 
 	var res struct {
 		StopReason string `json:"stopReason"`
@@ -770,6 +792,9 @@ func (r *Runtime) kill() { _ = syscall.Kill(-r.pgid, syscall.SIGKILL) }
 // group; it returns once the agent has exited.
 func (r *Runtime) Stop() {
 	r.once.Do(func() {
+		r.mu.Lock()
+		r.stopping = true
+		r.mu.Unlock()
 		_ = r.stdin.Close()
 		select {
 		case <-r.exited:

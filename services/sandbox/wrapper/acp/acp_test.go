@@ -250,6 +250,7 @@ func TestFaultNonJSONOutputFailsTheTurn(t *testing.T) {
 	require.Equal(t, runtimeproto.ResultFailed, o.Result)
 	require.Equal(t, ReasonProtocol, o.FailureReason)
 	waitExit(t, rec)
+	requireRouteFailed(t, rec, "s1", ReasonProtocol)
 }
 
 func TestFaultNoInitializeAnswerTimesOut(t *testing.T) {
@@ -270,6 +271,7 @@ func TestFaultSecondAnswerIsAProtocolError(t *testing.T) {
 	waitExit(t, rec)
 	require.Len(t, rec.outcomes("s1"), 1, "the second answer settles nothing")
 	require.Equal(t, ReasonProtocol, rt.brokenReason().reason)
+	requireRouteFailed(t, rec, "s1", ReasonProtocol)
 }
 
 func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
@@ -280,6 +282,18 @@ func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
 	require.Equal(t, runtimeproto.ResultFailed, o.Result)
 	require.Equal(t, ReasonExited, o.FailureReason)
 	waitExit(t, rec)
+	requireRouteFailed(t, rec, "s1", ReasonExited)
+}
+
+// requireRouteFailed: the route failed, retryable, with the agent's own
+// reason (reported before the runtime's exit).
+func requireRouteFailed(t *testing.T, rec *recorder, session, reason string) {
+	t.Helper()
+	f := rec.wait(t, "route failure", func(f runtimeproto.Frame) bool {
+		return f.Type == runtimeproto.TypeRouteFailed && f.SessionID == session
+	})
+	require.Equal(t, reason, f.Reason)
+	require.True(t, f.Retryable)
 }
 
 func waitExit(t *testing.T, rec *recorder) {
@@ -302,7 +316,7 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "/provider/") { // history posts go to /ingest/
 			mu.Lock()
-			seen = append(seen, r.URL.Path+" "+r.Header.Get("Authorization"))
+			seen = append(seen, strings.TrimSpace(r.URL.Path+" "+r.Header.Get("Authorization")+" "+r.Header.Get("Traceparent")))
 			mu.Unlock()
 		}
 		_, _ = io.WriteString(w, `{"choices":[]}`)
@@ -323,8 +337,9 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 		RuntimeSessionID: "rs_rot", Handle: oldHandle, ProxyURL: up.URL + "/s/sbx-1"}))
 	rec.wait(t, "ready", func(f runtimeproto.Frame) bool { return f.Type == runtimeproto.TypeRouteReady })
 
-	reply := func(id string) []string {
-		send(t, rt, "s1", id, "call the model")
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	reply := func(id, traceparent string) []string {
+		require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: id, Content: "call the model", Traceparent: traceparent}))
 		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", id).Result)
 		for _, f := range rec.all() {
 			if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == id && f.Event.Kind == runtimeproto.KindMessage {
@@ -334,17 +349,17 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 		t.Fatal("no reply")
 		return nil
 	}
-	first := reply("m1")
+	first := reply("m1", "")
 	require.Equal(t, "200 OK", first[0])
 	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: []string{"s1"}, Handle: newHandle}))
-	second := reply("m2")
+	second := reply("m2", tp) // the turn's trace context reaches the proxy
 	require.Equal(t, first[1], second[1], "the same agent process, not restarted")
 
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{
 		"/s/sbx-1/provider/v1/chat/completions Bearer " + oldHandle,
-		"/s/sbx-1/provider/v1/chat/completions Bearer " + newHandle,
+		"/s/sbx-1/provider/v1/chat/completions Bearer " + newHandle + " " + tp,
 	}, seen)
 	for _, part := range append(first[2:], second[2:]...) {
 		require.NotContains(t, part, "aph_", "no handle in the agent's config, environment or argv")

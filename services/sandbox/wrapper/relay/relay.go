@@ -32,9 +32,10 @@ type Relay struct {
 	srv    *http.Server
 	client *http.Client
 
-	mu     sync.RWMutex
-	proxy  *url.URL
-	handle string
+	mu          sync.RWMutex
+	proxy       *url.URL
+	handle      string
+	traceparent string // the running turn's; see SetTraceparent
 }
 
 // Start listens on 127.0.0.1 (an ephemeral port) and serves.
@@ -79,6 +80,17 @@ func (r *Relay) Set(proxyURL, handle string) error {
 	return nil
 }
 
+// SetTraceparent records the W3C trace context of the turn that starts
+// (empty: none runs), so the agent's model requests, which carry none of
+// their own, join the turn's trace at the proxy. One agent process may run
+// turns of several routes at once; a request then carries the trace of the
+// turn that started last.
+func (r *Relay) SetTraceparent(tp string) {
+	r.mu.Lock()
+	r.traceparent = tp
+	r.mu.Unlock()
+}
+
 // Close stops the relay.
 func (r *Relay) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -93,7 +105,7 @@ var dropHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "Co
 
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.RLock()
-	proxy, handle := r.proxy, r.handle
+	proxy, handle, tp := r.proxy, r.handle, r.traceparent
 	r.mu.RUnlock()
 	if proxy == nil || handle == "" {
 		http.Error(w, `{"error":{"message":"agentplane relay: no route is open yet"}}`, http.StatusServiceUnavailable)
@@ -115,6 +127,9 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		out.Header.Del(h)
 	}
 	out.Header.Set("Authorization", "Bearer "+handle)
+	if tp != "" && out.Header.Get("Traceparent") == "" {
+		out.Header.Set("Traceparent", tp)
+	}
 	resp, err := r.client.Do(out)
 	if err != nil {
 		http.Error(w, `{"error":{"message":"agentplane relay: proxy unreachable"}}`, http.StatusBadGateway)

@@ -60,11 +60,15 @@ var messageStates = map[session.MessageState]sessionv1.MessageState{
 }
 
 func routeToProto(v *session.RouteView) *sessionv1.RouteView {
-	return &sessionv1.RouteView{
+	out := &sessionv1.RouteView{
 		State: routeStates[v.State], Step: v.Step, FailureReason: v.FailureReason,
 		RuntimeSessionId: v.RuntimeSessionID, SandboxId: v.SandboxID, WrapperInstance: v.WrapperInstance,
 		UpdateTime: ts(v.UpdateTime),
 	}
+	if v.AgentProfile != "" {
+		out.Agent = &sessionv1.Agent{Profile: v.AgentProfile, Model: v.AgentModel}
+	}
+	return out
 }
 
 func sessionToProto(s *session.Session) *sessionv1.Session {

@@ -260,6 +260,7 @@ func (a *Aggregate) Ready(n Notice, runtimeSessionID, wrapperInstance string, no
 	v := RouteView{
 		State: RouteReady, RuntimeSessionID: runtimeSessionID,
 		WrapperInstance: wrapperInstance, FenceToken: n.FenceToken,
+		AgentProfile: a.Session.Agent.Profile, AgentModel: a.Session.Agent.Model,
 	}
 	if v.WrapperInstance == "" {
 		v.WrapperInstance = old

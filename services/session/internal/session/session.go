@@ -75,7 +75,11 @@ type RouteView struct {
 	RuntimeSessionID string     `json:"runtime_session_id,omitempty"`
 	SandboxID        string     `json:"sandbox_id,omitempty"`
 	WrapperInstance  string     `json:"wrapper_instance,omitempty"`
-	UpdateTime       time.Time  `json:"update_time"`
+	// AgentProfile and AgentModel name the agent the runtime runs, while
+	// ready (the session's: the wrapper refuses a route for another).
+	AgentProfile string    `json:"agent_profile,omitempty"`
+	AgentModel   string    `json:"agent_model,omitempty"`
+	UpdateTime   time.Time `json:"update_time"`
 	// FenceToken is the newest sandbox-owner fencing token seen in a
 	// notification; notifications with an older token come from a deposed
 	// sandbox replica and are dropped.

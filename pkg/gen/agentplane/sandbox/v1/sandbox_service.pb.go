@@ -11,6 +11,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1021,6 +1022,117 @@ func (x *PushWorktreeRequest) GetCommitMessage() string {
 	return ""
 }
 
+// RotateHandleRequest names the route whose worktree handle to rotate.
+type RotateHandleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId     string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateHandleRequest) Reset() {
+	*x = RotateHandleRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateHandleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateHandleRequest) ProtoMessage() {}
+
+func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateHandleRequest.ProtoReflect.Descriptor instead.
+func (*RotateHandleRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RotateHandleRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RotateHandleRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// RotateHandleResponse reports the rotation (never the handle).
+type RotateHandleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sessions whose routes got the new handle (every live member of the
+	// runtime key).
+	SessionIds []string `protobuf:"bytes,1,rep,name=session_ids,json=sessionIds,proto3" json:"session_ids,omitempty"`
+	// Until when the previous handle still resolves.
+	PreviousValidUntil *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=previous_valid_until,json=previousValidUntil,proto3" json:"previous_valid_until,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RotateHandleResponse) Reset() {
+	*x = RotateHandleResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateHandleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateHandleResponse) ProtoMessage() {}
+
+func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateHandleResponse.ProtoReflect.Descriptor instead.
+func (*RotateHandleResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RotateHandleResponse) GetSessionIds() []string {
+	if x != nil {
+		return x.SessionIds
+	}
+	return nil
+}
+
+func (x *RotateHandleResponse) GetPreviousValidUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PreviousValidUntil
+	}
+	return nil
+}
+
 // PushWorktreeResponse reports the push.
 type PushWorktreeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1036,7 +1148,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1160,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1173,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1089,7 +1201,7 @@ var File_agentplane_sandbox_v1_sandbox_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\"G\n" +
+	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n" +
 	"\x11CheckAgentRequest\x122\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"d\n" +
 	"\x12CheckAgentResponse\x122\n" +
@@ -1158,7 +1270,16 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06branch\x18\x03 \x01(\tR\x06branch\x12%\n" +
-	"\x0ecommit_message\x18\x04 \x01(\tR\rcommitMessage\"c\n" +
+	"\x0ecommit_message\x18\x04 \x01(\tR\rcommitMessage\"S\n" +
+	"\x13RotateHandleRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"\x85\x01\n" +
+	"\x14RotateHandleResponse\x12\x1f\n" +
+	"\vsession_ids\x18\x01 \x03(\tR\n" +
+	"sessionIds\x12L\n" +
+	"\x14previous_valid_until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x12previousValidUntil\"c\n" +
 	"\x14PushWorktreeResponse\x12\x1b\n" +
 	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
@@ -1166,7 +1287,7 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xf3\x06\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xdc\a\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
@@ -1177,7 +1298,8 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
 	"CheckAgent\x12(.agentplane.sandbox.v1.CheckAgentRequest\x1a).agentplane.sandbox.v1.CheckAgentResponse\x12p\n" +
 	"\x0fWorktreeChanges\x12-.agentplane.sandbox.v1.WorktreeChangesRequest\x1a..agentplane.sandbox.v1.WorktreeChangesResponse\x12g\n" +
-	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponseB\xde\x01\n" +
+	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponse\x12g\n" +
+	"\fRotateHandle\x12*.agentplane.sandbox.v1.RotateHandleRequest\x1a+.agentplane.sandbox.v1.RotateHandleResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -1193,7 +1315,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
 	(DeliveryResult)(0),             // 0: agentplane.sandbox.v1.DeliveryResult
 	(*CheckAgentRequest)(nil),       // 1: agentplane.sandbox.v1.CheckAgentRequest
@@ -1213,54 +1335,60 @@ var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
 	(*WorktreeChangesRequest)(nil),  // 15: agentplane.sandbox.v1.WorktreeChangesRequest
 	(*WorktreeChangesResponse)(nil), // 16: agentplane.sandbox.v1.WorktreeChangesResponse
 	(*PushWorktreeRequest)(nil),     // 17: agentplane.sandbox.v1.PushWorktreeRequest
-	(*PushWorktreeResponse)(nil),    // 18: agentplane.sandbox.v1.PushWorktreeResponse
-	(*Agent)(nil),                   // 19: agentplane.sandbox.v1.Agent
-	(*RouteSpec)(nil),               // 20: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),               // 21: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),         // 22: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),           // 23: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),                 // 24: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),     // 25: google.protobuf.Duration
-	(*WorktreeScope)(nil),           // 26: agentplane.sandbox.v1.WorktreeScope
-	(*v1.WorktreeChanges)(nil),      // 27: agentplane.runtime.v1.WorktreeChanges
+	(*RotateHandleRequest)(nil),     // 18: agentplane.sandbox.v1.RotateHandleRequest
+	(*RotateHandleResponse)(nil),    // 19: agentplane.sandbox.v1.RotateHandleResponse
+	(*PushWorktreeResponse)(nil),    // 20: agentplane.sandbox.v1.PushWorktreeResponse
+	(*Agent)(nil),                   // 21: agentplane.sandbox.v1.Agent
+	(*RouteSpec)(nil),               // 22: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),               // 23: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),         // 24: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),           // 25: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),                 // 26: agentplane.sandbox.v1.LeaseState
+	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
+	(*WorktreeScope)(nil),           // 28: agentplane.sandbox.v1.WorktreeScope
+	(*v1.WorktreeChanges)(nil),      // 29: agentplane.runtime.v1.WorktreeChanges
+	(*timestamppb.Timestamp)(nil),   // 30: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	19, // 0: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	19, // 1: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
-	20, // 2: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	21, // 3: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	22, // 4: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	21, // 0: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	21, // 1: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	22, // 2: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	23, // 3: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	24, // 4: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
 	0,  // 5: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	21, // 6: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	23, // 7: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	21, // 8: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	24, // 9: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	25, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	26, // 11: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	27, // 12: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	3,  // 13: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	5,  // 14: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	7,  // 15: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	9,  // 16: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	11, // 17: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	13, // 18: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	1,  // 19: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
-	15, // 20: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
-	17, // 21: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
-	4,  // 22: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	6,  // 23: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	8,  // 24: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	10, // 25: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	12, // 26: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	14, // 27: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	2,  // 28: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
-	16, // 29: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
-	18, // 30: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
-	22, // [22:31] is the sub-list for method output_type
-	13, // [13:22] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	23, // 6: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	25, // 7: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	23, // 8: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	26, // 9: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	27, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	28, // 11: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	29, // 12: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	30, // 13: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
+	3,  // 14: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	5,  // 15: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	7,  // 16: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	9,  // 17: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	11, // 18: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	13, // 19: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	1,  // 20: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	15, // 21: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
+	17, // 22: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
+	18, // 23: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
+	4,  // 24: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	6,  // 25: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	8,  // 26: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	10, // 27: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	12, // 28: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	14, // 29: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	2,  // 30: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	16, // 31: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
+	20, // 32: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
+	19, // 33: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
+	24, // [24:34] is the sub-list for method output_type
+	14, // [14:24] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -1275,7 +1403,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

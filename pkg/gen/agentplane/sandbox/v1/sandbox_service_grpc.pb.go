@@ -28,6 +28,7 @@ const (
 	SandboxService_CheckAgent_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
 	SandboxService_WorktreeChanges_FullMethodName = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
 	SandboxService_PushWorktree_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
+	SandboxService_RotateHandle_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/RotateHandle"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -65,6 +66,13 @@ type SandboxServiceClient interface {
 	// PushWorktree asks the wrapper serving the route to commit and push its
 	// worktree. Bounded; the wrapper's failure comes back with its reason.
 	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
+	// RotateHandle rotates the canonical handle of the route's worktree scope
+	// (credential RotateHandle under this replica's fence) and pushes the new
+	// handle to the wrapper serving it, whose runtime uses it for every
+	// request that starts afterwards, without a restart. FAILED_PRECONDITION
+	// WORKTREE_UNAVAILABLE when no wrapper serves the route now,
+	// SCOPE_NOT_WORKTREE for a per-session route. Added.
+	RotateHandle(ctx context.Context, in *RotateHandleRequest, opts ...grpc.CallOption) (*RotateHandleResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -165,6 +173,16 @@ func (c *sandboxServiceClient) PushWorktree(ctx context.Context, in *PushWorktre
 	return out, nil
 }
 
+func (c *sandboxServiceClient) RotateHandle(ctx context.Context, in *RotateHandleRequest, opts ...grpc.CallOption) (*RotateHandleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateHandleResponse)
+	err := c.cc.Invoke(ctx, SandboxService_RotateHandle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -200,6 +218,13 @@ type SandboxServiceServer interface {
 	// PushWorktree asks the wrapper serving the route to commit and push its
 	// worktree. Bounded; the wrapper's failure comes back with its reason.
 	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
+	// RotateHandle rotates the canonical handle of the route's worktree scope
+	// (credential RotateHandle under this replica's fence) and pushes the new
+	// handle to the wrapper serving it, whose runtime uses it for every
+	// request that starts afterwards, without a restart. FAILED_PRECONDITION
+	// WORKTREE_UNAVAILABLE when no wrapper serves the route now,
+	// SCOPE_NOT_WORKTREE for a per-session route. Added.
+	RotateHandle(context.Context, *RotateHandleRequest) (*RotateHandleResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -236,6 +261,9 @@ func (UnimplementedSandboxServiceServer) WorktreeChanges(context.Context, *Workt
 }
 func (UnimplementedSandboxServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
+}
+func (UnimplementedSandboxServiceServer) RotateHandle(context.Context, *RotateHandleRequest) (*RotateHandleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateHandle not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -420,6 +448,24 @@ func _SandboxService_PushWorktree_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_RotateHandle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateHandleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).RotateHandle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_RotateHandle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).RotateHandle(ctx, req.(*RotateHandleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -462,6 +508,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PushWorktree",
 			Handler:    _SandboxService_PushWorktree_Handler,
+		},
+		{
+			MethodName: "RotateHandle",
+			Handler:    _SandboxService_RotateHandle_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

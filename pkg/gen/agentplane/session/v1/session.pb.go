@@ -475,7 +475,12 @@ type RouteView struct {
 	// work with agent_restarted.
 	WrapperInstance string `protobuf:"bytes,6,opt,name=wrapper_instance,json=wrapperInstance,proto3" json:"wrapper_instance,omitempty"`
 	// When the view last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The agent the route's runtime runs (profile and model), set while
+	// READY. It is the session's agent: a route asking for another profile or
+	// model than its worktree's running agent fails agent_mismatch instead.
+	// Added.
+	Agent         *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -555,6 +560,13 @@ func (x *RouteView) GetWrapperInstance() string {
 func (x *RouteView) GetUpdateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *RouteView) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
 	}
 	return nil
 }
@@ -1071,7 +1083,7 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\busername\x18\x02 \x01(\tR\busername\"g\n" +
 	"\x0fCredentialInput\x12<\n" +
 	"\x05class\x18\x01 \x01(\x0e2&.agentplane.session.v1.CredentialClassR\x05class\x12\x16\n" +
-	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xb4\x02\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xe8\x02\n" +
 	"\tRouteView\x127\n" +
 	"\x05state\x18\x01 \x01(\x0e2!.agentplane.session.v1.RouteStateR\x05state\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\tR\x04step\x12%\n" +
@@ -1081,7 +1093,8 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"sandbox_id\x18\x05 \x01(\tR\tsandboxId\x12)\n" +
 	"\x10wrapper_instance\x18\x06 \x01(\tR\x0fwrapperInstance\x12;\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xa7\x05\n" +
+	"updateTime\x122\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\"\xa7\x05\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1193,29 +1206,30 @@ var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: agentplane.session.v1.CredentialInput.class:type_name -> agentplane.session.v1.CredentialClass
 	2,  // 1: agentplane.session.v1.RouteView.state:type_name -> agentplane.session.v1.RouteState
 	13, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
-	4,  // 3: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
-	0,  // 4: agentplane.session.v1.Session.credential_class:type_name -> agentplane.session.v1.CredentialClass
-	1,  // 5: agentplane.session.v1.Session.state:type_name -> agentplane.session.v1.SessionState
-	7,  // 6: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
-	13, // 7: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	13, // 8: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	12, // 9: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
-	9,  // 10: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
-	3,  // 11: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
-	13, // 12: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
-	13, // 13: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
-	13, // 14: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	7,  // 15: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
-	10, // 16: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
-	14, // 17: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
-	15, // 18: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	16, // 19: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	8,  // 20: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	9,  // 3: agentplane.session.v1.RouteView.agent:type_name -> agentplane.session.v1.Agent
+	4,  // 4: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
+	0,  // 5: agentplane.session.v1.Session.credential_class:type_name -> agentplane.session.v1.CredentialClass
+	1,  // 6: agentplane.session.v1.Session.state:type_name -> agentplane.session.v1.SessionState
+	7,  // 7: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
+	13, // 8: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	13, // 9: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	12, // 10: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
+	9,  // 11: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
+	3,  // 12: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
+	13, // 13: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	13, // 14: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
+	13, // 15: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	7,  // 16: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
+	10, // 17: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
+	14, // 18: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
+	15, // 19: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	16, // 20: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	8,  // 21: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_proto_init() }
