@@ -212,33 +212,31 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
+	// Serve closes Redis in its shutdown order; this covers every earlier
+	// return and is a no-op after Serve.
+	defer func() { _ = rdb.Close() }()
 	svc, err := grants.New(rdb, credKey, grants.Options{Policy: scope.Policy{
 		GrantTTL: cfg.GrantTTL, ReissueBelow: cfg.ReissueBelow, OverlapWindow: cfg.OverlapWindow,
 	}, TrustWindow: cfg.TrustWindow})
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
 	tel, err := telemetry.Setup(ctx, "agentplane-credential")
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }() // a no-op after Serve flushed it
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "credential", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
 		MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics, InternalToken: cfg.InternalToken,
 		DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 	})
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	gm, err := grants.NewMetrics(srv.Registry())
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	svc.Observe(gm)
@@ -246,7 +244,6 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 
 	conn, err := grpcclient.Dial(cfg.IngestAddr, cfg.InternalToken)
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("ingest client: %w", err)
 	}
 	defer conn.Close()
@@ -260,13 +257,11 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,
 	})
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	pl := ls.Proxy
 	if pl == nil {
 		if pl, err = net.Listen("tcp", cfg.ProxyAddr); err != nil {
-			_ = rdb.Close()
 			return fmt.Errorf("proxy listen: %w", err)
 		}
 	}

@@ -1,10 +1,10 @@
 package server
 
 import (
-	"agentplane.dev/pkg/telemetry"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -19,6 +19,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/pkg/telemetry"
 	"agentplane.dev/services/sandbox/internal/capacity"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
@@ -27,29 +28,43 @@ import (
 	"agentplane.dev/services/sandbox/internal/reconciler"
 )
 
+// Listeners lets a caller (tests, agentplane dev) pass bound listeners;
+// nil fields listen on the configured addresses.
+type Listeners struct {
+	GRPC, Metrics net.Listener
+}
+
 // Run connects Redis, builds the gRPC server, drives owned sandboxes and
 // serves until ctx ends; nil after a clean drain.
 func Run(ctx context.Context, cfg Config) error {
+	return RunWith(ctx, cfg, Listeners{GRPC: cfg.Listener})
+}
+
+// RunWith is Run on given listeners.
+func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
+	if ls.GRPC == nil {
+		ls.GRPC = cfg.Listener
+	}
 	log := cfg.Logger().With("service", "sandbox", "replica", cfg.ReplicaID)
-	if cfg.advertiseAddr() == "" {
+	if cfg.advertiseAddr(ls.GRPC) == "" {
 		log.Warn("no address to advertise in owner leases (set AGENTPLANE_SANDBOX_ADVERTISE_ADDR): callers find owners through their balancer only")
 	}
 	rdb, err := cfg.Redis()
 	if err != nil {
 		return err
 	}
+	// Serve closes Redis in its shutdown order; this covers every earlier
+	// return and is a no-op after Serve.
+	defer func() { _ = rdb.Close() }()
 	wrapperCmd, err := cfg.wrapperCommand()
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("wrapper command: %w", err)
 	}
 	if err := os.MkdirAll(cfg.SandboxRoot, 0o755); err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("sandbox root: %w", err)
 	}
 	bnd, err := setUpBoundary(ctx, cfg, wrapperCmd[0], log)
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	defer bnd.close()
@@ -57,7 +72,6 @@ func Run(ctx context.Context, cfg Config) error {
 	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	var drvRef atomic.Pointer[driver.Driver] // the reconciler wakes the driver, built below
@@ -78,7 +92,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.SessionAddr != "" {
 		c, err := peers.Dial(cfg.SessionAddr)
 		if err != nil {
-			_ = rdb.Close()
 			return err
 		}
 		notifyClient = sessionv1.NewSessionNotifyServiceClient(c)
@@ -87,7 +100,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.CredentialAddr != "" {
 		c, err := peers.Dial(cfg.CredentialAddr)
 		if err != nil {
-			_ = rdb.Close()
 			return err
 		}
 		credClient = credentialv1.NewCredentialServiceClient(c)
@@ -95,7 +107,7 @@ func Run(ctx context.Context, cfg Config) error {
 	notifier := notify.New(notifyClient, log.With("component", "notify"), 0)
 	control := splitList(cfg.ControlAddrs)
 	if len(control) == 0 {
-		control = []string{cfg.localControlAddr()}
+		control = []string{cfg.localControlAddr(ls.GRPC)}
 	}
 	proxyURL := cfg.ProxyURL
 	if bnd.iso != nil {
@@ -110,7 +122,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	drv := driver.New(driver.Config{
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
-		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
+		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(ls.GRPC), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: proxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
@@ -120,11 +132,11 @@ func Run(ctx context.Context, cfg Config) error {
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
 	tel, err := telemetry.Setup(ctx, "agentplane-sandbox")
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }() // a no-op after Serve flushed it
 	srv, err := grpcserver.New(grpcserver.Options{
-		Name: "sandbox", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
+		Name: "sandbox", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: ls.GRPC, MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 		AuthExempt: func(m string) bool { return m == grpcapi.ConnectMethod },
 		// Wrappers heartbeat every few seconds; allow client pings that often.
@@ -138,14 +150,10 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 	})
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	registerMetrics(srv.Registry(), drv)
 	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
