@@ -1,12 +1,16 @@
 package server
 
 import (
-	"agentplane.dev/pkg/telemetry"
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/pkg/telemetry"
 
 	"agentplane.dev/services/session/internal/peers"
 
@@ -60,31 +64,10 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 
 	conns := grpcclient.NewConns(cfg.InternalToken)
 	defer conns.Close()
-	// Sandbox replicas are not interchangeable: each sandbox has one owner.
-	// The router sends each call to the owner the sandbox service names.
-	sbxConn, err := conns.Dial(cfg.SandboxAddr, peers.SandboxRouter(conns).DialOption())
-	if err != nil {
-		return fmt.Errorf("sandbox client: %w", err)
-	}
 	backstops := session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout}
-	deps := service.Deps{
-		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
-		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
-		Metrics: service.NewMetrics(),
-	}
-	if cfg.CredentialAddr != "" {
-		c, err := conns.Dial(cfg.CredentialAddr)
-		if err != nil {
-			return fmt.Errorf("credential client: %w", err)
-		}
-		deps.Credentials = peers.Credentials{C: credentialv1.NewCredentialServiceClient(c)}
-	}
-	if cfg.IngestAddr != "" {
-		c, err := conns.Dial(cfg.IngestAddr)
-		if err != nil {
-			return fmt.Errorf("ingest client: %w", err)
-		}
-		deps.History = peers.History{C: ingestv1.NewIngestServiceClient(c)}
+	deps, err := newDeps(cfg, rdb, conns, backstops, log)
+	if err != nil {
+		return err
 	}
 	svc := service.New(deps, service.Config{
 		Backstops:         backstops,
@@ -134,4 +117,35 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 	cancel()
 	<-closed
 	return err
+}
+
+// newDeps is the service's store and its peers: the sandbox service through
+// the owner router, the credential and ingest services when configured.
+func newDeps(cfg Config, rdb redis.UniversalClient, conns *grpcclient.Conns, backstops session.Backstops, log *slog.Logger) (service.Deps, error) {
+	// Sandbox replicas are not interchangeable: each sandbox has one owner.
+	// The router sends each call to the owner the sandbox service names.
+	sbxConn, err := conns.Dial(cfg.SandboxAddr, peers.SandboxRouter(conns).DialOption())
+	if err != nil {
+		return service.Deps{}, fmt.Errorf("sandbox client: %w", err)
+	}
+	deps := service.Deps{
+		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
+		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
+		Metrics: service.NewMetrics(),
+	}
+	if cfg.CredentialAddr != "" {
+		c, err := conns.Dial(cfg.CredentialAddr)
+		if err != nil {
+			return service.Deps{}, fmt.Errorf("credential client: %w", err)
+		}
+		deps.Credentials = peers.Credentials{C: credentialv1.NewCredentialServiceClient(c)}
+	}
+	if cfg.IngestAddr != "" {
+		c, err := conns.Dial(cfg.IngestAddr)
+		if err != nil {
+			return service.Deps{}, fmt.Errorf("ingest client: %w", err)
+		}
+		deps.History = peers.History{C: ingestv1.NewIngestServiceClient(c)}
+	}
+	return deps, nil
 }

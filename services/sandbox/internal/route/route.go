@@ -237,29 +237,39 @@ func Apply(r Route, ev Event) (Route, Effects) {
 	switch e := ev.(type) {
 	case Prepare:
 		return prepare(r, e)
+	case Keyed, StepReached, PrepareSent:
+		return preparation(r, ev)
+	case WrapperHello:
+		return hello(r, e)
+	case RouteReady, RouteFailed, StreamClosed, WrapperStopping, WrapperGone:
+		return fromWrapper(r, ev)
+	}
+	return lifecycle(r, ev)
+}
+
+// preparation applies the steps of a route being prepared.
+func preparation(r Route, ev Event) (Route, Effects) {
+	if r.State != Preparing {
+		return r, Effects{}
+	}
+	switch e := ev.(type) {
 	case Keyed:
-		if r.State != Preparing {
-			return r, Effects{}
-		}
 		r.RuntimeKey, r.Contract = e.RuntimeKey, e.Contract
-		return r, Effects{Persist: true}
 	case StepReached:
-		if r.State != Preparing {
-			return r, Effects{}
-		}
 		r.Step = e.Step
-		return r, Effects{Persist: true}
 	case PrepareSent:
-		if r.State != Preparing {
-			return r, Effects{}
-		}
 		r.Step, r.Contract = StepPrepareRoute, e.Contract
 		if r.RuntimeSessionID == "" {
 			r.RuntimeSessionID = e.RuntimeSessionID
 		}
-		return r, Effects{Persist: true}
-	case WrapperHello:
-		return hello(r, e)
+	}
+	return r, Effects{Persist: true}
+}
+
+// fromWrapper applies what a runtime key's wrapper reported or what
+// happened to it; another key's events do not touch the route.
+func fromWrapper(r Route, ev Event) (Route, Effects) {
+	switch e := ev.(type) {
 	case RouteReady:
 		if !r.recorded() || r.State == Released || r.RuntimeKey != e.RuntimeKey {
 			return r, Effects{}
@@ -278,20 +288,6 @@ func Apply(r Route, ev Event) (Route, Effects) {
 		}
 		r.State = Reconnecting
 		return r, Effects{Persist: true, Notify: NoticeReconnecting}
-	case OwnerResumed:
-		switch r.State {
-		case Preparing:
-			return r, Effects{Kick: true}
-		case Ready:
-			r.State = Reconnecting
-			return r, Effects{Persist: true, Notify: NoticeReconnecting}
-		}
-		return r, Effects{}
-	case KeyStopped:
-		if r.State != Preparing {
-			return r, Effects{}
-		}
-		return r, Effects{Kick: true}
 	case WrapperStopping:
 		if r.RuntimeKey != e.RuntimeKey {
 			return r, Effects{}
@@ -305,6 +301,25 @@ func Apply(r Route, ev Event) (Route, Effects) {
 			return r, Effects{}
 		}
 		return lost(r, e.Reason)
+	}
+	return r, Effects{}
+}
+
+// lifecycle applies the owner's and the session's events.
+func lifecycle(r Route, ev Event) (Route, Effects) {
+	switch e := ev.(type) {
+	case OwnerResumed:
+		switch r.State {
+		case Preparing:
+			return r, Effects{Kick: true}
+		case Ready:
+			r.State = Reconnecting
+			return r, Effects{Persist: true, Notify: NoticeReconnecting}
+		}
+	case KeyStopped:
+		if r.State == Preparing {
+			return r, Effects{Kick: true}
+		}
 	case Release:
 		if !r.recorded() || r.State == Released {
 			return r, Effects{}
@@ -312,16 +327,14 @@ func Apply(r Route, ev Event) (Route, Effects) {
 		r.State, r.Step, r.MemberReleasePending = Released, "", e.Credentials
 		return r, Effects{Persist: true, LeaveScope: true, DropHandle: true, SendRelease: true}
 	case MemberReleased:
-		if r.State != Released || !r.MemberReleasePending {
-			return r, Effects{}
+		if r.State == Released && r.MemberReleasePending {
+			r.MemberReleasePending = false
+			return r, Effects{Persist: true}
 		}
-		r.MemberReleasePending = false
-		return r, Effects{Persist: true}
 	case Forget:
-		if r.State != Released {
-			return r, Effects{}
+		if r.State == Released {
+			return Route{}, Effects{Delete: true}
 		}
-		return Route{}, Effects{Delete: true}
 	}
 	return r, Effects{}
 }
