@@ -108,8 +108,8 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
 		return err
 	}
-	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
-	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv, Log: log})
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{Driver: drv, Log: log})
+	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{Driver: drv, Log: log})
 
 	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv) })
 	if bnd.controlLn != nil {

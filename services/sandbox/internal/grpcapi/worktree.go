@@ -14,7 +14,7 @@ func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeCh
 	if err := v.err("invalid worktree request"); err != nil {
 		return nil, err
 	}
-	ch, err := s.D.WorktreeChanges(ctx, req.GetSandboxId(), req.GetSessionId())
+	ch, err := s.Driver.WorktreeChanges(ctx, req.GetSandboxId(), req.GetSessionId())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -31,7 +31,7 @@ func (s *Sandbox) PushWorktree(ctx context.Context, req *sandboxv1.PushWorktreeR
 	if err := v.err("invalid push request"); err != nil {
 		return nil, err
 	}
-	p, err := s.D.PushWorktree(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetBranch(), req.GetCommitMessage())
+	p, err := s.Driver.PushWorktree(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetBranch(), req.GetCommitMessage())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
