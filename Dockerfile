@@ -28,7 +28,7 @@ WORKDIR /src
 # Use exactly the Go of the image; never download another toolchain during the build.
 ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-trimpath
 # The whole workspace: go.work ties pkg/, services/* and cmd/agentplane together
-# (.dockerignore keeps .git, deploy/, tools/ and build output out of the context).
+# (.dockerignore keeps .git, deploy/, the pinned tools' go.mod and build output out of the context).
 COPY . .
 ARG VERSION=dev
 RUN --mount=type=cache,target=/root/go/pkg/mod \

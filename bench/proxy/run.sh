@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Credential proxy benchmark as deployed: redis-server, an OpenAI-like
 # upstream, the credential service binary and a load generator run as
-# separate processes (services/credential/cmd/proxybench). One run reports,
+# separate processes (the proxybench command beside this script). One run reports,
 # per round and as the median over rounds: Redis PING RTT, direct and proxied
 # p50/p99 at concurrency 1 (interleaved request by request), req/s at
 # -conc keep-alive connections, and the credential process's CPU per request.
@@ -16,5 +16,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${BENCH_BIN:-$PWD/.cache/bench/bin}
 mkdir -p "$bin"
-(cd services/credential && go build -o "$bin/credential" ./cmd/credential && go build -o "$bin/proxybench" ./cmd/proxybench)
+(cd services/credential && go build -o "$bin/credential" ./cmd/credential)
+(cd bench && go build -o "$bin/proxybench" ./proxy)
 exec "$bin/proxybench" -credential-bin "${REF_CREDENTIAL_BIN:+$REF_CREDENTIAL_BIN,}$bin/credential" "$@"

@@ -26,9 +26,9 @@
 //     wrapper control stream and its launch credential. An empty token disables the check
 //     (dev only).
 //  6. Validation: a request that did not decode is refused with INVALID_ARGUMENT
-//     MALFORMED_REQUEST, then requests implementing Validator are checked, last, so
-//     unauthenticated callers learn nothing about request shapes and handlers only see
-//     valid input.
+//     MALFORMED_REQUEST, last, so unauthenticated callers learn nothing about request
+//     shapes. Field validation is each handler's (with field violations, through the
+//     service's one error translator): no request message validates itself.
 //
 // # Decoding
 //

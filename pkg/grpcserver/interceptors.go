@@ -10,7 +10,6 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"agentplane.dev/pkg/apierr"
 )
@@ -20,7 +19,6 @@ const (
 	ReasonInternal           = "INTERNAL"
 	ReasonMissingCredentials = "MISSING_CREDENTIALS"
 	ReasonInvalidCredentials = "INVALID_CREDENTIALS"
-	ReasonInvalidRequest     = "INVALID_REQUEST"
 )
 
 // recovered logs a handler panic with its stack and returns the generic error the client
@@ -48,36 +46,10 @@ func bearerAuth(token string) auth.AuthFunc {
 	}
 }
 
-// Validator is implemented by request messages that can check themselves. A status error
-// (e.g. built with apierr and field violations) reaches the client as is; any other error
-// becomes INVALID_ARGUMENT with reason INVALID_REQUEST and the error's text, which is
-// therefore written for clients.
-type Validator interface {
-	Validate() error
-}
-
-func validate(msg any) error {
-	v, ok := msg.(Validator)
-	if !ok {
-		return nil
-	}
-	err := v.Validate()
-	if err == nil {
-		return nil
-	}
-	if _, isStatus := status.FromError(err); isStatus {
-		return err
-	}
-	return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, err.Error())
-}
-
-// validateUnary refuses a request that did not decode (MALFORMED_REQUEST) or does not
-// validate.
+// validateUnary refuses a request that did not decode (MALFORMED_REQUEST). Field
+// validation is the handlers' (each service's grpcapi, with field violations).
 func (s *Server) validateUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := s.codec.take(req); err != nil {
-		return nil, err
-	}
-	if err := validate(req); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
@@ -94,8 +66,8 @@ func (s *Server) validateStream(srv any, ss grpc.ServerStream, _ *grpc.StreamSer
 	return handler(srv, validatingStream{ss, s.codec})
 }
 
-// validatingStream checks each message a client sends on a stream as it is received: a
-// stream message is decoded inside the interceptors, after auth.
+// validatingStream refuses each message a client sends on a stream that did not decode, as
+// it is received: a stream message is decoded inside the interceptors, after auth.
 type validatingStream struct {
 	grpc.ServerStream
 	codec *decodeCodec
@@ -105,8 +77,5 @@ func (s validatingStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	if err := s.codec.take(m); err != nil {
-		return err
-	}
-	return validate(m)
+	return s.codec.take(m)
 }

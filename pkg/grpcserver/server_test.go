@@ -2,7 +2,6 @@ package grpcserver_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,15 +52,8 @@ func TestMain(m *testing.M) {
 
 var redisSrv *redistest.Server
 
-// echoRequest is a StringValue that validates itself: "" is invalid.
+// echoRequest is the test service's request message.
 type echoRequest struct{ *wrapperspb.StringValue }
-
-func (r echoRequest) Validate() error {
-	if r.GetValue() == "" {
-		return errors.New("value must not be empty")
-	}
-	return nil
-}
 
 // testService is a hand-written service so these tests need no generated code.
 type testService struct{ blocking chan struct{} }
@@ -290,14 +282,6 @@ func TestAuth(t *testing.T) {
 	// Rejected calls are still logged; health checks are not.
 	require.Contains(t, h.logs.String(), "grpc.code=Unauthenticated")
 	require.NotContains(t, h.logs.String(), "grpc.health.v1")
-}
-
-func TestValidation(t *testing.T) {
-	h := start(t, nil)
-	_, err := h.call(t.Context(), "Echo", "")
-	require.Equal(t, codes.InvalidArgument, status.Code(err))
-	require.Equal(t, grpcserver.ReasonInvalidRequest, apierr.Reason(err))
-	require.Contains(t, status.Convert(err).Message(), "must not be empty")
 }
 
 func TestShutdownOrder(t *testing.T) {

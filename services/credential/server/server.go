@@ -212,33 +212,31 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
+	// Serve closes Redis in its shutdown order; this covers every earlier
+	// return and is a no-op after Serve.
+	defer func() { _ = rdb.Close() }()
 	svc, err := grants.New(rdb, credKey, grants.Options{Policy: scope.Policy{
 		GrantTTL: cfg.GrantTTL, ReissueBelow: cfg.ReissueBelow, OverlapWindow: cfg.OverlapWindow,
 	}, TrustWindow: cfg.TrustWindow})
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
 	tel, err := telemetry.Setup(ctx, "agentplane-credential")
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }() // a no-op after Serve flushed it
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "credential", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: ls.GRPC,
 		MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics, InternalToken: cfg.InternalToken,
 		DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 	})
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	gm, err := grants.NewMetrics(srv.Registry())
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	svc.Observe(gm)
@@ -246,44 +244,54 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 
 	conn, err := grpcclient.Dial(cfg.IngestAddr, cfg.InternalToken)
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("ingest client: %w", err)
 	}
 	defer conn.Close()
+	px, pl, proxyDone, err := startProxy(ctx, cfg, srv, svc, ingestv1.NewIngestServiceClient(conn), attKey, ls.Proxy, log)
+	if err != nil {
+		return err
+	}
+	log.Info("credential proxy listening", "addr", pl.Addr().String())
+	serveErr := srv.Serve(ctx)
+	proxyErr := <-proxyDone
+	px.Close()
+	return errors.Join(serveErr, proxyErr)
+}
+
+// startProxy serves the credential proxy on pl (or ProxyAddr) until the
+// server's shutdown begins: it stops taking requests in step with the gRPC
+// drain and has finished before Serve closes Redis (background work ends at
+// the close_redis step, which waits for it, also when a failed Serve began
+// the shutdown and ctx is still live). done receives Serve's result.
+func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *grants.Service, ingest ingestv1.IngestServiceClient,
+	attKey []byte, pl net.Listener, log *slog.Logger) (px *proxy.Proxy, _ net.Listener, done chan error, err error) {
 	provider, _ := parseUpstream(cfg.ProviderUpstream)
 	backend, _ := parseUpstream(cfg.BackendUpstream)
 	providerPolicy, backendPolicy, _ := cfg.policies()
-	px, err := proxy.New(proxy.Config{
+	px, err = proxy.New(proxy.Config{
 		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend, Git: svc,
 		Provider: providerPolicy, Backend: backendPolicy,
-		Ingest: ingestv1.NewIngestServiceClient(conn), AttestationKey: attKey,
+		Ingest: ingest, AttestationKey: attKey,
 		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,
 	})
 	if err != nil {
-		_ = rdb.Close()
-		return err
+		return nil, nil, nil, err
 	}
-	pl := ls.Proxy
 	if pl == nil {
 		if pl, err = net.Listen("tcp", cfg.ProxyAddr); err != nil {
-			_ = rdb.Close()
-			return fmt.Errorf("proxy listen: %w", err)
+			return nil, nil, nil, fmt.Errorf("proxy listen: %w", err)
 		}
 	}
 	hs := &http.Server{Handler: px.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: proxy.MaxHeadBytes,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	proxyDone := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() {
 		err := hs.Serve(pl)
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
-		proxyDone <- err
+		done <- err
 	}()
-	// The proxy stops taking requests when shutdown begins, in step with the
-	// gRPC drain, and has finished before Serve closes Redis: background
-	// work ends at the close_redis step, which waits for it (also when a
-	// failed Serve began the shutdown and ctx is still live).
 	srv.Go(func(stop context.Context) {
 		select {
 		case <-ctx.Done():
@@ -295,11 +303,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 			_ = hs.Close()
 		}
 	})
-	log.Info("credential proxy listening", "addr", pl.Addr().String())
-	serveErr := srv.Serve(ctx)
-	proxyErr := <-proxyDone
-	px.Close()
-	return errors.Join(serveErr, proxyErr)
+	return px, pl, done, nil
 }
 
 func keys(cfg Config, log *slog.Logger) (credKey, attKey []byte, err error) {

@@ -65,47 +65,48 @@ func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, e
 	return cfg, nil
 }
 
-// Run serves the ingest service until ctx ends; nil after a clean drain.
-func Run(ctx context.Context, cfg Config) error {
-	return run(ctx, cfg, nil)
+// Listeners lets a caller (tests, agentplane dev) pass bound listeners;
+// nil fields listen on the configured addresses.
+type Listeners struct {
+	GRPC, Metrics net.Listener
 }
 
-// run is Run on an optional pre-bound listener (tests).
-func run(ctx context.Context, cfg Config, lis net.Listener) error {
+// Run serves the ingest service until ctx ends; nil after a clean drain.
+func Run(ctx context.Context, cfg Config) error { return RunWith(ctx, cfg, Listeners{}) }
+
+// RunWith is Run on given listeners.
+func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	log := cfg.Logger().With("service", "ingest")
 	tel, err := telemetry.Setup(ctx, "agentplane-ingest")
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	// Serve flushes telemetry and closes Redis in its shutdown order; these
+	// defers cover every earlier return and are no-ops after Serve.
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
 	rdb, err := cfg.Redis()
 	if err != nil {
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return config.ErrorFor("REDIS_URL", err)
 	}
+	defer func() { _ = rdb.Close() }()
 	credential, err := grpcclient.Dial(cfg.CredentialAddr, cfg.InternalToken)
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return config.ErrorFor("CREDENTIAL_ADDR", err)
 	}
 	defer func() { _ = credential.Close() }()
 
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "ingest", Logger: log, Redis: rdb, Telemetry: tel,
-		Addr: cfg.GRPCAddr, Listener: lis, MetricsAddr: cfg.MetricsAddr,
+		Addr: cfg.GRPCAddr, Listener: ls.GRPC, MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 		ServerOptions: grpcapi.ServerOptions(),
 	})
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	api := grpcapi.New(store.New(rdb), membership.New(credential), log)
 	m, err := grpcapi.NewMetrics(srv.Registry())
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	api.Observe(m)

@@ -83,7 +83,7 @@ func TestRunServesAndDrains(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, lis) }()
+	go func() { done <- RunWith(ctx, cfg, Listeners{GRPC: lis}) }()
 
 	conn, err := grpc.NewClient(cfg.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)

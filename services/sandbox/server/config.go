@@ -70,7 +70,10 @@ type Config struct {
 	AgentModel   string // AGENT_MODEL: default model of the ACP profiles
 	AgentDefault string // AGENT_DEFAULT: profile of a session that names none
 
-	// Listener, when set, is used instead of GRPCAddr (tests, agentplane dev).
+	// Listener, when set, is used instead of GRPCAddr.
+	//
+	// Deprecated: pass Listeners.GRPC to RunWith, as the other three
+	// services take theirs. Kept until the e2e tests that set it move over.
 	Listener net.Listener
 }
 
@@ -234,13 +237,13 @@ func LoadConfig(args []string, lookupEnv func(string) (string, bool)) (Config, e
 // advertiseAddr is the address this replica's owner leases name: the
 // setting, else the listener's or GRPC_ADDR when it names a host; "" when
 // it listens on every interface without saying which one callers use.
-func (c *Config) advertiseAddr() string {
+func (c *Config) advertiseAddr(grpcLn net.Listener) string {
 	if c.AdvertiseAddr != "" {
 		return c.AdvertiseAddr
 	}
 	addr := c.GRPCAddr
-	if c.Listener != nil {
-		addr = c.Listener.Addr().String()
+	if grpcLn != nil {
+		addr = grpcLn.Addr().String()
 	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
@@ -252,10 +255,10 @@ func (c *Config) advertiseAddr() string {
 // localControlAddr is the address wrappers on this host dial when
 // SANDBOX_CONTROL_ADDRS is empty: the listener's, with an unspecified host
 // (":7402", "0.0.0.0:7402") made loopback, which a client cannot dial.
-func (c *Config) localControlAddr() string {
+func (c *Config) localControlAddr(grpcLn net.Listener) string {
 	addr := c.GRPCAddr
-	if c.Listener != nil {
-		addr = c.Listener.Addr().String()
+	if grpcLn != nil {
+		addr = grpcLn.Addr().String()
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {

@@ -225,7 +225,6 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 	cfg.MetricsAddr = ""
 	cfg.DrainDelay = 0
 	cfg.ShutdownTimeout = 2 * time.Second
-	cfg.Listener = lis
 	cfg.SandboxRoot = sandboxRoot(t)
 	cfg.WrapperCommand = []string{binPath, "wrapper"}
 	cfg.SessionAddr = notifyAddr
@@ -240,7 +239,7 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan error, 1)
 	go func() {
-		done <- server.Run(ctx, cfg)
+		done <- server.RunWith(ctx, cfg, server.Listeners{GRPC: lis})
 		if stopped != nil {
 			close(stopped)
 		}

@@ -1,10 +1,11 @@
 package server
 
 import (
-	"agentplane.dev/pkg/telemetry"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -14,11 +15,13 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcserver"
+	"agentplane.dev/pkg/telemetry"
 	"agentplane.dev/services/sandbox/internal/capacity"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
@@ -27,29 +30,41 @@ import (
 	"agentplane.dev/services/sandbox/internal/reconciler"
 )
 
+// Listeners lets a caller (tests, agentplane dev) pass bound listeners;
+// nil fields listen on the configured addresses.
+type Listeners struct {
+	GRPC, Metrics net.Listener
+}
+
 // Run connects Redis, builds the gRPC server, drives owned sandboxes and
 // serves until ctx ends; nil after a clean drain.
 func Run(ctx context.Context, cfg Config) error {
+	return RunWith(ctx, cfg, Listeners{GRPC: cfg.Listener})
+}
+
+// RunWith is Run on given listeners (the deprecated Config.Listener is
+// Run's only).
+func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	log := cfg.Logger().With("service", "sandbox", "replica", cfg.ReplicaID)
-	if cfg.advertiseAddr() == "" {
+	if cfg.advertiseAddr(ls.GRPC) == "" {
 		log.Warn("no address to advertise in owner leases (set AGENTPLANE_SANDBOX_ADVERTISE_ADDR): callers find owners through their balancer only")
 	}
 	rdb, err := cfg.Redis()
 	if err != nil {
 		return err
 	}
+	// Serve closes Redis in its shutdown order; this covers every earlier
+	// return and is a no-op after Serve.
+	defer func() { _ = rdb.Close() }()
 	wrapperCmd, err := cfg.wrapperCommand()
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("wrapper command: %w", err)
 	}
 	if err := os.MkdirAll(cfg.SandboxRoot, 0o755); err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("sandbox root: %w", err)
 	}
 	bnd, err := setUpBoundary(ctx, cfg, wrapperCmd[0], log)
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	defer bnd.close()
@@ -57,60 +72,22 @@ func Run(ctx context.Context, cfg Config) error {
 	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
-	var drvRef atomic.Pointer[driver.Driver] // the reconciler wakes the driver, built below
 	recMetrics, admissions := reconciler.NewMetrics(), newAdmissions()
-	rec := reconciler.New(reconciler.Config{
-		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"), Metrics: recMetrics,
-		Stopped: func(sandboxID, runtimeKey string) {
-			if d := drvRef.Load(); d != nil {
-				// Off the reconciler's key lock: the driver takes its own locks.
-				go d.WrapperStopped(sandboxID, runtimeKey)
-			}
-		},
-	})
+	rec, drvRef := newReconciler(rdb, prov, log, recMetrics)
 
 	peers := grpcclient.NewConns(cfg.InternalToken)
 	defer peers.Close()
-	var notifyClient sessionv1.SessionNotifyServiceClient
-	if cfg.SessionAddr != "" {
-		c, err := peers.Dial(cfg.SessionAddr)
-		if err != nil {
-			_ = rdb.Close()
-			return err
-		}
-		notifyClient = sessionv1.NewSessionNotifyServiceClient(c)
-	}
-	var credClient credentialv1.CredentialServiceClient
-	if cfg.CredentialAddr != "" {
-		c, err := peers.Dial(cfg.CredentialAddr)
-		if err != nil {
-			_ = rdb.Close()
-			return err
-		}
-		credClient = credentialv1.NewCredentialServiceClient(c)
+	notifyClient, credClient, err := dialPeers(cfg, peers)
+	if err != nil {
+		return err
 	}
 	notifier := notify.New(notifyClient, log.With("component", "notify"), 0)
-	control := splitList(cfg.ControlAddrs)
-	if len(control) == 0 {
-		control = []string{cfg.localControlAddr()}
-	}
-	proxyURL := cfg.ProxyURL
-	if bnd.iso != nil {
-		// Behind the boundary a wrapper has no network: it dials this
-		// replica's socket first, then the node's other replicas', and the
-		// runtime finds the proxy on its own loopback.
-		control = []string{bnd.controlAddr}
-		if proxyURL != "" {
-			u, _ := url.Parse(proxyURL) // validated
-			proxyURL = u.Scheme + "://" + sandboxProxyAddr
-		}
-	}
+	control, proxyURL := cfg.wrapperReach(bnd, ls.GRPC)
 	drv := driver.New(driver.Config{
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
-		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
+		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(ls.GRPC), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: proxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
@@ -120,11 +97,53 @@ func Run(ctx context.Context, cfg Config) error {
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
 	tel, err := telemetry.Setup(ctx, "agentplane-sandbox")
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("telemetry: %w", err)
 	}
-	srv, err := grpcserver.New(grpcserver.Options{
-		Name: "sandbox", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: cfg.Listener, MetricsAddr: cfg.MetricsAddr,
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }() // a no-op after Serve flushed it
+	srv, err := grpcserver.New(serverOptions(cfg, log, rdb, tel, ls, drv))
+	if err != nil {
+		return err
+	}
+	registerMetrics(srv.Registry(), drv)
+	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
+		return err
+	}
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{Driver: drv, Log: log})
+	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{Driver: drv, Log: log})
+
+	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv) })
+	if bnd.controlLn != nil {
+		// The same server on the control socket (after every service is
+		// registered); its GracefulStop ends both.
+		go func() { _ = srv.GRPC().Serve(bnd.controlLn) }()
+	}
+	err = srv.Serve(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// newReconciler builds the wrapper-lease reconciler; it wakes the driver
+// stored into the returned pointer once that is built.
+func newReconciler(rdb redis.UniversalClient, prov *process.Provider, log *slog.Logger, m *reconciler.Metrics) (*reconciler.Reconciler, *atomic.Pointer[driver.Driver]) {
+	drvRef := &atomic.Pointer[driver.Driver]{}
+	rec := reconciler.New(reconciler.Config{
+		Redis: rdb, Provider: prov, Logger: log.With("component", "reconciler"), Metrics: m,
+		Stopped: func(sandboxID, runtimeKey string) {
+			if d := drvRef.Load(); d != nil {
+				// Off the reconciler's key lock: the driver takes its own locks.
+				go d.WrapperStopped(sandboxID, runtimeKey)
+			}
+		},
+	})
+	return rec, drvRef
+}
+
+// serverOptions are the sandbox service's gRPC server settings.
+func serverOptions(cfg Config, log *slog.Logger, rdb redis.UniversalClient, tel *telemetry.Provider, ls Listeners, drv *driver.Driver) grpcserver.Options {
+	return grpcserver.Options{
+		Name: "sandbox", Logger: log, Redis: rdb, Telemetry: tel, Addr: cfg.GRPCAddr, Listener: ls.GRPC, MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 		AuthExempt: func(m string) bool { return m == grpcapi.ConnectMethod },
 		// Wrappers heartbeat every few seconds; allow client pings that often.
@@ -136,47 +155,68 @@ func Run(ctx context.Context, cfg Config) error {
 				drv.CloseWrapperStreams()
 			}
 		},
-	})
-	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
-		return err
 	}
-	registerMetrics(srv.Registry(), drv)
-	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
-		return err
-	}
-	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{D: drv, Log: log})
-	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{D: drv, Log: log})
+}
 
-	// The loops stop after the last call and before Redis closes: the
-	// driver's last act is releasing its sandboxes and writing their state,
-	// so another replica takes them over at once. Then the notifier drains,
-	// bounded, what is still queued (turn outcomes above all).
-	srv.Go(func(ctx context.Context) {
-		var loops sync.WaitGroup
-		loops.Go(func() { notifier.Run(ctx) })
-		loops.Go(func() { _ = rec.Run(ctx) })
-		loops.Go(func() { drv.Run(ctx) })
-		loops.Wait()
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.NotifyDrain)
-		defer cancel()
-		if unsent := notifier.Drain(dctx); unsent > 0 {
-			log.Warn("notifications left unsent at shutdown", "count", unsent)
+// dialPeers connects the session service's notify API and the credential
+// service, each when configured (nil clients otherwise).
+func dialPeers(cfg Config, peers *grpcclient.Conns) (sessionv1.SessionNotifyServiceClient, credentialv1.CredentialServiceClient, error) {
+	var notifyClient sessionv1.SessionNotifyServiceClient
+	if cfg.SessionAddr != "" {
+		c, err := peers.Dial(cfg.SessionAddr)
+		if err != nil {
+			return nil, nil, err
 		}
-	})
-	if bnd.controlLn != nil {
-		// The same server on the control socket (after every service is
-		// registered); its GracefulStop ends both.
-		go func() { _ = srv.GRPC().Serve(bnd.controlLn) }()
+		notifyClient = sessionv1.NewSessionNotifyServiceClient(c)
 	}
-	err = srv.Serve(ctx)
-	if errors.Is(err, context.Canceled) {
-		return nil
+	var credClient credentialv1.CredentialServiceClient
+	if cfg.CredentialAddr != "" {
+		c, err := peers.Dial(cfg.CredentialAddr)
+		if err != nil {
+			return nil, nil, err
+		}
+		credClient = credentialv1.NewCredentialServiceClient(c)
 	}
-	return err
+	return notifyClient, credClient, nil
+}
+
+// wrapperReach is where wrappers dial this replica and where their runtimes
+// find the proxy.
+func (c *Config) wrapperReach(bnd *boundarySetup, grpcLn net.Listener) (control []string, proxyURL string) {
+	control = splitList(c.ControlAddrs)
+	if len(control) == 0 {
+		control = []string{c.localControlAddr(grpcLn)}
+	}
+	proxyURL = c.ProxyURL
+	if bnd.iso != nil {
+		// Behind the boundary a wrapper has no network: it dials this
+		// replica's socket first, then the node's other replicas', and the
+		// runtime finds the proxy on its own loopback.
+		control = []string{bnd.controlAddr}
+		if proxyURL != "" {
+			u, _ := url.Parse(proxyURL) // validated
+			proxyURL = u.Scheme + "://" + sandboxProxyAddr
+		}
+	}
+	return control, proxyURL
+}
+
+// runLoops runs the notifier, reconciler and driver loops until ctx ends.
+// The loops stop after the last call and before Redis closes: the driver's
+// last act is releasing its sandboxes and writing their state, so another
+// replica takes them over at once. Then the notifier drains, bounded, what
+// is still queued (turn outcomes above all).
+func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notify.Notifier, rec *reconciler.Reconciler, drv *driver.Driver) {
+	var loops sync.WaitGroup
+	loops.Go(func() { notifier.Run(ctx) })
+	loops.Go(func() { _ = rec.Run(ctx) })
+	loops.Go(func() { drv.Run(ctx) })
+	loops.Wait()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.NotifyDrain)
+	defer cancel()
+	if unsent := notifier.Drain(dctx); unsent > 0 {
+		log.Warn("notifications left unsent at shutdown", "count", unsent)
+	}
 }
 
 func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {

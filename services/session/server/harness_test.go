@@ -96,7 +96,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	started := make(chan *service.Service, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, cfg, hooks{listener: lis, now: e.clock.Now, started: func(s *service.Service) { started <- s },
+		done <- run(ctx, cfg, Listeners{GRPC: lis}, hooks{now: e.clock.Now, started: func(s *service.Service) { started <- s },
 			logOutput: e.logs})
 	}()
 	select {

@@ -1,12 +1,16 @@
 package server
 
 import (
-	"agentplane.dev/pkg/telemetry"
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/pkg/telemetry"
 
 	"agentplane.dev/services/session/internal/peers"
 
@@ -24,19 +28,27 @@ import (
 	"agentplane.dev/services/session/internal/store"
 )
 
-// Run serves the session service until ctx ends; nil after a clean drain.
-func Run(ctx context.Context, cfg Config) error { return run(ctx, cfg, hooks{}) }
+// Listeners lets a caller (tests, agentplane dev) pass bound listeners;
+// nil fields listen on the configured addresses.
+type Listeners struct {
+	GRPC, Metrics net.Listener
+}
 
-// hooks let tests in this package serve on a listener, inject a clock and
-// reach the service's sweeper.
+// Run serves the session service until ctx ends; nil after a clean drain.
+func Run(ctx context.Context, cfg Config) error { return RunWith(ctx, cfg, Listeners{}) }
+
+// RunWith is Run on given listeners.
+func RunWith(ctx context.Context, cfg Config, ls Listeners) error { return run(ctx, cfg, ls, hooks{}) }
+
+// hooks let tests in this package inject a clock, reach the service's
+// sweeper and read its log.
 type hooks struct {
-	listener  net.Listener
 	now       func() time.Time
 	started   func(*service.Service)
 	logOutput io.Writer
 }
 
-func run(ctx context.Context, cfg Config, h hooks) error {
+func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 	log := cfg.Logger()
 	if h.logOutput != nil {
 		log = logging.New(h.logOutput, logging.JSON, cfg.LogLevel)
@@ -46,37 +58,16 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	if err != nil {
 		return err
 	}
+	// Serve closes Redis in its shutdown order; this covers every earlier
+	// return and is a no-op after Serve.
+	defer func() { _ = rdb.Close() }()
 
 	conns := grpcclient.NewConns(cfg.InternalToken)
 	defer conns.Close()
-	// Sandbox replicas are not interchangeable: each sandbox has one owner.
-	// The router sends each call to the owner the sandbox service names.
-	sbxConn, err := conns.Dial(cfg.SandboxAddr, peers.SandboxRouter(conns).DialOption())
-	if err != nil {
-		_ = rdb.Close()
-		return fmt.Errorf("sandbox client: %w", err)
-	}
 	backstops := session.Backstops{QueuedFor: cfg.QueuedTimeout, AcceptedFor: cfg.AcceptedTimeout, Redrive: cfg.QueuedRedrive}
-	deps := service.Deps{
-		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
-		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
-		Metrics: service.NewMetrics(),
-	}
-	if cfg.CredentialAddr != "" {
-		c, err := conns.Dial(cfg.CredentialAddr)
-		if err != nil {
-			_ = rdb.Close()
-			return fmt.Errorf("credential client: %w", err)
-		}
-		deps.Credentials = peers.Credentials{C: credentialv1.NewCredentialServiceClient(c)}
-	}
-	if cfg.IngestAddr != "" {
-		c, err := conns.Dial(cfg.IngestAddr)
-		if err != nil {
-			_ = rdb.Close()
-			return fmt.Errorf("ingest client: %w", err)
-		}
-		deps.History = peers.History{C: ingestv1.NewIngestServiceClient(c)}
+	deps, err := newDeps(cfg, rdb, conns, backstops, log)
+	if err != nil {
+		return err
 	}
 	svc := service.New(deps, service.Config{
 		Backstops:         backstops,
@@ -93,22 +84,18 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.
 	tel, err := telemetry.Setup(ctx, "agentplane-session")
 	if err != nil {
-		_ = rdb.Close()
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }() // a no-op after Serve flushed it
 	srv, err := grpcserver.New(grpcserver.Options{
 		Name: "session", Logger: log, Redis: rdb, Telemetry: tel,
-		Addr: cfg.GRPCAddr, Listener: h.listener, MetricsAddr: cfg.MetricsAddr,
+		Addr: cfg.GRPCAddr, Listener: ls.GRPC, MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
 	})
 	if err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	if err := deps.Metrics.Register(srv.Registry(), deps.Store.StateCounts); err != nil {
-		_ = rdb.Close()
-		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
 	sessionv1.RegisterSessionServiceServer(srv, grpcapi.NewSessionAPI(svc, log))
@@ -130,4 +117,35 @@ func run(ctx context.Context, cfg Config, h hooks) error {
 	cancel()
 	<-closed
 	return err
+}
+
+// newDeps is the service's store and its peers: the sandbox service through
+// the owner router, the credential and ingest services when configured.
+func newDeps(cfg Config, rdb redis.UniversalClient, conns *grpcclient.Conns, backstops session.Backstops, log *slog.Logger) (service.Deps, error) {
+	// Sandbox replicas are not interchangeable: each sandbox has one owner.
+	// The router sends each call to the owner the sandbox service names.
+	sbxConn, err := conns.Dial(cfg.SandboxAddr, peers.SandboxRouter(conns).DialOption())
+	if err != nil {
+		return service.Deps{}, fmt.Errorf("sandbox client: %w", err)
+	}
+	deps := service.Deps{
+		Store: store.New(rdb, int64(cfg.EventCap), backstops.NextDeadline), Watchers: store.NewWatchConns(rdb, cfg.WatchPoolSize), Logger: log,
+		Sandbox: peers.Sandbox{C: sandboxv1.NewSandboxServiceClient(sbxConn)},
+		Metrics: service.NewMetrics(),
+	}
+	if cfg.CredentialAddr != "" {
+		c, err := conns.Dial(cfg.CredentialAddr)
+		if err != nil {
+			return service.Deps{}, fmt.Errorf("credential client: %w", err)
+		}
+		deps.Credentials = peers.Credentials{C: credentialv1.NewCredentialServiceClient(c)}
+	}
+	if cfg.IngestAddr != "" {
+		c, err := conns.Dial(cfg.IngestAddr)
+		if err != nil {
+			return service.Deps{}, fmt.Errorf("ingest client: %w", err)
+		}
+		deps.History = peers.History{C: ingestv1.NewIngestServiceClient(c)}
+	}
+	return deps, nil
 }

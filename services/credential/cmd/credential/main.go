@@ -23,7 +23,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "credential:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := server.Run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "credential:", err)

@@ -40,7 +40,7 @@ func (s *Sandbox) CheckAgent(ctx context.Context, req *sandboxv1.CheckAgentReque
 	if err := v.err("invalid agent"); err != nil {
 		return nil, err
 	}
-	spec, err := s.D.ResolveAgent(req.GetAgent().GetProfile(), req.GetAgent().GetModel())
+	spec, err := s.Driver.ResolveAgent(req.GetAgent().GetProfile(), req.GetAgent().GetModel())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}

@@ -17,8 +17,8 @@ import (
 // Sandbox serves SandboxService.
 type Sandbox struct {
 	sandboxv1.UnimplementedSandboxServiceServer
-	D   *driver.Driver
-	Log *slog.Logger // internal errors are logged here (toStatus)
+	Driver *driver.Driver
+	Log    *slog.Logger // internal errors are logged here (toStatus)
 }
 
 var classNames = map[sandboxv1.CredentialClass]string{
@@ -43,7 +43,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	if err := v.err("invalid route"); err != nil {
 		return nil, err
 	}
-	view, err := s.D.Prepare(ctx, driver.RouteSpec{
+	view, err := s.Driver.Prepare(ctx, driver.RouteSpec{
 		SessionID: r.GetSessionId(), SandboxID: r.GetSandboxId(), Directory: r.GetDirectory(), RepoURL: r.GetRepoUrl(),
 		UserID: r.GetUserId(), OrgID: r.GetOrgId(), CredentialRef: r.GetCredentialRef(), CredentialClass: classNames[r.GetCredentialClass()],
 		Agent:   agentToStore(r.GetAgent()),
@@ -70,7 +70,7 @@ func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*
 	if err := v.err("invalid delivery"); err != nil {
 		return nil, err
 	}
-	sent, view, err := s.D.Deliver(ctx, req.GetSandboxId(), req.GetSessionId(), msgs)
+	sent, view, err := s.Driver.Deliver(ctx, req.GetSandboxId(), req.GetSessionId(), msgs)
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -89,7 +89,7 @@ func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sa
 	if err := v.err("invalid status request"); err != nil {
 		return nil, err
 	}
-	st, err := s.D.Status(ctx, req.GetSandboxId(), req.GetSessionId())
+	st, err := s.Driver.Status(ctx, req.GetSandboxId(), req.GetSessionId())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -122,7 +122,7 @@ func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sand
 	if err := v.err("invalid abort"); err != nil {
 		return nil, err
 	}
-	sent, err := s.D.Abort(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetMessageId())
+	sent, err := s.Driver.Abort(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetMessageId())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -142,7 +142,7 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 	if reason == "" {
 		reason = "session-release"
 	}
-	rel, err := s.D.ReleaseRoute(ctx, req.GetSandboxId(), req.GetSessionId(), reason)
+	rel, err := s.Driver.ReleaseRoute(ctx, req.GetSandboxId(), req.GetSessionId(), reason)
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -168,7 +168,7 @@ func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) 
 	if err := v.err("invalid scope request"); err != nil {
 		return nil, err
 	}
-	sc, err := s.D.Scope(ctx, req.GetSandboxId(), req.GetDirectory())
+	sc, err := s.Driver.Scope(ctx, req.GetSandboxId(), req.GetDirectory())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}

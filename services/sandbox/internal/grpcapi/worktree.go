@@ -16,7 +16,7 @@ func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeCh
 	if err := v.err("invalid worktree request"); err != nil {
 		return nil, err
 	}
-	ch, err := s.D.WorktreeChanges(ctx, req.GetSandboxId(), req.GetSessionId())
+	ch, err := s.Driver.WorktreeChanges(ctx, req.GetSandboxId(), req.GetSessionId())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -33,7 +33,7 @@ func (s *Sandbox) PushWorktree(ctx context.Context, req *sandboxv1.PushWorktreeR
 	if err := v.err("invalid push request"); err != nil {
 		return nil, err
 	}
-	p, err := s.D.PushWorktree(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetBranch(), req.GetCommitMessage())
+	p, err := s.Driver.PushWorktree(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetBranch(), req.GetCommitMessage())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
@@ -49,7 +49,7 @@ func (s *Sandbox) RotateHandle(ctx context.Context, req *sandboxv1.RotateHandleR
 	if err := v.err("invalid rotation request"); err != nil {
 		return nil, err
 	}
-	r, err := s.D.RotateHandle(ctx, req.GetSandboxId(), req.GetSessionId())
+	r, err := s.Driver.RotateHandle(ctx, req.GetSandboxId(), req.GetSessionId())
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}

@@ -18,8 +18,8 @@ const ConnectMethod = "/agentplane.sandbox.v1.WrapperControlService/Connect"
 // Wrapper serves WrapperControlService.
 type Wrapper struct {
 	sandboxv1.UnimplementedWrapperControlServiceServer
-	D   *driver.Driver
-	Log *slog.Logger // internal errors are logged here (toStatus)
+	Driver *driver.Driver
+	Log    *slog.Logger // internal errors are logged here (toStatus)
 }
 
 // Connect authenticates the wrapper's Hello, then relays frames both ways
@@ -36,7 +36,7 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 	if !validSandboxID(h.GetSandboxId()) {
 		return stream.Send(driver.Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "unknown sandbox"))
 	}
-	res, err := w.D.Hello(stream.Context(), h)
+	res, err := w.Driver.Hello(stream.Context(), h)
 	if err != nil {
 		return toStatus(stream.Context(), w.Log, err)
 	}
@@ -44,7 +44,7 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 		return stream.Send(res.Shutdown)
 	}
 	c := res.Conn
-	defer w.D.Disconnected(c)
+	defer w.Driver.Disconnected(c)
 	if err := stream.Send(res.Ack); err != nil {
 		return err
 	}
@@ -58,7 +58,7 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 				recvErr <- err
 				return
 			}
-			w.D.Frame(c, f)
+			w.Driver.Frame(c, f)
 		}
 	}()
 	for {

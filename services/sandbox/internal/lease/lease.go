@@ -244,6 +244,15 @@ func Apply(p Policy, l Lease, ev Event) Lease {
 			return l
 		}
 		return Lease{State: None, NextGeneration: l.NextGeneration, LastAttempt: l.LastAttempt}
+	case RequestStop, BeginStopAttempt, StopAbsent, StopNotConfirmed, AttemptExpired, CleanupExhausted:
+		return applyStop(p, l, ev)
+	}
+	return l
+}
+
+// applyStop applies the events of a stop: its request and its attempts.
+func applyStop(p Policy, l Lease, ev Event) Lease {
+	switch e := ev.(type) {
 	case RequestStop:
 		if l.State != None && l.State != OwnsWrapper {
 			return l

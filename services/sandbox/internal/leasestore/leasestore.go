@@ -4,6 +4,11 @@
 // tag, and every write is one pkg/fence guarded script that checks the
 // sandbox's fencing token and compares the previous value (so a writer that
 // read an older version, even under the same token, changes nothing).
+//
+// It is the reconciler's store; internal/store holds the rest of a
+// sandbox's state (routes, scopes, wrapper records, slots), written by the
+// driver. The two stay apart because a lease write compares its previous
+// value and a lease outlives the driver's view of its sandbox.
 package leasestore
 
 import (

@@ -1,4 +1,5 @@
-// Package store keeps sandbox state in Redis. Every key of a sandbox carries
+// Package store keeps the driver's sandbox state in Redis (the wrapper
+// leases are internal/leasestore's, the reconciler's store). Every key of a sandbox carries
 // the {sbx/<sandbox-id>} hash tag, the owner lease's fence resource
 // (ownership.Resource), so each write is one guarded script on one slot:
 // nothing is written unless the writer still holds the newest owner token.

@@ -1,0 +1,3 @@
+module agentplane.dev/tools/codecheck
+
+go 1.26.8
