@@ -19,15 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_Prepare_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/Prepare"
-	SandboxService_Deliver_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/Deliver"
-	SandboxService_Status_FullMethodName          = "/agentplane.sandbox.v1.SandboxService/Status"
-	SandboxService_Abort_FullMethodName           = "/agentplane.sandbox.v1.SandboxService/Abort"
-	SandboxService_ReleaseRoute_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
-	SandboxService_GetScope_FullMethodName        = "/agentplane.sandbox.v1.SandboxService/GetScope"
-	SandboxService_CheckAgent_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
-	SandboxService_WorktreeChanges_FullMethodName = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
-	SandboxService_PushWorktree_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
+	SandboxService_Prepare_FullMethodName            = "/agentplane.sandbox.v1.SandboxService/Prepare"
+	SandboxService_Deliver_FullMethodName            = "/agentplane.sandbox.v1.SandboxService/Deliver"
+	SandboxService_Status_FullMethodName             = "/agentplane.sandbox.v1.SandboxService/Status"
+	SandboxService_Abort_FullMethodName              = "/agentplane.sandbox.v1.SandboxService/Abort"
+	SandboxService_ReleaseRoute_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
+	SandboxService_GetScope_FullMethodName           = "/agentplane.sandbox.v1.SandboxService/GetScope"
+	SandboxService_CheckAgent_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
+	SandboxService_WorktreeChanges_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
+	SandboxService_PushWorktree_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
+	SandboxService_UpdateEgressPolicy_FullMethodName = "/agentplane.sandbox.v1.SandboxService/UpdateEgressPolicy"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -65,6 +66,10 @@ type SandboxServiceClient interface {
 	// PushWorktree asks the wrapper serving the route to commit and push its
 	// worktree. Bounded; the wrapper's failure comes back with its reason.
 	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
+	// UpdateEgressPolicy sets a route's egress policy. Fenced by the sandbox
+	// owner and versioned (an older version is ignored); when it returns, the
+	// egress proxy applies it to every new connection. Added.
+	UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -165,6 +170,16 @@ func (c *sandboxServiceClient) PushWorktree(ctx context.Context, in *PushWorktre
 	return out, nil
 }
 
+func (c *sandboxServiceClient) UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateEgressPolicyResponse)
+	err := c.cc.Invoke(ctx, SandboxService_UpdateEgressPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -200,6 +215,10 @@ type SandboxServiceServer interface {
 	// PushWorktree asks the wrapper serving the route to commit and push its
 	// worktree. Bounded; the wrapper's failure comes back with its reason.
 	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
+	// UpdateEgressPolicy sets a route's egress policy. Fenced by the sandbox
+	// owner and versioned (an older version is ignored); when it returns, the
+	// egress proxy applies it to every new connection. Added.
+	UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -236,6 +255,9 @@ func (UnimplementedSandboxServiceServer) WorktreeChanges(context.Context, *Workt
 }
 func (UnimplementedSandboxServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
+}
+func (UnimplementedSandboxServiceServer) UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateEgressPolicy not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -420,6 +442,24 @@ func _SandboxService_PushWorktree_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_UpdateEgressPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateEgressPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).UpdateEgressPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_UpdateEgressPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).UpdateEgressPolicy(ctx, req.(*UpdateEgressPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -462,6 +502,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PushWorktree",
 			Handler:    _SandboxService_PushWorktree_Handler,
+		},
+		{
+			MethodName: "UpdateEgressPolicy",
+			Handler:    _SandboxService_UpdateEgressPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
