@@ -17,7 +17,8 @@ import (
 
 // Limits of one policy.
 const (
-	DefaultMaxRules    = 256 // configurable per deployment (the session service's)
+	DefaultMaxRules    = 256  // configurable per deployment (the session service's)
+	MaxRulesCeiling    = 4096 // no deployment allows more (the sandbox's own check)
 	MaxPortsPerRule    = 16
 	MaxPrivateNetworks = 16
 	MaxHostLen         = 253

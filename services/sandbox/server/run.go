@@ -53,7 +53,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer bnd.close()
+	egr, err := listenEgress(bnd, cfg.ReplicaID)
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	defer egr.close()
 	wrapperCmd = append(wrapperCmd, bnd.wrapperFlags...)
+	wrapperCmd = append(wrapperCmd, egr.wrapperFlags...)
 	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
@@ -144,6 +151,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	registerMetrics(srv.Registry(), drv)
 	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
+		_ = rdb.Close()
+		_ = tel.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := egr.serve(cfg.Egress, drv, notifier, srv.Registry(), log.With("component", "egress")); err != nil {
 		_ = rdb.Close()
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return err

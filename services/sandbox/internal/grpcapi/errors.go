@@ -31,6 +31,7 @@ const (
 	ReasonUnavailable       = "SANDBOX_UNAVAILABLE"
 	ReasonContractDowngrade = "RUNTIME_CONTRACT_DOWNGRADE"
 	ReasonWorktreeUnavail   = "WORKTREE_UNAVAILABLE"
+	ReasonInvalidEgress     = "INVALID_EGRESS_POLICY"
 )
 
 // toStatus is the service's one error translator. A store outage is
