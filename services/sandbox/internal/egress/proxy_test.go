@@ -38,9 +38,13 @@ type rig struct {
 }
 
 func startRig(t *testing.T, lim egress.Limits, body string) (*rig, func(decision, reason string) float64) {
+	return startRigWith(t, lim, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { _, _ = io.WriteString(w, body+" "+req.Host) }))
+}
+
+// startRigWith is startRig with the servers' handler.
+func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(decision, reason string) float64) {
 	t.Helper()
 	r := &rig{}
-	h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { _, _ = io.WriteString(w, body+" "+req.Host) })
 	r.plain = httptest.NewServer(h)
 	r.tls = httptest.NewTLSServer(h)
 	t.Cleanup(r.plain.Close)
