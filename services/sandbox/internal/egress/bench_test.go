@@ -58,13 +58,13 @@ func BenchmarkEgressDownload(b *testing.B) {
 // connect latency.
 func BenchmarkEgressConnect(b *testing.B) {
 	r, _ := startRigWith(b, egress.Limits{MaxConns: 64, Idle: time.Minute}, http.NotFoundHandler())
-	target := "allowed.test:" + strconv.Itoa(int(port(r.tls)))
+	target := "allowed.test:" + strconv.Itoa(int(port(r.plain)))
 	for _, c := range []struct {
 		name string
 		dial func() net.Conn
 	}{
 		{"direct", func() net.Conn {
-			conn, err := net.Dial("tcp", r.tls.Listener.Addr().String())
+			conn, err := net.Dial("tcp", r.plain.Listener.Addr().String())
 			require.NoError(b, err)
 			return conn
 		}},

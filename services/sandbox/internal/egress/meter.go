@@ -97,7 +97,7 @@ func (m *meter) cut(reason string) {
 	}
 	closers := m.closers
 	m.mu.Unlock()
-	_ = m.Conn.Close()
+	_ = m.Close()
 	for _, c := range closers {
 		_ = c.Close()
 	}
