@@ -13,7 +13,6 @@ package egress
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"agentplane.dev/pkg/egresspolicy"
+	"agentplane.dev/services/sandbox/internal/relay"
 )
 
 // Decisions.
@@ -153,40 +153,7 @@ func New(cfg Config) *Proxy {
 
 // Serve accepts connections on ln until it is closed; it returns once every
 // connection it served has ended (closing ln closes them).
-func (p *Proxy) Serve(ln net.Listener) {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns = map[net.Conn]bool{}
-	)
-	defer func() {
-		mu.Lock()
-		for c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return
-		}
-		mu.Lock()
-		conns[c] = true
-		mu.Unlock()
-		wg.Go(func() {
-			p.handle(c)
-			mu.Lock()
-			delete(conns, c)
-			mu.Unlock()
-		})
-	}
-}
+func (p *Proxy) Serve(ln net.Listener) { relay.Accept(ln, p.handle) }
 
 func (p *Proxy) count(decision, reason string) {
 	if p.cfg.Decisions != nil {
