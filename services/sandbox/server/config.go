@@ -63,6 +63,8 @@ type Config struct {
 	SandboxUID    int    // SANDBOX_UID: host uid (and gid) sandboxes run as when the service is root; -1 keeps the service's
 	Rlimits       string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=4096,nproc=1024,as=68719476736
 	Deployment    string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
+	// Egress is the egress proxy's (server/egress.go).
+	Egress EgressConfig
 
 	// Agent profiles (internal/agents, docs/runtime-protocol.md).
 	AgentsDir    string // AGENTS_DIR: where `make agents` installed the pinned agents (holds node_modules); empty: no opencode/kilo
@@ -97,6 +99,7 @@ func DefaultConfig() Config {
 		Isolation:         boundary.ModeNamespaces,
 		SandboxUID:        65534, // nobody
 		Rlimits:           boundary.DefaultLimits.String(),
+		Egress:            DefaultEgressConfig(),
 	}
 }
 
@@ -138,11 +141,12 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Int(&c.SandboxUID, "SANDBOX_UID", c.SandboxUID, "host uid and gid sandboxes run as when the service runs as root; -1 keeps the service's")
 	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES")
 	l.String(&c.Deployment, "SANDBOX_DEPLOYMENT", c.Deployment, "deployment id in wrapper markers; empty: derived from the sandbox root")
+	c.Egress.Bind(l)
 }
 
 // Validate checks every setting and names the variable and flag of each bad one.
 func (c *Config) Validate() error {
-	errs := []error{c.Common.Validate()}
+	errs := []error{c.Common.Validate(), c.Egress.Validate()}
 	bad := func(name string, err error) { errs = append(errs, config.ErrorFor(name, err)) }
 	if !filepath.IsAbs(c.SandboxRoot) {
 		bad("SANDBOX_ROOT", errors.New("must be an absolute path"))

@@ -53,9 +53,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
-	// Serve closes Redis in its shutdown order; this covers every earlier
-	// return and is a no-op after Serve.
-	defer func() { _ = rdb.Close() }()
+	defer func() { _ = rdb.Close() }() // for every earlier return; Serve closes it in its shutdown order
 	wrapperCmd, err := cfg.wrapperCommand()
 	if err != nil {
 		return fmt.Errorf("wrapper command: %w", err)
@@ -68,7 +66,12 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		return err
 	}
 	defer bnd.close()
-	wrapperCmd = append(wrapperCmd, bnd.wrapperFlags...)
+	egr, err := listenEgress(bnd, cfg.ReplicaID)
+	if err != nil {
+		return err
+	}
+	defer egr.close()
+	wrapperCmd = append(append(wrapperCmd, bnd.wrapperFlags...), egr.wrapperFlags...)
 	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv)})
 	if err != nil {
@@ -104,12 +107,9 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
-	registerMetrics(srv.Registry(), drv)
-	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
+	if err := registerServices(srv, cfg, drv, notifier, egr, recMetrics, admissions, log); err != nil {
 		return err
 	}
-	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{Driver: drv, Log: log})
-	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{Driver: drv, Log: log})
 
 	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv) })
 	if bnd.controlLn != nil {
@@ -217,6 +217,22 @@ func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notif
 	if unsent := notifier.Drain(dctx); unsent > 0 {
 		log.Warn("notifications left unsent at shutdown", "count", unsent)
 	}
+}
+
+// registerServices puts the metrics, the egress proxy and the two gRPC
+// services on srv.
+func registerServices(srv *grpcserver.Server, cfg Config, drv *driver.Driver, notifier *notify.Notifier, egr *egressSetup,
+	recMetrics *reconciler.Metrics, admissions *prometheus.CounterVec, log *slog.Logger) error {
+	registerMetrics(srv.Registry(), drv)
+	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
+		return err
+	}
+	if err := egr.serve(cfg.Egress, drv, notifier, srv.Registry(), log.With("component", "egress")); err != nil {
+		return err
+	}
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{Driver: drv, Log: log})
+	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{Driver: drv, Log: log})
+	return nil
 }
 
 func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {

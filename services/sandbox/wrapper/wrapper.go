@@ -37,6 +37,7 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/boundary"
+	"agentplane.dev/services/sandbox/internal/egress"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/relay"
 	"agentplane.dev/services/sandbox/internal/runtimeproto"
@@ -102,8 +103,13 @@ type Options struct {
 	ProxyListen string
 	ProxyDir    string
 	OTLPDir     string
-	Contained   bool
-	Limits      boundary.Limits
+	// EgressListen is the loopback address of the egress proxy (the
+	// runtime's HTTP_PROXY and HTTPS_PROXY), relayed to a socket of
+	// EgressDir with this wrapper's preamble.
+	EgressListen string
+	EgressDir    string
+	Contained    bool
+	Limits       boundary.Limits
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -165,6 +171,8 @@ func parse(args []string) (Options, error) {
 		proxyLn   = fs.String("proxy-listen", "", "loopback address where the runtime reaches the credential proxy (relayed to --proxy-dir)")
 		proxyDir  = fs.String("proxy-dir", "", "directory of Unix sockets leading to the credential proxy")
 		otlpDir   = fs.String("otlp-dir", "", "directory of Unix sockets leading to the OTLP collector (behind the boundary)")
+		egressLn  = fs.String("egress-listen", "", "loopback address where the runtime reaches the egress proxy (relayed to --egress-dir)")
+		egressDir = fs.String("egress-dir", "", "directory of Unix sockets leading to the egress proxy")
 		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it")
 		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=4096,nproc=1024,as=68719476736")
 	)
@@ -176,6 +184,7 @@ func parse(args []string) (Options, error) {
 		WorkspaceRoot: *root, Capabilities: splitList(*caps), Heartbeat: *heartbeat, ReconnectWindow: *window,
 		RuntimeCommand: fs.Args(), Agent: agents.Scripted, MaxRepoBytes: *maxRepo,
 		ControlDir: *ctlDir, ProxyListen: *proxyLn, ProxyDir: *proxyDir, OTLPDir: *otlpDir, Contained: *contained,
+		EgressListen: *egressLn, EgressDir: *egressDir,
 	}
 	if *spec != "" {
 		s, err := agents.ParseSpec(*spec)
@@ -191,6 +200,9 @@ func parse(args []string) (Options, error) {
 	o.Limits = lim
 	if (o.ProxyListen == "") != (o.ProxyDir == "") {
 		return Options{}, errors.New("--proxy-listen and --proxy-dir go together")
+	}
+	if (o.EgressListen == "") != (o.EgressDir == "") {
+		return Options{}, errors.New("--egress-listen and --egress-dir go together")
 	}
 	gen, _ := strconv.ParseUint(os.Getenv(provider.EnvGeneration), 10, 64)
 	o.Markers = provider.Markers{
@@ -320,6 +332,20 @@ func Run(ctx context.Context, opts Options) int {
 		relayed := make(chan struct{})
 		go func() {
 			relay.Serve(ln, func() (net.Conn, error) { return relay.DialDir(opts.ProxyDir) })
+			close(relayed)
+		}()
+		defer func() { _ = ln.Close(); <-relayed }()
+	}
+	if opts.EgressListen != "" {
+		ln, err := net.Listen("tcp", opts.EgressListen)
+		if err != nil {
+			w.log.Error("cannot offer the egress proxy inside the sandbox", "addr", opts.EgressListen, "err", err)
+			return ExitUsage
+		}
+		id := egress.Identity{SandboxID: opts.Markers.SandboxID, Instance: opts.Markers.InstanceID, Credential: opts.Credential}
+		relayed := make(chan struct{})
+		go func() {
+			relay.Serve(ln, egress.Dialer(opts.EgressDir, id))
 			close(relayed)
 		}()
 		defer func() { _ = ln.Close(); <-relayed }()
@@ -618,9 +644,17 @@ func routeFailed(id, reason, detail string, retryable bool) *sandboxv1.ConnectRe
 
 // runtimeStarter picks the runtime driver: ACP for an ACP profile, JSON
 // lines (the scripted runtime) otherwise.
+// runtimeStarter starts the runtime; behind the boundary its environment
+// names the egress proxy (agents.EgressEnv), whatever the profile.
 func runtimeStarter(opts Options) runtimedriver.Starter {
-	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
-		return acp.Starter(acp.Config{Spec: opts.RuntimeSpec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger})
+	var env []string
+	if opts.EgressListen != "" {
+		env = agents.EgressEnv("http://"+opts.EgressListen, opts.ProxyListen)
 	}
-	return jsonl.Starter(opts.RuntimeCommand)
+	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
+		spec := opts.RuntimeSpec
+		spec.Env = append(slices.Clone(spec.Env), env...)
+		return acp.Starter(acp.Config{Spec: spec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger})
+	}
+	return jsonl.Starter(opts.RuntimeCommand, env...)
 }

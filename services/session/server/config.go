@@ -4,6 +4,7 @@
 package server
 
 import (
+	"agentplane.dev/pkg/egresspolicy"
 	"errors"
 	"flag"
 	"fmt"
@@ -35,6 +36,7 @@ type Config struct {
 	WatchPoolSize     int           // SESSION_WATCH_POOL_SIZE: Redis connections for WatchSession readers
 	WatchBlock        time.Duration // SESSION_WATCH_BLOCK
 	ReplicaID         string        // SESSION_REPLICA: this replica's name in leases
+	EgressMaxRules    int           // SESSION_EGRESS_MAX_RULES: rules of one session's egress policy
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
@@ -60,6 +62,7 @@ func DefaultConfig() Config {
 		WatchPoolSize:     1024,
 		WatchBlock:        5 * time.Second,
 		ReplicaID:         fmt.Sprintf("%s-%d", host, os.Getpid()),
+		EgressMaxRules:    egresspolicy.DefaultMaxRules,
 	}
 }
 
@@ -79,6 +82,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.DeleteBackoffMax, "SESSION_DELETE_BACKOFF_MAX", c.DeleteBackoffMax, "largest retry delay of a pending deletion")
 	l.Duration(&c.DeleteLeaseTTL, "SESSION_DELETE_LEASE_TTL", c.DeleteLeaseTTL, "lease of one deletion attempt")
 	l.Duration(&c.PeerTimeout, "SESSION_PEER_TIMEOUT", c.PeerTimeout, "bound on every call to a peer service")
+	l.Int(&c.EgressMaxRules, "SESSION_EGRESS_MAX_RULES", c.EgressMaxRules, "most rules of one session's egress policy (larger: INVALID_ARGUMENT)")
 	l.Int(&c.EventCap, "SESSION_EVENT_CAP", c.EventCap, "events kept per session (approximate trim)")
 	l.Int(&c.WatchPoolSize, "SESSION_WATCH_POOL_SIZE", c.WatchPoolSize, "Redis connections reserved for WatchSession readers")
 	l.Duration(&c.WatchBlock, "SESSION_WATCH_BLOCK", c.WatchBlock, "how long one WatchSession read blocks")
@@ -119,6 +123,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReplicaID == "" {
 		bad("SESSION_REPLICA", errors.New("required"))
+	}
+	if c.EgressMaxRules < 1 || c.EgressMaxRules > egresspolicy.MaxRulesCeiling {
+		bad("SESSION_EGRESS_MAX_RULES", fmt.Errorf("want 1 to %d", egresspolicy.MaxRulesCeiling))
 	}
 	return errors.Join(errs...)
 }

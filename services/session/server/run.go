@@ -79,6 +79,7 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 		PeerTimeout:       cfg.PeerTimeout,
 		WatchBlock:        cfg.WatchBlock,
 		Owner:             cfg.ReplicaID,
+		EgressMaxRules:    cfg.EgressMaxRules,
 		Now:               h.now,
 	})
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.

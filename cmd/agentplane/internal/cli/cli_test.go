@@ -209,3 +209,16 @@ func TestHandles(t *testing.T) {
 }
 
 var elapsedRE = regexp.MustCompile(`\(?\d+\.\ds\)?`)
+
+func TestEgressFlag(t *testing.T) {
+	e := &env{lookup: func(string) (string, bool) { return "", false }}
+	o := &sessionOptions{dir: "/repo", egress: "registry.npmjs.org,*.pypi.org:443,10.0.0.0/8"}
+	req, err := o.request(e)
+	require.NoError(t, err)
+	require.Equal(t, "registry.npmjs.org", req.GetEgress().GetAllow()[0].GetHost())
+	require.Equal(t, []uint32{443}, req.GetEgress().GetAllow()[1].GetPorts())
+	require.Equal(t, []string{"10.0.0.0/8"}, req.GetEgress().GetPrivateNetworks())
+	o.egress = "*"
+	_, err = o.request(e)
+	require.ErrorContains(t, err, "--egress")
+}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"agentplane.dev/pkg/egresspolicy"
 	"context"
 	"errors"
 	"flag"
@@ -21,7 +22,7 @@ import (
 
 // sessionOptions are the flags that describe a new session.
 type sessionOptions struct {
-	dir, repo, agent, user, org, sandbox, id string
+	dir, repo, agent, user, org, sandbox, id, egress string
 }
 
 func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
@@ -34,6 +35,7 @@ func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
 	fs.StringVar(&o.user, "user", user, "owning user id (env AGENTPLANE_USER, else $USER)")
 	fs.StringVar(&o.org, "org", e.env("AGENTPLANE_ORG", "dev"), "owning organization id (env AGENTPLANE_ORG)")
 	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox to run in (default: one per org and user)")
+	fs.StringVar(&o.egress, "egress", "", "egress allowlist of the session: host patterns with optional ports and private address ranges, comma separated (registry.npmjs.org,*.pypi.org:443,example.com:80|8080,10.0.0.0/8); default: deny (besides the deployment's default)")
 	if withID {
 		fs.StringVar(&o.id, "id", "", "session id to use (default: a new one); repeating a create with it is idempotent")
 	}
@@ -70,6 +72,16 @@ func (o *sessionOptions) request(e *env) (*sessionv1.CreateSessionRequest, error
 	}
 	if err := setAgent(req, o.agent); err != nil {
 		return nil, err
+	}
+	if o.egress != "" {
+		p, err := egresspolicy.ParseList(o.egress, egresspolicy.MaxRulesCeiling)
+		if err != nil {
+			return nil, fmt.Errorf("--egress: %w", err)
+		}
+		req.Egress = &sessionv1.EgressPolicy{PrivateNetworks: p.PrivateNetworks}
+		for _, r := range p.Allow {
+			req.Egress.Allow = append(req.Egress.Allow, &sessionv1.EgressRule{Host: r.Host, Ports: r.Ports})
+		}
 	}
 	return req, nil
 }

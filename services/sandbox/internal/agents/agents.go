@@ -185,6 +185,24 @@ func offline(prefix string, features ...string) []string {
 	return out
 }
 
+// EgressEnv is the environment that sends a runtime's outbound HTTP(S)
+// through the egress proxy at proxyURL: both spellings of each variable
+// (curl reads only the lower-case http_proxy; Node, Python, Go and git
+// read either), and NO_PROXY for the sandbox's own loopback, where the
+// credential proxy (credentialAddr) and the provider relay live.
+// NODE_USE_ENV_PROXY makes Node's built-in fetch honour them too.
+func EgressEnv(proxyURL, credentialAddr string) []string {
+	noProxy := "localhost,127.0.0.1,::1"
+	if credentialAddr != "" {
+		noProxy += "," + credentialAddr
+	}
+	var env []string
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY"} {
+		env = append(env, k+"="+proxyURL, strings.ToLower(k)+"="+proxyURL)
+	}
+	return append(env, "NO_PROXY="+noProxy, "no_proxy="+noProxy, "NODE_USE_ENV_PROXY=1")
+}
+
 // OpenCodeBinary and KiloBinary are where `make agents` (npm ci in
 // agents/) puts the pinned linux-x64 builds under dir.
 func OpenCodeBinary(dir string) string {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"agentplane.dev/pkg/egresspolicy"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
@@ -26,6 +27,8 @@ type RouteSpec struct {
 	Agent                                                                                   store.Agent
 	RepoRef, GitCredentialRef                                                               string
 	RepoDepth                                                                               uint32
+	Egress                                                                                  egresspolicy.Policy
+	EgressVersion                                                                           uint64
 }
 
 // Prepare is idempotent and returns at once with the current route view,
@@ -48,6 +51,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 		return store.Route{}, ErrDirectoryMoved
 	}
 	if r != nil && (r.State == store.RouteReady || r.State == store.RoutePreparing || r.State == store.RouteReconnecting) {
+		d.takeEgressLocked(sb, r, spec.Egress, spec.EgressVersion)
 		view := *r
 		driving := sb.driving[spec.SessionID]
 		sb.mu.Unlock()
@@ -66,6 +70,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, State: store.RoutePreparing, Step: "allocate",
 		Contract: sc.Contract, Agent: spec.Agent,
 		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, GitCredentialRef: spec.GitCredentialRef,
+		Egress: spec.Egress, EgressVersion: spec.EgressVersion,
 	}
 	sb.routes[spec.SessionID] = r
 	d.persistRoute(sb, r)

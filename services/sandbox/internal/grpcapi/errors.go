@@ -32,6 +32,7 @@ const (
 	ReasonContractDowngrade = "RUNTIME_CONTRACT_DOWNGRADE"
 	ReasonWorktreeUnavail   = "WORKTREE_UNAVAILABLE"
 	ReasonNotWorktree       = "SCOPE_NOT_WORKTREE"
+	ReasonInvalidEgress     = "INVALID_EGRESS_POLICY"
 )
 
 // toStatus is the service's one error translator. A store outage is

@@ -40,6 +40,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	checkAgent(&v, "route.agent", r.GetAgent())
 	v.check(len(r.GetGitCredentialRef()) <= 512, "route.git_credential_ref", "at most 512 bytes")
 	v.check(len(r.GetRepoRef()) <= 255, "route.repo_ref", "at most 255 bytes")
+	egress := checkEgress(&v, "route.egress", r.GetEgress())
 	if err := v.err("invalid route"); err != nil {
 		return nil, err
 	}
@@ -48,6 +49,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 		UserID: r.GetUserId(), OrgID: r.GetOrgId(), CredentialRef: r.GetCredentialRef(), CredentialClass: classNames[r.GetCredentialClass()],
 		Agent:   agentToStore(r.GetAgent()),
 		RepoRef: r.GetRepoRef(), RepoDepth: r.GetRepoDepth(), GitCredentialRef: r.GetGitCredentialRef(),
+		Egress: egress, EgressVersion: r.GetEgressVersion(),
 	})
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)

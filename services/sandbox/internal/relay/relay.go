@@ -21,6 +21,13 @@ import (
 // connection from dial. Closing ln ends the joined connections too; Serve
 // returns once they have.
 func Serve(ln net.Listener, dial func() (net.Conn, error)) {
+	Accept(ln, func(c net.Conn) { join(c, dial) })
+}
+
+// Accept accepts connections on ln until ln is closed and runs handle for
+// each on its own goroutine. Closing ln closes the connections still open;
+// Accept returns once every handle has.
+func Accept(ln net.Listener, handle func(net.Conn)) {
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -47,7 +54,7 @@ func Serve(ln net.Listener, dial func() (net.Conn, error)) {
 		open[c] = true
 		mu.Unlock()
 		wg.Go(func() {
-			join(c, dial)
+			handle(c)
 			mu.Lock()
 			delete(open, c)
 			mu.Unlock()

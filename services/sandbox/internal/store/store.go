@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/pkg/fence"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/ownership"
@@ -69,9 +70,13 @@ type Route struct {
 	// whose session the credential service still lists as a scope member:
 	// ReleaseMember is retried until it succeeds, and the route record
 	// (with this intent) is kept until then.
-	MemberReleasePending bool      `json:"member_release_pending,omitempty"`
-	Agent                Agent     `json:"agent,omitzero"`
-	Updated              time.Time `json:"updated"`
+	MemberReleasePending bool  `json:"member_release_pending,omitempty"`
+	Agent                Agent `json:"agent,omitzero"`
+	// Egress is the session's egress policy and EgressVersion its version
+	// (an older version never replaces a newer one).
+	Egress        egresspolicy.Policy `json:"egress,omitzero"`
+	EgressVersion uint64              `json:"egress_version,omitempty"`
+	Updated       time.Time           `json:"updated"`
 }
 
 // Agent is a route's agent: the resolved profile and model, and the tool

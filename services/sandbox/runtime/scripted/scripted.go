@@ -9,7 +9,9 @@
 // Message content steers a turn, so tests can exercise every path:
 // "fail: ..." ends the turn failed (tool_error), "slow: ..." waits for an
 // abort (or 30 s) before answering, "write: <path> <text>" writes the text
-// as a file of the worktree.
+// as a file of the worktree, "run: <argv...>" runs a command in the worktree
+// (whitespace-separated arguments, 30 s bound) the way an agent's shell
+// tool does and reports its exit code and output.
 package scripted
 
 import (
@@ -19,12 +21,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"go.opentelemetry.io/otel/propagation"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -235,6 +239,11 @@ func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
 		emit(runtimeproto.KindToolCall, "", "write_file", map[string]any{"path": path})
 		emit(runtimeproto.KindToolResult, "", "write_file", writeFile(rt.directory, path, content))
 	}
+	if rest, ok := strings.CutPrefix(m.Content, "run:"); ok {
+		argv := strings.Fields(rest)
+		emit(runtimeproto.KindToolCall, "", "run_command", map[string]any{"argv": strings.Join(argv, " ")})
+		emit(runtimeproto.KindToolResult, "", "run_command", runCommand(ctx, rt.directory, argv))
+	}
 
 	if strings.HasPrefix(m.Content, "slow:") {
 		select {
@@ -267,6 +276,36 @@ func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
 	}
 	emit(runtimeproto.KindStatus, "idle", "", nil)
 	outcome(runtimeproto.ResultSucceeded, "", fmt.Sprintf("answered %d characters", len(reply)))
+}
+
+// maxCommandOutput bounds the output a run_command result carries.
+const maxCommandOutput = 4 << 10
+
+// runCommand runs argv in dir and returns its exit code and combined
+// output (the last maxCommandOutput bytes).
+func runCommand(ctx context.Context, dir string, argv []string) map[string]any {
+	if len(argv) == 0 {
+		return map[string]any{"exit_code": float64(-1), "output": "no command"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if err != nil {
+		code = -1
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else {
+			out = append(out, err.Error()...)
+		}
+	}
+	if len(out) > maxCommandOutput {
+		out = out[len(out)-maxCommandOutput:]
+	}
+	return map[string]any{"exit_code": float64(code), "output": string(out)}
 }
 
 // callProvider calls the proxy's OpenAI-compatible route and returns a

@@ -24,18 +24,19 @@ type runtimeProc struct {
 	once   sync.Once
 }
 
-// Starter starts argv as a JSON-lines runtime.
-func Starter(argv []string) runtimedriver.Starter {
+// Starter starts argv as a JSON-lines runtime, with extra environment
+// (NAME=value, never a secret).
+func Starter(argv []string, extra ...string) runtimedriver.Starter {
 	return func(instance string, h runtimedriver.Hooks) (runtimedriver.Runtime, error) {
-		return start(argv, instance, h)
+		return start(argv, extra, instance, h)
 	}
 }
 
-func start(argv []string, instance string, h runtimedriver.Hooks) (*runtimeProc, error) {
+func start(argv, extra []string, instance string, h runtimedriver.Hooks) (*runtimeProc, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("no runtime command")
 	}
-	cmd := runtimedriver.Command(argv, instance, nil)
+	cmd := runtimedriver.Command(argv, instance, extra)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

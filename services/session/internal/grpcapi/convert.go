@@ -1,6 +1,7 @@
 package grpcapi
 
 import (
+	"agentplane.dev/pkg/egresspolicy"
 	"fmt"
 	"time"
 
@@ -78,7 +79,27 @@ func sessionToProto(s *session.Session) *sessionv1.Session {
 		CredentialClass: classToProto(s.CredentialClass), State: sessionStates[s.State],
 		Route: routeToProto(&s.Route), SandboxId: s.SandboxID,
 		CreateTime: ts(s.CreateTime), UpdateTime: ts(s.UpdateTime), Labels: s.Labels, Agent: agentToProto(s.Agent),
+		Egress: egressToProto(s.Egress), EgressVersion: s.EgressVersion,
 	}
+}
+
+func egressToProto(p egresspolicy.Policy) *sessionv1.EgressPolicy {
+	if p.Empty() {
+		return nil
+	}
+	out := &sessionv1.EgressPolicy{PrivateNetworks: p.PrivateNetworks}
+	for _, r := range p.Allow {
+		out.Allow = append(out.Allow, &sessionv1.EgressRule{Host: r.Host, Ports: r.Ports})
+	}
+	return out
+}
+
+func egressFromProto(p *sessionv1.EgressPolicy) egresspolicy.Policy {
+	out := egresspolicy.Policy{PrivateNetworks: p.GetPrivateNetworks()}
+	for _, r := range p.GetAllow() {
+		out.Allow = append(out.Allow, egresspolicy.Rule{Host: r.GetHost(), Ports: r.GetPorts()})
+	}
+	return out
 }
 
 func agentToProto(a session.Agent) *sessionv1.Agent {

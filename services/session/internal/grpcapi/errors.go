@@ -30,6 +30,7 @@ const (
 	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
 	ReasonNoRepository           = "NO_REPOSITORY"
+	ReasonEgressVersionConflict  = "EGRESS_VERSION_CONFLICT"
 )
 
 // toStatus is the service's one error translator. Internal errors are
@@ -91,6 +92,9 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.OutOfRange, ReasonCursorExpired,
 			"the cursor is older than the retained event log; events after it were trimmed",
 			apierr.FieldViolation("cursor", "older than the retained event log"), apierr.Metadata("oldest_cursor", expired.Oldest))
+	case errors.Is(err, session.ErrEgressVersionConflict):
+		return apierr.Error(codes.Aborted, ReasonEgressVersionConflict, "the egress policy changed since expected_version; read the session and try again",
+			apierr.FieldViolation("expected_version", "not the current egress_version"))
 	case errors.Is(err, session.ErrAgentUnavailable):
 		return apierr.Error(codes.InvalidArgument, ReasonAgentUnavailable, err.Error(),
 			apierr.FieldViolation("agent.profile", "not an agent profile the sandbox service has installed"))

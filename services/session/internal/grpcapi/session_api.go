@@ -37,6 +37,7 @@ func (a *SessionAPI) CreateSession(ctx context.Context, r *sessionv1.CreateSessi
 		Agent:   session.Agent{Profile: r.GetAgent().GetProfile(), Model: r.GetAgent().GetModel(), RejectToolKinds: r.GetAgent().GetRejectToolKinds()},
 		RepoRef: r.GetWorktree().GetRef(), RepoDepth: r.GetWorktree().GetDepth(),
 		GitToken: r.GetGitCredential().GetToken(), GitUsername: r.GetGitCredential().GetUsername(),
+		Egress: egressFromProto(r.GetEgress()),
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)

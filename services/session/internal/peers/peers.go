@@ -4,6 +4,7 @@
 package peers
 
 import (
+	"agentplane.dev/pkg/egresspolicy"
 	"context"
 	"errors"
 	"fmt"
@@ -60,7 +61,26 @@ func routeSpec(s *session.Session) *sandboxv1.RouteSpec {
 		UserId: s.UserID, OrgId: s.OrgID, CredentialRef: s.CredentialRef, CredentialClass: class,
 		Agent:   agentProto(s.Agent),
 		RepoRef: s.RepoRef, RepoDepth: s.RepoDepth, GitCredentialRef: s.GitCredentialRef,
+		Egress: egressProto(s.Egress), EgressVersion: s.EgressVersion,
 	}
+}
+
+func egressProto(p egresspolicy.Policy) *sandboxv1.EgressPolicy {
+	if p.Empty() {
+		return nil
+	}
+	out := &sandboxv1.EgressPolicy{PrivateNetworks: p.PrivateNetworks}
+	for _, r := range p.Allow {
+		out.Allow = append(out.Allow, &sandboxv1.EgressRule{Host: r.Host, Ports: r.Ports})
+	}
+	return out
+}
+
+// UpdateEgress sends the session's egress policy to its sandbox.
+func (p Sandbox) UpdateEgress(ctx context.Context, s *session.Session) error {
+	_, err := p.C.UpdateEgressPolicy(ctx, &sandboxv1.UpdateEgressPolicyRequest{
+		SessionId: s.ID, SandboxId: s.SandboxID, Egress: egressProto(s.Egress), Version: s.EgressVersion})
+	return err
 }
 
 func agentProto(a session.Agent) *sandboxv1.Agent {

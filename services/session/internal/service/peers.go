@@ -24,6 +24,10 @@ type Sandbox interface {
 	WorktreeChanges(ctx context.Context, s *session.Session) (*session.WorktreeChanges, error)
 	// PushWorktree commits and pushes the session's worktree to branch.
 	PushWorktree(ctx context.Context, s *session.Session, branch, message string) (Pushed, error)
+	// UpdateEgress hands the session's current egress policy and version
+	// to the sandbox service; once it returns, the sandbox's egress proxy
+	// applies it to every new connection.
+	UpdateEgress(ctx context.Context, s *session.Session) error
 }
 
 // Pushed is what PushWorktree pushed.

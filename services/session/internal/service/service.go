@@ -5,6 +5,7 @@
 package service
 
 import (
+	"agentplane.dev/pkg/egresspolicy"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -31,6 +32,7 @@ type Config struct {
 	PeerTimeout       time.Duration // bound on every peer call
 	WatchBlock        time.Duration // XREAD BLOCK per round of a watcher
 	Owner             string        // this replica's name in leases
+	EgressMaxRules    int           // rules of one egress policy; ≤ 0: egresspolicy.DefaultMaxRules
 	Now               func() time.Time
 }
 
@@ -153,6 +155,7 @@ type CreateInput struct {
 	RepoDepth          uint32
 	GitToken           string // optional; write-only
 	GitUsername        string
+	Egress             egresspolicy.Policy
 }
 
 func newID() string {
@@ -183,6 +186,9 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 			return session.ErrSessionConflict
 		}
 		return nil
+	}
+	if err := session.Invalid(session.CheckEgress("egress", in.Egress, s.cfg.EgressMaxRules)); err != nil {
+		return nil, err
 	}
 	if old, err := s.store.Get(ctx, in.ID); err == nil {
 		if err := same(old); err != nil {
@@ -227,6 +233,7 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		CredentialClass: in.Class, CredentialRef: ref, SecretDigest: digest, SandboxID: in.SandboxID,
 		State: session.StateActive, Labels: in.Labels, Agent: in.Agent,
 		RepoRef: in.RepoRef, RepoDepth: in.RepoDepth, GitCredentialRef: gitRef, GitSecretDigest: gitDigest,
+		Egress: in.Egress, EgressVersion: 1,
 		Route:      session.RouteView{State: session.RouteUnknown, SandboxID: in.SandboxID, UpdateTime: now},
 		CreateTime: now, UpdateTime: now,
 	}

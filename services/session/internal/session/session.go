@@ -6,6 +6,7 @@
 package session
 
 import (
+	"agentplane.dev/pkg/egresspolicy"
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
@@ -111,9 +112,13 @@ type Session struct {
 	RuntimeSessionIDs []string          `json:"runtime_session_ids,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
 	Agent             Agent             `json:"agent,omitzero"`
-	LastSeq           uint64            `json:"last_seq"`
-	CreateTime        time.Time         `json:"create_time"`
-	UpdateTime        time.Time         `json:"update_time"`
+	// Egress is the session's egress policy; EgressVersion counts its
+	// changes (1 at creation).
+	Egress        egresspolicy.Policy `json:"egress,omitzero"`
+	EgressVersion uint64              `json:"egress_version,omitempty"`
+	LastSeq       uint64              `json:"last_seq"`
+	CreateTime    time.Time           `json:"create_time"`
+	UpdateTime    time.Time           `json:"update_time"`
 }
 
 // recordRuntimeSession remembers a runtime session id of the route; it

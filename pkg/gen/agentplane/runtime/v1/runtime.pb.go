@@ -41,6 +41,9 @@ const (
 	RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT RuntimeEventKind = 5
 	// A change of the runtime's own status (busy, idle, ...).
 	RuntimeEventKind_RUNTIME_EVENT_KIND_STATUS RuntimeEventKind = 6
+	// An egress decision of the sandbox's egress proxy (data: host, port,
+	// decision, reason, bytes_up, bytes_down). Added.
+	RuntimeEventKind_RUNTIME_EVENT_KIND_EGRESS RuntimeEventKind = 7
 )
 
 // Enum value maps for RuntimeEventKind.
@@ -53,6 +56,7 @@ var (
 		4: "RUNTIME_EVENT_KIND_TOOL_CALL",
 		5: "RUNTIME_EVENT_KIND_TOOL_RESULT",
 		6: "RUNTIME_EVENT_KIND_STATUS",
+		7: "RUNTIME_EVENT_KIND_EGRESS",
 	}
 	RuntimeEventKind_value = map[string]int32{
 		"RUNTIME_EVENT_KIND_UNSPECIFIED":   0,
@@ -62,6 +66,7 @@ var (
 		"RUNTIME_EVENT_KIND_TOOL_CALL":     4,
 		"RUNTIME_EVENT_KIND_TOOL_RESULT":   5,
 		"RUNTIME_EVENT_KIND_STATUS":        6,
+		"RUNTIME_EVENT_KIND_EGRESS":        7,
 	}
 )
 
@@ -656,7 +661,7 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x0ediff_truncated\x18\x03 \x01(\bR\rdiffTruncated\x12\x1f\n" +
 	"\vhead_commit\x18\x04 \x01(\tR\n" +
 	"headCommit\x12.\n" +
-	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time*\x82\x02\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time*\xa1\x02\n" +
 	"\x10RuntimeEventKind\x12\"\n" +
 	"\x1eRUNTIME_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bRUNTIME_EVENT_KIND_PROGRESS\x10\x01\x12$\n" +
@@ -664,7 +669,8 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x1aRUNTIME_EVENT_KIND_MESSAGE\x10\x03\x12 \n" +
 	"\x1cRUNTIME_EVENT_KIND_TOOL_CALL\x10\x04\x12\"\n" +
 	"\x1eRUNTIME_EVENT_KIND_TOOL_RESULT\x10\x05\x12\x1d\n" +
-	"\x19RUNTIME_EVENT_KIND_STATUS\x10\x06*w\n" +
+	"\x19RUNTIME_EVENT_KIND_STATUS\x10\x06\x12\x1d\n" +
+	"\x19RUNTIME_EVENT_KIND_EGRESS\x10\a*w\n" +
 	"\n" +
 	"TurnResult\x12\x1b\n" +
 	"\x17TURN_RESULT_UNSPECIFIED\x10\x00\x12\x19\n" +

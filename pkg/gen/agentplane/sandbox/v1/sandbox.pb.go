@@ -358,8 +358,13 @@ type RouteSpec struct {
 	// Reference of the session's git credential in the credential service
 	// (empty: git without credentials). Added.
 	GitCredentialRef string `protobuf:"bytes,12,opt,name=git_credential_ref,json=gitCredentialRef,proto3" json:"git_credential_ref,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The session's egress policy (empty: the deployment's default only).
+	// Added.
+	Egress *EgressPolicy `protobuf:"bytes,13,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Its version; an older version never replaces a newer one. Added.
+	EgressVersion uint64 `protobuf:"varint,14,opt,name=egress_version,json=egressVersion,proto3" json:"egress_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteSpec) Reset() {
@@ -476,6 +481,130 @@ func (x *RouteSpec) GetGitCredentialRef() string {
 	return ""
 }
 
+func (x *RouteSpec) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *RouteSpec) GetEgressVersion() uint64 {
+	if x != nil {
+		return x.EgressVersion
+	}
+	return 0
+}
+
+// EgressPolicy is a session's egress allowlist (see the session API). Added.
+type EgressPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Allowed destinations.
+	Allow []*EgressRule `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	// Private address ranges allowed names may resolve to.
+	PrivateNetworks []string `protobuf:"bytes,2,rep,name=private_networks,json=privateNetworks,proto3" json:"private_networks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EgressPolicy) GetAllow() []*EgressRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetPrivateNetworks() []string {
+	if x != nil {
+		return x.PrivateNetworks
+	}
+	return nil
+}
+
+// EgressRule allows one name or wildcard suffix on some ports. Added.
+type EgressRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exact name or "*.suffix".
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// Ports; empty: 80 and 443.
+	Ports         []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRule) Reset() {
+	*x = EgressRule{}
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRule) ProtoMessage() {}
+
+func (x *EgressRule) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
+func (*EgressRule) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EgressRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressRule) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 // Agent names the coding agent of a route: a configured profile of the
 // sandbox service, the model, and the permission policy.
 type Agent struct {
@@ -492,7 +621,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +633,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +646,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Agent) GetProfile() string {
@@ -575,7 +704,7 @@ type RouteView struct {
 
 func (x *RouteView) Reset() {
 	*x = RouteView{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +716,7 @@ func (x *RouteView) String() string {
 func (*RouteView) ProtoMessage() {}
 
 func (x *RouteView) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +729,7 @@ func (x *RouteView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteView.ProtoReflect.Descriptor instead.
 func (*RouteView) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RouteView) GetSessionId() string {
@@ -708,7 +837,7 @@ type RuntimeKeyStatus struct {
 
 func (x *RuntimeKeyStatus) Reset() {
 	*x = RuntimeKeyStatus{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +849,7 @@ func (x *RuntimeKeyStatus) String() string {
 func (*RuntimeKeyStatus) ProtoMessage() {}
 
 func (x *RuntimeKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +862,7 @@ func (x *RuntimeKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeKeyStatus.ProtoReflect.Descriptor instead.
 func (*RuntimeKeyStatus) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RuntimeKeyStatus) GetRuntimeKey() string {
@@ -799,7 +928,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -811,7 +940,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -824,7 +953,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SandboxStatus) GetSandboxId() string {
@@ -888,7 +1017,7 @@ type WorktreeScope struct {
 
 func (x *WorktreeScope) Reset() {
 	*x = WorktreeScope{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1029,7 @@ func (x *WorktreeScope) String() string {
 func (*WorktreeScope) ProtoMessage() {}
 
 func (x *WorktreeScope) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1042,7 @@ func (x *WorktreeScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeScope.ProtoReflect.Descriptor instead.
 func (*WorktreeScope) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WorktreeScope) GetSandboxId() string {
@@ -964,7 +1093,7 @@ type ScopeMember struct {
 
 func (x *ScopeMember) Reset() {
 	*x = ScopeMember{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1105,7 @@ func (x *ScopeMember) String() string {
 func (*ScopeMember) ProtoMessage() {}
 
 func (x *ScopeMember) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1118,7 @@ func (x *ScopeMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeMember.ProtoReflect.Descriptor instead.
 func (*ScopeMember) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ScopeMember) GetSessionId() string {
@@ -1019,7 +1148,7 @@ type DeliveryMessage struct {
 
 func (x *DeliveryMessage) Reset() {
 	*x = DeliveryMessage{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1160,7 @@ func (x *DeliveryMessage) String() string {
 func (*DeliveryMessage) ProtoMessage() {}
 
 func (x *DeliveryMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1173,7 @@ func (x *DeliveryMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryMessage.ProtoReflect.Descriptor instead.
 func (*DeliveryMessage) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeliveryMessage) GetMessageId() string {
@@ -1065,7 +1194,7 @@ var File_agentplane_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x03\n" +
+	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x04\n" +
 	"\tRouteSpec\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1082,7 +1211,16 @@ const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	" \x01(\tR\arepoRef\x12\x1d\n" +
 	"\n" +
 	"repo_depth\x18\v \x01(\rR\trepoDepth\x12,\n" +
-	"\x12git_credential_ref\x18\f \x01(\tR\x10gitCredentialRef\"c\n" +
+	"\x12git_credential_ref\x18\f \x01(\tR\x10gitCredentialRef\x12;\n" +
+	"\x06egress\x18\r \x01(\v2#.agentplane.sandbox.v1.EgressPolicyR\x06egress\x12%\n" +
+	"\x0eegress_version\x18\x0e \x01(\x04R\regressVersion\"r\n" +
+	"\fEgressPolicy\x127\n" +
+	"\x05allow\x18\x01 \x03(\v2!.agentplane.sandbox.v1.EgressRuleR\x05allow\x12)\n" +
+	"\x10private_networks\x18\x02 \x03(\tR\x0fprivateNetworks\"6\n" +
+	"\n" +
+	"EgressRule\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x14\n" +
+	"\x05ports\x18\x02 \x03(\rR\x05ports\"c\n" +
 	"\x05Agent\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12*\n" +
@@ -1184,7 +1322,7 @@ func file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agentplane_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_agentplane_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_agentplane_sandbox_v1_sandbox_proto_goTypes = []any{
 	(RuntimeContract)(0),          // 0: agentplane.sandbox.v1.RuntimeContract
 	(CredentialClass)(0),          // 1: agentplane.sandbox.v1.CredentialClass
@@ -1192,33 +1330,37 @@ var file_agentplane_sandbox_v1_sandbox_proto_goTypes = []any{
 	(AllocationState)(0),          // 3: agentplane.sandbox.v1.AllocationState
 	(LeaseState)(0),               // 4: agentplane.sandbox.v1.LeaseState
 	(*RouteSpec)(nil),             // 5: agentplane.sandbox.v1.RouteSpec
-	(*Agent)(nil),                 // 6: agentplane.sandbox.v1.Agent
-	(*RouteView)(nil),             // 7: agentplane.sandbox.v1.RouteView
-	(*RuntimeKeyStatus)(nil),      // 8: agentplane.sandbox.v1.RuntimeKeyStatus
-	(*SandboxStatus)(nil),         // 9: agentplane.sandbox.v1.SandboxStatus
-	(*WorktreeScope)(nil),         // 10: agentplane.sandbox.v1.WorktreeScope
-	(*ScopeMember)(nil),           // 11: agentplane.sandbox.v1.ScopeMember
-	(*DeliveryMessage)(nil),       // 12: agentplane.sandbox.v1.DeliveryMessage
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*EgressPolicy)(nil),          // 6: agentplane.sandbox.v1.EgressPolicy
+	(*EgressRule)(nil),            // 7: agentplane.sandbox.v1.EgressRule
+	(*Agent)(nil),                 // 8: agentplane.sandbox.v1.Agent
+	(*RouteView)(nil),             // 9: agentplane.sandbox.v1.RouteView
+	(*RuntimeKeyStatus)(nil),      // 10: agentplane.sandbox.v1.RuntimeKeyStatus
+	(*SandboxStatus)(nil),         // 11: agentplane.sandbox.v1.SandboxStatus
+	(*WorktreeScope)(nil),         // 12: agentplane.sandbox.v1.WorktreeScope
+	(*ScopeMember)(nil),           // 13: agentplane.sandbox.v1.ScopeMember
+	(*DeliveryMessage)(nil),       // 14: agentplane.sandbox.v1.DeliveryMessage
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	1,  // 0: agentplane.sandbox.v1.RouteSpec.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
-	6,  // 1: agentplane.sandbox.v1.RouteSpec.agent:type_name -> agentplane.sandbox.v1.Agent
-	2,  // 2: agentplane.sandbox.v1.RouteView.state:type_name -> agentplane.sandbox.v1.RouteState
-	0,  // 3: agentplane.sandbox.v1.RouteView.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	13, // 4: agentplane.sandbox.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 5: agentplane.sandbox.v1.RouteView.agent:type_name -> agentplane.sandbox.v1.Agent
-	4,  // 6: agentplane.sandbox.v1.RuntimeKeyStatus.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	3,  // 7: agentplane.sandbox.v1.SandboxStatus.allocation_state:type_name -> agentplane.sandbox.v1.AllocationState
-	8,  // 8: agentplane.sandbox.v1.SandboxStatus.runtime_keys:type_name -> agentplane.sandbox.v1.RuntimeKeyStatus
-	0,  // 9: agentplane.sandbox.v1.WorktreeScope.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	1,  // 10: agentplane.sandbox.v1.WorktreeScope.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
-	11, // 11: agentplane.sandbox.v1.WorktreeScope.members:type_name -> agentplane.sandbox.v1.ScopeMember
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	8,  // 1: agentplane.sandbox.v1.RouteSpec.agent:type_name -> agentplane.sandbox.v1.Agent
+	6,  // 2: agentplane.sandbox.v1.RouteSpec.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
+	7,  // 3: agentplane.sandbox.v1.EgressPolicy.allow:type_name -> agentplane.sandbox.v1.EgressRule
+	2,  // 4: agentplane.sandbox.v1.RouteView.state:type_name -> agentplane.sandbox.v1.RouteState
+	0,  // 5: agentplane.sandbox.v1.RouteView.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	15, // 6: agentplane.sandbox.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	8,  // 7: agentplane.sandbox.v1.RouteView.agent:type_name -> agentplane.sandbox.v1.Agent
+	4,  // 8: agentplane.sandbox.v1.RuntimeKeyStatus.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	3,  // 9: agentplane.sandbox.v1.SandboxStatus.allocation_state:type_name -> agentplane.sandbox.v1.AllocationState
+	10, // 10: agentplane.sandbox.v1.SandboxStatus.runtime_keys:type_name -> agentplane.sandbox.v1.RuntimeKeyStatus
+	0,  // 11: agentplane.sandbox.v1.WorktreeScope.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	1,  // 12: agentplane.sandbox.v1.WorktreeScope.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
+	13, // 13: agentplane.sandbox.v1.WorktreeScope.members:type_name -> agentplane.sandbox.v1.ScopeMember
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_proto_init() }
@@ -1232,7 +1374,7 @@ func file_agentplane_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

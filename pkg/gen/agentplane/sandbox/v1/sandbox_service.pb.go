@@ -77,6 +77,126 @@ func (DeliveryResult) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
 }
 
+// UpdateEgressPolicyRequest carries a session's new egress policy.
+type UpdateEgressPolicyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The policy.
+	Egress *EgressPolicy `protobuf:"bytes,3,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Its version (the session's egress_version).
+	Version       uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateEgressPolicyRequest) Reset() {
+	*x = UpdateEgressPolicyRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateEgressPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateEgressPolicyRequest) ProtoMessage() {}
+
+func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
+func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UpdateEgressPolicyRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *UpdateEgressPolicyRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *UpdateEgressPolicyRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *UpdateEgressPolicyRequest) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+// UpdateEgressPolicyResponse reports whether the route took the policy.
+type UpdateEgressPolicyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the sandbox has no route for the session yet (Prepare
+	// carries the policy) or already holds a newer version.
+	Applied       bool `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateEgressPolicyResponse) Reset() {
+	*x = UpdateEgressPolicyResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateEgressPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateEgressPolicyResponse) ProtoMessage() {}
+
+func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
+func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UpdateEgressPolicyResponse) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
 // CheckAgentRequest names an agent.
 type CheckAgentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -88,7 +208,7 @@ type CheckAgentRequest struct {
 
 func (x *CheckAgentRequest) Reset() {
 	*x = CheckAgentRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -100,7 +220,7 @@ func (x *CheckAgentRequest) String() string {
 func (*CheckAgentRequest) ProtoMessage() {}
 
 func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -113,7 +233,7 @@ func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentRequest.ProtoReflect.Descriptor instead.
 func (*CheckAgentRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CheckAgentRequest) GetAgent() *Agent {
@@ -136,7 +256,7 @@ type CheckAgentResponse struct {
 
 func (x *CheckAgentResponse) Reset() {
 	*x = CheckAgentResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -148,7 +268,7 @@ func (x *CheckAgentResponse) String() string {
 func (*CheckAgentResponse) ProtoMessage() {}
 
 func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -161,7 +281,7 @@ func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentResponse.ProtoReflect.Descriptor instead.
 func (*CheckAgentResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CheckAgentResponse) GetAgent() *Agent {
@@ -189,7 +309,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +321,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +334,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PrepareRequest) GetRoute() *RouteSpec {
@@ -235,7 +355,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +367,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +380,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PrepareResponse) GetRoute() *RouteView {
@@ -285,7 +405,7 @@ type DeliverRequest struct {
 
 func (x *DeliverRequest) Reset() {
 	*x = DeliverRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +417,7 @@ func (x *DeliverRequest) String() string {
 func (*DeliverRequest) ProtoMessage() {}
 
 func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +430,7 @@ func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
 func (*DeliverRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeliverRequest) GetSessionId() string {
@@ -347,7 +467,7 @@ type DeliverResponse struct {
 
 func (x *DeliverResponse) Reset() {
 	*x = DeliverResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +479,7 @@ func (x *DeliverResponse) String() string {
 func (*DeliverResponse) ProtoMessage() {}
 
 func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +492,7 @@ func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
 func (*DeliverResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeliverResponse) GetResult() DeliveryResult {
@@ -402,7 +522,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +534,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,7 +547,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatusRequest) GetSandboxId() string {
@@ -457,7 +577,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +589,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +602,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StatusResponse) GetSandbox() *SandboxStatus {
@@ -514,7 +634,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +646,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +659,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AbortRequest) GetSessionId() string {
@@ -574,7 +694,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +706,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +719,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AbortResponse) GetSent() bool {
@@ -624,7 +744,7 @@ type ReleaseRouteRequest struct {
 
 func (x *ReleaseRouteRequest) Reset() {
 	*x = ReleaseRouteRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +756,7 @@ func (x *ReleaseRouteRequest) String() string {
 func (*ReleaseRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +769,7 @@ func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseRouteRequest) GetSessionId() string {
@@ -691,7 +811,7 @@ type ReleaseRouteResponse struct {
 
 func (x *ReleaseRouteResponse) Reset() {
 	*x = ReleaseRouteResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +823,7 @@ func (x *ReleaseRouteResponse) String() string {
 func (*ReleaseRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +836,7 @@ func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseRouteResponse) GetLastMember() bool {
@@ -760,7 +880,7 @@ type GetScopeRequest struct {
 
 func (x *GetScopeRequest) Reset() {
 	*x = GetScopeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +892,7 @@ func (x *GetScopeRequest) String() string {
 func (*GetScopeRequest) ProtoMessage() {}
 
 func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +905,7 @@ func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeRequest.ProtoReflect.Descriptor instead.
 func (*GetScopeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetScopeRequest) GetSandboxId() string {
@@ -813,7 +933,7 @@ type GetScopeResponse struct {
 
 func (x *GetScopeResponse) Reset() {
 	*x = GetScopeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +945,7 @@ func (x *GetScopeResponse) String() string {
 func (*GetScopeResponse) ProtoMessage() {}
 
 func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +958,7 @@ func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeResponse.ProtoReflect.Descriptor instead.
 func (*GetScopeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetScopeResponse) GetScope() *WorktreeScope {
@@ -861,7 +981,7 @@ type WorktreeChangesRequest struct {
 
 func (x *WorktreeChangesRequest) Reset() {
 	*x = WorktreeChangesRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +993,7 @@ func (x *WorktreeChangesRequest) String() string {
 func (*WorktreeChangesRequest) ProtoMessage() {}
 
 func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +1006,7 @@ func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorktreeChangesRequest) GetSessionId() string {
@@ -914,7 +1034,7 @@ type WorktreeChangesResponse struct {
 
 func (x *WorktreeChangesResponse) Reset() {
 	*x = WorktreeChangesResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1046,7 @@ func (x *WorktreeChangesResponse) String() string {
 func (*WorktreeChangesResponse) ProtoMessage() {}
 
 func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1059,7 @@ func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -966,7 +1086,7 @@ type PushWorktreeRequest struct {
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1098,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1111,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1035,7 +1155,7 @@ type RotateHandleRequest struct {
 
 func (x *RotateHandleRequest) Reset() {
 	*x = RotateHandleRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1167,7 @@ func (x *RotateHandleRequest) String() string {
 func (*RotateHandleRequest) ProtoMessage() {}
 
 func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1180,7 @@ func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleRequest.ProtoReflect.Descriptor instead.
 func (*RotateHandleRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RotateHandleRequest) GetSessionId() string {
@@ -1091,7 +1211,7 @@ type RotateHandleResponse struct {
 
 func (x *RotateHandleResponse) Reset() {
 	*x = RotateHandleResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1223,7 @@ func (x *RotateHandleResponse) String() string {
 func (*RotateHandleResponse) ProtoMessage() {}
 
 func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1236,7 @@ func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleResponse.ProtoReflect.Descriptor instead.
 func (*RotateHandleResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RotateHandleResponse) GetSessionIds() []string {
@@ -1148,7 +1268,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1280,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1293,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1201,7 +1321,16 @@ var File_agentplane_sandbox_v1_sandbox_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n" +
+	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n" +
+	"\x19UpdateEgressPolicyRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12;\n" +
+	"\x06egress\x18\x03 \x01(\v2#.agentplane.sandbox.v1.EgressPolicyR\x06egress\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"6\n" +
+	"\x1aUpdateEgressPolicyResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\bR\aapplied\"G\n" +
 	"\x11CheckAgentRequest\x122\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"d\n" +
 	"\x12CheckAgentResponse\x122\n" +
@@ -1287,7 +1416,7 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xdc\a\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xd7\b\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
@@ -1299,7 +1428,8 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"CheckAgent\x12(.agentplane.sandbox.v1.CheckAgentRequest\x1a).agentplane.sandbox.v1.CheckAgentResponse\x12p\n" +
 	"\x0fWorktreeChanges\x12-.agentplane.sandbox.v1.WorktreeChangesRequest\x1a..agentplane.sandbox.v1.WorktreeChangesResponse\x12g\n" +
 	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponse\x12g\n" +
-	"\fRotateHandle\x12*.agentplane.sandbox.v1.RotateHandleRequest\x1a+.agentplane.sandbox.v1.RotateHandleResponseB\xde\x01\n" +
+	"\fRotateHandle\x12*.agentplane.sandbox.v1.RotateHandleRequest\x1a+.agentplane.sandbox.v1.RotateHandleResponse\x12y\n" +
+	"\x12UpdateEgressPolicy\x120.agentplane.sandbox.v1.UpdateEgressPolicyRequest\x1a1.agentplane.sandbox.v1.UpdateEgressPolicyResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -1315,80 +1445,86 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
-	(DeliveryResult)(0),             // 0: agentplane.sandbox.v1.DeliveryResult
-	(*CheckAgentRequest)(nil),       // 1: agentplane.sandbox.v1.CheckAgentRequest
-	(*CheckAgentResponse)(nil),      // 2: agentplane.sandbox.v1.CheckAgentResponse
-	(*PrepareRequest)(nil),          // 3: agentplane.sandbox.v1.PrepareRequest
-	(*PrepareResponse)(nil),         // 4: agentplane.sandbox.v1.PrepareResponse
-	(*DeliverRequest)(nil),          // 5: agentplane.sandbox.v1.DeliverRequest
-	(*DeliverResponse)(nil),         // 6: agentplane.sandbox.v1.DeliverResponse
-	(*StatusRequest)(nil),           // 7: agentplane.sandbox.v1.StatusRequest
-	(*StatusResponse)(nil),          // 8: agentplane.sandbox.v1.StatusResponse
-	(*AbortRequest)(nil),            // 9: agentplane.sandbox.v1.AbortRequest
-	(*AbortResponse)(nil),           // 10: agentplane.sandbox.v1.AbortResponse
-	(*ReleaseRouteRequest)(nil),     // 11: agentplane.sandbox.v1.ReleaseRouteRequest
-	(*ReleaseRouteResponse)(nil),    // 12: agentplane.sandbox.v1.ReleaseRouteResponse
-	(*GetScopeRequest)(nil),         // 13: agentplane.sandbox.v1.GetScopeRequest
-	(*GetScopeResponse)(nil),        // 14: agentplane.sandbox.v1.GetScopeResponse
-	(*WorktreeChangesRequest)(nil),  // 15: agentplane.sandbox.v1.WorktreeChangesRequest
-	(*WorktreeChangesResponse)(nil), // 16: agentplane.sandbox.v1.WorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),     // 17: agentplane.sandbox.v1.PushWorktreeRequest
-	(*RotateHandleRequest)(nil),     // 18: agentplane.sandbox.v1.RotateHandleRequest
-	(*RotateHandleResponse)(nil),    // 19: agentplane.sandbox.v1.RotateHandleResponse
-	(*PushWorktreeResponse)(nil),    // 20: agentplane.sandbox.v1.PushWorktreeResponse
-	(*Agent)(nil),                   // 21: agentplane.sandbox.v1.Agent
-	(*RouteSpec)(nil),               // 22: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),               // 23: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),         // 24: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),           // 25: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),                 // 26: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
-	(*WorktreeScope)(nil),           // 28: agentplane.sandbox.v1.WorktreeScope
-	(*v1.WorktreeChanges)(nil),      // 29: agentplane.runtime.v1.WorktreeChanges
-	(*timestamppb.Timestamp)(nil),   // 30: google.protobuf.Timestamp
+	(DeliveryResult)(0),                // 0: agentplane.sandbox.v1.DeliveryResult
+	(*UpdateEgressPolicyRequest)(nil),  // 1: agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 2: agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	(*CheckAgentRequest)(nil),          // 3: agentplane.sandbox.v1.CheckAgentRequest
+	(*CheckAgentResponse)(nil),         // 4: agentplane.sandbox.v1.CheckAgentResponse
+	(*PrepareRequest)(nil),             // 5: agentplane.sandbox.v1.PrepareRequest
+	(*PrepareResponse)(nil),            // 6: agentplane.sandbox.v1.PrepareResponse
+	(*DeliverRequest)(nil),             // 7: agentplane.sandbox.v1.DeliverRequest
+	(*DeliverResponse)(nil),            // 8: agentplane.sandbox.v1.DeliverResponse
+	(*StatusRequest)(nil),              // 9: agentplane.sandbox.v1.StatusRequest
+	(*StatusResponse)(nil),             // 10: agentplane.sandbox.v1.StatusResponse
+	(*AbortRequest)(nil),               // 11: agentplane.sandbox.v1.AbortRequest
+	(*AbortResponse)(nil),              // 12: agentplane.sandbox.v1.AbortResponse
+	(*ReleaseRouteRequest)(nil),        // 13: agentplane.sandbox.v1.ReleaseRouteRequest
+	(*ReleaseRouteResponse)(nil),       // 14: agentplane.sandbox.v1.ReleaseRouteResponse
+	(*GetScopeRequest)(nil),            // 15: agentplane.sandbox.v1.GetScopeRequest
+	(*GetScopeResponse)(nil),           // 16: agentplane.sandbox.v1.GetScopeResponse
+	(*WorktreeChangesRequest)(nil),     // 17: agentplane.sandbox.v1.WorktreeChangesRequest
+	(*WorktreeChangesResponse)(nil),    // 18: agentplane.sandbox.v1.WorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 19: agentplane.sandbox.v1.PushWorktreeRequest
+	(*RotateHandleRequest)(nil),        // 20: agentplane.sandbox.v1.RotateHandleRequest
+	(*RotateHandleResponse)(nil),       // 21: agentplane.sandbox.v1.RotateHandleResponse
+	(*PushWorktreeResponse)(nil),       // 22: agentplane.sandbox.v1.PushWorktreeResponse
+	(*EgressPolicy)(nil),               // 23: agentplane.sandbox.v1.EgressPolicy
+	(*Agent)(nil),                      // 24: agentplane.sandbox.v1.Agent
+	(*RouteSpec)(nil),                  // 25: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),                  // 26: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),            // 27: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),              // 28: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),                    // 29: agentplane.sandbox.v1.LeaseState
+	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
+	(*WorktreeScope)(nil),              // 31: agentplane.sandbox.v1.WorktreeScope
+	(*v1.WorktreeChanges)(nil),         // 32: agentplane.runtime.v1.WorktreeChanges
+	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	21, // 0: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	21, // 1: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
-	22, // 2: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	23, // 3: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	24, // 4: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	0,  // 5: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	23, // 6: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	25, // 7: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	23, // 8: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	26, // 9: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	27, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	28, // 11: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	29, // 12: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	30, // 13: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
-	3,  // 14: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	5,  // 15: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	7,  // 16: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	9,  // 17: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	11, // 18: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	13, // 19: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	1,  // 20: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
-	15, // 21: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
-	17, // 22: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
-	18, // 23: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
-	4,  // 24: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	6,  // 25: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	8,  // 26: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	10, // 27: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	12, // 28: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	14, // 29: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	2,  // 30: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
-	16, // 31: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
-	20, // 32: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
-	19, // 33: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
-	24, // [24:34] is the sub-list for method output_type
-	14, // [14:24] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	23, // 0: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
+	24, // 1: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	24, // 2: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	25, // 3: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	26, // 4: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	27, // 5: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	0,  // 6: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
+	26, // 7: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	28, // 8: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	26, // 9: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	29, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	30, // 11: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	31, // 12: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	32, // 13: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	33, // 14: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
+	5,  // 15: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	7,  // 16: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	9,  // 17: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	11, // 18: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	13, // 19: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	15, // 20: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	3,  // 21: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	17, // 22: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
+	19, // 23: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
+	20, // 24: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
+	1,  // 25: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	6,  // 26: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	8,  // 27: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	10, // 28: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	12, // 29: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	14, // 30: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	16, // 31: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	4,  // 32: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	18, // 33: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
+	22, // 34: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
+	21, // 35: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
+	2,  // 36: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	26, // [26:37] is the sub-list for method output_type
+	15, // [15:26] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -1403,7 +1539,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

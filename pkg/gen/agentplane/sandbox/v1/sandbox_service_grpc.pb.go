@@ -19,16 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_Prepare_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/Prepare"
-	SandboxService_Deliver_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/Deliver"
-	SandboxService_Status_FullMethodName          = "/agentplane.sandbox.v1.SandboxService/Status"
-	SandboxService_Abort_FullMethodName           = "/agentplane.sandbox.v1.SandboxService/Abort"
-	SandboxService_ReleaseRoute_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
-	SandboxService_GetScope_FullMethodName        = "/agentplane.sandbox.v1.SandboxService/GetScope"
-	SandboxService_CheckAgent_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
-	SandboxService_WorktreeChanges_FullMethodName = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
-	SandboxService_PushWorktree_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
-	SandboxService_RotateHandle_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/RotateHandle"
+	SandboxService_Prepare_FullMethodName            = "/agentplane.sandbox.v1.SandboxService/Prepare"
+	SandboxService_Deliver_FullMethodName            = "/agentplane.sandbox.v1.SandboxService/Deliver"
+	SandboxService_Status_FullMethodName             = "/agentplane.sandbox.v1.SandboxService/Status"
+	SandboxService_Abort_FullMethodName              = "/agentplane.sandbox.v1.SandboxService/Abort"
+	SandboxService_ReleaseRoute_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/ReleaseRoute"
+	SandboxService_GetScope_FullMethodName           = "/agentplane.sandbox.v1.SandboxService/GetScope"
+	SandboxService_CheckAgent_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
+	SandboxService_WorktreeChanges_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
+	SandboxService_PushWorktree_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
+	SandboxService_RotateHandle_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/RotateHandle"
+	SandboxService_UpdateEgressPolicy_FullMethodName = "/agentplane.sandbox.v1.SandboxService/UpdateEgressPolicy"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -73,6 +74,10 @@ type SandboxServiceClient interface {
 	// WORKTREE_UNAVAILABLE when no wrapper serves the route now,
 	// SCOPE_NOT_WORKTREE for a per-session route. Added.
 	RotateHandle(ctx context.Context, in *RotateHandleRequest, opts ...grpc.CallOption) (*RotateHandleResponse, error)
+	// UpdateEgressPolicy sets a route's egress policy. Fenced by the sandbox
+	// owner and versioned (an older version is ignored); when it returns, the
+	// egress proxy applies it to every new connection. Added.
+	UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -183,6 +188,16 @@ func (c *sandboxServiceClient) RotateHandle(ctx context.Context, in *RotateHandl
 	return out, nil
 }
 
+func (c *sandboxServiceClient) UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateEgressPolicyResponse)
+	err := c.cc.Invoke(ctx, SandboxService_UpdateEgressPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -225,6 +240,10 @@ type SandboxServiceServer interface {
 	// WORKTREE_UNAVAILABLE when no wrapper serves the route now,
 	// SCOPE_NOT_WORKTREE for a per-session route. Added.
 	RotateHandle(context.Context, *RotateHandleRequest) (*RotateHandleResponse, error)
+	// UpdateEgressPolicy sets a route's egress policy. Fenced by the sandbox
+	// owner and versioned (an older version is ignored); when it returns, the
+	// egress proxy applies it to every new connection. Added.
+	UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -264,6 +283,9 @@ func (UnimplementedSandboxServiceServer) PushWorktree(context.Context, *PushWork
 }
 func (UnimplementedSandboxServiceServer) RotateHandle(context.Context, *RotateHandleRequest) (*RotateHandleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RotateHandle not implemented")
+}
+func (UnimplementedSandboxServiceServer) UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateEgressPolicy not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -466,6 +488,24 @@ func _SandboxService_RotateHandle_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_UpdateEgressPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateEgressPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).UpdateEgressPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_UpdateEgressPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).UpdateEgressPolicy(ctx, req.(*UpdateEgressPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -512,6 +552,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RotateHandle",
 			Handler:    _SandboxService_RotateHandle_Handler,
+		},
+		{
+			MethodName: "UpdateEgressPolicy",
+			Handler:    _SandboxService_UpdateEgressPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

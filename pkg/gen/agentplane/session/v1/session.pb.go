@@ -597,7 +597,12 @@ type Session struct {
 	// Caller-defined labels (at most 16, keys and values at most 63 bytes).
 	Labels map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The agent the session runs (as asked at creation). Added.
-	Agent         *Agent `protobuf:"bytes,12,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent *Agent `protobuf:"bytes,12,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The session's egress policy (empty: only the deployment's default).
+	// Added.
+	Egress *EgressPolicy `protobuf:"bytes,13,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Version of egress: 1 at creation, one more per UpdateEgressPolicy. Added.
+	EgressVersion uint64 `protobuf:"varint,14,opt,name=egress_version,json=egressVersion,proto3" json:"egress_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -716,6 +721,134 @@ func (x *Session) GetAgent() *Agent {
 	return nil
 }
 
+func (x *Session) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *Session) GetEgressVersion() uint64 {
+	if x != nil {
+		return x.EgressVersion
+	}
+	return 0
+}
+
+// EgressPolicy says where the session's runtime may connect through the
+// egress proxy: default deny, these destinations allowed. Added.
+type EgressPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Allowed destinations (at most the configured number of rules).
+	Allow []*EgressRule `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	// Address ranges (CIDR, or one address) an allowed name may resolve to
+	// although they are private, loopback, link-local or metadata addresses;
+	// empty: such addresses are always refused.
+	PrivateNetworks []string `protobuf:"bytes,2,rep,name=private_networks,json=privateNetworks,proto3" json:"private_networks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *EgressPolicy) GetAllow() []*EgressRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetPrivateNetworks() []string {
+	if x != nil {
+		return x.PrivateNetworks
+	}
+	return nil
+}
+
+// EgressRule allows one name or suffix. Added.
+type EgressRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An exact name ("packages.example.com") or a wildcard suffix
+	// ("*.example.org": every name under example.org, not example.org itself).
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// Allowed ports (1 to 65535); empty: 80 and 443.
+	Ports         []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRule) Reset() {
+	*x = EgressRule{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRule) ProtoMessage() {}
+
+func (x *EgressRule) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
+func (*EgressRule) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *EgressRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressRule) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 // Agent names the coding agent a session runs: a profile of the sandbox
 // service (scripted, opencode, kilo, acp) and optionally the model it uses.
 type Agent struct {
@@ -734,7 +867,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +879,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +892,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Agent) GetProfile() string {
@@ -810,7 +943,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +955,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +968,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Message) GetSessionId() string {
@@ -919,7 +1052,7 @@ type SessionEvent struct {
 
 func (x *SessionEvent) Reset() {
 	*x = SessionEvent{}
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1064,7 @@ func (x *SessionEvent) String() string {
 func (*SessionEvent) ProtoMessage() {}
 
 func (x *SessionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1077,7 @@ func (x *SessionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEvent.ProtoReflect.Descriptor instead.
 func (*SessionEvent) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SessionEvent) GetCursor() string {
@@ -1094,7 +1227,7 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\x10wrapper_instance\x18\x06 \x01(\tR\x0fwrapperInstance\x12;\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x122\n" +
-	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\"\xa7\x05\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\"\x8b\x06\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1112,10 +1245,19 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12B\n" +
 	"\x06labels\x18\v \x03(\v2*.agentplane.session.v1.Session.LabelsEntryR\x06labels\x122\n" +
-	"\x05agent\x18\f \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x1a9\n" +
+	"\x05agent\x18\f \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x12;\n" +
+	"\x06egress\x18\r \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x12%\n" +
+	"\x0eegress_version\x18\x0e \x01(\x04R\regressVersion\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"c\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"r\n" +
+	"\fEgressPolicy\x127\n" +
+	"\x05allow\x18\x01 \x03(\v2!.agentplane.session.v1.EgressRuleR\x05allow\x12)\n" +
+	"\x10private_networks\x18\x02 \x03(\tR\x0fprivateNetworks\"6\n" +
+	"\n" +
+	"EgressRule\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x14\n" +
+	"\x05ports\x18\x02 \x03(\rR\x05ports\"c\n" +
 	"\x05Agent\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12*\n" +
@@ -1182,7 +1324,7 @@ func file_agentplane_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(CredentialClass)(0),          // 0: agentplane.session.v1.CredentialClass
 	(SessionState)(0),             // 1: agentplane.session.v1.SessionState
@@ -1193,43 +1335,47 @@ var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(*CredentialInput)(nil),       // 6: agentplane.session.v1.CredentialInput
 	(*RouteView)(nil),             // 7: agentplane.session.v1.RouteView
 	(*Session)(nil),               // 8: agentplane.session.v1.Session
-	(*Agent)(nil),                 // 9: agentplane.session.v1.Agent
-	(*Message)(nil),               // 10: agentplane.session.v1.Message
-	(*SessionEvent)(nil),          // 11: agentplane.session.v1.SessionEvent
-	nil,                           // 12: agentplane.session.v1.Session.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*v1.RuntimeEvent)(nil),       // 14: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 15: agentplane.runtime.v1.TurnOutcome
-	(*v1.ProgressStep)(nil),       // 16: agentplane.runtime.v1.ProgressStep
+	(*EgressPolicy)(nil),          // 9: agentplane.session.v1.EgressPolicy
+	(*EgressRule)(nil),            // 10: agentplane.session.v1.EgressRule
+	(*Agent)(nil),                 // 11: agentplane.session.v1.Agent
+	(*Message)(nil),               // 12: agentplane.session.v1.Message
+	(*SessionEvent)(nil),          // 13: agentplane.session.v1.SessionEvent
+	nil,                           // 14: agentplane.session.v1.Session.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*v1.RuntimeEvent)(nil),       // 16: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 17: agentplane.runtime.v1.TurnOutcome
+	(*v1.ProgressStep)(nil),       // 18: agentplane.runtime.v1.ProgressStep
 }
 var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: agentplane.session.v1.CredentialInput.class:type_name -> agentplane.session.v1.CredentialClass
 	2,  // 1: agentplane.session.v1.RouteView.state:type_name -> agentplane.session.v1.RouteState
-	13, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
-	9,  // 3: agentplane.session.v1.RouteView.agent:type_name -> agentplane.session.v1.Agent
+	15, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	11, // 3: agentplane.session.v1.RouteView.agent:type_name -> agentplane.session.v1.Agent
 	4,  // 4: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
 	0,  // 5: agentplane.session.v1.Session.credential_class:type_name -> agentplane.session.v1.CredentialClass
 	1,  // 6: agentplane.session.v1.Session.state:type_name -> agentplane.session.v1.SessionState
 	7,  // 7: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
-	13, // 8: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	13, // 9: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	12, // 10: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
-	9,  // 11: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
-	3,  // 12: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
-	13, // 13: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
-	13, // 14: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
-	13, // 15: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	7,  // 16: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
-	10, // 17: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
-	14, // 18: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
-	15, // 19: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	16, // 20: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	8,  // 21: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	15, // 8: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	15, // 9: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	14, // 10: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
+	11, // 11: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
+	9,  // 12: agentplane.session.v1.Session.egress:type_name -> agentplane.session.v1.EgressPolicy
+	10, // 13: agentplane.session.v1.EgressPolicy.allow:type_name -> agentplane.session.v1.EgressRule
+	3,  // 14: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
+	15, // 15: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	15, // 16: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
+	15, // 17: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	7,  // 18: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
+	12, // 19: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
+	16, // 20: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
+	17, // 21: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	18, // 22: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	8,  // 23: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_proto_init() }
@@ -1237,7 +1383,7 @@ func file_agentplane_session_v1_session_proto_init() {
 	if File_agentplane_session_v1_session_proto != nil {
 		return
 	}
-	file_agentplane_session_v1_session_proto_msgTypes[7].OneofWrappers = []any{
+	file_agentplane_session_v1_session_proto_msgTypes[9].OneofWrappers = []any{
 		(*SessionEvent_Route)(nil),
 		(*SessionEvent_Message)(nil),
 		(*SessionEvent_RuntimeEvent)(nil),
@@ -1251,7 +1397,7 @@ func file_agentplane_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_proto_rawDesc), len(file_agentplane_session_v1_session_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

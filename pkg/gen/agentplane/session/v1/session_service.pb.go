@@ -22,6 +22,125 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// UpdateEgressPolicyRequest replaces a session's egress policy.
+type UpdateEgressPolicyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The new policy (empty: only the deployment's default).
+	Egress *EgressPolicy `protobuf:"bytes,2,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Optional: the version the caller read; 0 replaces whatever is current.
+	ExpectedVersion uint64 `protobuf:"varint,3,opt,name=expected_version,json=expectedVersion,proto3" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *UpdateEgressPolicyRequest) Reset() {
+	*x = UpdateEgressPolicyRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateEgressPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateEgressPolicyRequest) ProtoMessage() {}
+
+func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
+func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UpdateEgressPolicyRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *UpdateEgressPolicyRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *UpdateEgressPolicyRequest) GetExpectedVersion() uint64 {
+	if x != nil {
+		return x.ExpectedVersion
+	}
+	return 0
+}
+
+// UpdateEgressPolicyResponse returns the stored policy.
+type UpdateEgressPolicyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The policy now in force.
+	Egress *EgressPolicy `protobuf:"bytes,1,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Its version.
+	Version       uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateEgressPolicyResponse) Reset() {
+	*x = UpdateEgressPolicyResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateEgressPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateEgressPolicyResponse) ProtoMessage() {}
+
+func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
+func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UpdateEgressPolicyResponse) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *UpdateEgressPolicyResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 // CreateSessionRequest creates a session.
 type CreateSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -45,13 +164,16 @@ type CreateSessionRequest struct {
 	Agent *Agent `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
 	// Optional token for HTTPS git access to worktree.repo_url. Added.
 	GitCredential *GitCredentialInput `protobuf:"bytes,9,opt,name=git_credential,json=gitCredential,proto3" json:"git_credential,omitempty"`
+	// Optional egress policy (default deny; the deployment's default applies
+	// besides). Added.
+	Egress        *EgressPolicy `protobuf:"bytes,10,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -63,7 +185,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -76,7 +198,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CreateSessionRequest) GetSessionId() string {
@@ -142,6 +264,13 @@ func (x *CreateSessionRequest) GetGitCredential() *GitCredentialInput {
 	return nil
 }
 
+func (x *CreateSessionRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 // CreateSessionResponse returns the new session.
 type CreateSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -153,7 +282,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -165,7 +294,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -178,7 +307,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateSessionResponse) GetSession() *Session {
@@ -199,7 +328,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -211,7 +340,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -224,7 +353,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -245,7 +374,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +386,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +399,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetSessionResponse) GetSession() *Session {
@@ -297,7 +426,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +438,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +451,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListSessionsRequest) GetOrgId() string {
@@ -366,7 +495,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +507,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +520,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -423,7 +552,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +564,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +577,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SendMessageRequest) GetSessionId() string {
@@ -483,7 +612,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +624,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +637,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SendMessageResponse) GetMessage() *Message {
@@ -531,7 +660,7 @@ type GetMessageRequest struct {
 
 func (x *GetMessageRequest) Reset() {
 	*x = GetMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +672,7 @@ func (x *GetMessageRequest) String() string {
 func (*GetMessageRequest) ProtoMessage() {}
 
 func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +685,7 @@ func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
 func (*GetMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetMessageRequest) GetSessionId() string {
@@ -584,7 +713,7 @@ type GetMessageResponse struct {
 
 func (x *GetMessageResponse) Reset() {
 	*x = GetMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +725,7 @@ func (x *GetMessageResponse) String() string {
 func (*GetMessageResponse) ProtoMessage() {}
 
 func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +738,7 @@ func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
 func (*GetMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetMessageResponse) GetMessage() *Message {
@@ -634,7 +763,7 @@ type ListMessagesRequest struct {
 
 func (x *ListMessagesRequest) Reset() {
 	*x = ListMessagesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +775,7 @@ func (x *ListMessagesRequest) String() string {
 func (*ListMessagesRequest) ProtoMessage() {}
 
 func (x *ListMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +788,7 @@ func (x *ListMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMessagesRequest.ProtoReflect.Descriptor instead.
 func (*ListMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListMessagesRequest) GetSessionId() string {
@@ -696,7 +825,7 @@ type ListMessagesResponse struct {
 
 func (x *ListMessagesResponse) Reset() {
 	*x = ListMessagesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +837,7 @@ func (x *ListMessagesResponse) String() string {
 func (*ListMessagesResponse) ProtoMessage() {}
 
 func (x *ListMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +850,7 @@ func (x *ListMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMessagesResponse.ProtoReflect.Descriptor instead.
 func (*ListMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListMessagesResponse) GetMessages() []*Message {
@@ -751,7 +880,7 @@ type CancelMessageRequest struct {
 
 func (x *CancelMessageRequest) Reset() {
 	*x = CancelMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +892,7 @@ func (x *CancelMessageRequest) String() string {
 func (*CancelMessageRequest) ProtoMessage() {}
 
 func (x *CancelMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +905,7 @@ func (x *CancelMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMessageRequest.ProtoReflect.Descriptor instead.
 func (*CancelMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CancelMessageRequest) GetSessionId() string {
@@ -804,7 +933,7 @@ type CancelMessageResponse struct {
 
 func (x *CancelMessageResponse) Reset() {
 	*x = CancelMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +945,7 @@ func (x *CancelMessageResponse) String() string {
 func (*CancelMessageResponse) ProtoMessage() {}
 
 func (x *CancelMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +958,7 @@ func (x *CancelMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMessageResponse.ProtoReflect.Descriptor instead.
 func (*CancelMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelMessageResponse) GetMessage() *Message {
@@ -850,7 +979,7 @@ type StopSessionRequest struct {
 
 func (x *StopSessionRequest) Reset() {
 	*x = StopSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +991,7 @@ func (x *StopSessionRequest) String() string {
 func (*StopSessionRequest) ProtoMessage() {}
 
 func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +1004,7 @@ func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionRequest.ProtoReflect.Descriptor instead.
 func (*StopSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StopSessionRequest) GetSessionId() string {
@@ -896,7 +1025,7 @@ type StopSessionResponse struct {
 
 func (x *StopSessionResponse) Reset() {
 	*x = StopSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1037,7 @@ func (x *StopSessionResponse) String() string {
 func (*StopSessionResponse) ProtoMessage() {}
 
 func (x *StopSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1050,7 @@ func (x *StopSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionResponse.ProtoReflect.Descriptor instead.
 func (*StopSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StopSessionResponse) GetSession() *Session {
@@ -942,7 +1071,7 @@ type DeleteSessionRequest struct {
 
 func (x *DeleteSessionRequest) Reset() {
 	*x = DeleteSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1083,7 @@ func (x *DeleteSessionRequest) String() string {
 func (*DeleteSessionRequest) ProtoMessage() {}
 
 func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1096,7 @@ func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteSessionRequest) GetSessionId() string {
@@ -986,7 +1115,7 @@ type DeleteSessionResponse struct {
 
 func (x *DeleteSessionResponse) Reset() {
 	*x = DeleteSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1127,7 @@ func (x *DeleteSessionResponse) String() string {
 func (*DeleteSessionResponse) ProtoMessage() {}
 
 func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1140,7 @@ func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{19}
 }
 
 // WatchSessionRequest opens the event stream.
@@ -1028,7 +1157,7 @@ type WatchSessionRequest struct {
 
 func (x *WatchSessionRequest) Reset() {
 	*x = WatchSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1169,7 @@ func (x *WatchSessionRequest) String() string {
 func (*WatchSessionRequest) ProtoMessage() {}
 
 func (x *WatchSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1182,7 @@ func (x *WatchSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSessionRequest.ProtoReflect.Descriptor instead.
 func (*WatchSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchSessionRequest) GetSessionId() string {
@@ -1081,7 +1210,7 @@ type WatchSessionResponse struct {
 
 func (x *WatchSessionResponse) Reset() {
 	*x = WatchSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1222,7 @@ func (x *WatchSessionResponse) String() string {
 func (*WatchSessionResponse) ProtoMessage() {}
 
 func (x *WatchSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1235,7 @@ func (x *WatchSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSessionResponse.ProtoReflect.Descriptor instead.
 func (*WatchSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchSessionResponse) GetEvent() *SessionEvent {
@@ -1127,7 +1256,7 @@ type GetWorktreeChangesRequest struct {
 
 func (x *GetWorktreeChangesRequest) Reset() {
 	*x = GetWorktreeChangesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1268,7 @@ func (x *GetWorktreeChangesRequest) String() string {
 func (*GetWorktreeChangesRequest) ProtoMessage() {}
 
 func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1281,7 @@ func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*GetWorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetWorktreeChangesRequest) GetSessionId() string {
@@ -1173,7 +1302,7 @@ type GetWorktreeChangesResponse struct {
 
 func (x *GetWorktreeChangesResponse) Reset() {
 	*x = GetWorktreeChangesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1314,7 @@ func (x *GetWorktreeChangesResponse) String() string {
 func (*GetWorktreeChangesResponse) ProtoMessage() {}
 
 func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1327,7 @@ func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*GetWorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetWorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -1223,7 +1352,7 @@ type PushWorktreeRequest struct {
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1364,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1377,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1288,7 +1417,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1429,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1442,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1341,7 +1470,15 @@ var File_agentplane_session_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\"\x9b\x04\n" +
+	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\"\xa2\x01\n" +
+	"\x19UpdateEgressPolicyRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12;\n" +
+	"\x06egress\x18\x02 \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x12)\n" +
+	"\x10expected_version\x18\x03 \x01(\x04R\x0fexpectedVersion\"s\n" +
+	"\x1aUpdateEgressPolicyResponse\x12;\n" +
+	"\x06egress\x18\x01 \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\xd8\x04\n" +
 	"\x14CreateSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1355,7 +1492,9 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\x12O\n" +
 	"\x06labels\x18\a \x03(\v27.agentplane.session.v1.CreateSessionRequest.LabelsEntryR\x06labels\x122\n" +
 	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x12P\n" +
-	"\x0egit_credential\x18\t \x01(\v2).agentplane.session.v1.GitCredentialInputR\rgitCredential\x1a9\n" +
+	"\x0egit_credential\x18\t \x01(\v2).agentplane.session.v1.GitCredentialInputR\rgitCredential\x12;\n" +
+	"\x06egress\x18\n" +
+	" \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
@@ -1434,8 +1573,7 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x14PushWorktreeResponse\x12\x1b\n" +
 	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
-	"\tcommitted\x18\x03 \x01(\bR\tcommitted2\x87\n" +
-	"\n" +
+	"\tcommitted\x18\x03 \x01(\bR\tcommitted2\x82\v\n" +
 	"\x0eSessionService\x12j\n" +
 	"\rCreateSession\x12+.agentplane.session.v1.CreateSessionRequest\x1a,.agentplane.session.v1.CreateSessionResponse\x12a\n" +
 	"\n" +
@@ -1450,7 +1588,8 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\rDeleteSession\x12+.agentplane.session.v1.DeleteSessionRequest\x1a,.agentplane.session.v1.DeleteSessionResponse\x12i\n" +
 	"\fWatchSession\x12*.agentplane.session.v1.WatchSessionRequest\x1a+.agentplane.session.v1.WatchSessionResponse0\x01\x12y\n" +
 	"\x12GetWorktreeChanges\x120.agentplane.session.v1.GetWorktreeChangesRequest\x1a1.agentplane.session.v1.GetWorktreeChangesResponse\x12g\n" +
-	"\fPushWorktree\x12*.agentplane.session.v1.PushWorktreeRequest\x1a+.agentplane.session.v1.PushWorktreeResponseB\xde\x01\n" +
+	"\fPushWorktree\x12*.agentplane.session.v1.PushWorktreeRequest\x1a+.agentplane.session.v1.PushWorktreeResponse\x12y\n" +
+	"\x12UpdateEgressPolicy\x120.agentplane.session.v1.UpdateEgressPolicyRequest\x1a1.agentplane.session.v1.UpdateEgressPolicyResponseB\xde\x01\n" +
 	"\x19com.agentplane.session.v1B\x13SessionServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -1465,87 +1604,95 @@ func file_agentplane_session_v1_session_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_session_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_agentplane_session_v1_session_service_proto_goTypes = []any{
-	(*CreateSessionRequest)(nil),       // 0: agentplane.session.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),      // 1: agentplane.session.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),          // 2: agentplane.session.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),         // 3: agentplane.session.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),        // 4: agentplane.session.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),       // 5: agentplane.session.v1.ListSessionsResponse
-	(*SendMessageRequest)(nil),         // 6: agentplane.session.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),        // 7: agentplane.session.v1.SendMessageResponse
-	(*GetMessageRequest)(nil),          // 8: agentplane.session.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),         // 9: agentplane.session.v1.GetMessageResponse
-	(*ListMessagesRequest)(nil),        // 10: agentplane.session.v1.ListMessagesRequest
-	(*ListMessagesResponse)(nil),       // 11: agentplane.session.v1.ListMessagesResponse
-	(*CancelMessageRequest)(nil),       // 12: agentplane.session.v1.CancelMessageRequest
-	(*CancelMessageResponse)(nil),      // 13: agentplane.session.v1.CancelMessageResponse
-	(*StopSessionRequest)(nil),         // 14: agentplane.session.v1.StopSessionRequest
-	(*StopSessionResponse)(nil),        // 15: agentplane.session.v1.StopSessionResponse
-	(*DeleteSessionRequest)(nil),       // 16: agentplane.session.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil),      // 17: agentplane.session.v1.DeleteSessionResponse
-	(*WatchSessionRequest)(nil),        // 18: agentplane.session.v1.WatchSessionRequest
-	(*WatchSessionResponse)(nil),       // 19: agentplane.session.v1.WatchSessionResponse
-	(*GetWorktreeChangesRequest)(nil),  // 20: agentplane.session.v1.GetWorktreeChangesRequest
-	(*GetWorktreeChangesResponse)(nil), // 21: agentplane.session.v1.GetWorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),        // 22: agentplane.session.v1.PushWorktreeRequest
-	(*PushWorktreeResponse)(nil),       // 23: agentplane.session.v1.PushWorktreeResponse
-	nil,                                // 24: agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	(*Worktree)(nil),                   // 25: agentplane.session.v1.Worktree
-	(*CredentialInput)(nil),            // 26: agentplane.session.v1.CredentialInput
-	(*Agent)(nil),                      // 27: agentplane.session.v1.Agent
-	(*GitCredentialInput)(nil),         // 28: agentplane.session.v1.GitCredentialInput
-	(*Session)(nil),                    // 29: agentplane.session.v1.Session
-	(*Message)(nil),                    // 30: agentplane.session.v1.Message
-	(*SessionEvent)(nil),               // 31: agentplane.session.v1.SessionEvent
-	(*v1.WorktreeChanges)(nil),         // 32: agentplane.runtime.v1.WorktreeChanges
+	(*UpdateEgressPolicyRequest)(nil),  // 0: agentplane.session.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 1: agentplane.session.v1.UpdateEgressPolicyResponse
+	(*CreateSessionRequest)(nil),       // 2: agentplane.session.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 3: agentplane.session.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),          // 4: agentplane.session.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),         // 5: agentplane.session.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),        // 6: agentplane.session.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),       // 7: agentplane.session.v1.ListSessionsResponse
+	(*SendMessageRequest)(nil),         // 8: agentplane.session.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),        // 9: agentplane.session.v1.SendMessageResponse
+	(*GetMessageRequest)(nil),          // 10: agentplane.session.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),         // 11: agentplane.session.v1.GetMessageResponse
+	(*ListMessagesRequest)(nil),        // 12: agentplane.session.v1.ListMessagesRequest
+	(*ListMessagesResponse)(nil),       // 13: agentplane.session.v1.ListMessagesResponse
+	(*CancelMessageRequest)(nil),       // 14: agentplane.session.v1.CancelMessageRequest
+	(*CancelMessageResponse)(nil),      // 15: agentplane.session.v1.CancelMessageResponse
+	(*StopSessionRequest)(nil),         // 16: agentplane.session.v1.StopSessionRequest
+	(*StopSessionResponse)(nil),        // 17: agentplane.session.v1.StopSessionResponse
+	(*DeleteSessionRequest)(nil),       // 18: agentplane.session.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),      // 19: agentplane.session.v1.DeleteSessionResponse
+	(*WatchSessionRequest)(nil),        // 20: agentplane.session.v1.WatchSessionRequest
+	(*WatchSessionResponse)(nil),       // 21: agentplane.session.v1.WatchSessionResponse
+	(*GetWorktreeChangesRequest)(nil),  // 22: agentplane.session.v1.GetWorktreeChangesRequest
+	(*GetWorktreeChangesResponse)(nil), // 23: agentplane.session.v1.GetWorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 24: agentplane.session.v1.PushWorktreeRequest
+	(*PushWorktreeResponse)(nil),       // 25: agentplane.session.v1.PushWorktreeResponse
+	nil,                                // 26: agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	(*EgressPolicy)(nil),               // 27: agentplane.session.v1.EgressPolicy
+	(*Worktree)(nil),                   // 28: agentplane.session.v1.Worktree
+	(*CredentialInput)(nil),            // 29: agentplane.session.v1.CredentialInput
+	(*Agent)(nil),                      // 30: agentplane.session.v1.Agent
+	(*GitCredentialInput)(nil),         // 31: agentplane.session.v1.GitCredentialInput
+	(*Session)(nil),                    // 32: agentplane.session.v1.Session
+	(*Message)(nil),                    // 33: agentplane.session.v1.Message
+	(*SessionEvent)(nil),               // 34: agentplane.session.v1.SessionEvent
+	(*v1.WorktreeChanges)(nil),         // 35: agentplane.runtime.v1.WorktreeChanges
 }
 var file_agentplane_session_v1_session_service_proto_depIdxs = []int32{
-	25, // 0: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
-	26, // 1: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
-	24, // 2: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	27, // 3: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
-	28, // 4: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
-	29, // 5: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
-	29, // 6: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
-	29, // 7: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
-	30, // 8: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
-	30, // 9: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
-	30, // 10: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
-	30, // 11: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
-	29, // 12: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
-	31, // 13: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
-	32, // 14: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	0,  // 15: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
-	2,  // 16: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
-	4,  // 17: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
-	6,  // 18: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
-	8,  // 19: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
-	10, // 20: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
-	12, // 21: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
-	14, // 22: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
-	16, // 23: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
-	18, // 24: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
-	20, // 25: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
-	22, // 26: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
-	1,  // 27: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
-	3,  // 28: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
-	5,  // 29: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
-	7,  // 30: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
-	9,  // 31: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
-	11, // 32: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
-	13, // 33: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
-	15, // 34: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
-	17, // 35: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
-	19, // 36: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
-	21, // 37: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
-	23, // 38: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
-	27, // [27:39] is the sub-list for method output_type
-	15, // [15:27] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	27, // 0: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	27, // 1: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
+	28, // 2: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
+	29, // 3: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
+	26, // 4: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	30, // 5: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
+	31, // 6: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
+	27, // 7: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	32, // 8: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
+	32, // 9: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
+	32, // 10: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
+	33, // 11: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
+	33, // 12: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
+	33, // 13: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
+	33, // 14: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
+	32, // 15: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
+	34, // 16: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
+	35, // 17: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	2,  // 18: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
+	4,  // 19: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
+	6,  // 20: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
+	8,  // 21: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
+	10, // 22: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
+	12, // 23: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
+	14, // 24: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
+	16, // 25: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
+	18, // 26: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
+	20, // 27: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
+	22, // 28: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
+	24, // 29: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
+	0,  // 30: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
+	3,  // 31: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
+	5,  // 32: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
+	7,  // 33: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
+	9,  // 34: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
+	11, // 35: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
+	13, // 36: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
+	15, // 37: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
+	17, // 38: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
+	19, // 39: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
+	21, // 40: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
+	23, // 41: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
+	25, // 42: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
+	1,  // 43: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
+	31, // [31:44] is the sub-list for method output_type
+	18, // [18:31] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_service_proto_init() }
@@ -1560,7 +1707,7 @@ func file_agentplane_session_v1_session_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_service_proto_rawDesc), len(file_agentplane_session_v1_session_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

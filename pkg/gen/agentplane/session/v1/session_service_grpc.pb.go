@@ -31,6 +31,7 @@ const (
 	SessionService_WatchSession_FullMethodName       = "/agentplane.session.v1.SessionService/WatchSession"
 	SessionService_GetWorktreeChanges_FullMethodName = "/agentplane.session.v1.SessionService/GetWorktreeChanges"
 	SessionService_PushWorktree_FullMethodName       = "/agentplane.session.v1.SessionService/PushWorktree"
+	SessionService_UpdateEgressPolicy_FullMethodName = "/agentplane.session.v1.SessionService/UpdateEgressPolicy"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -80,6 +81,11 @@ type SessionServiceClient interface {
 	// fails with FAILED_PRECONDITION PUSH_REJECTED (or REPO_AUTH_FAILED,
 	// REPO_UNREACHABLE) and the remote's reason.
 	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
+	// UpdateEgressPolicy replaces the session's egress policy. Versioned
+	// (expected_version, when set, must be the current one: ABORTED
+	// EGRESS_VERSION_CONFLICT otherwise) and applied to every connection the
+	// runtime opens after the call returns. Added.
+	UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -219,6 +225,16 @@ func (c *sessionServiceClient) PushWorktree(ctx context.Context, in *PushWorktre
 	return out, nil
 }
 
+func (c *sessionServiceClient) UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateEgressPolicyResponse)
+	err := c.cc.Invoke(ctx, SessionService_UpdateEgressPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -266,6 +282,11 @@ type SessionServiceServer interface {
 	// fails with FAILED_PRECONDITION PUSH_REJECTED (or REPO_AUTH_FAILED,
 	// REPO_UNREACHABLE) and the remote's reason.
 	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
+	// UpdateEgressPolicy replaces the session's egress policy. Versioned
+	// (expected_version, when set, must be the current one: ABORTED
+	// EGRESS_VERSION_CONFLICT otherwise) and applied to every connection the
+	// runtime opens after the call returns. Added.
+	UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -311,6 +332,9 @@ func (UnimplementedSessionServiceServer) GetWorktreeChanges(context.Context, *Ge
 }
 func (UnimplementedSessionServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
+}
+func (UnimplementedSessionServiceServer) UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateEgressPolicy not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -542,6 +566,24 @@ func _SessionService_PushWorktree_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_UpdateEgressPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateEgressPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).UpdateEgressPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_UpdateEgressPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).UpdateEgressPolicy(ctx, req.(*UpdateEgressPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -592,6 +634,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PushWorktree",
 			Handler:    _SessionService_PushWorktree_Handler,
+		},
+		{
+			MethodName: "UpdateEgressPolicy",
+			Handler:    _SessionService_UpdateEgressPolicy_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

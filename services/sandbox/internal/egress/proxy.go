@@ -1,0 +1,428 @@
+// Package egress is the sandbox's way out to the internet, by policy: an
+// HTTP proxy outside the boundary that a wrapper's egress relay reaches
+// through a Unix socket handed into the sandbox. It serves CONNECT (TLS
+// only: the ClientHello's SNI must be the CONNECT host) and plain-HTTP
+// requests, allows a destination only when the policy of the connection's
+// wrapper names its host and port, resolves names itself (a resolution
+// from inside is never trusted), dials only addresses the policy allows
+// (no private, loopback, link-local or metadata address unless named), and
+// bounds each sandbox's connections, bytes and idle time. Every decision is
+// counted and handed to the wrapper's audit.
+package egress
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"agentplane.dev/pkg/egresspolicy"
+	"agentplane.dev/services/sandbox/internal/relay"
+)
+
+// Decisions.
+const (
+	Allowed = "allowed"
+	Denied  = "denied"
+	Closed  = "closed" // an allowed connection cut by a bound
+)
+
+// Reasons: a bounded set (they are metric labels).
+const (
+	ReasonPolicy            = "policy"             // allowed by a rule
+	ReasonNotAllowed        = "not_allowed"        // no rule names the host and port
+	ReasonIPLiteral         = "ip_literal"         // an address instead of a name
+	ReasonBadRequest        = "bad_request"        // not a proxy request egress serves
+	ReasonPrivateAddress    = "private_address"    // the name resolves only to refused addresses
+	ReasonResolveFailed     = "resolve_failed"     // the name does not resolve
+	ReasonConnectFailed     = "connect_failed"     // no allowed address answers
+	ReasonNotTLS            = "not_tls"            // a CONNECT tunnel that does not start with a ClientHello
+	ReasonSNIMismatch       = "sni_mismatch"       // the ClientHello names another host (or none)
+	ReasonConnectionLimit   = "connection_limit"   // the sandbox has its maximum of open connections
+	ReasonUnauthenticated   = "unauthenticated"    // no valid wrapper preamble
+	ReasonPolicyUnavailable = "policy_unavailable" // the wrapper's policy cannot be read now
+	ReasonBytesLimit        = "bytes_limit"        // closed: the connection carried its maximum
+	ReasonIdleTimeout       = "idle_timeout"       // closed: nothing moved for the idle bound
+)
+
+// decisionReasons are every (decision, reason) pair, shown at zero from the
+// start.
+var decisionReasons = [][2]string{
+	{Allowed, ReasonPolicy},
+	{Denied, ReasonNotAllowed}, {Denied, ReasonIPLiteral}, {Denied, ReasonBadRequest}, {Denied, ReasonPrivateAddress},
+	{Denied, ReasonResolveFailed}, {Denied, ReasonConnectFailed}, {Denied, ReasonNotTLS}, {Denied, ReasonSNIMismatch},
+	{Denied, ReasonConnectionLimit}, {Denied, ReasonUnauthenticated}, {Denied, ReasonPolicyUnavailable},
+	{Closed, ReasonBytesLimit}, {Closed, ReasonIdleTimeout},
+}
+
+// NewDecisions is the decisions counter, every pair at zero.
+func NewDecisions() *prometheus.CounterVec {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentplane_sandbox_egress_decisions_total",
+		Help: "Egress proxy decisions by decision (allowed, denied, closed: an allowed connection cut by a bound) and reason (docs/sandbox.md).",
+	}, []string{"decision", "reason"})
+	for _, p := range decisionReasons {
+		v.WithLabelValues(p[0], p[1])
+	}
+	return v
+}
+
+// Decision is one audited decision: a connection (CONNECT) or a request
+// (plain HTTP), with the bytes it carried each way.
+type Decision struct {
+	Kind      string // "connect" or "http"
+	Host      string
+	Port      int
+	Decision  string
+	Reason    string
+	BytesUp   int64 // from the sandbox
+	BytesDown int64 // to the sandbox
+}
+
+// Grant is what an authenticated wrapper's connections work with.
+type Grant struct {
+	// Key is what the connection bound counts against (the sandbox).
+	Key string
+	// Policy returns the wrapper's policy as it is now (read per request,
+	// so a change applies to the next connection).
+	Policy func() (egresspolicy.Policy, error)
+	// Audit receives every decision of the connection.
+	Audit func(Decision)
+}
+
+// Authorizer checks a connection's preamble.
+type Authorizer func(ctx context.Context, id Identity) (Grant, error)
+
+// Limits bound each sandbox (0: unbounded).
+type Limits struct {
+	MaxConns int           // open connections per sandbox
+	MaxBytes int64         // bytes per connection, both ways together
+	Idle     time.Duration // a connection with nothing moving this long is closed
+}
+
+// Config configures a Proxy.
+type Config struct {
+	Authorize Authorizer
+	// Default is the deployment's policy, in force besides every wrapper's.
+	Default egresspolicy.Policy
+	// Hosts answer names before DNS (a static name map; tests use it as
+	// their DNS).
+	Hosts    map[string][]netip.Addr
+	Resolver *net.Resolver // nil: net.DefaultResolver
+	Limits   Limits
+	// Decisions counts decisions; nil: not counted.
+	Decisions *prometheus.CounterVec
+	Log       *slog.Logger
+}
+
+// Proxy is the egress proxy.
+type Proxy struct {
+	cfg  Config
+	dial net.Dialer
+	mu   sync.Mutex
+	open map[string]int
+}
+
+// Timeouts of the steps before bytes flow.
+const (
+	headerTimeout  = 10 * time.Second
+	resolveTimeout = 5 * time.Second
+	dialTimeout    = 10 * time.Second
+)
+
+// New returns a proxy.
+func New(cfg Config) *Proxy {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
+	return &Proxy{cfg: cfg, dial: net.Dialer{Timeout: dialTimeout}, open: map[string]int{}}
+}
+
+// Serve accepts connections on ln until it is closed; it returns once every
+// connection it served has ended (closing ln closes them).
+func (p *Proxy) Serve(ln net.Listener) { relay.Accept(ln, p.handle) }
+
+func (p *Proxy) count(decision, reason string) {
+	if p.cfg.Decisions != nil {
+		p.cfg.Decisions.WithLabelValues(decision, reason).Inc()
+	}
+}
+
+func (p *Proxy) record(g Grant, d Decision) {
+	p.count(d.Decision, d.Reason)
+	if g.Audit != nil {
+		g.Audit(d)
+	}
+}
+
+func (p *Proxy) acquire(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cfg.Limits.MaxConns > 0 && p.open[key] >= p.cfg.Limits.MaxConns {
+		return false
+	}
+	p.open[key]++
+	return true
+}
+
+func (p *Proxy) release(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[key]--; p.open[key] <= 0 {
+		delete(p.open, key)
+	}
+}
+
+// handle serves one connection: the preamble, one request (CONNECT or
+// plain HTTP; every answer closes the connection, so each connection is
+// decided on the policy current when it was opened).
+func (p *Proxy) handle(c net.Conn) {
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
+	m := newMeter(c, p.cfg.Limits)
+	defer m.stop()
+	br := bufio.NewReader(m)
+	id, err := ReadPreamble(br)
+	if err != nil {
+		p.count(Denied, ReasonUnauthenticated)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
+	g, err := p.cfg.Authorize(ctx, id)
+	cancel()
+	if err != nil {
+		p.count(Denied, ReasonUnauthenticated)
+		p.cfg.Log.Warn("egress connection refused: the wrapper did not authenticate", "sandbox", id.SandboxID, "instance", id.Instance, "err", err)
+		writeDenied(c, http.StatusProxyAuthRequired, ReasonUnauthenticated)
+		return
+	}
+	m.resetCounts() // the preamble is not the runtime's traffic
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	d := Decision{Kind: "http"}
+	if req.Method == http.MethodConnect {
+		d.Kind = "connect"
+	}
+	if !p.acquire(g.Key) {
+		d.Host, d.Port, _ = target(req)
+		p.deny(g, m, d, http.StatusServiceUnavailable, ReasonConnectionLimit)
+		return
+	}
+	defer p.release(g.Key)
+	host, port, reason := target(req)
+	d.Host, d.Port = host, port
+	if reason != "" {
+		p.deny(g, m, d, http.StatusForbidden, reason)
+		return
+	}
+	pol, err := p.policy(g)
+	if err != nil {
+		p.deny(g, m, d, http.StatusServiceUnavailable, ReasonPolicyUnavailable)
+		return
+	}
+	if !pol.Allows(host, port) {
+		p.deny(g, m, d, http.StatusForbidden, ReasonNotAllowed)
+		return
+	}
+	up, reason := p.connect(pol, host, port)
+	if reason != "" {
+		code := http.StatusBadGateway
+		if reason == ReasonPrivateAddress {
+			code = http.StatusForbidden
+		}
+		p.deny(g, m, d, code, reason)
+		return
+	}
+	m.alsoClose(up)
+	defer up.Close()
+	if d.Kind == "connect" {
+		p.tunnel(g, m, br, up, d)
+		return
+	}
+	p.forward(g, m, req, up, d)
+}
+
+func (p *Proxy) policy(g Grant) (egresspolicy.Policy, error) {
+	own, err := g.Policy()
+	if err != nil {
+		return egresspolicy.Policy{}, err
+	}
+	return egresspolicy.Union(p.cfg.Default, own), nil
+}
+
+func (p *Proxy) deny(g Grant, m *meter, d Decision, code int, reason string) {
+	d.Decision, d.Reason = Denied, reason
+	d.BytesUp, d.BytesDown = m.counts()
+	p.record(g, d)
+	writeDenied(m, code, reason)
+}
+
+// finish records an allowed connection once it ended: allowed, or closed
+// with the bound that cut it.
+func (p *Proxy) finish(g Grant, m *meter, d Decision) {
+	d.Decision, d.Reason = Allowed, ReasonPolicy
+	if r := m.cutReason(); r != "" {
+		p.count(Allowed, ReasonPolicy) // it was allowed before a bound cut it
+		d.Decision, d.Reason = Closed, r
+	}
+	d.BytesUp, d.BytesDown = m.counts()
+	p.record(g, d)
+}
+
+func writeDenied(w io.Writer, code int, reason string) {
+	body := "agentplane egress: denied (" + reason + ")\n"
+	_, _ = fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Agentplane-Egress: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
+		code, http.StatusText(code), reason, len(body), body)
+}
+
+// target is the request's destination: a normalized name and a port, or
+// why not.
+func target(req *http.Request) (host string, port int, reason string) {
+	authority := req.Host
+	if req.Method != http.MethodConnect {
+		if req.URL == nil || !req.URL.IsAbs() || req.URL.Scheme != "http" {
+			return "", 0, ReasonBadRequest // https goes through CONNECT
+		}
+		authority = req.URL.Host
+	}
+	h, ps, err := net.SplitHostPort(authority)
+	if err != nil {
+		if req.Method == http.MethodConnect {
+			return "", 0, ReasonBadRequest
+		}
+		h, ps = authority, "80"
+	}
+	n, err := strconv.Atoi(ps)
+	if err != nil || n < 1 || n > 65535 {
+		return "", 0, ReasonBadRequest
+	}
+	if _, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
+		return h, n, ReasonIPLiteral
+	}
+	name, ok := egresspolicy.NormalizeHost(h)
+	if !ok {
+		return "", n, ReasonBadRequest
+	}
+	return name, n, ""
+}
+
+// connect resolves host itself, keeps the addresses pol allows and dials
+// them in turn.
+func (p *Proxy) connect(pol egresspolicy.Policy, host string, port int) (net.Conn, string) {
+	addrs, ok := p.cfg.Hosts[host]
+	if !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		var err error
+		addrs, err = p.cfg.Resolver.LookupNetIP(ctx, "ip", host)
+		cancel()
+		if err != nil || len(addrs) == 0 {
+			return nil, ReasonResolveFailed
+		}
+	}
+	var allowed []netip.Addr
+	for _, a := range addrs {
+		if pol.AllowsAddress(a) {
+			allowed = append(allowed, a.Unmap())
+		}
+	}
+	if len(allowed) == 0 {
+		return nil, ReasonPrivateAddress
+	}
+	for _, a := range allowed {
+		c, err := p.dial.Dial("tcp", netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return c, ""
+		}
+	}
+	return nil, ReasonConnectFailed
+}
+
+// tunnel answers a CONNECT, checks the ClientHello's SNI against the host
+// and joins the two ends.
+func (p *Proxy) tunnel(g Grant, m *meter, br *bufio.Reader, up net.Conn, d Decision) {
+	if _, err := io.WriteString(m, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	_ = m.SetReadDeadline(time.Now().Add(headerTimeout))
+	sni, hello, err := ReadClientHello(br)
+	if err != nil && m.cutReason() != "" {
+		p.finish(g, m, d) // a bound cut it while it was silent
+		return
+	}
+	if err != nil {
+		d.Decision, d.Reason = Denied, ReasonNotTLS
+		d.BytesUp, d.BytesDown = m.counts()
+		p.record(g, d)
+		return
+	}
+	if name, ok := egresspolicy.NormalizeHost(sni); !ok || name != d.Host {
+		d.Decision, d.Reason = Denied, ReasonSNIMismatch
+		d.BytesUp, d.BytesDown = m.counts()
+		p.record(g, d)
+		return
+	}
+	_ = m.SetReadDeadline(time.Time{})
+	if _, err := up.Write(hello); err != nil {
+		p.finish(g, m, d)
+		return
+	}
+	join(m, br, up)
+	p.finish(g, m, d)
+}
+
+// forward sends one plain-HTTP request upstream in origin form, without the
+// proxy's hop-by-hop headers and asking the upstream to close, then copies
+// the response back as it comes: the connection serves this one request,
+// so the response needs no rewriting and streams at copy speed.
+func (p *Proxy) forward(g Grant, m *meter, req *http.Request, up net.Conn, d Decision) {
+	defer p.finish(g, m, d)
+	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Upgrade"} {
+		req.Header.Del(h)
+	}
+	req.Close = true
+	_ = m.SetReadDeadline(time.Time{})
+	if err := req.Write(up); err != nil {
+		return
+	}
+	_, _ = io.CopyBuffer(m, up, make([]byte, copyBuffer))
+}
+
+// copyBuffer is the buffer of each direction: large, so a download moves
+// in few system calls.
+const copyBuffer = 256 << 10
+
+// join copies both ways until both ends are done, passing half-closes on.
+func join(client *meter, fromClient io.Reader, up net.Conn) {
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.CopyBuffer(up, fromClient, make([]byte, copyBuffer))
+		closeWrite(up)
+		close(done)
+	}()
+	_, _ = io.CopyBuffer(client, up, make([]byte, copyBuffer))
+	closeWrite(client.Conn)
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}

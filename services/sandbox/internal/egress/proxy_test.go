@@ -1,0 +1,266 @@
+package egress_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/pkg/egresspolicy"
+	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/relay"
+)
+
+// rig is an egress proxy on a Unix socket, a wrapper-side relay on
+// loopback in front of it (what a runtime's HTTP(S)_PROXY names), and an
+// HTTP and a TLS server the name map points names at.
+type rig struct {
+	proxyURL *url.URL
+	plain    *httptest.Server
+	tls      *httptest.Server
+	mu       sync.Mutex
+	policy   egresspolicy.Policy
+	audits   []egress.Decision
+	seen     int
+}
+
+func startRig(t *testing.T, lim egress.Limits, body string) (*rig, func(decision, reason string) float64) {
+	return startRigWith(t, lim, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { _, _ = io.WriteString(w, body+" "+req.Host) }))
+}
+
+// startRigWith is startRig with the servers' handler.
+func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(decision, reason string) float64) {
+	t.Helper()
+	r := &rig{}
+	r.plain = httptest.NewServer(h)
+	r.tls = httptest.NewTLSServer(h)
+	t.Cleanup(r.plain.Close)
+	t.Cleanup(r.tls.Close)
+	lo := netip.MustParseAddr("127.0.0.1")
+	decisions := egress.NewDecisions()
+	p := egress.New(egress.Config{
+		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+			if id.Credential != "cred-1" {
+				return egress.Grant{}, errors.New("bad credential")
+			}
+			return egress.Grant{Key: id.SandboxID, Policy: func() (egresspolicy.Policy, error) {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				return r.policy, nil
+			}, Audit: func(d egress.Decision) {
+				r.mu.Lock()
+				r.audits = append(r.audits, d)
+				r.mu.Unlock()
+			}}, nil
+		},
+		Hosts: map[string][]netip.Addr{
+			"allowed.test": {lo}, "denied.test": {lo}, "other.test": {lo},
+			"metadata.test": {netip.MustParseAddr("169.254.169.254")}, "private.test": {netip.MustParseAddr("10.255.0.1")},
+		},
+		Limits: lim, Decisions: decisions,
+	})
+	dir := t.TempDir()
+	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
+	require.NoError(t, err)
+	served := make(chan struct{})
+	go func() { p.Serve(ln); close(served) }()
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	relayed := make(chan struct{})
+	go func() {
+		relay.Serve(front, egress.Dialer(dir, egress.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
+		close(relayed)
+	}()
+	t.Cleanup(func() { _ = front.Close(); <-relayed; _ = ln.Close(); <-served })
+	r.proxyURL = &url.URL{Scheme: "http", Host: front.Addr().String()}
+	r.policy = egresspolicy.Policy{Allow: []egresspolicy.Rule{
+		{Host: "allowed.test", Ports: []uint32{port(r.plain), port(r.tls)}},
+		{Host: "metadata.test", Ports: []uint32{port(r.plain)}}, {Host: "private.test", Ports: []uint32{port(r.plain)}},
+	}, PrivateNetworks: []string{"127.0.0.1"}}
+	return r, func(decision, reason string) float64 {
+		return testutil.ToFloat64(decisions.WithLabelValues(decision, reason))
+	}
+}
+
+func port(s *httptest.Server) uint32 {
+	return uint32(s.Listener.Addr().(*net.TCPAddr).Port)
+}
+
+func (r *rig) client(serverName string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true, // each request is its own connection, audited when it ends
+		Proxy:             http.ProxyURL(r.proxyURL),
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: serverName}, //nolint:gosec // the test's own server
+	}}
+}
+
+func (r *rig) url(s *httptest.Server, scheme, host string) string {
+	return scheme + "://" + host + ":" + strings.Split(s.Listener.Addr().String(), ":")[1] + "/x"
+}
+
+// last waits for the audit of the connection just made (an allowed one is
+// audited when it ends, after the client saw its answer).
+func (r *rig) last() egress.Decision {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r.mu.Lock()
+		n := len(r.audits)
+		var d egress.Decision
+		if n > r.seen {
+			d = r.audits[n-1]
+			r.seen = n
+		}
+		r.mu.Unlock()
+		if d.Decision != "" || time.Now().After(deadline) {
+			return d
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func get(t *testing.T, c *http.Client, u string) (int, string, error) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
+}
+
+func TestEgressDecisions(t *testing.T) {
+	r, metric := startRig(t, egress.Limits{MaxConns: 8, Idle: time.Minute}, "hello")
+
+	code, body, err := get(t, r.client(""), r.url(r.plain, "http", "allowed.test"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "hello allowed.test:")
+	d := r.last()
+	require.Equal(t, egress.Allowed, d.Decision)
+	require.Equal(t, "http", d.Kind)
+	require.Positive(t, d.BytesDown)
+
+	code, body, err = get(t, r.client(""), r.url(r.tls, "https", "allowed.test"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "hello allowed.test:")
+	d = r.last()
+	require.Equal(t, egress.Decision{Kind: "connect", Host: "allowed.test", Port: int(port(r.tls)), Decision: egress.Allowed,
+		Reason: egress.ReasonPolicy, BytesUp: d.BytesUp, BytesDown: d.BytesDown}, d)
+	require.Positive(t, d.BytesUp)
+	require.InDelta(t, 2.0, metric(egress.Allowed, egress.ReasonPolicy), 0)
+
+	for _, c := range []struct {
+		name, url, reason string
+		code              int
+	}{
+		{"denied name", r.url(r.plain, "http", "denied.test"), egress.ReasonNotAllowed, 403},
+		{"denied name over TLS", r.url(r.tls, "https", "denied.test"), egress.ReasonNotAllowed, 403},
+		{"raw IP", r.url(r.plain, "http", "127.0.0.1"), egress.ReasonIPLiteral, 403},
+		{"raw IP over TLS", r.url(r.tls, "https", "127.0.0.1"), egress.ReasonIPLiteral, 403},
+		{"metadata address", r.url(r.plain, "http", "metadata.test"), egress.ReasonPrivateAddress, 403},
+		{"private address", r.url(r.plain, "http", "private.test"), egress.ReasonPrivateAddress, 403},
+		{"allowed name, other port", "http://allowed.test:1/x", egress.ReasonNotAllowed, 403},
+	} {
+		before := metric(egress.Denied, c.reason)
+		code, body, err := get(t, r.client(""), c.url)
+		if strings.HasPrefix(c.url, "https") {
+			require.Error(t, err, c.name) // the tunnel was refused
+		} else {
+			require.NoError(t, err, c.name)
+			require.Equal(t, c.code, code, c.name)
+			require.Contains(t, body, c.reason, c.name)
+		}
+		d := r.last()
+		require.Equal(t, c.reason, d.Reason, c.name)
+		require.Equal(t, egress.Denied, d.Decision, c.name)
+		require.InDelta(t, before+1, metric(egress.Denied, c.reason), 0, c.name)
+	}
+
+	// CONNECT allowed.test with a ClientHello for other.test.
+	_, _, err = get(t, r.client("other.test"), r.url(r.tls, "https", "allowed.test"))
+	require.Error(t, err)
+	require.Equal(t, egress.ReasonSNIMismatch, r.last().Reason)
+	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonSNIMismatch), 0)
+
+	// CONNECT then plain text.
+	conn, err := net.Dial("tcp", r.proxyURL.Host)
+	require.NoError(t, err)
+	_, _ = io.WriteString(conn, "CONNECT allowed.test:"+strings.Split(r.tls.Listener.Addr().String(), ":")[1]+" HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+	_, _ = io.ReadAll(conn)
+	_ = conn.Close()
+	require.Equal(t, egress.ReasonNotTLS, r.last().Reason)
+
+	// A change applies to the next connection.
+	r.mu.Lock()
+	r.policy.Allow = r.policy.Allow[1:]
+	r.mu.Unlock()
+	code, _, err = get(t, r.client(""), r.url(r.plain, "http", "allowed.test"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusForbidden, code)
+}
+
+func TestEgressBounds(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	r, metric := startRig(t, egress.Limits{MaxConns: 1, MaxBytes: 64 << 10, Idle: 200 * time.Millisecond}, big)
+
+	// Bytes: the 1 MiB answer is cut at 64 KiB.
+	_, body, err := get(t, r.client(""), r.url(r.plain, "http", "allowed.test"))
+	if err == nil {
+		require.Less(t, len(body), 1<<20)
+	}
+	d := r.last()
+	require.Equal(t, egress.ReasonBytesLimit, d.Reason, "%+v", d)
+	require.InDelta(t, 1.0, metric(egress.Closed, egress.ReasonBytesLimit), 0)
+
+	// Idle and the connection count: one tunnel held open and silent.
+	conn, err := net.Dial("tcp", r.proxyURL.Host)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "CONNECT allowed.test:"+strings.Split(r.tls.Listener.Addr().String(), ":")[1]+" HTTP/1.1\r\nHost: x\r\n\r\n")
+	buf := make([]byte, 64)
+	n, err := conn.Read(buf)
+	require.NoError(t, err)
+	require.Contains(t, string(buf[:n]), "200")
+	code, _, err := get(t, r.client(""), r.url(r.plain, "http", "allowed.test"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code, "the second connection of the sandbox")
+	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonConnectionLimit), 0)
+	_, _ = io.ReadAll(conn) // the proxy closes the silent tunnel
+	require.Eventually(t, func() bool { return metric(egress.Closed, egress.ReasonIdleTimeout) == 1 }, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestEgressRefusesAnUnauthenticatedConnection(t *testing.T) {
+	dir := t.TempDir()
+	decisions := egress.NewDecisions()
+	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egress.Identity) (egress.Grant, error) {
+		return egress.Grant{}, errors.New("no")
+	}})
+	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
+	require.NoError(t, err)
+	go p.Serve(ln)
+	defer ln.Close()
+	for _, pre := range []string{"GET http://allowed.test/ HTTP/1.1\r\n\r\n", "AGENTPLANE-EGRESS/1 sb i Y3JlZA\nGET http://a.test/ HTTP/1.1\r\n\r\n"} {
+		c, err := net.Dial("unix", filepath.Join(dir, "a.sock"))
+		require.NoError(t, err)
+		_, _ = io.WriteString(c, pre)
+		b, _ := io.ReadAll(c)
+		_ = c.Close()
+		require.NotContains(t, string(b), "200")
+	}
+	require.InDelta(t, 2.0, testutil.ToFloat64(decisions.WithLabelValues(egress.Denied, egress.ReasonUnauthenticated)), 0)
+}

@@ -1,0 +1,211 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/egresspolicy"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	"agentplane.dev/services/sandbox/internal/boundary"
+	"agentplane.dev/services/sandbox/internal/driver"
+	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/notify"
+	"agentplane.dev/services/sandbox/internal/relay"
+)
+
+// sandboxEgressAddr is where a runtime behind the boundary finds the egress
+// proxy (its HTTP_PROXY and HTTPS_PROXY): the sandbox's own loopback, like
+// the credential proxy.
+const sandboxEgressAddr = "127.0.0.1:7406"
+
+// EgressConfig is the egress proxy's configuration (docs/sandbox.md
+// "Egress").
+type EgressConfig struct {
+	Allow    string        // SANDBOX_EGRESS_ALLOW: the deployment's default policy (egresspolicy.ParseList)
+	Hosts    string        // SANDBOX_EGRESS_HOSTS: static name map, name=addr|addr,... (answered before DNS)
+	MaxConns int           // SANDBOX_EGRESS_MAX_CONNS: open connections per sandbox
+	MaxBytes ByteSize      // SANDBOX_EGRESS_MAX_BYTES: bytes per connection, both ways
+	Idle     time.Duration // SANDBOX_EGRESS_IDLE: a connection with nothing moving this long is closed
+}
+
+// DefaultEgressConfig: nothing allowed by default, generous bounds.
+func DefaultEgressConfig() EgressConfig {
+	return EgressConfig{MaxConns: 64, MaxBytes: 4 << 30, Idle: 5 * time.Minute}
+}
+
+// Bind registers the settings on l.
+func (c *EgressConfig) Bind(l *config.Loader) {
+	l.String(&c.Allow, "SANDBOX_EGRESS_ALLOW", c.Allow, "default egress policy of every session: host patterns with optional ports (registry.npmjs.org,*.pypi.org:443,example.com:80|8080) and private address ranges names may resolve to (10.0.0.0/8)")
+	l.String(&c.Hosts, "SANDBOX_EGRESS_HOSTS", c.Hosts, "static name map of the egress proxy, answered before DNS: name=addr|addr,...")
+	l.Int(&c.MaxConns, "SANDBOX_EGRESS_MAX_CONNS", c.MaxConns, "open egress connections per sandbox")
+	def := c.MaxBytes
+	l.Var(&c.MaxBytes, "SANDBOX_EGRESS_MAX_BYTES", &def, "bytes per egress connection, both ways (bytes, or with KiB/MiB/GiB/TiB)")
+	l.Duration(&c.Idle, "SANDBOX_EGRESS_IDLE", c.Idle, "close an egress connection with nothing moving this long")
+}
+
+// Validate names each bad setting.
+func (c *EgressConfig) Validate() error {
+	var errs []error
+	if _, err := egresspolicy.ParseList(c.Allow, egresspolicy.MaxRulesCeiling); err != nil {
+		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_ALLOW", err))
+	}
+	if _, err := parseHosts(c.Hosts); err != nil {
+		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_HOSTS", err))
+	}
+	if c.MaxConns <= 0 {
+		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_MAX_CONNS", errors.New("must be positive")))
+	}
+	if c.MaxBytes == 0 {
+		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_MAX_BYTES", errors.New("must be positive")))
+	}
+	if c.Idle <= 0 {
+		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_IDLE", errors.New("must be positive")))
+	}
+	return errors.Join(errs...)
+}
+
+func parseHosts(s string) (map[string][]netip.Addr, error) {
+	out := map[string][]netip.Addr{}
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		name, addrs, ok := strings.Cut(item, "=")
+		host, valid := egresspolicy.NormalizeHost(name)
+		if !ok || !valid {
+			return nil, fmt.Errorf("entry %q: want name=addr|addr", item)
+		}
+		for a := range strings.SplitSeq(addrs, "|") {
+			ip, err := netip.ParseAddr(a)
+			if err != nil {
+				return nil, fmt.Errorf("entry %q: %q is not an address", item, a)
+			}
+			out[host] = append(out[host], ip)
+		}
+	}
+	return out, nil
+}
+
+// egressSetup is the egress proxy's socket under <root>/.sockets/egress
+// and the wrapper flags that offer it inside; none without the boundary
+// (a runtime with the host's network needs no proxy to leave).
+type egressSetup struct {
+	ln           net.Listener
+	done         chan struct{}
+	wrapperFlags []string
+}
+
+func listenEgress(b *boundarySetup, replica string) (*egressSetup, error) {
+	e := &egressSetup{}
+	if b.iso == nil {
+		return e, nil
+	}
+	dir := filepath.Join(b.iso.SocketDir, "egress")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("egress socket: %w", err)
+	}
+	ln, err := relay.Listen(filepath.Join(dir, socketName(replica)))
+	if err != nil {
+		return nil, fmt.Errorf("egress socket: %w", err)
+	}
+	e.ln = ln
+	e.wrapperFlags = []string{"--egress-listen", sandboxEgressAddr, "--egress-dir", boundary.InnerSocketDir + "/egress"}
+	return e, nil
+}
+
+// serve starts the proxy on the socket: policies and audit from the
+// driver's routes, events through the notifier, decisions counted on reg.
+func (e *egressSetup) serve(cfg EgressConfig, drv *driver.Driver, n *notify.Notifier, reg *prometheus.Registry, log *slog.Logger) error {
+	if e.ln == nil {
+		return nil
+	}
+	decisions := egress.NewDecisions()
+	if err := reg.Register(decisions); err != nil {
+		return err
+	}
+	def, _ := egresspolicy.ParseList(cfg.Allow, egresspolicy.MaxRulesCeiling) // validated
+	hosts, _ := parseHosts(cfg.Hosts)                                         // validated
+	p := egress.New(egress.Config{
+		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+			key, err := drv.EgressWrapper(id.SandboxID, id.Instance, id.Credential)
+			if err != nil {
+				return egress.Grant{}, err
+			}
+			return egressGrant(drv, n, log, id.SandboxID, key), nil
+		},
+		Default: def, Hosts: hosts, Decisions: decisions, Log: log,
+		Limits: egress.Limits{MaxConns: cfg.MaxConns, MaxBytes: int64(cfg.MaxBytes), Idle: cfg.Idle},
+	})
+	e.done = make(chan struct{})
+	go func() { p.Serve(e.ln); close(e.done) }()
+	return nil
+}
+
+func (e *egressSetup) close() {
+	if e.ln != nil {
+		_ = e.ln.Close()
+		if e.done != nil {
+			<-e.done
+		}
+	}
+}
+
+// egressGrant reads the runtime key's routes on every request (the union
+// of their policies, so a change applies to the next connection) and
+// audits each decision on every session of the runtime.
+func egressGrant(drv *driver.Driver, n *notify.Notifier, log *slog.Logger, sandboxID, key string) egress.Grant {
+	return egress.Grant{
+		Key: sandboxID,
+		Policy: func() (egresspolicy.Policy, error) {
+			routes, err := drv.EgressRoutes(sandboxID, key)
+			if err != nil {
+				return egresspolicy.Policy{}, err
+			}
+			ps := make([]egresspolicy.Policy, 0, len(routes))
+			for _, r := range routes {
+				ps = append(ps, r.Policy)
+			}
+			return egresspolicy.Union(ps...), nil
+		},
+		Audit: func(d egress.Decision) {
+			if d.Decision != egress.Allowed {
+				log.Info("egress", "sandbox", sandboxID, "runtime_key", key, "host", d.Host, "port", d.Port,
+					"decision", d.Decision, "reason", d.Reason)
+			}
+			routes, _ := drv.EgressRoutes(sandboxID, key)
+			for _, r := range routes {
+				n.Events(r.Ref, []*runtimev1.RuntimeEvent{egressEvent(r.RuntimeSessionID, d)})
+			}
+		},
+	}
+}
+
+func egressEvent(runtimeSessionID string, d egress.Decision) *runtimev1.RuntimeEvent {
+	id := make([]byte, 12)
+	_, _ = rand.Read(id)
+	data, _ := structpb.NewStruct(map[string]any{
+		"kind": d.Kind, "host": d.Host, "port": d.Port, "decision": d.Decision, "reason": d.Reason,
+		"bytes_up": d.BytesUp, "bytes_down": d.BytesDown,
+	})
+	return &runtimev1.RuntimeEvent{
+		EventId: "egress-" + hex.EncodeToString(id), RuntimeSessionId: runtimeSessionID,
+		Kind: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_EGRESS,
+		Text: fmt.Sprintf("egress %s %s:%d (%s)", d.Decision, d.Host, d.Port, d.Reason),
+		Data: data, Time: timestamppb.Now(),
+	}
+}
