@@ -138,6 +138,18 @@ func startSuiteIsolated(t testing.TB, isolation string) *suite {
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
+	return startSuiteAt(t, up, tune, store{})
+}
+
+// store is the Redis a suite's services use: URL "" starts a private
+// redis-server; MinReplicas is every service's AGENTPLANE_REDIS_MIN_REPLICAS.
+type store struct {
+	URL         string
+	MinReplicas int
+}
+
+// startSuiteAt is startSuiteWith on the Redis st names.
+func startSuiteAt(t testing.TB, up http.Handler, tune func(*sandbox.Config), st store) *suite {
 	root := sandboxRoot(t)
 	s := &suite{up: &upstream{}, root: root, run: newRunID()}
 	killProcessesUnder(t, s.root)
@@ -147,7 +159,9 @@ func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *
 	}
 	provider := httptest.NewServer(up)
 	t.Cleanup(provider.Close)
-	rs := redistest.Start(t)
+	if st.URL == "" {
+		st.URL = redistest.Start(t).URL()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 
 	credGL, proxyL, sbxL := listen(t), listen(t), listen(t)
@@ -159,19 +173,19 @@ func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *
 
 	// Info level: the secret must not show up in the lines services do write.
 	ccfg := credential.DefaultConfig()
-	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, ""
+	ccfg.RedisURL, ccfg.RedisMinReplicas, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = st.URL, st.MinReplicas, token, 0, ""
 	ccfg.LogLevel, ccfg.LogFormat = slog.LevelDebug, "json"
 	ccfg.CredentialKey = base64.StdEncoding.EncodeToString(key)
 	ccfg.AttestationKey = base64.StdEncoding.EncodeToString(s.attKey)
 	ccfg.IngestAddr, ccfg.ProviderUpstream = ingAddr, provider.URL
 
 	icfg := ingest.DefaultConfig()
-	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, ""
+	icfg.RedisURL, icfg.RedisMinReplicas, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = st.URL, st.MinReplicas, token, 0, ""
 	icfg.LogLevel, icfg.LogFormat = slog.LevelDebug, "json"
 	icfg.GRPCAddr, icfg.CredentialAddr = ingAddr, credGL.Addr().String()
 
 	bcfg := sandbox.DefaultConfig()
-	bcfg.RedisURL, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = rs.URL(), token, 0, ""
+	bcfg.RedisURL, bcfg.RedisMinReplicas, bcfg.InternalToken, bcfg.DrainDelay, bcfg.MetricsAddr = st.URL, st.MinReplicas, token, 0, ""
 	bcfg.LogLevel, bcfg.LogFormat = slog.LevelDebug, "json"
 	bcfg.Listener, bcfg.GRPCAddr = sbxL, sbxL.Addr().String()
 	bcfg.SessionAddr, bcfg.CredentialAddr = sesAddr, credGL.Addr().String()
@@ -183,7 +197,7 @@ func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *
 	}
 
 	scfg := session.DefaultConfig()
-	scfg.RedisURL, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = rs.URL(), token, 0, ""
+	scfg.RedisURL, scfg.RedisMinReplicas, scfg.InternalToken, scfg.DrainDelay, scfg.MetricsAddr = st.URL, st.MinReplicas, token, 0, ""
 	scfg.LogLevel, scfg.LogFormat = slog.LevelDebug, "json"
 	scfg.GRPCAddr = sesAddr
 	scfg.SandboxAddr, scfg.CredentialAddr, scfg.IngestAddr = sbxL.Addr().String(), credGL.Addr().String(), ingAddr
