@@ -2,6 +2,7 @@ package replication_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ var writes = map[string]func(ctx context.Context, c *redis.Client, key string) e
 	},
 	"watch transaction": func(ctx context.Context, c *redis.Client, key string) error {
 		return c.Watch(ctx, func(tx *redis.Tx) error {
-			if err := tx.Get(ctx, key).Err(); err != nil && err != redis.Nil {
+			if err := tx.Get(ctx, key).Err(); err != nil && !errors.Is(err, redis.Nil) {
 				return err
 			}
 			_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
