@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/redistest"
+	sandbox "agentplane.dev/services/sandbox/server"
 )
 
 // ledger is what callers saw acknowledged during a run: a message whose
@@ -256,4 +259,64 @@ func TestSentinelFailoverAcks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// wrappers are the pids of this suite's wrapper processes.
+func (s *suite) wrappers(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if filepath.Base(exe) == filepath.Base(wrapperBin) && strings.Contains(string(env), "-"+s.run) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestSentinelFailoverKeepsSandboxes (issue 20 item 5): across a SENTINEL
+// FAILOVER the sandbox replica's owner leases survive (renewals Redis could
+// not answer are retried within the lease's deadline), so its sandboxes keep
+// running — the same wrapper processes — and the next message is served,
+// rather than the sandboxes being dropped and relaunched after the TTL. The
+// owner TTL is short (renewal every 2s) so that renewals fall in the
+// failover.
+func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
+	g := redistest.StartSentinel(t)
+	s := startSuiteAt(t, nil, func(c *sandbox.Config) { c.OwnerTTL = 6 * time.Second }, store{URL: g.URL(), MinReplicas: 1})
+	var ids []string
+	for i := range 2 {
+		dir := filepath.Join(s.root, fmt.Sprintf("k%d", i))
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		id := s.create(t, fmt.Sprintf("sbx-keep%d", i), dir, "sk-keep").GetSessionId()
+		s.turn(t, id, "m-1", "before")
+		ids = append(ids, id)
+	}
+	before := s.wrappers(t)
+	require.NotEmpty(t, before, "the sandboxes' wrappers (and their runtimes) run")
+
+	ctx := t.Context()
+	old, err := g.MasterAddr(ctx)
+	require.NoError(t, err)
+	began := time.Now()
+	require.NoError(t, g.Failover(ctx))
+	require.Eventually(t, func() bool {
+		now, err := g.MasterAddr(ctx)
+		return err == nil && now != old
+	}, 30*time.Second, 20*time.Millisecond)
+	// The old master rejoins as the new one's replica: until then every
+	// write (renewals too) is STORE_NOT_REPLICATED.
+	require.NoError(t, g.WaitHealthy(ctx))
+	t.Logf("group healthy again %v after the failover began", time.Since(began).Round(time.Millisecond))
+	for _, id := range ids {
+		s.turn(t, id, "m-2", "after")
+	}
+	require.Equal(t, before, s.wrappers(t), "the same wrappers serve after the failover")
 }

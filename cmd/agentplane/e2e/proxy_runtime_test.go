@@ -25,6 +25,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
@@ -252,7 +254,12 @@ func (s *suite) create(t testing.TB, sandboxID, dir, secret string) *sessionv1.S
 func (s *suite) turn(t *testing.T, sessionID, messageID, content string) []*sessionv1.SessionEvent {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	// UNAVAILABLE is retried with the same id, as clients do (e.g. a Redis failover).
 	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
+	for status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
+	}
 	require.NoError(t, err)
 	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
 	require.NoError(t, err)
