@@ -166,6 +166,22 @@ func (s *suite) losses(t *testing.T, l *ledger, sessions []string) (lost []strin
 	return lost
 }
 
+// plannedFailover runs SENTINEL FAILOVER and returns once the sentinels
+// name another master, with the time that took.
+func plannedFailover(t *testing.T, g *redistest.SentinelGroup) time.Duration {
+	t.Helper()
+	ctx := t.Context()
+	before, err := g.MasterAddr(ctx)
+	require.NoError(t, err)
+	started := time.Now()
+	require.NoError(t, g.Failover(ctx))
+	require.Eventually(t, func() bool {
+		after, err := g.MasterAddr(ctx)
+		return err == nil && after != before
+	}, 30*time.Second, 20*time.Millisecond)
+	return time.Since(started)
+}
+
 // TestSentinelFailoverAcks (issue 20): four
 // sessions over two sandboxes send and complete messages without pause while
 // a sentinel runs SENTINEL FAILOVER. With AGENTPLANE_REDIS_MIN_REPLICAS=1 no
@@ -223,16 +239,7 @@ func TestSentinelFailoverAcks(t *testing.T) {
 			}
 			progressed(2)
 
-			ctx := t.Context()
-			before, err := g.MasterAddr(ctx)
-			require.NoError(t, err)
-			started := time.Now()
-			require.NoError(t, g.Failover(ctx))
-			require.Eventually(t, func() bool {
-				after, err := g.MasterAddr(ctx)
-				return err == nil && after != before
-			}, 30*time.Second, 20*time.Millisecond)
-			promoted := time.Since(started)
+			promoted := plannedFailover(t, g)
 			at := make(map[string]int, len(sessions))
 			for _, id := range sessions {
 				at[id] = l.completedOf(id)
@@ -303,14 +310,8 @@ func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	require.NotEmpty(t, before, "the sandboxes' wrappers (and their runtimes) run")
 
 	ctx := t.Context()
-	old, err := g.MasterAddr(ctx)
-	require.NoError(t, err)
 	began := time.Now()
-	require.NoError(t, g.Failover(ctx))
-	require.Eventually(t, func() bool {
-		now, err := g.MasterAddr(ctx)
-		return err == nil && now != old
-	}, 30*time.Second, 20*time.Millisecond)
+	plannedFailover(t, g)
 	// The old master rejoins as the new one's replica: until then every
 	// write (renewals too) is STORE_NOT_REPLICATED.
 	require.NoError(t, g.WaitHealthy(ctx))
