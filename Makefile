@@ -59,10 +59,16 @@ test: test-go helm-check
 # Sentinel group (pkg/redistest; `make test` runs them on one redis-server).
 REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ services/ingest:./internal/store/ \
   services/session:./internal/store/ services/sandbox:./internal/store/,./internal/ownership/,./internal/leasestore/
+# The failover e2e tests: real services on a Sentinel group / Cluster while its master fails over.
+REDIS_FAILOVER_E2E = ^TestSentinelFailover(Acks|KeepsSandboxes)$$
 test-redis-topologies:
 	@for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
 	  m=$${s%%:*}; p=$${s#*:}; echo "== AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//,/ }"; \
 	  (cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//,/ }) || exit 1; done; done
+	@echo "== go test pkg ./replication/ (WAIT on a replica pair and a Cluster)"
+	cd pkg && go test $(GOTEST_FLAGS) ./replication/
+	@echo "== go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)'"
+	cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/
 
 helm-check:
 	bash deploy/helm/check.sh

@@ -207,3 +207,25 @@ func fieldStandIn(t *testing.T, path string) string {
 func lookup(env map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 }
+
+// The HA values make every service confirm its writes on one Redis replica;
+// the defaults (a single Redis) wait for none.
+func TestHAValuesWaitForOneReplica(t *testing.T) {
+	for file, want := range map[string]string{"ha-values.yaml": "1", "default-values.yaml": "0"} {
+		r, err := render(t, readValues(t, filepath.Join(chartDir, "ci", file)))
+		if err != nil {
+			t.Fatalf("render %s: %v", file, err)
+		}
+		seen := 0
+		for _, w := range r.workloads() {
+			env := podEnv(t, r, w.pod.Spec.Containers[0])
+			if got := env["AGENTPLANE_REDIS_MIN_REPLICAS"]; got != want {
+				t.Errorf("%s %s: AGENTPLANE_REDIS_MIN_REPLICAS=%q, want %q", file, w.component, got, want)
+			}
+			seen++
+		}
+		if seen == 0 {
+			t.Fatalf("%s: no workload rendered", file)
+		}
+	}
+}

@@ -173,3 +173,14 @@ const StoreRetryDelay = time.Second
 func StoreUnavailable() error {
 	return Error(codes.Unavailable, ReasonStoreUnavailable, "the state store is unavailable; retry", RetryAfter(StoreRetryDelay))
 }
+
+// ReasonStoreNotReplicated is the reason of a write the state store applied
+// but could not confirm on its replicas in time (storeerr.ErrNotReplicated):
+// it was not acknowledged, and retrying it is safe.
+const ReasonStoreNotReplicated = "STORE_NOT_REPLICATED"
+
+// StoreNotReplicated is the status of an unconfirmed write: UNAVAILABLE, so
+// clients retry, with RetryInfo.
+func StoreNotReplicated() error {
+	return Error(codes.Unavailable, ReasonStoreNotReplicated, "the write could not be confirmed on the state store's replicas; retry", RetryAfter(StoreRetryDelay))
+}

@@ -11,19 +11,22 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"agentplane.dev/pkg/logging"
+	"agentplane.dev/pkg/replication"
 )
 
 // Common is the configuration every service embeds (docs/development.md lists the names).
 type Common struct {
-	RedisURL        string        // REDIS_URL (secret: may carry a password): see Redis for the accepted forms
-	RedisPassword   string        // REDIS_PASSWORD (secret): overrides the URL's password; how the chart passes it
-	GRPCAddr        string        // GRPC_ADDR: host:port of the gRPC listener
-	MetricsAddr     string        // METRICS_ADDR: host:port of the /metrics HTTP listener; empty disables it
-	InternalToken   string        // INTERNAL_TOKEN (secret): service-to-service bearer token; empty disables the check (dev only)
-	DrainDelay      time.Duration // DRAIN_DELAY: time between NOT_SERVING and stopping, for load balancers to notice
-	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT: bound on GracefulStop before a hard stop
-	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn, error
-	LogFormat       string        // LOG_FORMAT: json or text
+	RedisURL            string        // REDIS_URL (secret: may carry a password): see Redis for the accepted forms
+	RedisPassword       string        // REDIS_PASSWORD (secret): overrides the URL's password; how the chart passes it
+	RedisMinReplicas    int           // REDIS_MIN_REPLICAS: replicas that must have a write before it is acknowledged (WAIT); 0: none
+	RedisReplicaTimeout time.Duration // REDIS_REPLICA_TIMEOUT: bound on each WAIT for REDIS_MIN_REPLICAS
+	GRPCAddr            string        // GRPC_ADDR: host:port of the gRPC listener
+	MetricsAddr         string        // METRICS_ADDR: host:port of the /metrics HTTP listener; empty disables it
+	InternalToken       string        // INTERNAL_TOKEN (secret): service-to-service bearer token; empty disables the check (dev only)
+	DrainDelay          time.Duration // DRAIN_DELAY: time between NOT_SERVING and stopping, for load balancers to notice
+	ShutdownTimeout     time.Duration // SHUTDOWN_TIMEOUT: bound on GracefulStop before a hard stop
+	LogLevel            slog.Level    // LOG_LEVEL: debug, info, warn, error
+	LogFormat           string        // LOG_FORMAT: json or text
 
 	plainSecrets []PlainSecret // secrets given as values, not files: Logger warns about them
 }
@@ -31,12 +34,13 @@ type Common struct {
 // DefaultCommon returns the defaults for a service listening on grpcAddr and metricsAddr.
 func DefaultCommon(grpcAddr, metricsAddr string) Common {
 	return Common{
-		GRPCAddr:        grpcAddr,
-		MetricsAddr:     metricsAddr,
-		DrainDelay:      5 * time.Second,
-		ShutdownTimeout: 20 * time.Second,
-		LogLevel:        slog.LevelInfo,
-		LogFormat:       string(logging.JSON),
+		GRPCAddr:            grpcAddr,
+		MetricsAddr:         metricsAddr,
+		RedisReplicaTimeout: time.Second,
+		DrainDelay:          5 * time.Second,
+		ShutdownTimeout:     20 * time.Second,
+		LogLevel:            slog.LevelInfo,
+		LogFormat:           string(logging.JSON),
 	}
 }
 
@@ -46,6 +50,8 @@ func DefaultCommon(grpcAddr, metricsAddr string) Common {
 func (c *Common) Bind(l *Loader) {
 	l.Secret(&c.RedisURL, "REDIS_URL", c.RedisURL, "Redis URL: redis://, rediss://, unix://, redis+sentinel://, redis+cluster://")
 	l.Secret(&c.RedisPassword, "REDIS_PASSWORD", c.RedisPassword, "Redis password, used instead of the URL's")
+	l.Int(&c.RedisMinReplicas, "REDIS_MIN_REPLICAS", c.RedisMinReplicas, "Redis replicas that must have a write before it is acknowledged (WAIT); 0: no WAIT (single Redis)")
+	l.Duration(&c.RedisReplicaTimeout, "REDIS_REPLICA_TIMEOUT", c.RedisReplicaTimeout, "bound on each WAIT for REDIS_MIN_REPLICAS; a write not confirmed within it answers UNAVAILABLE")
 	l.String(&c.GRPCAddr, "GRPC_ADDR", c.GRPCAddr, "gRPC listen address")
 	l.String(&c.MetricsAddr, "METRICS_ADDR", c.MetricsAddr, "Prometheus /metrics listen address; empty disables it")
 	l.Secret(&c.InternalToken, "INTERNAL_TOKEN", c.InternalToken, "service-to-service bearer token; empty disables the check (dev only)")
@@ -75,6 +81,13 @@ func (c *Common) Validate() error {
 		bad("REDIS_URL", errors.New("required"))
 	} else if _, err := parseRedisURL(c.RedisURL, c.RedisPassword); err != nil {
 		bad("REDIS_URL", err)
+	}
+	if c.RedisMinReplicas < 0 || c.RedisMinReplicas > maxMinReplicas {
+		bad("REDIS_MIN_REPLICAS", fmt.Errorf("want 0 to %d", maxMinReplicas))
+	}
+	// The WAIT's reply must come before go-redis' default 3s read timeout.
+	if c.RedisReplicaTimeout <= 0 || c.RedisReplicaTimeout > maxReplicaTimeout {
+		bad("REDIS_REPLICA_TIMEOUT", fmt.Errorf("want a duration above 0 and at most %s", maxReplicaTimeout))
 	}
 	if err := checkAddr(c.GRPCAddr); err != nil {
 		bad("GRPC_ADDR", err)
@@ -111,13 +124,22 @@ func (c *Common) Logger() *slog.Logger {
 // PlainSecrets lists the secrets the loader found given as values rather than files.
 func (c *Common) PlainSecrets() []PlainSecret { return c.plainSecrets }
 
-// Redis returns a client for RedisURL, with RedisPassword (when set) as the password.
+// Bounds of REDIS_MIN_REPLICAS and REDIS_REPLICA_TIMEOUT.
+const (
+	maxMinReplicas    = 16
+	maxReplicaTimeout = 2 * time.Second
+)
+
+// Redis returns a client for RedisURL, with RedisPassword (when set) as the password, that
+// confirms each write on RedisMinReplicas replicas (pkg/replication) before it succeeds.
 func (c *Common) Redis() (redis.UniversalClient, error) {
 	newClient, err := parseRedisURL(c.RedisURL, c.RedisPassword)
 	if err != nil {
 		return nil, err
 	}
-	return newClient(), nil
+	rdb := newClient()
+	replication.Require(rdb, replication.Policy{Replicas: c.RedisMinReplicas, Timeout: c.RedisReplicaTimeout})
+	return rdb, nil
 }
 
 func checkAddr(addr string) error {

@@ -489,6 +489,31 @@ func TestHolderDoneOnLoss(t *testing.T) {
 	})
 }
 
+// A lease that survives a Redis restart (or failover) stays held: the
+// renewals Redis could not answer are retried within the lease's deadline.
+func TestHolderKeepsALeaseThatSurvivesRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const ttl = 6 * time.Second
+	h, err := fence.Hold(ctx, rdb, "h", "a", ttl)
+	require.NoError(t, err)
+	// Down across a renewal (every ttl/3) and go-redis' own retries of it,
+	// well within the ttl, with the lease saved.
+	require.NoError(t, rdb.Save(ctx).Err())
+	require.NoError(t, srv.Kill())
+	time.Sleep(ttl * 2 / 3)
+	srv.Start(t)
+	require.Eventually(t, func() bool { // a renewal after the restart
+		return rdb.PTTL(ctx, fence.LeaseKey("h")).Val() > ttl*9/10
+	}, 2*ttl, 10*time.Millisecond)
+	select {
+	case <-h.Done():
+		t.Fatalf("lease given up across the restart: %v", h.Err())
+	default:
+	}
+	require.NoError(t, h.Release(ctx))
+}
+
 // A Lease caches its keys and token string; a copy whose exported fields
 // were changed must act on the changed fields, never on the cache.
 func TestLeaseCopyWithChangedFields(t *testing.T) {

@@ -12,9 +12,11 @@ import (
 
 // Holder holds a lease and renews it every TTL/3 until Release, until its
 // context ends, or until the lease is lost. Done closes as soon as the
-// holder can no longer be sure it holds the lease: a failed renewal (lost
-// lease or any Redis error), or the local lease deadline passing while a
-// renewal is stuck (e.g. Redis paused). Writes must still be guarded: a
+// holder can no longer be sure it holds the lease: a renewal that finds the
+// lease lost, or the local lease deadline passing without a renewal (Redis
+// down, paused or failing over for longer). A renewal Redis could not answer
+// is retried within the deadline, so a lease that survives a Redis failover
+// or restart stays held. Writes must still be guarded: a
 // process can be paused between checking Done and writing.
 type Holder struct {
 	lease *Lease
@@ -72,18 +74,30 @@ func (h *Holder) renew(ctx context.Context) {
 		}
 		begin := time.Now()
 		if err := h.lease.Renew(ctx); err != nil {
-			if !errors.Is(err, ErrLeaseLost) {
-				err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
+			if errors.Is(err, ErrLeaseLost) || ctx.Err() != nil {
+				h.lose(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+				return
 			}
-			h.lose(err)
-			return
+			// Redis could not answer (down, failing over, the renewal not
+			// confirmed on its replicas): the lease may well have survived,
+			// so try again soon; the watchdog still closes Done once the
+			// local deadline passes without a renewal.
+			t.Reset(retryInterval(interval))
+			continue
 		}
+		t.Reset(interval)
 		h.mu.Lock()
 		if !h.closed {
 			h.watchdog.Reset(h.lease.TTL - time.Since(begin))
 		}
 		h.mu.Unlock()
 	}
+}
+
+// retryInterval is how soon a renewal that Redis could not answer is tried
+// again: several tries fit before the lease's deadline.
+func retryInterval(interval time.Duration) time.Duration {
+	return max(interval/5, time.Millisecond)
 }
 
 // lose records why the lease is gone and closes Done once.

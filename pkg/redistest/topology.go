@@ -308,6 +308,23 @@ func (c *Cluster) MasterOf(ctx context.Context, key string) (*Server, error) {
 	return nil, fmt.Errorf("no node serves the slot of %q", key)
 }
 
+// ReplicaOf returns a running replica of master m.
+func (c *Cluster) ReplicaOf(ctx context.Context, m *Server) (*Server, error) {
+	_, port, _ := strings.Cut(m.Addr(), ":")
+	for _, n := range c.Nodes {
+		if n == m || !n.Running() {
+			continue
+		}
+		rc := redis.NewClient(n.Options())
+		repl, err := rc.Info(ctx, "replication").Result()
+		_ = rc.Close()
+		if err == nil && strings.Contains(repl, "role:slave") && strings.Contains(repl, "master_port:"+port+"\r\n") {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("no replica of %s", m.Addr())
+}
+
 func slotIn(ranges []redis.SlotRange, slot int64) bool {
 	for _, r := range ranges {
 		if r.Start <= slot && slot <= r.End {

@@ -24,6 +24,9 @@ var unavailableReplies = []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAG
 // could not serve the call right now. A cancelled or expired context is not
 // an outage (the caller gave up or its bound passed).
 func Unavailable(err error) bool {
+	if errors.Is(err, ErrNotReplicated) {
+		return true
+	}
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false // (context.DeadlineExceeded is a net.Error too)
 	}
@@ -47,3 +50,9 @@ func Unavailable(err error) bool {
 	}
 	return false
 }
+
+// ErrNotReplicated is a write the store applied on its master but could not
+// confirm on the configured number of replicas (pkg/replication): it may be
+// lost in a failover, so it is not acknowledged. Retry: every acknowledged
+// write is idempotent by its id.
+var ErrNotReplicated = errors.New("the write was not confirmed on enough Redis replicas")

@@ -20,6 +20,8 @@ import (
 	"agentplane.dev/pkg/logging/logtest"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
@@ -132,12 +134,25 @@ func startSuiteIsolated(t testing.TB, isolation string) *suite {
 // startSuiteWith is startSuite with another provider upstream (nil: the
 // recording upstream) and a hook that adjusts the sandbox configuration.
 func startSuiteWith(t testing.TB, up http.Handler, tune func(*sandbox.Config)) *suite {
-	return startSuiteTuned(t, up, tune, nil)
+	return startSuiteAt(t, up, tune, store{})
 }
 
-// startSuiteTuned is startSuiteWith that also tunes the credential service.
-func startSuiteTuned(t testing.TB, up http.Handler, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *suite {
-	st := newStack(t, stackOptions{upstream: up})
+// store is the Redis a suite's services use: URL "" starts a private
+// redis-server; MinReplicas is every service's AGENTPLANE_REDIS_MIN_REPLICAS.
+type store struct {
+	URL         string
+	MinReplicas int
+}
+
+// startSuiteAt is startSuiteWith on the Redis st names.
+func startSuiteAt(t testing.TB, up http.Handler, tune func(*sandbox.Config), st store) *suite {
+	return startSuiteTuned(t, stackOptions{upstream: up, redisURL: st.URL, minReplicas: st.MinReplicas}, tune, nil)
+}
+
+// startSuiteTuned is the suite on the stack o describes, with hooks that
+// adjust the sandbox and credential configurations.
+func startSuiteTuned(t testing.TB, o stackOptions, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *suite {
+	st := newStack(t, o)
 	logs := captureStderr(t)
 	stopped := st.runInProcess(func(c *configs) {
 		if tune != nil {
@@ -174,7 +189,12 @@ func (s *suite) create(t testing.TB, sandboxID, dir, secret string) *sessionv1.S
 func (s *suite) turn(t *testing.T, sessionID, messageID, content string) []*sessionv1.SessionEvent {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	// UNAVAILABLE is retried with the same id, as clients do (e.g. a Redis failover).
 	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
+	for status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
+	}
 	require.NoError(t, err)
 	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
 	require.NoError(t, err)

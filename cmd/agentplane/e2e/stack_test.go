@@ -71,6 +71,8 @@ type stackOptions struct {
 	upstream            http.Handler // provider; nil: the recording upstream
 	metrics             bool         // every service serves /metrics
 	root                string       // sandbox root; "": a new directory
+	redisURL            string       // the services' Redis; "": a private redis-server
+	minReplicas         int          // every service's REDIS_MIN_REPLICAS
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -91,7 +93,10 @@ func newStack(t testing.TB, o stackOptions) *stack {
 	}
 	provider := httptest.NewServer(o.upstream)
 	t.Cleanup(provider.Close)
-	st.rs = redistest.Start(t)
+	if o.redisURL == "" {
+		st.rs = redistest.Start(t)
+		o.redisURL = st.rs.URL()
+	}
 
 	for _, name := range []string{svcCredential, "proxy", svcSandbox} {
 		st.lis[name] = listen(t)
@@ -111,7 +116,7 @@ func newStack(t testing.TB, o stackOptions) *stack {
 			st.metricsURL[svc] = "http://" + metrics + "/metrics"
 		}
 		st.env[svc] = map[string]string{
-			"REDIS_URL": st.rs.URL(), "INTERNAL_TOKEN": token, "DRAIN_DELAY": "0s", "METRICS_ADDR": metrics,
+			"REDIS_URL": o.redisURL, "REDIS_MIN_REPLICAS": strconv.Itoa(o.minReplicas), "INTERNAL_TOKEN": token, "DRAIN_DELAY": "0s", "METRICS_ADDR": metrics,
 			"LOG_LEVEL": o.logLevel, "LOG_FORMAT": o.logFormat, "GRPC_ADDR": st.addr[svc],
 		}
 	}

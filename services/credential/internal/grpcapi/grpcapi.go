@@ -77,6 +77,9 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return apierr.Error(codes.Unauthenticated, ReasonHandleInvalid, "handle invalid, expired, revoked or without a live member")
 	case errors.Is(err, scope.ErrSandboxMismatch):
 		return apierr.Error(codes.PermissionDenied, ReasonHandleSandboxMismatch, "handle belongs to another sandbox")
+	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
+		s.log.WarnContext(ctx, "write not confirmed on the state store's replicas", "error", err)
+		return apierr.StoreNotReplicated()
 	case ctx.Err() == nil && storeerr.Unavailable(err):
 		s.log.WarnContext(ctx, "state store unavailable", "error", err)
 		return apierr.StoreUnavailable()

@@ -58,6 +58,9 @@ func (s *Service) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, scope.ErrUnavailable):
 		s.log.WarnContext(ctx, "scope membership check failed", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonScopeCheckUnavailable, "scope membership check unavailable", apierr.RetryAfter(scopeCheckRetryDelay))
+	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
+		s.log.WarnContext(ctx, "write not confirmed on the state store's replicas", "error", err)
+		return apierr.StoreNotReplicated()
 	case ctx.Err() == nil && storeerr.Unavailable(err):
 		s.log.WarnContext(ctx, "state store unavailable", "error", err)
 		return apierr.StoreUnavailable()

@@ -93,6 +93,9 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, provider.ErrCapacityRejected):
 		return apierr.Error(codes.ResourceExhausted, ReasonCapacityRejected, "not enough free space for a cold workspace",
 			apierr.RetryAfter(30*time.Second))
+	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
+		log.WarnContext(ctx, "write not confirmed on the state store's replicas", "error", err)
+		return apierr.StoreNotReplicated()
 	case ctx.Err() == nil && storeerr.Unavailable(err):
 		log.WarnContext(ctx, "state store unavailable", "error", err)
 		return apierr.StoreUnavailable()

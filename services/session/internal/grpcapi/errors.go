@@ -103,6 +103,9 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
 	case errors.Is(err, session.ErrConflictRetries):
 		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
+	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
+		log.WarnContext(ctx, "write not confirmed on the state store's replicas", "error", err)
+		return apierr.StoreNotReplicated()
 	case ctx.Err() == nil && storeerr.Unavailable(err):
 		log.WarnContext(ctx, "state store unavailable", "error", err)
 		return apierr.StoreUnavailable()

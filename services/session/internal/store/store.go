@@ -44,6 +44,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"agentplane.dev/pkg/fence"
+	"agentplane.dev/pkg/replication"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -125,6 +126,7 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 	var out *session.Aggregate
 	var sched schedule
 	var st stored
+	wroteNothing := false // fn changed nothing (an idempotent replay)
 	watched := []string{key(id, "meta"), key(id, "del"), key(id, "active")}
 	if load.MessageID != "" {
 		watched = append(watched, key(id, "order"))
@@ -161,6 +163,7 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 		if !s.cluster {
 			sched.write(&cmds)
 		}
+		wroteNothing = len(cmds) == 0
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range cmds {
 				p.Do(ctx, c...)
@@ -189,6 +192,10 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 				}
 				return nil
 			})
+		}
+		if err == nil && wroteNothing {
+			// What the replay acknowledges may be an earlier attempt's unconfirmed write.
+			err = replication.Confirm(ctx, s.rdb, key(id, "meta"))
 		}
 		if err == nil && single {
 			s.recent.remember(out, st)
@@ -479,6 +486,10 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, same func(*se
 		}, key(id, "meta"), key(id, "del"))
 		if errors.Is(err, redis.TxFailedErr) {
 			continue
+		}
+		if err == nil && !created {
+			// The session may be an earlier attempt's unconfirmed write.
+			err = replication.Confirm(ctx, s.rdb, key(id, "meta"))
 		}
 		if err != nil {
 			return nil, false, err
