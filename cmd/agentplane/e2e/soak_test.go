@@ -187,7 +187,7 @@ func (r *replicated) churnOnce(sandboxID, dir string, stuck *atomic.Int64) error
 		}
 		if time.Now().After(done) {
 			stuck.Add(1)
-			return fmt.Errorf("message of %s stuck %v (err %v)", id, state, err)
+			return fmt.Errorf("message of %s stuck %v (err %w)", id, state, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

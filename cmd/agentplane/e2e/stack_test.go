@@ -214,8 +214,7 @@ func (st *stack) runInProcess(tune func(*configs), only ...string) (stop func())
 		case svcIngest:
 			go func() { done <- ingest.Run(ctx, c.ing) }()
 		case svcSandbox:
-			c.sbx.Listener = st.lis[svcSandbox]
-			go func() { done <- sandbox.Run(ctx, c.sbx) }()
+			go func() { done <- sandbox.RunWith(ctx, c.sbx, sandbox.Listeners{GRPC: st.lis[svcSandbox]}) }()
 		case svcSession:
 			go func() { done <- session.Run(ctx, c.ses) }()
 		}

@@ -71,12 +71,6 @@ type Config struct {
 	AgentACP     string // AGENT_ACP_COMMAND: command line of the generic acp profile, space separated; empty: no acp profile
 	AgentModel   string // AGENT_MODEL: default model of the ACP profiles
 	AgentDefault string // AGENT_DEFAULT: profile of a session that names none
-
-	// Listener, when set, is used instead of GRPCAddr.
-	//
-	// Deprecated: pass Listeners.GRPC to RunWith, as the other three
-	// services take theirs. Kept until the e2e tests that set it move over.
-	Listener net.Listener
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).

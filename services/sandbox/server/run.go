@@ -39,11 +39,10 @@ type Listeners struct {
 // Run connects Redis, builds the gRPC server, drives owned sandboxes and
 // serves until ctx ends; nil after a clean drain.
 func Run(ctx context.Context, cfg Config) error {
-	return RunWith(ctx, cfg, Listeners{GRPC: cfg.Listener})
+	return RunWith(ctx, cfg, Listeners{})
 }
 
-// RunWith is Run on given listeners (the deprecated Config.Listener is
-// Run's only).
+// RunWith is Run on given listeners (nil: listen on the configured addresses).
 func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	log := cfg.Logger().With("service", "sandbox", "replica", cfg.ReplicaID)
 	if cfg.advertiseAddr(ls.GRPC) == "" {
