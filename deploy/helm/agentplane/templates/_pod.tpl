@@ -115,6 +115,14 @@ spec:
           value: {{ $c.wrapperBin | quote }}
         - name: AGENTPLANE_SANDBOX_PROXY_URL
           value: {{ include "agentplane.proxyURL" $root | quote }}
+        - name: AGENTPLANE_SANDBOX_EGRESS_ALLOW
+          value: {{ join "," $c.egress.allow | quote }}
+        - name: AGENTPLANE_SANDBOX_EGRESS_MAX_CONNS
+          value: {{ int $c.egress.maxConns | quote }}
+        - name: AGENTPLANE_SANDBOX_EGRESS_MAX_BYTES
+          value: {{ $c.egress.maxBytes | quote }}
+        - name: AGENTPLANE_SANDBOX_EGRESS_IDLE
+          value: {{ $c.egress.idle | quote }}
         {{- end }}
         {{- if eq $component "credential" }}
         - name: AGENTPLANE_PROXY_ADDR
