@@ -79,7 +79,10 @@ func (m *meter) add(c *atomic.Int64, n int) {
 	}
 }
 
-func (m *meter) resetCounts() { m.up.Store(0); m.down.Store(0) }
+// startCounting counts from here: of what was read so far, only the
+// buffered bytes not yet consumed (they follow the preamble, so they are
+// the runtime's).
+func (m *meter) startCounting(buffered int) { m.up.Store(int64(buffered)); m.down.Store(0) }
 
 func (m *meter) counts() (up, down int64) { return m.up.Load(), m.down.Load() }
 

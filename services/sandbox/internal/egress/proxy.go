@@ -209,7 +209,7 @@ func (p *Proxy) handle(c net.Conn) {
 		writeDenied(c, http.StatusProxyAuthRequired, ReasonUnauthenticated)
 		return
 	}
-	m.resetCounts() // the preamble is not the runtime's traffic
+	m.startCounting(br.Buffered()) // the preamble is not the runtime's traffic
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		return
