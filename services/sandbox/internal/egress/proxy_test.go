@@ -228,6 +228,7 @@ func TestEgressBounds(t *testing.T) {
 	}
 	d := r.last()
 	require.Equal(t, egress.ReasonBytesLimit, d.Reason, "%+v", d)
+	require.LessOrEqual(t, d.BytesUp+d.BytesDown, int64(64<<10)+1, "a bound is crossed by one byte, not a buffer")
 	require.InDelta(t, 1.0, metric(egress.Closed, egress.ReasonBytesLimit), 0)
 
 	// Idle and the connection count: one tunnel held open and silent.
