@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"bufio"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -79,7 +81,49 @@ func (m *meter) add(c *atomic.Int64, n int) {
 	}
 }
 
-func (m *meter) resetCounts() { m.up.Store(0); m.down.Store(0) }
+// touch restarts the idle clock: bytes are moving.
+func (m *meter) touch() { m.last.Store(time.Now().UnixNano()) }
+
+// room is how many of n bytes a copy may take next: at most one past the
+// byte bound, so a connection that would carry more crosses it, and is cut,
+// without the rest passing first.
+func (m *meter) room(n int) int {
+	if m.lim.MaxBytes <= 0 {
+		return n
+	}
+	left := m.lim.MaxBytes - m.up.Load() - m.down.Load() + 1
+	return int(max(1, min(int64(n), left)))
+}
+
+// toSandbox copies src (the upstream) to the sandbox side until src ends,
+// spliced in the kernel when both are sockets, counting what was delivered.
+func (m *meter) toSandbox(src net.Conn) {
+	err := splice(m.Conn, src, m.room, m.touch, func(n int) { m.add(&m.down, n) })
+	if errors.Is(err, errNotSpliceable) {
+		_, _ = io.Copy(m, src)
+	}
+}
+
+// fromSandbox copies the sandbox side to dst (the upstream) until it ends:
+// first what br (which reads m, so counted it) holds, then the rest,
+// spliced in the kernel when both are sockets.
+func (m *meter) fromSandbox(dst net.Conn, br *bufio.Reader) {
+	if b, _ := br.Peek(br.Buffered()); len(b) > 0 {
+		if _, err := dst.Write(b); err != nil {
+			return
+		}
+		_, _ = br.Discard(len(b))
+	}
+	err := splice(dst, m.Conn, m.room, m.touch, func(n int) { m.add(&m.up, n) })
+	if errors.Is(err, errNotSpliceable) {
+		_, _ = io.Copy(dst, br)
+	}
+}
+
+// startCounting counts from here: of what was read so far, only the
+// buffered bytes not yet consumed (they follow the preamble, so they are
+// the runtime's).
+func (m *meter) startCounting(buffered int) { m.up.Store(int64(buffered)); m.down.Store(0) }
 
 func (m *meter) counts() (up, down int64) { return m.up.Load(), m.down.Load() }
 

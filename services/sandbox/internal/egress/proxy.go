@@ -209,7 +209,7 @@ func (p *Proxy) handle(c net.Conn) {
 		writeDenied(c, http.StatusProxyAuthRequired, ReasonUnauthenticated)
 		return
 	}
-	m.resetCounts() // the preamble is not the runtime's traffic
+	m.startCounting(br.Buffered()) // the preamble is not the runtime's traffic
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		return
@@ -399,22 +399,18 @@ func (p *Proxy) forward(g Grant, m *meter, req *http.Request, up net.Conn, d Dec
 	if err := req.Write(up); err != nil {
 		return
 	}
-	_, _ = io.CopyBuffer(m, up, make([]byte, copyBuffer))
+	m.toSandbox(up)
 }
 
-// copyBuffer is the buffer of each direction: large, so a download moves
-// in few system calls.
-const copyBuffer = 256 << 10
-
 // join copies both ways until both ends are done, passing half-closes on.
-func join(client *meter, fromClient io.Reader, up net.Conn) {
+func join(client *meter, fromClient *bufio.Reader, up net.Conn) {
 	done := make(chan struct{})
 	go func() {
-		_, _ = io.CopyBuffer(up, fromClient, make([]byte, copyBuffer))
+		client.fromSandbox(up, fromClient)
 		closeWrite(up)
 		close(done)
 	}()
-	_, _ = io.CopyBuffer(client, up, make([]byte, copyBuffer))
+	client.toSandbox(up)
 	closeWrite(client.Conn)
 	<-done
 }

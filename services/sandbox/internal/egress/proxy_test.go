@@ -1,6 +1,8 @@
 package egress_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -11,6 +13,7 @@ import (
 	"net/netip"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -225,6 +228,7 @@ func TestEgressBounds(t *testing.T) {
 	}
 	d := r.last()
 	require.Equal(t, egress.ReasonBytesLimit, d.Reason, "%+v", d)
+	require.LessOrEqual(t, d.BytesUp+d.BytesDown, int64(64<<10)+1, "a bound is crossed by one byte, not a buffer")
 	require.InDelta(t, 1.0, metric(egress.Closed, egress.ReasonBytesLimit), 0)
 
 	// Idle and the connection count: one tunnel held open and silent.
@@ -242,6 +246,82 @@ func TestEgressBounds(t *testing.T) {
 	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonConnectionLimit), 0)
 	_, _ = io.ReadAll(conn) // the proxy closes the silent tunnel
 	require.Eventually(t, func() bool { return metric(egress.Closed, egress.ReasonIdleTimeout) == 1 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// countingConn counts the bytes the runtime's side wrote and read.
+type countingConn struct {
+	net.Conn
+	wrote, read int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.wrote += int64(n)
+	return n, err
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read += int64(n)
+	return n, err
+}
+
+// requireAnswer: raw is an HTTP response whose body starts with body.
+func requireAnswer(t *testing.T, raw []byte, body string) {
+	t.Helper()
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(got), body), "the whole answer, %d bytes", len(got))
+}
+
+// The audit's byte counts are the bytes the runtime sent and received,
+// exactly, both ways, on the copy paths the kernel splices (a plain-HTTP
+// download and both directions of a CONNECT tunnel).
+func TestEgressCountsEveryByte(t *testing.T) {
+	big := strings.Repeat("y", 3<<20+17)
+	r, _ := startRigWith(t, egress.Limits{MaxConns: 8, Idle: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.Copy(io.Discard, req.Body) // all of an upload, so the server closes without a reset
+		_, _ = io.WriteString(w, big)
+	}))
+	dial := func() *countingConn {
+		c, err := net.Dial("tcp", r.proxyURL.Host)
+		require.NoError(t, err)
+		return &countingConn{Conn: c}
+	}
+
+	c := dial()
+	_, err := io.WriteString(c, "GET "+r.url(r.plain, "http", "allowed.test")+" HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	require.NoError(t, err)
+	b, err := io.ReadAll(c)
+	require.NoError(t, err)
+	requireAnswer(t, b, big)
+	_ = c.Close()
+	d := r.last()
+	require.Equal(t, egress.Allowed, d.Decision, "%+v", d)
+	require.Equal(t, [2]int64{c.wrote, c.read}, [2]int64{d.BytesUp, d.BytesDown})
+
+	c = dial()
+	target := "allowed.test:" + strconv.Itoa(int(port(r.tls)))
+	_, err = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Zero(t, br.Buffered())
+	tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, ServerName: "allowed.test"}) //nolint:gosec // the test's own server
+	upload := strings.Repeat("z", 2<<20+5)
+	_, err = io.WriteString(tc, "POST /x HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\nContent-Length: "+strconv.Itoa(len(upload))+"\r\n\r\n"+upload)
+	require.NoError(t, err)
+	b, err = io.ReadAll(tc)
+	require.NoError(t, err)
+	requireAnswer(t, b, big)
+	_ = c.Close() // not tc: its close_notify would race the count
+	d = r.last()
+	require.Equal(t, egress.Allowed, d.Decision, "%+v", d)
+	require.Equal(t, [2]int64{c.wrote, c.read}, [2]int64{d.BytesUp, d.BytesDown})
 }
 
 func TestEgressRefusesAnUnauthenticatedConnection(t *testing.T) {
