@@ -194,8 +194,10 @@ func NewCluster(dir string) (*Cluster, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
+		// A restarted node resyncs at once (diskless, no 5s wait for more
+		// replicas), as a deployment tuned for fast failover does.
 		s, err := New(d, WithArgs("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"))
+			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0"))
 		if err != nil {
 			_ = c.Close()
 			return nil, err

@@ -17,8 +17,11 @@ import (
 
 // unavailableReplies are Redis error replies that mean "not now": the node
 // loads its data, has no reachable master, is a read-only replica after a
-// failover, or the cluster is reconfiguring.
-var unavailableReplies = []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY "}
+// failover, or the cluster is reconfiguring. MOVED and ASK reach a caller
+// only from a single Cluster node's client (a stream watcher's own
+// connection, a per-master scan) whose slot map predates a failover: the
+// retry finds the new master.
+var unavailableReplies = []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY ", "MOVED ", "ASK "}
 
 // Unavailable reports whether err says the store could not be reached or
 // could not serve the call right now. A cancelled or expired context is not

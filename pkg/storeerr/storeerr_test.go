@@ -47,3 +47,26 @@ func TestUnavailableOnRealOutages(t *testing.T) {
 	require.False(t, storeerr.Unavailable(fmt.Errorf("x: %w", context.DeadlineExceeded)))
 	require.False(t, storeerr.Unavailable(nil))
 }
+
+// A Cluster node asked for a key of a slot another master serves answers
+// MOVED; a single-node client (what a stream watcher uses) returns it to
+// the caller, and it reads as unavailable: after a failover the retry finds
+// the new master, rather than the call failing as internal.
+func TestUnavailableOnMovedFromAClusterNode(t *testing.T) {
+	c := redistest.StartCluster(t)
+	ctx := context.Background()
+	owner, err := c.MasterOf(ctx, "k")
+	require.NoError(t, err)
+	for _, n := range c.Nodes {
+		if n == owner {
+			continue
+		}
+		rc := redis.NewClient(n.Options())
+		err := rc.Get(ctx, "k").Err()
+		_ = rc.Close()
+		require.ErrorContains(t, err, "MOVED")
+		require.True(t, storeerr.Unavailable(err), "%v", err)
+		return
+	}
+	t.Fatal("no node other than the slot's master")
+}
