@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/session/internal/session"
 	"agentplane.dev/services/session/internal/store"
 )
@@ -78,9 +79,10 @@ func (s *Service) kickFrom(id string, snap *session.Aggregate, gen uint64) {
 // just committed, used instead of the first read when it holds the text of
 // every queued message.
 func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate) {
-	// A failed peer call is retried a few times with growing pauses; after
-	// that the messages stay queued until the next kick (a notification or
-	// a new message) or their backstop.
+	// A failed peer call, or a read the store could not answer (Redis
+	// failing over), is retried a few times with growing pauses (6s in
+	// all); after that the messages stay queued until the next kick (a
+	// notification or a new message) or their backstop.
 	pause := 50 * time.Millisecond
 	for range 8 {
 		a, err := snap, error(nil)
@@ -92,7 +94,11 @@ func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate)
 			if !ErrNotFound(err) && ctx.Err() == nil {
 				s.log.WarnContext(ctx, "drain: load failed", "session_id", id, "error", err)
 			}
-			return
+			if !storeerr.Unavailable(err) || !sleep(ctx, pause) {
+				return
+			}
+			pause *= 2
+			continue
 		}
 		queued := a.Queued()
 		if a.Intent != nil || len(queued) == 0 {
@@ -106,10 +112,8 @@ func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate)
 			more, retry = s.prepare(ctx, &a.Session)
 		}
 		if retry {
-			select {
-			case <-ctx.Done():
+			if !sleep(ctx, pause) {
 				return
-			case <-time.After(pause):
 			}
 			pause *= 2
 			continue
@@ -117,6 +121,16 @@ func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate)
 		if !more {
 			return
 		}
+	}
+}
+
+// sleep pauses for d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 

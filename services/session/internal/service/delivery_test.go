@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -101,3 +102,62 @@ func TestDrainIgnoresAStateOlderThanTheLastDrain(t *testing.T) {
 	waitIdle(t, s)
 	require.Equal(t, []string{"m1", "m2"}, sbx.ids())
 }
+
+// outageSandbox accepts every delivery; its first takes Redis down (saved,
+// so it comes back with its data) right after, as a Redis failover may.
+type outageSandbox struct {
+	recordingSandbox
+	once   sync.Once
+	srv    *redistest.Server
+	rdb    interface{ Save(context.Context) error }
+	killed chan struct{}
+}
+
+func (o *outageSandbox) Deliver(ctx context.Context, sess *session.Session, msgs []*session.Message) (bool, session.RouteView, error) {
+	o.once.Do(func() {
+		_ = o.rdb.Save(ctx)
+		_ = o.srv.Kill()
+		close(o.killed)
+	})
+	return o.recordingSandbox.Deliver(ctx, sess, msgs)
+}
+
+// A drain whose store read fails because Redis is away (a failover: the
+// accept could not be saved, the reload finds no master) retries within its
+// pauses instead of leaving the delivered message queued until its backstop.
+func TestDrainRetriesAStoreOutage(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	backstops := session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}
+	sbx := &outageSandbox{srv: srv, killed: make(chan struct{}),
+		rdb: saver(func(ctx context.Context) error { return rdb.Save(ctx).Err() })}
+	s := New(Deps{Store: store.New(rdb, 1000, backstops.NextDeadline), Sandbox: sbx,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))},
+		Config{Backstops: backstops, PeerTimeout: 5 * time.Second})
+	t.Cleanup(s.Close)
+
+	sess, err := s.Create(ctx, CreateInput{ID: "s1", UserID: "u1", OrgID: "o1", Directory: "/w", Class: session.CredentialStatic, Secret: "x"})
+	require.NoError(t, err)
+	require.NoError(t, s.RouteReady(ctx, "s1", session.Notice{SandboxID: sess.SandboxID, FenceToken: 1}, "rt", "w1"))
+	waitIdle(t, s)
+	_, err = s.update(ctx, "s1", store.Load{MessageID: "m1"}, func(a *session.Aggregate) error {
+		_, _, err := a.Send("m1", "hello", s.now())
+		return err
+	})
+	require.NoError(t, err)
+	s.kick("s1")
+	<-sbx.killed
+	time.Sleep(5 * time.Second) // the accept and the reload fail meanwhile (longer than go-redis' own retries of each)
+	srv.Start(t)
+	waitIdle(t, s)
+
+	a, err := s.store.Read(ctx, "s1", store.Load{MessageID: "m1"})
+	require.NoError(t, err)
+	require.Empty(t, a.Queued(), "m1 accepted after the outage, not left queued")
+	require.Contains(t, sbx.ids(), "m1")
+}
+
+type saver func(context.Context) error
+
+func (f saver) Save(ctx context.Context) error { return f(ctx) }
