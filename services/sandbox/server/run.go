@@ -23,6 +23,7 @@ import (
 	"agentplane.dev/pkg/grpcserver"
 	"agentplane.dev/pkg/telemetry"
 	"agentplane.dev/services/sandbox/internal/capacity"
+	"agentplane.dev/services/sandbox/internal/credclient"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
 	"agentplane.dev/services/sandbox/internal/notify"
@@ -88,7 +89,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	notifier := notify.New(notifyClient, log.With("component", "notify"), 0)
 	control, proxyURL := cfg.wrapperReach(bnd, ls.GRPC)
 	drv := driver.New(driver.Config{
-		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credClient,
+		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credclient.New(credClient),
 		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(ls.GRPC), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: proxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{

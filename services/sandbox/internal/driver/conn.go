@@ -7,7 +7,6 @@ import (
 
 	"google.golang.org/grpc/status"
 
-	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/provider"
@@ -183,9 +182,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 func (d *Driver) reprepare(sb *sandbox, c *Conn, dir string, fence uint64, retire bool, ids []string) {
 	if retire && d.cfg.Credentials != nil {
 		ctx, cancel := context.WithTimeout(sb.ctx, 10*time.Second)
-		_, err := d.cfg.Credentials.RetireScope(ctx, &credentialv1.RetireScopeRequest{
-			Scope:  &credentialv1.Scope{SandboxId: sb.id, Directory: dir},
-			Reason: credentialv1.RetireReason_RETIRE_REASON_WRAPPER_RESTART, FenceToken: fence})
+		err := d.cfg.Credentials.RetireScope(ctx, ScopeRef{SandboxID: sb.id, Directory: dir}, fence)
 		cancel()
 		if err != nil {
 			d.log.Warn("scope retire failed", "sandbox", sb.id, "code", errCode(err))

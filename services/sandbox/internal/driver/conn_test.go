@@ -2,14 +2,16 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/scope"
+	"agentplane.dev/services/sandbox/internal/store"
 )
 
 // A stream the driver ends says why: a newer Hello of the same runtime key
@@ -17,7 +19,7 @@ import (
 func TestWrapperStreamsEndWithTheirReason(t *testing.T) {
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
 	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
-	d := newTestDriver(t, prov, wr, &mintRecorder{contracts: map[string]credentialv1.RuntimeContract{}})
+	d := newTestDriver(t, prov, wr, &mintRecorder{contracts: map[string]scope.Contract{}})
 	t.Cleanup(d.dropAll)
 	ctx := context.Background()
 
@@ -44,4 +46,39 @@ func TestWrapperStreamsEndWithTheirReason(t *testing.T) {
 	require.ErrorIs(t, second.Err(), ErrShuttingDown)
 	_, err = d.Hello(ctx, &sandboxv1.Hello{SandboxId: "sbx-reasons"})
 	require.ErrorIs(t, err, ErrShuttingDown, "no new streams while shutting down")
+}
+
+// A handle the credential port cannot mint fails the route retryably with
+// credential_unavailable, and no PrepareRoute reaches the wrapper: the
+// minting path over a fake port, no credential server.
+func TestMintFailureFailsTheRoute(t *testing.T) {
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
+	creds := &mintRecorder{contracts: map[string]scope.Contract{}, mintErr: errors.New("credential service down")}
+	d := newTestDriver(t, prov, wr, creds)
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+
+	_, err := d.Prepare(ctx, RouteSpec{SessionID: "s1", SandboxID: "sbx-mint", Directory: "/repo", CredentialClass: "static"})
+	require.NoError(t, err)
+	w := <-prov.launched
+	res, err := d.Hello(ctx, w.hello(t, "sbx-mint", "worktree"))
+	require.NoError(t, err)
+	require.NotNil(t, res.Conn, "shutdown: %v", res.Shutdown)
+
+	require.Eventually(t, func() bool {
+		r, _, err := d.Route(ctx, "sbx-mint", "s1")
+		return err == nil && r.State == store.RouteFailed
+	}, 10*time.Second, 5*time.Millisecond, "the route fails once the mint failed")
+	r, _, err := d.Route(ctx, "sbx-mint", "s1")
+	require.NoError(t, err)
+	require.Equal(t, "credential_unavailable", r.FailureReason)
+	require.True(t, r.Retryable)
+	creds.mu.Lock()
+	require.Equal(t, []string{"retire:wrapper_restart", "mint"}, creds.calls)
+	require.Equal(t, scope.Worktree, creds.contracts["s1"])
+	creds.mu.Unlock()
+	for len(res.Conn.Send) > 0 {
+		require.Nil(t, (<-res.Conn.Send).GetPrepareRoute(), "no PrepareRoute without a handle")
+	}
 }

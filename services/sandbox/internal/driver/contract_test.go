@@ -12,9 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 
-	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/sandbox/internal/allocation"
@@ -22,6 +20,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/scope"
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +46,7 @@ func (w launchedWrapper) arg(name string) string {
 // newTestDriver is a driver on a private redis-server over the test's
 // provider, wrapper-lease layer and credential service (nil: none). The
 // caller runs or drops it.
-func newTestDriver(t *testing.T, prov provider.AgentSandbox, wr Wrappers, creds credentialv1.CredentialServiceClient) *Driver {
+func newTestDriver(t *testing.T, prov provider.AgentSandbox, wr Wrappers, creds Credentials) *Driver {
 	return New(Config{
 		Redis: redistest.Start(t).Client(t), Provider: prov, Wrappers: wr, Credentials: creds,
 		Notifier:  notify.New(nil, slog.New(slog.DiscardHandler), 0),
@@ -200,28 +199,33 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	require.Equal(t, "s1", r.RuntimeKey)
 }
 
-// mintRecorder is a credential service that answers MintHandle and records
-// the contract each route was minted under.
+// mintRecorder is a credential port that answers Mint (or fails it with
+// mintErr) and RetireScope, and records the contract each route was minted
+// under.
 type mintRecorder struct {
-	credentialv1.CredentialServiceClient // any other call panics
-	mu                                   sync.Mutex
-	contracts                            map[string]credentialv1.RuntimeContract
-	calls                                []string // RetireScope and MintHandle, in order
+	Credentials // any other call panics
+	mintErr     error
+	mu          sync.Mutex
+	contracts   map[string]scope.Contract
+	calls       []string // RetireScope and Mint, in order
 }
 
-func (m *mintRecorder) RetireScope(_ context.Context, req *credentialv1.RetireScopeRequest, _ ...grpc.CallOption) (*credentialv1.RetireScopeResponse, error) {
+func (m *mintRecorder) RetireScope(context.Context, ScopeRef, uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.calls = append(m.calls, "retire:"+req.GetReason().String())
-	return &credentialv1.RetireScopeResponse{}, nil
+	m.calls = append(m.calls, "retire:wrapper_restart")
+	return nil
 }
 
-func (m *mintRecorder) MintHandle(_ context.Context, req *credentialv1.MintHandleRequest, _ ...grpc.CallOption) (*credentialv1.MintHandleResponse, error) {
+func (m *mintRecorder) Mint(_ context.Context, req Mint) (string, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.contracts[req.GetMember().GetSessionId()] = req.GetContract()
+	m.contracts[req.SessionID] = req.Contract
 	m.calls = append(m.calls, "mint")
-	return &credentialv1.MintHandleResponse{Handle: "h-" + req.GetMember().GetSessionId()}, nil
+	if m.mintErr != nil {
+		return "", false, m.mintErr
+	}
+	return "h-" + req.SessionID, false, nil
 }
 
 // TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract: two sessions of
@@ -232,7 +236,7 @@ func (m *mintRecorder) MintHandle(_ context.Context, req *credentialv1.MintHandl
 func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
 	wr := &heldWrappers{holdKey: "/repo", held: make(chan struct{}), release: make(chan struct{}), stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
-	creds := &mintRecorder{contracts: map[string]credentialv1.RuntimeContract{}}
+	creds := &mintRecorder{contracts: map[string]scope.Contract{}}
 	d := newTestDriver(t, prov, wr, creds)
 	t.Cleanup(d.dropAll)
 	ctx := context.Background()
@@ -265,9 +269,8 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	require.Equal(t, map[string]sandboxv1.RuntimeContract{"s1": want, "s2": want}, prepared)
 	creds.mu.Lock()
 	defer creds.mu.Unlock()
-	wantMint := credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
-	require.Equal(t, map[string]credentialv1.RuntimeContract{"s1": wantMint, "s2": wantMint}, creds.contracts)
-	require.Equal(t, []string{"retire:RETIRE_REASON_WRAPPER_RESTART", "mint", "mint"}, creds.calls,
+	require.Equal(t, map[string]scope.Contract{"s1": scope.Worktree, "s2": scope.Worktree}, creds.contracts)
+	require.Equal(t, []string{"retire:wrapper_restart", "mint", "mint"}, creds.calls,
 		"a fresh wrapper's Hello retires the scope's accepted handles before any mint")
 	wr.mu.Lock()
 	defer wr.mu.Unlock()

@@ -31,7 +31,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
@@ -76,7 +75,7 @@ type Config struct {
 	Provider    provider.AgentSandbox
 	Wrappers    Wrappers
 	Notifier    *notify.Notifier
-	Credentials credentialv1.CredentialServiceClient // nil: routes get no handle
+	Credentials Credentials // nil: routes get no handle
 	ReplicaID   string
 	// AdvertiseAddr is where callers reach this replica; the owner leases it
 	// takes name it, so a caller can send sandbox calls to the owner. Empty:

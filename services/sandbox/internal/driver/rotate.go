@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
@@ -53,13 +52,11 @@ func (d *Driver) RotateHandle(ctx context.Context, sandboxID, sessionID string) 
 		return Rotated{}, ErrWorktreeUnavailable
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	resp, err := d.cfg.Credentials.RotateHandle(cctx, &credentialv1.RotateHandleRequest{
-		Scope: &credentialv1.Scope{SandboxId: sandboxID, Directory: dir}, FenceToken: token})
+	h, previousValidUntil, err := d.cfg.Credentials.RotateHandle(cctx, ScopeRef{SandboxID: sandboxID, Directory: dir}, token)
 	cancel()
 	if err != nil {
 		return Rotated{}, err
 	}
-	h := resp.GetHandle()
 	sb.mu.Lock()
 	var ids []string
 	for id, o := range sb.routes {
@@ -75,7 +72,7 @@ func (d *Driver) RotateHandle(ctx context.Context, sandboxID, sessionID string) 
 		// gets the current handle again (resendHandle).
 		return Rotated{}, ErrWorktreeUnavailable
 	}
-	return Rotated{Sessions: ids, PreviousValidUntil: resp.GetPreviousValidUntil().AsTime()}, nil
+	return Rotated{Sessions: ids, PreviousValidUntil: previousValidUntil}, nil
 }
 
 // resendHandle gives a wrapper that reconnected (same instance, routes

@@ -6,11 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"agentplane.dev/pkg/egresspolicy"
-	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
@@ -370,37 +366,12 @@ func (d *Driver) proxyURL(sandboxID string) string {
 	return strings.TrimRight(d.cfg.ProxyURL, "/") + "/s/" + sandboxID
 }
 
-// mint asks the credential service for the route's handle. MintHandle
-// covers adoption too: under the worktree contract a scope that already holds
-// a handle accepted under this fence returns it (adopted), and a different
-// allocation id retires the old entries first (allocation change).
+// mint asks the credential service for the route's handle (Credentials.Mint
+// covers adoption too).
 func (d *Driver) mint(ctx context.Context, sandboxID, alloc string, token uint64, r store.Route) (string, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	contract := credentialv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION
-	if r.Contract == scope.Worktree {
-		contract = credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
-	}
-	resp, err := d.cfg.Credentials.MintHandle(ctx, &credentialv1.MintHandleRequest{
-		Scope:         &credentialv1.Scope{SandboxId: sandboxID, Directory: r.Directory},
-		Member:        &credentialv1.Member{SessionId: r.SessionID, RuntimeSessionId: r.RuntimeSessionID, UserId: r.UserID, OrgId: r.OrgID},
-		CredentialRef: r.CredentialRef, CredentialClass: credentialClass(r.CredentialClass), Contract: contract,
-		FenceToken: token, AllocationId: alloc, GitCredentialRef: r.GitCredentialRef,
-	})
-	if err != nil {
-		return "", false, err
-	}
-	return resp.GetHandle(), resp.GetAdopted(), nil
-}
-
-func credentialClass(c string) credentialv1.CredentialClass {
-	switch c {
-	case "delegated":
-		return credentialv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED
-	case "static":
-		return credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC
-	}
-	return credentialv1.CredentialClass_CREDENTIAL_CLASS_UNSPECIFIED
+	return d.cfg.Credentials.Mint(ctx, mintOf(sandboxID, alloc, token, r))
 }
 
 // Message is one message to deliver.
@@ -587,7 +558,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 
 // releaseMember carries out a released route's persisted member-release
 // intent: CredentialService.ReleaseMember under the owner's token, cleared
-// once it succeeded (NOT_FOUND: nothing left to release). It reports
+// once it succeeded (a member the service no longer lists: nothing left to release). It reports
 // whether nothing is pending any more.
 func (d *Driver) releaseMember(ctx context.Context, sb *sandbox, sessionID string) bool {
 	sb.mu.Lock()
@@ -599,10 +570,9 @@ func (d *Driver) releaseMember(ctx context.Context, sb *sandbox, sessionID strin
 	dir, token := r.Directory, sb.owner.Token()
 	sb.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err := d.cfg.Credentials.ReleaseMember(cctx, &credentialv1.ReleaseMemberRequest{
-		Scope: &credentialv1.Scope{SandboxId: sb.id, Directory: dir}, SessionId: sessionID, FenceToken: token})
+	err := d.cfg.Credentials.ReleaseMember(cctx, ScopeRef{SandboxID: sb.id, Directory: dir}, sessionID, token)
 	cancel()
-	if err != nil && status.Code(err) != codes.NotFound {
+	if err != nil {
 		d.log.Warn("credential member release failed; retried", "sandbox", sb.id, "session", sessionID, "code", errCode(err))
 		return false
 	}
