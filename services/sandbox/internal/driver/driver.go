@@ -394,7 +394,7 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 		cancel()
 		return nil, err
 	}
-	if err := d.cfg.Wrappers.Adopt(sctx, id, reconciler.Fence{Resource: ownership.Resource(id), Token: o.Token()}); err != nil {
+	if err := d.cfg.Wrappers.Adopt(sctx, id, o); err != nil {
 		d.log.Warn("reconciler adopt failed", "sandbox", id, "err", err)
 	}
 	sb := &sandbox{

@@ -67,6 +67,9 @@ func Acquire(ctx context.Context, rdb redis.UniversalClient, sandboxID string, h
 	return &Owner{SandboxID: sandboxID, h: h}, nil
 }
 
+// Resource is the owner lease's pkg/fence resource (Resource(SandboxID)).
+func (o *Owner) Resource() string { return Resource(o.SandboxID) }
+
 // Token is the fencing token every write of this owner carries.
 func (o *Owner) Token() uint64 { return o.h.Token() }
 

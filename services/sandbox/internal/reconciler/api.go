@@ -24,11 +24,13 @@ var (
 	ErrNotAdopted = errors.New("reconciler: sandbox not adopted")
 )
 
-// Fence is the sandbox's fencing token (pkg/fence): leases are written only
-// under it. Resource is the fence resource of the sandbox's owner lease.
-type Fence struct {
-	Resource string
-	Token    uint64
+// Fence is the sandbox's owner (ownership.Owner): leases are written only
+// under its fencing token (pkg/fence). Resource is the fence resource of the
+// owner lease. The reconciler reads both from the owner at each write and
+// keeps no copy of the token.
+type Fence interface {
+	Resource() string
+	Token() uint64
 }
 
 // Config of a Reconciler. Zero values take defaults.

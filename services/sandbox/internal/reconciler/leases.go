@@ -66,11 +66,11 @@ func New(cfg Config) *Reconciler {
 	}
 }
 
-// Adopt starts reconciling sandboxID under fence f (again with a newer
-// token after re-acquiring) and runs a leak sweep. The fence stays adopted
+// Adopt starts reconciling sandboxID under its owner f (again with the
+// new owner after re-acquiring) and runs a leak sweep. The fence stays adopted
 // even if the sweep fails; the periodic sweep retries.
 func (r *Reconciler) Adopt(ctx context.Context, sandboxID string, f Fence) error {
-	if sandboxID == "" || f.Resource == "" || f.Token == 0 {
+	if sandboxID == "" || f == nil || f.Resource() == "" || f.Token() == 0 {
 		return fmt.Errorf("reconciler: adopt %q: empty sandbox, resource or token", sandboxID)
 	}
 	r.mu.Lock()
@@ -91,7 +91,7 @@ func (r *Reconciler) fence(sandboxID string) (Fence, error) {
 	defer r.mu.Unlock()
 	f, ok := r.fences[sandboxID]
 	if !ok {
-		return Fence{}, fmt.Errorf("%w: %s", ErrNotAdopted, sandboxID)
+		return nil, fmt.Errorf("%w: %s", ErrNotAdopted, sandboxID)
 	}
 	return f, nil
 }
@@ -147,7 +147,7 @@ func (r *Reconciler) open(ctx context.Context, sandboxID, runtimeKey string) (k 
 }
 
 func (r *Reconciler) get(ctx context.Context, k keyRef) (leasestore.Entry, error) {
-	e, err := r.store.Get(ctx, k.fence.Resource, k.key)
+	e, err := r.store.Get(ctx, k.fence.Resource(), k.key)
 	if err == nil && e.Quarantined != nil {
 		r.log.Error("wrapper lease quarantined", "sandbox", k.sandbox, "runtime_key", k.key, "err", e.Quarantined)
 	}
@@ -161,7 +161,7 @@ func (r *Reconciler) apply(ctx context.Context, k keyRef, e leasestore.Entry, ev
 	if next == e.Lease && e.Quarantined == nil {
 		return e, nil
 	}
-	out, err := r.store.Put(ctx, k.fence.Resource, k.fence.Token, k.key, e, next)
+	out, err := r.store.Put(ctx, k.fence.Resource(), k.fence.Token(), k.key, e, next)
 	if err == nil {
 		r.cfg.Metrics.transition(k.sandbox, k.key, e.Lease, next, r.cfg.Now())
 	}
@@ -464,7 +464,7 @@ func (r *Reconciler) Tick(ctx context.Context) error {
 		if err != nil {
 			continue // forgotten meanwhile
 		}
-		all, err := r.store.All(ctx, f.Resource)
+		all, err := r.store.All(ctx, f.Resource())
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -499,7 +499,7 @@ func (r *Reconciler) Sweep(ctx context.Context, sandboxID string) error {
 	if err != nil {
 		return err
 	}
-	all, err := r.store.All(ctx, f.Resource)
+	all, err := r.store.All(ctx, f.Resource())
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ func launcher() error {
 		return err
 	}
 	r := New(Config{Redis: rdb, Provider: p})
-	if err := r.Adopt(ctx, sb, Fence{Resource: sb, Token: l.Token}); err != nil {
+	if err := r.Adopt(ctx, sb, fixedFence{sb, l.Token}); err != nil {
 		return err
 	}
 	spec := func(m provider.Markers) provider.LaunchSpec {
@@ -84,3 +84,13 @@ func launcher() error {
 	}
 	return os.Rename(tmp, os.Getenv("T_PIDS"))
 }
+
+// fixedFence is a fence lease's resource and token as a test holds them
+// (the service passes its *ownership.Owner).
+type fixedFence struct {
+	resource string
+	token    uint64
+}
+
+func (f fixedFence) Resource() string { return f.resource }
+func (f fixedFence) Token() uint64    { return f.token }

@@ -8,7 +8,7 @@
 // fencing token serializes them across replicas):
 //
 //	r := reconciler.New(reconciler.Config{Redis: rdb, Provider: p})
-//	r.Adopt(ctx, sandboxID, reconciler.Fence{Resource: sandboxID, Token: holder.Token()})
+//	r.Adopt(ctx, sandboxID, owner) // the *ownership.Owner: its resource and current token
 //	    // when this replica takes (or re-takes) the sandbox's owner lease;
 //	    // runs a leak sweep. Forget(sandboxID) when the owner lease is lost.
 //	d, err := r.EnsureWrapper(ctx, sandboxID, runtimeKey, launch)

@@ -99,7 +99,7 @@ func (e *env) reconciler(t *testing.T, prov provider.AgentSandbox, hook func(con
 	l, err := fence.Acquire(context.Background(), e.rdb, e.sb, "owner-"+strconv.FormatInt(time.Now().UnixNano(), 10), time.Minute)
 	require.NoError(t, err)
 	r := New(Config{Redis: e.rdb, Provider: prov, Now: e.clock.Now, BeforeStop: hook})
-	if err := r.Adopt(context.Background(), e.sb, Fence{Resource: e.sb, Token: l.Token}); err != nil {
+	if err := r.Adopt(context.Background(), e.sb, fixedFence{e.sb, l.Token}); err != nil {
 		require.ErrorIs(t, err, ErrInspectionFailed) // adopted anyway; the sweep is retried
 	}
 	t.Cleanup(func() { _ = l.Release(context.Background()) })
@@ -198,7 +198,7 @@ func TestLeakedWrappersAfterKill9(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond)
 	r := New(Config{Redis: e.rdb, Provider: p2, Now: e.clock.Now})
-	require.NoError(t, r.Adopt(ctx, e.sb, Fence{Resource: e.sb, Token: l.Token}))
+	require.NoError(t, r.Adopt(ctx, e.sb, fixedFence{e.sb, l.Token}))
 	for _, k := range []string{"k2", "k3"} {
 		lk, err := r.Lease(ctx, e.sb, k)
 		require.NoError(t, err)
@@ -271,7 +271,7 @@ func TestCrashAfterStoppingClaim(t *testing.T) {
 		l2, err = fence.Acquire(ctx, e.rdb, e.sb, "restarted", time.Minute)
 	}
 	require.NoError(t, err)
-	require.NoError(t, r2.Adopt(ctx, e.sb, Fence{Resource: e.sb, Token: l2.Token}))
+	require.NoError(t, r2.Adopt(ctx, e.sb, fixedFence{e.sb, l2.Token}))
 	require.NoError(t, r2.Tick(ctx))
 	require.Zero(t, cp.calls.Load(), "no second attempt before the watchdog")
 	ok, retry, err := r2.AbsenceVerified(ctx, e.sb, "k")
@@ -422,7 +422,7 @@ func TestStoppedHookFiresWhenARefusedKeyIsFree(t *testing.T) {
 	var stopped []string
 	r := New(Config{Redis: e.rdb, Provider: e.prov, Now: e.clock.Now,
 		Stopped: func(sb, key string) { stopped = append(stopped, sb+"/"+key) }})
-	require.NoError(t, r.Adopt(ctx, e.sb, Fence{Resource: e.sb, Token: l.Token}))
+	require.NoError(t, r.Adopt(ctx, e.sb, fixedFence{e.sb, l.Token}))
 
 	d, err := r.EnsureWrapper(ctx, e.sb, "k", e.launch("k"))
 	require.NoError(t, err)
