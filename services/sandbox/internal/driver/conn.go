@@ -10,6 +10,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
 )
@@ -137,18 +138,15 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 			continue
 		}
 		rsid, kept := active[id]
+		eff := d.applyLocked(sb, r, route.WrapperHello{RuntimeKey: key, Instance: w.Instance, Kept: kept, RuntimeSessionID: rsid})
+		if eff.DropHandle {
+			delete(sb.handles, id)
+		}
+		restarted = restarted || eff.Restarted
 		switch {
-		case kept && r.WrapperInstance == w.Instance && (r.State == store.RouteReconnecting || r.State == store.RouteReady):
-			r.State, r.RuntimeSessionID = store.RouteReady, rsid
-			d.persistRoute(sb, r)
+		case eff.Notify == route.NoticeReady:
 			resumed = append(resumed, id)
-		case r.State == store.RoutePreparing || r.State == store.RouteReconnecting:
-			if r.WrapperInstance != "" && r.WrapperInstance != w.Instance {
-				restarted = true
-				delete(sb.handles, id)
-			}
-			r.State, r.Step = store.RoutePreparing, "prepare_route"
-			d.persistRoute(sb, r)
+		case eff.SendPrepare:
 			prepare = append(prepare, id)
 		}
 	}
@@ -196,7 +194,7 @@ func (d *Driver) reprepare(sb *sandbox, c *Conn, dir string, fence uint64, retir
 	}
 }
 
-func (sb *sandbox) routesOfLocked(key string, states ...string) []string {
+func (sb *sandbox) routesOfLocked(key string, states ...route.State) []string {
 	var ids []string
 	for id, r := range sb.routes {
 		if r.RuntimeKey != key {
@@ -252,13 +250,15 @@ func (d *Driver) Frame(c *Conn, f *sandboxv1.ConnectRequest) {
 		id := x.RouteReady.GetSessionId()
 		sb.mu.Lock()
 		r := sb.routes[id]
-		if r == nil || r.RuntimeKey != c.RuntimeKey || r.State == store.RouteReleased {
+		if r == nil {
 			sb.mu.Unlock()
 			return
 		}
-		r.State, r.Step, r.FailureReason = store.RouteReady, "", ""
-		r.RuntimeSessionID, r.WrapperInstance = x.RouteReady.GetRuntimeSessionId(), c.Instance
-		d.persistRoute(sb, r)
+		eff := d.applyLocked(sb, r, route.RouteReady{RuntimeKey: c.RuntimeKey, Instance: c.Instance, RuntimeSessionID: x.RouteReady.GetRuntimeSessionId()})
+		if !eff.JoinScope {
+			sb.mu.Unlock()
+			return
+		}
 		sc := sb.scopeLocked(r.Directory)
 		sc.Join(id, r.RuntimeSessionID, r.CredentialClass)
 		d.persistScope(sb, sc)
@@ -329,11 +329,11 @@ func (d *Driver) Disconnected(c *Conn) {
 }
 
 func (d *Driver) reconnectingLocked(sb *sandbox, key string) []string {
-	ids := sb.routesOfLocked(key, store.RouteReady)
-	for _, id := range ids {
-		r := sb.routes[id]
-		r.State = store.RouteReconnecting
-		d.persistRoute(sb, r)
+	var ids []string
+	for id, r := range sb.routes {
+		if eff := d.applyLocked(sb, r, route.StreamClosed{RuntimeKey: key}); eff.Notify == route.NoticeReconnecting {
+			ids = append(ids, id)
+		}
 	}
 	return ids
 }

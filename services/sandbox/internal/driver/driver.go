@@ -40,6 +40,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
 )
@@ -432,11 +433,11 @@ func (d *Driver) resume(sb *sandbox) {
 	}
 	var pending []string
 	for id, r := range sb.routes {
-		switch r.State {
-		case store.RoutePreparing:
+		eff := d.applyLocked(sb, r, route.OwnerResumed{})
+		if eff.Kick {
 			pending = append(pending, id)
-		case store.RouteReady:
-			r.State = store.RouteReconnecting
+		}
+		if eff.Notify == route.NoticeReconnecting {
 			d.cfg.Notifier.Reconnecting(d.ref(sb, id))
 		}
 	}

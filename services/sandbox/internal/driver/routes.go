@@ -13,6 +13,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
 )
@@ -42,16 +43,22 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	rememberRoute(ctx, spec.SandboxID, spec.SessionID)
 	sb.mu.Lock()
 	r := sb.routes[spec.SessionID]
-	if r != nil && r.State != store.RouteReleased && r.Directory != spec.Directory {
+	var cur route.Route
+	if r != nil {
+		cur = r.Route
+	}
+	next, eff := route.Apply(cur, route.Prepare{Directory: spec.Directory})
+	if eff.Err != nil {
 		sb.mu.Unlock()
 		return store.Route{}, ErrDirectoryMoved
 	}
-	if r != nil && (r.State == store.RouteReady || r.State == store.RoutePreparing || r.State == store.RouteReconnecting) {
+	if !eff.Admit {
+		// A live route is returned as it is.
 		d.takeEgressLocked(sb, r, spec.Egress, spec.EgressVersion)
 		view := *r
 		driving := sb.driving[spec.SessionID]
 		sb.mu.Unlock()
-		if r.State == store.RoutePreparing && !driving {
+		if eff.Kick && !driving {
 			d.kick(sb, spec.SessionID)
 		}
 		return view, nil
@@ -61,10 +68,10 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 		sb.mu.Unlock()
 		return store.Route{}, err
 	}
+	next.Contract = sc.Contract
 	r = &store.Route{
-		SessionID: spec.SessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, UserID: spec.UserID, OrgID: spec.OrgID,
-		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, State: store.RoutePreparing, Step: "allocate",
-		Contract: sc.Contract, Agent: spec.Agent,
+		SessionID: spec.SessionID, Route: next, RepoURL: spec.RepoURL, UserID: spec.UserID, OrgID: spec.OrgID,
+		CredentialRef: spec.CredentialRef, CredentialClass: spec.CredentialClass, Agent: spec.Agent,
 		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, GitCredentialRef: spec.GitCredentialRef,
 		Egress: spec.Egress, EgressVersion: spec.EgressVersion,
 	}
@@ -74,6 +81,17 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	sb.mu.Unlock()
 	d.kick(sb, spec.SessionID)
 	return view, nil
+}
+
+// applyLocked applies ev to route r (under sb.mu) and writes the record
+// when the transition calls for it; the caller performs the other effects.
+func (d *Driver) applyLocked(sb *sandbox, r *store.Route, ev route.Event) route.Effects {
+	var eff route.Effects
+	r.Route, eff = route.Apply(r.Route, ev)
+	if eff.Persist {
+		d.persistRoute(sb, r)
+	}
+	return eff
 }
 
 func (sb *sandbox) scopeLocked(dir string) *scope.Scope {
@@ -146,8 +164,7 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	}
 	if sb.recovering {
 		// Nothing is made in a tree that is about to be deleted.
-		r.Step = "wait_for_recovery"
-		d.persistRoute(sb, r)
+		d.applyLocked(sb, r, route.StepReached{Step: "wait_for_recovery"})
 		sb.mu.Unlock()
 		return time.Second
 	}
@@ -161,7 +178,8 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	}
 	sc := sb.scopeLocked(r.Directory)
 	key := scope.RuntimeKey(sc.Contract, r.Directory, sessionID)
-	r.RuntimeKey, r.Contract = key, sc.Contract
+	// Keyed is written with the step below (or by sendPrepare's write).
+	r.Route, _ = route.Apply(r.Route, route.Keyed{RuntimeKey: key, Contract: sc.Contract})
 	if c := sb.conns[key]; c != nil {
 		d.persistRoute(sb, r)
 		sb.mu.Unlock()
@@ -170,13 +188,11 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	}
 	if s := sb.slots[key]; s != nil && (s.Alloc.Phase == allocation.Starting || s.Alloc.Phase == allocation.Disconnected) {
 		// Its wrapper is coming (back); the Hello sends the route.
-		r.Step = "wait_for_wrapper"
-		d.persistRoute(sb, r)
+		d.applyLocked(sb, r, route.StepReached{Step: route.StepWaitForWrapper})
 		sb.mu.Unlock()
 		return 0
 	}
-	r.Step = "create_sandbox"
-	d.persistRoute(sb, r)
+	d.applyLocked(sb, r, route.StepReached{Step: route.StepCreateSandbox})
 	dir, agent := r.Directory, r.Agent
 	sb.mu.Unlock()
 	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("create_sandbox", "preparing the sandbox"))
@@ -202,7 +218,7 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir, agent))
 	switch {
 	case errors.Is(err, reconciler.ErrRefused):
-		d.setStep(sb, sessionID, "wait_for_cleanup")
+		d.setStep(sb, sessionID, route.StepWaitForCleanup)
 		return max(dec.RetryAfter, time.Second)
 	case errors.Is(err, provider.ErrCapacityRejected):
 		d.failRoute(sb, sessionID, "capacity_rejected", true)
@@ -218,7 +234,7 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 			return 0
 		}
 		d.log.Warn("ensure wrapper failed", "sandbox", sb.id, "runtime_key", key, "err", err)
-		d.setStep(sb, sessionID, "wait_for_cleanup")
+		d.setStep(sb, sessionID, route.StepWaitForCleanup)
 		return time.Second
 	}
 	sb.mu.Lock()
@@ -239,9 +255,8 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 			d.persistSlots(sb, []*store.Slot{s})
 		}
 	case reconciler.Launched:
-		if r := sb.routes[sessionID]; r != nil && r.State == store.RoutePreparing {
-			r.Step = "wait_for_wrapper"
-			d.persistRoute(sb, r)
+		if r := sb.routes[sessionID]; r != nil {
+			d.applyLocked(sb, r, route.StepReached{Step: route.StepWaitForWrapper})
 		}
 	}
 	return 0
@@ -271,23 +286,23 @@ func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
 func (d *Driver) setStep(sb *sandbox, sessionID, step string) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if r := sb.routes[sessionID]; r != nil && r.State == store.RoutePreparing {
-		r.Step = step
-		d.persistRoute(sb, r)
+	if r := sb.routes[sessionID]; r != nil {
+		d.applyLocked(sb, r, route.StepReached{Step: step})
 	}
 }
 
 func (d *Driver) failRoute(sb *sandbox, sessionID, reason string, retryable bool) {
 	sb.mu.Lock()
 	r := sb.routes[sessionID]
-	if r == nil || r.State == store.RouteReleased {
+	if r == nil {
 		sb.mu.Unlock()
 		return
 	}
-	r.State, r.FailureReason, r.Retryable, r.Step = store.RouteFailed, reason, retryable, ""
-	d.persistRoute(sb, r)
+	eff := d.applyLocked(sb, r, route.RouteFailed{Reason: reason, Retryable: retryable})
 	sb.mu.Unlock()
-	d.cfg.Notifier.Failed(d.ref(sb, sessionID), reason, retryable)
+	if eff.Notify == route.NoticeFailed {
+		d.cfg.Notifier.Failed(d.ref(sb, sessionID), eff.Reason, eff.Retryable)
+	}
 }
 
 // sendPrepare mints or adopts the route's handle (when a credential service
@@ -299,19 +314,15 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		sb.mu.Unlock()
 		return
 	}
-	r.Step = "prepare_route"
 	// Mint under the contract the serving wrapper's Hello negotiated, never
 	// the one the route saw when it was keyed: a route keyed before the
 	// directory's first Hello carries no contract, and minting it as
 	// per_session would put a per-session handle into a worktree runtime.
-	r.Contract = c.Contract
-	if r.RuntimeSessionID == "" {
-		// The sandbox names the runtime session before the runtime starts:
-		// the credential grant registers it as the member's ingest root, and
-		// the runtime is told to use it (PrepareRoute.runtime_session_id).
-		r.RuntimeSessionID = newID("rs_")
-	}
-	d.persistRoute(sb, r)
+	// The sandbox names the runtime session (if the route has none) before
+	// the runtime starts: the credential grant registers it as the member's
+	// ingest root, and the runtime is told to use it
+	// (PrepareRoute.runtime_session_id).
+	d.applyLocked(sb, r, route.PrepareSent{Contract: c.Contract, RuntimeSessionID: newID("rs_")})
 	spec, alloc, token := *r, sb.allocationID, sb.owner.Token()
 	sb.mu.Unlock()
 	handle := ""
@@ -491,23 +502,25 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		return d.releaseUnrouted(ctx, sb, sessionID, reason)
 	}
 	key, dir := r.RuntimeKey, r.Directory
-	first := r.State != store.RouteReleased
 	last := true
 	for id, o := range sb.routes {
-		if id != sessionID && o.RuntimeKey == key && o.State != store.RouteReleased && o.State != store.RouteFailed {
+		if id != sessionID && o.RuntimeKey == key && o.Member() {
 			last = false
 		}
 	}
 	c := sb.conns[key]
-	if first {
-		r.State, r.Step = store.RouteReleased, ""
-		r.MemberReleasePending = d.cfg.Credentials != nil
-		d.persistRoute(sb, r)
+	eff := d.applyLocked(sb, r, route.Release{Credentials: d.cfg.Credentials != nil})
+	first := eff.SendRelease // the first release of the route; a repeat only reports
+	if eff.LeaveScope {
 		if sc := sb.scopes[dir]; sc != nil {
 			sc.Leave(sessionID)
 			d.persistScope(sb, sc)
 		}
+	}
+	if eff.DropHandle {
 		delete(sb.handles, sessionID)
+	}
+	if first {
 		if last {
 			if s := sb.slots[key]; s != nil {
 				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: d.cfg.Now(), Reason: reason})
@@ -578,9 +591,8 @@ func (d *Driver) releaseMember(ctx context.Context, sb *sandbox, sessionID strin
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if r := sb.routes[sessionID]; r != nil && r.MemberReleasePending {
-		r.MemberReleasePending = false
-		d.persistRoute(sb, r)
+	if r := sb.routes[sessionID]; r != nil {
+		d.applyLocked(sb, r, route.MemberReleased{})
 	}
 	return true
 }
@@ -631,7 +643,7 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 	sb.mu.Lock()
 	held := map[string]bool{}
 	for id, o := range sb.routes {
-		if id != sessionID && o.RuntimeKey != "" && o.State != store.RouteReleased && o.State != store.RouteFailed {
+		if id != sessionID && o.RuntimeKey != "" && o.Member() {
 			held[o.RuntimeKey] = true
 		}
 	}
@@ -718,7 +730,11 @@ func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {
 	forgetRouteTrace(sb.id, sessionID)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if r := sb.routes[sessionID]; r != nil && r.State == store.RouteReleased {
+	r := sb.routes[sessionID]
+	if r == nil {
+		return
+	}
+	if _, eff := route.Apply(r.Route, route.Forget{}); eff.Delete {
 		delete(sb.routes, sessionID)
 		if err := store.DeleteRoute(sb.ctx, sb.owner, d.cfg.Redis, sb.id, sessionID); err != nil {
 			d.staleWrite(sb, err)

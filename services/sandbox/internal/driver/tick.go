@@ -8,6 +8,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
@@ -86,16 +87,14 @@ func (d *Driver) stopping(ctx context.Context, sb *sandbox, ch keyChange) {
 	sb.mu.Lock()
 	var lost, failed []string
 	for id, r := range sb.routes {
-		if r.RuntimeKey != ch.key {
+		// A route that never became ready fails after the stop request
+		// (failRoute); the others are lost now.
+		if r.RuntimeKey == ch.key && r.State == store.RoutePreparing {
+			failed = append(failed, id)
 			continue
 		}
-		switch r.State {
-		case store.RouteReady, store.RouteReconnecting:
-			r.State, r.Step = store.RouteUnknown, ""
-			d.persistRoute(sb, r)
+		if eff := d.applyLocked(sb, r, route.WrapperStopping{RuntimeKey: ch.key, Reason: reason}); eff.Notify == route.NoticeLost {
 			lost = append(lost, id)
-		case store.RoutePreparing:
-			failed = append(failed, id)
 		}
 	}
 	sb.mu.Unlock()
@@ -147,9 +146,7 @@ func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 	d.persistSlots(sb, []*store.Slot{s})
 	var lost []string
 	for id, r := range sb.routes {
-		if r.RuntimeKey == key && (r.State == store.RouteReconnecting || r.State == store.RouteReady) {
-			r.State, r.Step = store.RouteUnknown, ""
-			d.persistRoute(sb, r)
+		if eff := d.applyLocked(sb, r, route.WrapperGone{RuntimeKey: key, Reason: reason}); eff.Notify == route.NoticeLost {
 			lost = append(lost, id)
 		}
 	}
@@ -184,7 +181,7 @@ func (d *Driver) checkStopped(ctx context.Context, sb *sandbox) {
 			d.persistSlots(sb, []*store.Slot{s})
 			var pending []string
 			for id, r := range sb.routes {
-				if r.State == store.RoutePreparing && !sb.driving[id] {
+				if _, eff := route.Apply(r.Route, route.KeyStopped{}); eff.Kick && !sb.driving[id] {
 					pending = append(pending, id)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/lease"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
@@ -186,7 +187,7 @@ func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) 
 	return &sandboxv1.GetScopeResponse{Scope: out}, nil
 }
 
-var routeStates = map[string]sandboxv1.RouteState{
+var routeStates = map[route.State]sandboxv1.RouteState{
 	store.RouteUnknown: sandboxv1.RouteState_ROUTE_STATE_UNKNOWN, store.RoutePreparing: sandboxv1.RouteState_ROUTE_STATE_PREPARING,
 	store.RouteReady: sandboxv1.RouteState_ROUTE_STATE_READY, store.RouteReconnecting: sandboxv1.RouteState_ROUTE_STATE_RECONNECTING,
 	store.RouteFailed: sandboxv1.RouteState_ROUTE_STATE_FAILED, store.RouteReleased: sandboxv1.RouteState_ROUTE_STATE_UNKNOWN,

@@ -22,9 +22,9 @@
 //	StepReached    preparing → preparing with the step [Persist]
 //	               (routes.go prepare: create_sandbox, wait_for_wrapper;
 //	               setStep: wait_for_cleanup)
-//	PrepareSent    preparing → preparing(step prepare_route), contract of the
-//	               serving wrapper, runtime session id named once [Persist]
-//	               (routes.go sendPrepare)
+//	PrepareSent    any record → contract of the serving wrapper, runtime
+//	               session id named once, step prepare_route when preparing
+//	               [Persist] (routes.go sendPrepare)
 //	WrapperHello   ready|reconnecting kept by the same instance → ready
 //	               [Persist, Notify ready]; preparing|reconnecting otherwise →
 //	               preparing(step prepare_route) [Persist, SendPrepare, and
@@ -54,13 +54,12 @@
 //	               [Persist] (routes.go releaseMember)
 //	Forget         released → absent [Delete] (routes.go forgetRoute)
 //
-// Three places where today's driver differs from this machine, to decide
-// when it is wired in: resume (driver.go) moves ready to reconnecting
-// without persisting it (here it persists, like every other change);
-// sendPrepare stamps step prepare_route on whatever state the route reached
-// meanwhile, released or failed included (here only preparing); a ready
-// route not among a Hello's active routes stays ready (kept here too, but
-// nothing will ever move it but a stop or a new stream).
+// Wired into the driver with three choices (docs/decisions.md): resume
+// persists the ready → reconnecting move it announces; sendPrepare names the
+// contract and runtime session id on whatever state the route reached
+// meanwhile (the frame goes out anyway) but stamps step prepare_route on a
+// preparing route only; a ready route not among a Hello's active routes
+// stays ready until a stop or a new stream moves it.
 package route
 
 import (
@@ -162,7 +161,8 @@ type Keyed struct {
 // StepReached: preparation reached Step.
 type StepReached struct{ Step string }
 
-// PrepareSent: PrepareRoute goes to a wrapper serving Contract;
+// PrepareSent: PrepareRoute goes to a wrapper serving Contract (whatever
+// state the route reached meanwhile);
 // RuntimeSessionID names the runtime session if the route has none yet.
 type PrepareSent struct {
 	Contract         scope.Contract
@@ -249,6 +249,18 @@ func Apply(r Route, ev Event) (Route, Effects) {
 
 // preparation applies the steps of a route being prepared.
 func preparation(r Route, ev Event) (Route, Effects) {
+	if e, ok := ev.(PrepareSent); ok && r.recorded() {
+		// The frame goes out whatever the route reached meanwhile, so it
+		// carries the contract and the runtime session id it is minted under.
+		if r.State == Preparing {
+			r.Step = StepPrepareRoute
+		}
+		r.Contract = e.Contract
+		if r.RuntimeSessionID == "" {
+			r.RuntimeSessionID = e.RuntimeSessionID
+		}
+		return r, Effects{Persist: true}
+	}
 	if r.State != Preparing {
 		return r, Effects{}
 	}
@@ -257,11 +269,6 @@ func preparation(r Route, ev Event) (Route, Effects) {
 		r.RuntimeKey, r.Contract = e.RuntimeKey, e.Contract
 	case StepReached:
 		r.Step = e.Step
-	case PrepareSent:
-		r.Step, r.Contract = StepPrepareRoute, e.Contract
-		if r.RuntimeSessionID == "" {
-			r.RuntimeSessionID = e.RuntimeSessionID
-		}
 	}
 	return r, Effects{Persist: true}
 }

@@ -57,7 +57,7 @@ var table = map[string]map[string]string{
 		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "=", "forget": "=",
 	},
 	"unknown": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "=",
+		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "unknown persist", "hello": "=",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=", "wrapper_stopping": "=", "wrapper_gone": "=",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
@@ -70,27 +70,27 @@ var table = map[string]map[string]string{
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"ready": {
-		"prepare": "=", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "ready persist notify:ready",
+		"prepare": "=", "keyed": "=", "step": "=", "prepare_sent": "ready persist", "hello": "ready persist notify:ready",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "reconnecting persist notify:reconnecting", "owner_resumed": "reconnecting persist notify:reconnecting",
 		"key_stopped": "=", "wrapper_stopping": "unknown persist notify:lost", "wrapper_gone": "unknown persist notify:lost",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"reconnecting": {
-		"prepare": "=", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "ready persist notify:ready",
+		"prepare": "=", "keyed": "=", "step": "=", "prepare_sent": "reconnecting persist", "hello": "ready persist notify:ready",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
 		"wrapper_stopping": "unknown persist notify:lost", "wrapper_gone": "unknown persist notify:lost",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"failed": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "=",
+		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "failed persist", "hello": "=",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=", "wrapper_stopping": "=", "wrapper_gone": "=",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"released": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "=",
+		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "released persist", "hello": "=",
 		"route_ready": "=", "route_failed": "=", "stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
 		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "released persist", "forget": "absent delete",
 	},
@@ -337,5 +337,21 @@ func TestProperties(t *testing.T) {
 	}
 	for _, s := range States {
 		require.True(t, seen[s], "the random walk never reached %q", s)
+	}
+}
+
+// sendPrepare's frame goes out whatever the route reached meanwhile: the
+// record names the contract and runtime session id it carries, and only a
+// preparing route takes the step.
+func TestPrepareSentOnARouteThatMovedOn(t *testing.T) {
+	for _, name := range []string{"unknown", "ready", "reconnecting", "failed", "released"} {
+		r := states()[name]
+		r.RuntimeSessionID = ""
+		got, eff := Apply(r, PrepareSent{Contract: scope.Worktree, RuntimeSessionID: "rs9"})
+		require.Equal(t, []string{"persist"}, flags(eff), name)
+		require.Equal(t, r.State, got.State, name)
+		require.Equal(t, r.Step, got.Step, name)
+		require.Equal(t, scope.Worktree, got.Contract, name)
+		require.Equal(t, "rs9", got.RuntimeSessionID, name)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"agentplane.dev/pkg/fence"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/scope"
 )
 
@@ -36,42 +37,31 @@ func Key(sandboxID, suffix string) string {
 	return "sbx:" + fence.Key(ownership.Resource(sandboxID), suffix)
 }
 
-// Route states.
+// Route states (internal/route).
 const (
-	RouteUnknown      = "unknown"
-	RoutePreparing    = "preparing"
-	RouteReady        = "ready"
-	RouteReconnecting = "reconnecting"
-	RouteFailed       = "failed"
-	RouteReleased     = "released" // kept until the runtime key's absence is verified
+	RouteUnknown      = route.Unknown
+	RoutePreparing    = route.Preparing
+	RouteReady        = route.Ready
+	RouteReconnecting = route.Reconnecting
+	RouteFailed       = route.Failed
+	RouteReleased     = route.Released // kept until the runtime key's absence is verified
 )
 
-// Route is the sandbox's view of one session's route.
+// Route is the sandbox's view of one session's route: its lifecycle
+// (route.Route, changed only by route.Apply; the embedded fields keep the
+// record's JSON keys) and what preparing it needs.
 type Route struct {
-	SessionID        string         `json:"session_id"`
-	Directory        string         `json:"directory"`
-	RepoURL          string         `json:"repo_url,omitempty"`
-	RepoRef          string         `json:"repo_ref,omitempty"`
-	RepoDepth        uint32         `json:"repo_depth,omitempty"`
-	GitCredentialRef string         `json:"git_credential_ref,omitempty"`
-	UserID           string         `json:"user_id,omitempty"`
-	OrgID            string         `json:"org_id,omitempty"`
-	CredentialRef    string         `json:"credential_ref,omitempty"`
-	CredentialClass  string         `json:"credential_class,omitempty"`
-	State            string         `json:"state"`
-	Step             string         `json:"step,omitempty"`
-	FailureReason    string         `json:"failure_reason,omitempty"`
-	Retryable        bool           `json:"retryable,omitempty"`
-	RuntimeSessionID string         `json:"runtime_session_id,omitempty"`
-	RuntimeKey       string         `json:"runtime_key,omitempty"`
-	Contract         scope.Contract `json:"contract,omitempty"`
-	WrapperInstance  string         `json:"wrapper_instance,omitempty"`
-	// MemberReleasePending is the persisted intent of a released route
-	// whose session the credential service still lists as a scope member:
-	// ReleaseMember is retried until it succeeds, and the route record
-	// (with this intent) is kept until then.
-	MemberReleasePending bool  `json:"member_release_pending,omitempty"`
-	Agent                Agent `json:"agent,omitzero"`
+	SessionID string `json:"session_id"`
+	route.Route
+	RepoURL          string `json:"repo_url,omitempty"`
+	RepoRef          string `json:"repo_ref,omitempty"`
+	RepoDepth        uint32 `json:"repo_depth,omitempty"`
+	GitCredentialRef string `json:"git_credential_ref,omitempty"`
+	UserID           string `json:"user_id,omitempty"`
+	OrgID            string `json:"org_id,omitempty"`
+	CredentialRef    string `json:"credential_ref,omitempty"`
+	CredentialClass  string `json:"credential_class,omitempty"`
+	Agent            Agent  `json:"agent,omitzero"`
 	// Egress is the session's egress policy and EgressVersion its version
 	// (an older version never replaces a newer one).
 	Egress        egresspolicy.Policy `json:"egress,omitzero"`

@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/scope"
 )
 
@@ -19,17 +23,17 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Shared(m)) }
 
 var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func route(sessionID, state string) *Route {
-	return &Route{SessionID: sessionID, Directory: "/src/app", RepoURL: "https://git.example/app", UserID: "u1", OrgID: "o1",
-		CredentialRef: "cred-ref", CredentialClass: "user", State: state, RuntimeSessionID: "rs-" + sessionID,
-		RuntimeKey: "k1", Contract: scope.PerSession, WrapperInstance: "w1", Updated: now}
+func routeRecord(sessionID string, state route.State) *Route {
+	return &Route{SessionID: sessionID, Route: route.Route{Directory: "/src/app", State: state, RuntimeSessionID: "rs-" + sessionID,
+		RuntimeKey: "k1", Contract: scope.PerSession, WrapperInstance: "w1"}, RepoURL: "https://git.example/app", UserID: "u1", OrgID: "o1",
+		CredentialRef: "cred-ref", CredentialClass: "user", Updated: now}
 }
 
 // sandboxState is one of each record of sandbox sb1.
 func sandboxState() Snapshot {
 	return Snapshot{
 		AllocationID: "alloc-1",
-		Routes:       map[string]*Route{"s1": route("s1", RouteReady), "s2": route("s2", RoutePreparing)},
+		Routes:       map[string]*Route{"s1": routeRecord("s1", RouteReady), "s2": routeRecord("s2", RoutePreparing)},
 		Scopes: map[string]*scope.Scope{"/src/app": {SandboxID: "sb1", Directory: "/src/app", Contract: scope.PerSession,
 			Class: "user", Members: map[string]string{"s1": "rs-s1"}}},
 		Wrappers: map[string]*Wrapper{"w1": {Instance: "w1", RuntimeKey: "k1", Allocation: "alloc-1", Generation: 2,
@@ -98,7 +102,7 @@ func TestPutThenLoad(t *testing.T) {
 	require.Equal(t, "alloc-1", alloc)
 
 	// A write replaces the record of the same session; DeleteRoute removes one.
-	failed := route("s2", RouteFailed)
+	failed := routeRecord("s2", RouteFailed)
 	failed.FailureReason, failed.Retryable = "clone failed", true
 	require.NoError(t, PutRoute(ctx, owner, "sb1", failed))
 	require.NoError(t, DeleteRoute(ctx, owner, rdb, "sb1", "s1"))
@@ -196,4 +200,25 @@ func TestIndexed(t *testing.T) {
 	ids, err = Indexed(ctx, rdb)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"sb1", "sb2"}, ids)
+}
+
+// The route record embeds route.Route: its JSON keys are the ones the
+// record had before, so records written by an older replica still load.
+func TestRouteRecordKeepsItsJSONKeys(t *testing.T) {
+	r := routeRecord("s1", RouteReleased)
+	r.Step, r.FailureReason, r.Retryable, r.MemberReleasePending = "prepare_route", "x", true, true
+	r.RepoRef, r.RepoDepth, r.GitCredentialRef, r.EgressVersion = "main", 1, "g", 2
+	r.Agent = Agent{Profile: "p"}
+	r.Egress.PrivateNetworks = []string{"10.0.0.0/8"}
+	b, err := json.Marshal(r)
+	require.NoError(t, err)
+	var keys map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(b, &keys))
+	want := []string{"session_id", "directory", "repo_url", "repo_ref", "repo_depth", "git_credential_ref", "user_id", "org_id",
+		"credential_ref", "credential_class", "state", "step", "failure_reason", "retryable", "runtime_session_id", "runtime_key",
+		"contract", "wrapper_instance", "member_release_pending", "agent", "egress", "egress_version", "updated"}
+	require.ElementsMatch(t, want, slices.Collect(maps.Keys(keys)))
+	var back Route
+	require.NoError(t, json.Unmarshal(b, &back))
+	require.Equal(t, *r, back)
 }
