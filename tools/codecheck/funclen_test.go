@@ -14,9 +14,6 @@ const MaxLines = 80
 // why. An entry whose function is gone or short again fails the test, so the
 // list only shrinks.
 var allowed = map[string]string{
-	"services/sandbox/internal/driver/conn.go:Driver.Hello": "issue 24 items 1-3: becomes route.Apply plus the wrapper-connection adapter " +
-		"once the engineers now changing the driver have landed",
-	"services/sandbox/internal/driver/routes.go:Driver.prepare": "issue 24 items 1-3, as Driver.Hello",
 	"services/sandbox/wrapper/acp/acp.go:Runtime.open": "the wrapper is being changed in parallel (issue 24 pass 1 leaves it alone); " +
 		"the ACP session handshake, split after that lands",
 	"services/ingest/internal/grpcapi/service.go:Service.ingestStream": "the stream loop with its per-batch limits; not split in this pass",

@@ -31,33 +31,75 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 	if d.closing.Load() {
 		return HelloResult{}, ErrShuttingDown
 	}
-	// An unauthenticated caller must not make this replica take (and index)
-	// a sandbox: check the stored allocation before acquiring anything.
-	d.mu.Lock()
-	_, owned := d.sandboxes[h.GetSandboxId()]
-	d.mu.Unlock()
-	if !owned {
-		alloc, err := store.AllocationID(ctx, d.cfg.Redis, h.GetSandboxId())
-		if err != nil {
-			return HelloResult{}, err
-		}
-		if alloc == "" || alloc != h.GetAllocationId() {
-			return HelloResult{Shutdown: Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current")}, nil
-		}
+	if res, err := d.allocationCurrent(ctx, h); err != nil || res.Shutdown != nil {
+		return res, err
 	}
 	sb, err := d.own(ctx, h.GetSandboxId())
 	if err != nil {
 		return HelloResult{}, err
 	}
-	shutdown := func(r sandboxv1.ShutdownReason, detail string) (HelloResult, error) {
-		d.log.Warn("wrapper hello rejected", "sandbox", sb.id, "instance", h.GetInstanceId(), "reason", r.String())
-		return HelloResult{Shutdown: Shutdown(r, detail)}, nil
-	}
-	now := d.cfg.Now()
 	sb.mu.Lock()
-	if sb.allocationID == "" || h.GetAllocationId() != sb.allocationID {
+	w, slot, reason, detail := d.authenticateLocked(sb, h)
+	if w == nil {
 		sb.mu.Unlock()
-		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current")
+		return d.rejectHello(sb, h, reason, detail), nil
+	}
+	contract, refused, detail := d.negotiateLocked(sb, h, w.RuntimeKey, slot)
+	if refused != nil {
+		sb.mu.Unlock()
+		refused()
+		return d.rejectHello(sb, h, sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, detail), nil
+	}
+	c, resumed, prepare, retire := d.connectLocked(sb, h, w, slot, contract)
+	sb.mu.Unlock()
+	if !retire {
+		close(c.retired)
+	}
+	_ = d.cfg.Wrappers.StartupVerified(ctx, sb.id, c.RuntimeKey, c.Instance)
+	for _, id := range resumed {
+		sb.mu.Lock()
+		rsid := sb.routes[id].RuntimeSessionID
+		sb.mu.Unlock()
+		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, c.Instance)
+	}
+	d.resendHandle(sb, c, resumed)
+	if len(prepare) > 0 || retire {
+		go d.reprepare(sb, c, slot.Directory, sb.owner.Token(), retire, prepare)
+	}
+	d.log.Info("wrapper connected", "sandbox", sb.id, "runtime_key", c.RuntimeKey, "instance", c.Instance, "contract", string(contract))
+	return HelloResult{Conn: c, Ack: d.helloAck(contract)}, nil
+}
+
+// allocationCurrent refuses a Hello for a sandbox this replica does not own
+// whose stored allocation is not the Hello's: an unauthenticated caller
+// must not make this replica take (and index) a sandbox.
+func (d *Driver) allocationCurrent(ctx context.Context, h *sandboxv1.Hello) (HelloResult, error) {
+	d.mu.Lock()
+	_, owned := d.sandboxes[h.GetSandboxId()]
+	d.mu.Unlock()
+	if owned {
+		return HelloResult{}, nil
+	}
+	alloc, err := store.AllocationID(ctx, d.cfg.Redis, h.GetSandboxId())
+	if err != nil {
+		return HelloResult{}, err
+	}
+	if alloc == "" || alloc != h.GetAllocationId() {
+		return HelloResult{Shutdown: Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current")}, nil
+	}
+	return HelloResult{}, nil
+}
+
+func (d *Driver) rejectHello(sb *sandbox, h *sandboxv1.Hello, r sandboxv1.ShutdownReason, detail string) HelloResult {
+	d.log.Warn("wrapper hello rejected", "sandbox", sb.id, "instance", h.GetInstanceId(), "reason", r.String())
+	return HelloResult{Shutdown: Shutdown(r, detail)}
+}
+
+// authenticateLocked checks the Hello against the sandbox's records: the
+// wrapper and its slot, or nil and why the stream is refused.
+func (d *Driver) authenticateLocked(sb *sandbox, h *sandboxv1.Hello) (*store.Wrapper, *store.Slot, sandboxv1.ShutdownReason, string) {
+	if sb.allocationID == "" || h.GetAllocationId() != sb.allocationID {
+		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current"
 	}
 	w := sb.wrappers[h.GetInstanceId()]
 	got := digest(h.GetLaunchCredential())
@@ -69,31 +111,35 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 	}
 	if !constantTimeEqual(got, want) || w == nil || w.Allocation != sb.allocationID ||
 		w.RuntimeKey != h.GetRuntimeKey() || w.Generation != h.GetGeneration() {
-		sb.mu.Unlock()
-		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_BAD_CREDENTIAL, "the launch credential did not verify")
+		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_BAD_CREDENTIAL, "the launch credential did not verify"
 	}
 	if h.GetFenceToken() < w.FenceToken || h.GetFenceToken() > sb.owner.Token() {
-		sb.mu.Unlock()
-		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_FENCE, "the fencing token is stale")
+		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_FENCE, "the fencing token is stale"
 	}
-	key := w.RuntimeKey
-	slot := sb.slots[key]
+	slot := sb.slots[w.RuntimeKey]
 	if slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
-		sb.mu.Unlock()
-		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_LEASE_LOST, "another wrapper owns the runtime key")
+		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_LEASE_LOST, "another wrapper owns the runtime key"
 	}
+	return w, slot, 0, ""
+}
+
+// negotiateLocked settles the runtime contract of the wrapper's directory.
+// A wrapper that cannot serve it goes: refused is then what to do once
+// sb.mu is released, and detail the Shutdown's.
+func (d *Driver) negotiateLocked(sb *sandbox, h *sandboxv1.Hello, key string, slot *store.Slot) (contract scope.Contract, refused func(), detail string) {
+	now := d.cfg.Now()
 	sc := sb.scopeLocked(slot.Directory)
 	contract, pin, err := scope.Negotiate(sc.Contract, scope.Offered(h.GetCapabilities(), h.GetProtocolVersion()))
 	if err != nil {
 		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "runtime_contract_downgrade"})
 		d.persistSlots(sb, []*store.Slot{slot})
 		failed := sb.routesOfLocked(key, store.RoutePreparing)
-		sb.mu.Unlock()
-		for _, id := range failed {
-			d.failRoute(sb, id, "runtime_contract_downgrade", false)
-		}
-		go d.stopKey(sb, key, "runtime_contract_downgrade")
-		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, "RUNTIME_CONTRACT_DOWNGRADE: the directory is pinned to the worktree contract")
+		return "", func() {
+			for _, id := range failed {
+				d.failRoute(sb, id, "runtime_contract_downgrade", false)
+			}
+			go d.stopKey(sb, key, "runtime_contract_downgrade")
+		}, "RUNTIME_CONTRACT_DOWNGRADE: the directory is pinned to the worktree contract"
 	}
 	if pin {
 		sc.Contract = contract
@@ -106,32 +152,39 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "per_session_contract"})
 		d.persistSlots(sb, []*store.Slot{slot})
 		pending := sb.routesOfLocked(key, store.RoutePreparing)
-		sb.mu.Unlock()
-		go func() {
-			d.stopKey(sb, key, "per_session_contract")
-			for _, id := range pending {
-				d.kick(sb, id)
-			}
-		}()
-		return shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, "the directory uses the per_session contract")
+		return "", func() {
+			go func() {
+				d.stopKey(sb, key, "per_session_contract")
+				for _, id := range pending {
+					d.kick(sb, id)
+				}
+			}()
+		}, "the directory uses the per_session contract"
 	}
+	return contract, nil, ""
+}
+
+// connectLocked makes the wrapper its runtime key's connection and applies
+// its Hello to the key's routes: the ones it resumed, the ones to prepare on
+// it, and whether the scope's accepted handles are retired first.
+func (d *Driver) connectLocked(sb *sandbox, h *sandboxv1.Hello, w *store.Wrapper, slot *store.Slot, contract scope.Contract) (c *Conn, resumed, prepare []string, retire bool) {
+	key := w.RuntimeKey
 	// The first Hello of a launched instance is a wrapper (re)start: nothing
 	// the scope accepted before reached this runtime, and it may be a
 	// handle of an older owner fence, which no joiner could adopt.
 	fresh := slot.Alloc.Phase == allocation.Starting
-	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: now, Instance: w.Instance})
+	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: d.cfg.Now(), Instance: w.Instance})
 	d.persistSlots(sb, []*store.Slot{slot})
 	if old := sb.conns[key]; old != nil {
 		old.close(ErrStreamReplaced)
 	}
-	c := &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance, Contract: contract,
+	c = &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance, Contract: contract,
 		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{}), retired: make(chan struct{})}
 	sb.conns[key] = c
 	active := map[string]string{}
 	for _, a := range h.GetRoutes() {
 		active[a.GetSessionId()] = a.GetRuntimeSessionId()
 	}
-	var resumed, prepare []string
 	restarted := false
 	for id, r := range sb.routes {
 		if r.RuntimeKey != key {
@@ -150,24 +203,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 			prepare = append(prepare, id)
 		}
 	}
-	sb.mu.Unlock()
-	retire := contract == scope.Worktree && (restarted || fresh)
-	if !retire {
-		close(c.retired)
-	}
-	_ = d.cfg.Wrappers.StartupVerified(ctx, sb.id, key, w.Instance)
-	for _, id := range resumed {
-		sb.mu.Lock()
-		rsid := sb.routes[id].RuntimeSessionID
-		sb.mu.Unlock()
-		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, w.Instance)
-	}
-	d.resendHandle(sb, c, resumed)
-	if len(prepare) > 0 || retire {
-		go d.reprepare(sb, c, slot.Directory, sb.owner.Token(), retire, prepare)
-	}
-	d.log.Info("wrapper connected", "sandbox", sb.id, "runtime_key", key, "instance", w.Instance, "contract", string(contract))
-	return HelloResult{Conn: c, Ack: d.helloAck(contract)}, nil
+	return c, resumed, prepare, contract == scope.Worktree && (restarted || fresh)
 }
 
 // reprepare sends PrepareRoute for routes a (new) wrapper must open. After a

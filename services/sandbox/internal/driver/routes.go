@@ -156,66 +156,95 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	ctx, span := tracer.Start(routeCtx(sb.ctx, sb.id, sessionID), "sandbox.prepare")
 	defer span.End()
+	key, dir, agent, retry, launch := d.beginPrepare(ctx, sb, sessionID)
+	if !launch {
+		return retry
+	}
+	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("create_sandbox", "preparing the sandbox"))
+	if !d.createSandbox(ctx, sb, sessionID, dir) {
+		return 0
+	}
+	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("start_wrapper", "starting the wrapper"))
+	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir, agent))
+	if err != nil {
+		return d.ensureFailed(ctx, sb, sessionID, key, dec, err)
+	}
+	d.ensured(sb, sessionID, key, dir, dec)
+	return 0
+}
+
+// beginPrepare keys the route and reports whether a wrapper must be
+// brought up for it (launch), with the key, directory and agent it runs;
+// otherwise the route is on its way (its wrapper is connected or coming)
+// or retry says when to try again.
+func (d *Driver) beginPrepare(ctx context.Context, sb *sandbox, sessionID string) (key, dir string, agent store.Agent, retry time.Duration, launch bool) {
 	sb.mu.Lock()
 	r := sb.routes[sessionID]
 	if r == nil || r.State != store.RoutePreparing || sb.dropped {
 		sb.mu.Unlock()
-		return 0
+		return "", "", store.Agent{}, 0, false
 	}
 	if sb.recovering {
 		// Nothing is made in a tree that is about to be deleted.
 		d.applyLocked(sb, r, route.StepReached{Step: "wait_for_recovery"})
 		sb.mu.Unlock()
-		return time.Second
+		return "", "", store.Agent{}, time.Second, false
 	}
 	if sb.allocationID == "" {
 		sb.allocationID = newID("alloc_")
 		if err := store.PutMeta(ctx, sb.owner, sb.id, sb.allocationID); err != nil {
 			sb.mu.Unlock()
 			d.staleWrite(sb, err)
-			return 0
+			return "", "", store.Agent{}, 0, false
 		}
 	}
 	sc := sb.scopeLocked(r.Directory)
-	key := scope.RuntimeKey(sc.Contract, r.Directory, sessionID)
+	key = scope.RuntimeKey(sc.Contract, r.Directory, sessionID)
 	// Keyed is written with the step below (or by sendPrepare's write).
 	r.Route, _ = route.Apply(r.Route, route.Keyed{RuntimeKey: key, Contract: sc.Contract})
 	if c := sb.conns[key]; c != nil {
 		d.persistRoute(sb, r)
 		sb.mu.Unlock()
 		d.sendPrepare(sb, c, sessionID)
-		return 0
+		return "", "", store.Agent{}, 0, false
 	}
 	if s := sb.slots[key]; s != nil && (s.Alloc.Phase == allocation.Starting || s.Alloc.Phase == allocation.Disconnected) {
 		// Its wrapper is coming (back); the Hello sends the route.
 		d.applyLocked(sb, r, route.StepReached{Step: route.StepWaitForWrapper})
 		sb.mu.Unlock()
-		return 0
+		return "", "", store.Agent{}, 0, false
 	}
 	d.applyLocked(sb, r, route.StepReached{Step: route.StepCreateSandbox})
-	dir, agent := r.Directory, r.Agent
+	dir, agent = r.Directory, r.Agent
 	sb.mu.Unlock()
-	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("create_sandbox", "preparing the sandbox"))
+	return key, dir, agent, 0, true
+}
 
+// createSandbox makes the sandbox and admits the directory's workspace; on
+// failure the route has failed (or the sandbox recovers).
+func (d *Driver) createSandbox(ctx context.Context, sb *sandbox, sessionID, dir string) bool {
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timers.Create)
 	err := d.cfg.Provider.Create(cctx, sb.id)
 	cancel()
 	if err != nil {
 		if provider.DestroysSandbox(err) {
 			d.admissionFailed(sb, sessionID, err) // recovery, as for a workspace that cannot be made
-			return 0
+			return false
 		}
 		d.failRoute(sb, sessionID, "sandbox_create_failed", true)
-		return 0
+		return false
 	}
 	if d.cfg.Admission != nil {
 		if err := d.cfg.Admission.Admit(ctx, sb.id, dir); err != nil {
 			d.admissionFailed(sb, sessionID, err)
-			return 0
+			return false
 		}
 	}
-	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("start_wrapper", "starting the wrapper"))
-	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir, agent))
+	return true
+}
+
+// ensureFailed applies an EnsureWrapper error; it returns when to try again.
+func (d *Driver) ensureFailed(ctx context.Context, sb *sandbox, sessionID, key string, dec reconciler.Decision, err error) time.Duration {
 	switch {
 	case errors.Is(err, reconciler.ErrRefused):
 		d.setStep(sb, sessionID, route.StepWaitForCleanup)
@@ -229,14 +258,18 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 		// (DESIGN 3.4), rather than waiting for a cleanup that fixes nothing.
 		d.admissionFailed(sb, sessionID, err)
 		return 0
-	case err != nil:
-		if ctx.Err() != nil {
-			return 0
-		}
-		d.log.Warn("ensure wrapper failed", "sandbox", sb.id, "runtime_key", key, "err", err)
-		d.setStep(sb, sessionID, route.StepWaitForCleanup)
-		return time.Second
 	}
+	if ctx.Err() != nil {
+		return 0
+	}
+	d.log.Warn("ensure wrapper failed", "sandbox", sb.id, "runtime_key", key, "err", err)
+	d.setStep(sb, sessionID, route.StepWaitForCleanup)
+	return time.Second
+}
+
+// ensured applies EnsureWrapper's decision: a reused wrapper gets the route
+// (or is waited for), a launched one's Hello will.
+func (d *Driver) ensured(sb *sandbox, sessionID, key, dir string, dec reconciler.Decision) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch dec.Action {
@@ -259,7 +292,6 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 			d.applyLocked(sb, r, route.StepReached{Step: route.StepWaitForWrapper})
 		}
 	}
-	return 0
 }
 
 // admissionFailed applies DESIGN.md 3.4: low capacity fails the route
