@@ -46,7 +46,7 @@ func (c Client) Mint(ctx context.Context, m driver.Mint) (string, bool, error) {
 	resp, err := c.C.MintHandle(ctx, &credentialv1.MintHandleRequest{
 		Scope:         scopeProto(m.Scope),
 		Member:        &credentialv1.Member{SessionId: m.SessionID, RuntimeSessionId: m.RuntimeSessionID, UserId: m.UserID, OrgId: m.OrgID},
-		CredentialRef: m.CredentialRef, CredentialClass: credentialClass(m.CredentialClass), Contract: contract,
+		CredentialRef: m.CredentialRef, CredentialClass: credentialClasses[m.CredentialClass], Contract: contract,
 		FenceToken: m.FenceToken, AllocationId: m.AllocationID, GitCredentialRef: m.GitCredentialRef,
 	})
 	if err != nil {
@@ -80,12 +80,8 @@ func (c Client) RotateHandle(ctx context.Context, s driver.ScopeRef, fence uint6
 	return resp.GetHandle(), resp.GetPreviousValidUntil().AsTime(), nil
 }
 
-func credentialClass(c string) credentialv1.CredentialClass {
-	switch c {
-	case "delegated":
-		return credentialv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED
-	case "static":
-		return credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC
-	}
-	return credentialv1.CredentialClass_CREDENTIAL_CLASS_UNSPECIFIED
+// credentialClasses maps the route's class; any other is UNSPECIFIED.
+var credentialClasses = map[string]credentialv1.CredentialClass{
+	"delegated": credentialv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED,
+	"static":    credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC,
 }

@@ -52,17 +52,16 @@ func TestWrapperStreamsEndWithTheirReason(t *testing.T) {
 // credential_unavailable, and no PrepareRoute reaches the wrapper: the
 // minting path over a fake port, no credential server.
 func TestMintFailureFailsTheRoute(t *testing.T) {
-	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
-	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
 	creds := &mintRecorder{contracts: map[string]scope.Contract{}, mintErr: errors.New("credential service down")}
-	d := newTestDriver(t, prov, wr, creds)
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	d := newTestDriver(t, prov, &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}, creds)
 	t.Cleanup(d.dropAll)
 	ctx := context.Background()
-
-	_, err := d.Prepare(ctx, RouteSpec{SessionID: "s1", SandboxID: "sbx-mint", Directory: "/repo", CredentialClass: "static"})
-	require.NoError(t, err)
-	w := <-prov.launched
-	res, err := d.Hello(ctx, w.hello(t, "sbx-mint", "worktree"))
+	spec := RouteSpec{SessionID: "s1", SandboxID: "sbx-mint", Directory: "/repo", CredentialClass: "static"}
+	if _, err := d.Prepare(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.Hello(ctx, (<-prov.launched).hello(t, spec.SandboxID, "worktree"))
 	require.NoError(t, err)
 	require.NotNil(t, res.Conn, "shutdown: %v", res.Shutdown)
 
