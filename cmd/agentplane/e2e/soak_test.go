@@ -46,7 +46,9 @@ const (
 // sessions, runtimes and histories the soak deleted: a fence token counter
 // (never expires, so a resource's tokens stay monotonic across its
 // lifetimes), the session tombstone (wipe locator) and the ingest
-// tombstone. Keys with a TTL (handles, scope versions, leases) go by
+// tombstone. The session service's state counts (ses:idx:states, behind the
+// sessions-by-state gauge) stay too, and must read 0 once every session is
+// gone (checked apart). Keys with a TTL (handles, scope versions, leases) go by
 // themselves; a live sandbox's records (its owner lease still held) are
 // not orphans.
 var allowedKey = []*regexp.Regexp{
@@ -276,6 +278,13 @@ func (r *replicated) requireOnlyAllowedKeys(t *testing.T) {
 		}
 		shapes[shape]++
 		live := k == "sbx:index"
+		if k == "ses:idx:states" {
+			counts := rdb.HGetAll(ctx, k).Val()
+			for state, n := range counts {
+				require.Equal(t, "0", n, "sessions still counted %s after every session was deleted", state)
+			}
+			live = true
+		}
 		if m := sandboxKey.FindStringSubmatch(k); m != nil {
 			live = rdb.Exists(ctx, "fence:{"+m[1]+"}:lease").Val() == 1
 		}

@@ -459,10 +459,13 @@ func (d *Driver) watchOwner(sb *sandbox) {
 	// Persist the last observation with a guarded write: if another replica
 	// took the sandbox the fence rejects it, which is how a paused replica
 	// learns for certain that it is no longer the owner.
+	// Copies taken under the lock: the tick goes on changing the slots while
+	// the write below encodes them.
 	sb.mu.Lock()
 	slots := make([]*store.Slot, 0, len(sb.slots))
 	for _, s := range sb.slots {
-		slots = append(slots, s)
+		c := *s
+		slots = append(slots, &c)
 	}
 	sb.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
