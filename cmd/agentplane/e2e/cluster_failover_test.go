@@ -54,6 +54,22 @@ func (r *runtimes) note(sessionID string, ev *sessionv1.SessionEvent) {
 	r.ids[sessionID][rs] = true
 }
 
+// exportInto adds the ids of the history items Export returns for the
+// runtime session rs to items, retrying while ingest does not answer.
+func exportInto(t *testing.T, ing ingestv1.IngestServiceClient, rs string, items map[string]bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
+		if err != nil {
+			return false
+		}
+		for _, it := range resp.GetItems() {
+			items[it.GetItemId()] = true
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "export %s", rs)
+}
+
 // historyLosses are the completed messages whose history items (the
 // scripted runtime's msg-<id> and reply-<id>) Export of the sessions'
 // runtime sessions does not hold.
@@ -65,16 +81,7 @@ func (s *suite) historyLosses(t *testing.T, l *ledger, rt *runtimes, sessions []
 		rt.mu.Unlock()
 		require.NotEmpty(t, ids, "session %s: no runtime session seen", id)
 		for rs := range ids {
-			require.Eventually(t, func() bool {
-				resp, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
-				if err != nil {
-					return false
-				}
-				for _, it := range resp.GetItems() {
-					items[it.GetItemId()] = true
-				}
-				return true
-			}, 30*time.Second, 100*time.Millisecond, "export %s", rs)
+			exportInto(t, s.ing, rs, items)
 		}
 		l.mu.Lock()
 		for k := range l.completed {
@@ -104,6 +111,9 @@ func TestClusterFailoverKill(t *testing.T) {
 	const slack = 3 * time.Second
 	c := redistest.StartCluster(t)
 	s := startSuiteAt(t, nil, nil, store{URL: c.URL(), MinReplicas: 1})
+	if dump := os.Getenv("CLUSTER_LOG_DUMP"); dump != "" {
+		t.Cleanup(func() { _ = os.WriteFile(dump, []byte(s.logs.String()), 0o644) })
+	}
 	l := newLedger()
 	rt := &runtimes{ids: map[string]map[string]bool{}}
 
@@ -113,30 +123,7 @@ func TestClusterFailoverKill(t *testing.T) {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
 		sessions = append(sessions, s.create(t, fmt.Sprintf("sbx-cl%d", i%3), dir, "sk-cluster").GetSessionId())
 	}
-	wctx, stopWatch := context.WithCancel(context.Background())
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var stopOnce sync.Once
-	halt := func() {
-		stopOnce.Do(func() {
-			close(stop)
-			time.Sleep(time.Second) // the watchers deliver the last states
-			stopWatch()
-			wg.Wait()
-		})
-	}
-	t.Cleanup(halt) // before the suite stops, also when the test fails
-	for _, id := range sessions {
-		wg.Go(func() {
-			s.watch(wctx, id, func(ev *sessionv1.SessionEvent) {
-				rt.note(id, ev)
-				if m := ev.GetMessage(); m != nil {
-					l.note(l.states, stateKey(id, m))
-				}
-			})
-		})
-		wg.Go(func() { s.load(t, l, id, stop) })
-	}
+	halt := s.underLoad(t, l, sessions, rt.note)
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, id := range sessions {
 		for l.completedOf(id) < 2 {

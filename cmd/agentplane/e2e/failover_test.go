@@ -129,6 +129,39 @@ func (s *suite) load(t *testing.T, l *ledger, sessionID string, stop <-chan stru
 	}
 }
 
+// underLoad runs, for each session, a sender (load) and a watcher that
+// notes every delivered message state in l and hands each event to seen
+// (may be nil), until halt (also called at cleanup, before the suite stops).
+func (s *suite) underLoad(t *testing.T, l *ledger, sessions []string, seen func(id string, ev *sessionv1.SessionEvent)) (halt func()) {
+	wctx, stopWatch := context.WithCancel(context.Background())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt = func() {
+		stopOnce.Do(func() {
+			close(stop)
+			time.Sleep(time.Second) // the watchers deliver the last states
+			stopWatch()
+			wg.Wait()
+		})
+	}
+	t.Cleanup(halt)
+	for _, id := range sessions {
+		wg.Go(func() {
+			s.watch(wctx, id, func(ev *sessionv1.SessionEvent) {
+				if seen != nil {
+					seen(id, ev)
+				}
+				if m := ev.GetMessage(); m != nil {
+					l.note(l.states, stateKey(id, m))
+				}
+			})
+		})
+		wg.Go(func() { s.load(t, l, id, stop) })
+	}
+	return halt
+}
+
 // watch records every message state WatchSession delivers, resuming after
 // the last cursor when the stream breaks, until ctx ends.
 func (s *suite) watch(ctx context.Context, sessionID string, seen func(ev *sessionv1.SessionEvent)) {
@@ -236,29 +269,7 @@ func TestSentinelFailoverAcks(t *testing.T) {
 				require.NoError(t, os.MkdirAll(dir, 0o755))
 				sessions = append(sessions, s.create(t, fmt.Sprintf("sbx-fo%d", i%2), dir, "sk-failover").GetSessionId())
 			}
-			wctx, stopWatch := context.WithCancel(context.Background())
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			var stopOnce sync.Once
-			halt := func() {
-				stopOnce.Do(func() {
-					close(stop)
-					time.Sleep(time.Second) // the watchers deliver the last states
-					stopWatch()
-					wg.Wait()
-				})
-			}
-			t.Cleanup(halt) // before the suite stops, also when the test fails
-			for _, id := range sessions {
-				wg.Go(func() {
-					s.watch(wctx, id, func(ev *sessionv1.SessionEvent) {
-						if m := ev.GetMessage(); m != nil {
-							l.note(l.states, stateKey(id, m))
-						}
-					})
-				})
-				wg.Go(func() { s.load(t, l, id, stop) })
-			}
+			halt := s.underLoad(t, l, sessions, nil)
 			progressed := func(n int) {
 				t.Helper()
 				deadline := time.Now().Add(2 * time.Minute)
