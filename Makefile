@@ -60,7 +60,7 @@ test: test-go helm-check
 REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ services/ingest:./internal/store/ \
   services/session:./internal/store/ services/sandbox:./internal/store/,./internal/ownership/,./internal/leasestore/
 # The failover e2e tests: real services on a Sentinel group / Cluster while its master fails over.
-REDIS_FAILOVER_E2E = ^TestSentinelFailover(Acks|KeepsSandboxes)$$
+REDIS_FAILOVER_E2E = ^(TestSentinelFailover(Acks|KeepsSandboxes)|TestClusterFailoverKill)$$
 test-redis-topologies:
 	@for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
 	  m=$${s%%:*}; p=$${s#*:}; echo "== AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//,/ }"; \

@@ -29,10 +29,40 @@ type ledger struct {
 	completed map[string]bool // session/message
 	states    map[string]bool // session/message/state
 	retries   map[string]int  // reason of each retried SendMessage
+	// since (with markSince) starts the served clock: served is when each
+	// session first completed a message acknowledged after it.
+	since  time.Time
+	served map[string]time.Time
 }
 
 func newLedger() *ledger {
-	return &ledger{acked: map[string]bool{}, completed: map[string]bool{}, states: map[string]bool{}, retries: map[string]int{}}
+	return &ledger{acked: map[string]bool{}, completed: map[string]bool{}, states: map[string]bool{}, retries: map[string]int{},
+		served: map[string]time.Time{}}
+}
+
+// markSince starts the served clock now.
+func (l *ledger) markSince() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.since = time.Now()
+	return l.since
+}
+
+// completedAt notes that sessionID's message acknowledged at ackedAt completed now.
+func (l *ledger) completedAt(sessionID string, ackedAt time.Time) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.served[sessionID]; !ok && !l.since.IsZero() && ackedAt.After(l.since) {
+		l.served[sessionID] = now
+	}
+}
+
+func (l *ledger) servedAt(sessionID string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.served[sessionID]
+	return at, ok
 }
 
 func (l *ledger) note(m map[string]bool, k string) {
@@ -82,11 +112,13 @@ func (s *suite) load(t *testing.T, l *ledger, sessionID string, stop <-chan stru
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+		ackedAt := time.Now()
 		l.note(l.acked, sessionID+"/"+mid)
 		for time.Now().Before(deadline) {
 			resp, err := s.ses.GetMessage(context.Background(), &sessionv1.GetMessageRequest{SessionId: sessionID, MessageId: mid})
 			if err == nil && resp.GetMessage().GetState() == sessionv1.MessageState_MESSAGE_STATE_COMPLETED {
 				l.note(l.completed, sessionID+"/"+mid)
+				l.completedAt(sessionID, ackedAt)
 				break
 			}
 			if apierr.Reason(err) == "MESSAGE_NOT_FOUND" {
@@ -95,6 +127,39 @@ func (s *suite) load(t *testing.T, l *ledger, sessionID string, stop <-chan stru
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+}
+
+// underLoad runs, for each session, a sender (load) and a watcher that
+// notes every delivered message state in l and hands each event to seen
+// (may be nil), until halt (also called at cleanup, before the suite stops).
+func (s *suite) underLoad(t *testing.T, l *ledger, sessions []string, seen func(id string, ev *sessionv1.SessionEvent)) (halt func()) {
+	wctx, stopWatch := context.WithCancel(context.Background())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt = func() {
+		stopOnce.Do(func() {
+			close(stop)
+			time.Sleep(time.Second) // the watchers deliver the last states
+			stopWatch()
+			wg.Wait()
+		})
+	}
+	t.Cleanup(halt)
+	for _, id := range sessions {
+		wg.Go(func() {
+			s.watch(wctx, id, func(ev *sessionv1.SessionEvent) {
+				if seen != nil {
+					seen(id, ev)
+				}
+				if m := ev.GetMessage(); m != nil {
+					l.note(l.states, stateKey(id, m))
+				}
+			})
+		})
+		wg.Go(func() { s.load(t, l, id, stop) })
+	}
+	return halt
 }
 
 // watch records every message state WatchSession delivers, resuming after
@@ -204,29 +269,7 @@ func TestSentinelFailoverAcks(t *testing.T) {
 				require.NoError(t, os.MkdirAll(dir, 0o755))
 				sessions = append(sessions, s.create(t, fmt.Sprintf("sbx-fo%d", i%2), dir, "sk-failover").GetSessionId())
 			}
-			wctx, stopWatch := context.WithCancel(context.Background())
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			var stopOnce sync.Once
-			halt := func() {
-				stopOnce.Do(func() {
-					close(stop)
-					time.Sleep(time.Second) // the watchers deliver the last states
-					stopWatch()
-					wg.Wait()
-				})
-			}
-			t.Cleanup(halt) // before the suite stops, also when the test fails
-			for _, id := range sessions {
-				wg.Go(func() {
-					s.watch(wctx, id, func(ev *sessionv1.SessionEvent) {
-						if m := ev.GetMessage(); m != nil {
-							l.note(l.states, stateKey(id, m))
-						}
-					})
-				})
-				wg.Go(func() { s.load(t, l, id, stop) })
-			}
+			halt := s.underLoad(t, l, sessions, nil)
 			progressed := func(n int) {
 				t.Helper()
 				deadline := time.Now().Add(2 * time.Minute)

@@ -217,16 +217,7 @@ func (r *replicated) requireNothingLost(t *testing.T, all []*mrSession) {
 		items := map[string]bool{}
 		for rs := range s.runtimes {
 			require.NotEmpty(t, rs)
-			require.Eventually(t, func() bool {
-				resp, err := r.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
-				if err != nil {
-					return false
-				}
-				for _, it := range resp.GetItems() {
-					items[it.GetItemId()] = true
-				}
-				return true
-			}, 30*time.Second, 100*time.Millisecond, "export %s", rs)
+			exportInto(t, r.ing, rs, items)
 		}
 		for _, m := range s.messages {
 			require.True(t, items["msg-"+m] && items["reply-"+m], "session %s: history of %s in Export (items %v)", s.id, m, keysOf(items))

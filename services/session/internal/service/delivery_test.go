@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -58,23 +59,30 @@ func waitIdle(t *testing.T, s *Service) {
 	}
 }
 
+// readySession is a service on rdb delivering to sbx, with session s1
+// created and its route ready (no message yet).
+func readySession(t *testing.T, rdb redis.UniversalClient, sbx Sandbox, logs io.Writer) *Service {
+	ctx := context.Background()
+	backstops := session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}
+	s := New(Deps{Store: store.New(rdb, 1000, backstops.NextDeadline), Sandbox: sbx,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))},
+		Config{Backstops: backstops, PeerTimeout: 5 * time.Second})
+	t.Cleanup(s.Close)
+	sess, err := s.Create(ctx, CreateInput{ID: "s1", UserID: "u1", OrgID: "o1", Directory: "/w", Class: session.CredentialStatic, Secret: "x"})
+	require.NoError(t, err)
+	require.NoError(t, s.RouteReady(ctx, "s1", session.Notice{SandboxID: sess.SandboxID, FenceToken: 1}, "rt", "w1"))
+	waitIdle(t, s)
+	return s
+}
+
 // A drain may start from the state a transition committed, but never from
 // one older than a drain that ended since: that state still shows delivered
 // messages as queued, and they would go out twice.
 func TestDrainIgnoresAStateOlderThanTheLastDrain(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
-	backstops := session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}
 	sbx := &recordingSandbox{}
-	s := New(Deps{Store: store.New(rdb, 1000, backstops.NextDeadline), Sandbox: sbx,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		Config{Backstops: backstops, PeerTimeout: 5 * time.Second})
-	t.Cleanup(s.Close)
-
-	sess, err := s.Create(ctx, CreateInput{ID: "s1", UserID: "u1", OrgID: "o1", Directory: "/w", Class: session.CredentialStatic, Secret: "x"})
-	require.NoError(t, err)
-	require.NoError(t, s.RouteReady(ctx, "s1", session.Notice{SandboxID: sess.SandboxID, FenceToken: 1}, "rt", "w1"))
-	waitIdle(t, s)
+	s := readySession(t, rdb, sbx, io.Discard)
 
 	// A send whose kick is late: its committed state shows m1 queued.
 	gen := s.drainGen("s1")
@@ -103,6 +111,28 @@ func TestDrainIgnoresAStateOlderThanTheLastDrain(t *testing.T) {
 	require.Equal(t, []string{"m1", "m2"}, sbx.ids())
 }
 
+// A SendMessage whose first attempt stored the message but failed before
+// it kicked a drain (its write not confirmed on a replica) is retried with
+// the same id: the retry delivers the message, it does not wait for the
+// redrive sweep.
+func TestSendRetryOfAStoredMessageDelivers(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	sbx := &recordingSandbox{}
+	s := readySession(t, rdb, sbx, io.Discard)
+	_, err := s.update(ctx, "s1", store.Load{MessageID: "m1"}, func(a *session.Aggregate) error {
+		_, _, err := a.Send("m1", "hello", s.now()) // the first attempt: stored, no kick
+		return err
+	})
+	require.NoError(t, err)
+
+	m, err := s.Send(ctx, "s1", "m1", "hello")
+	require.NoError(t, err)
+	require.Equal(t, session.MessageQueued, m.State)
+	waitIdle(t, s)
+	require.Equal(t, []string{"m1"}, sbx.ids())
+}
+
 // outageSandbox accepts every delivery; its first takes Redis down (saved,
 // so it comes back with its data) right after, as a Redis failover may.
 type outageSandbox struct {
@@ -129,19 +159,10 @@ func TestDrainRetriesAStoreOutage(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	backstops := session.Backstops{QueuedFor: time.Hour, AcceptedFor: time.Hour}
 	sbx := &outageSandbox{srv: srv, killed: make(chan struct{}),
 		rdb: saver(func(ctx context.Context) error { return rdb.Save(ctx).Err() })}
-	s := New(Deps{Store: store.New(rdb, 1000, backstops.NextDeadline), Sandbox: sbx,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))},
-		Config{Backstops: backstops, PeerTimeout: 5 * time.Second})
-	t.Cleanup(s.Close)
-
-	sess, err := s.Create(ctx, CreateInput{ID: "s1", UserID: "u1", OrgID: "o1", Directory: "/w", Class: session.CredentialStatic, Secret: "x"})
-	require.NoError(t, err)
-	require.NoError(t, s.RouteReady(ctx, "s1", session.Notice{SandboxID: sess.SandboxID, FenceToken: 1}, "rt", "w1"))
-	waitIdle(t, s)
-	_, err = s.update(ctx, "s1", store.Load{MessageID: "m1"}, func(a *session.Aggregate) error {
+	s := readySession(t, rdb, sbx, os.Stderr)
+	_, err := s.update(ctx, "s1", store.Load{MessageID: "m1"}, func(a *session.Aggregate) error {
 		_, _, err := a.Send("m1", "hello", s.now())
 		return err
 	})

@@ -281,7 +281,14 @@ func (s *Service) Send(ctx context.Context, id, msgID, content string) (*session
 		return nil, err
 	}
 	if !created {
-		return s.store.GetMessage(ctx, id, msgID)
+		// A retry: the first attempt may have stored the message and failed
+		// after (its write not confirmed on a replica), before it kicked a
+		// drain; left alone the message would wait for the redrive sweep.
+		m, err := s.store.GetMessage(ctx, id, msgID)
+		if err == nil && m.State == session.MessageQueued {
+			s.kick(id)
+		}
+		return m, err
 	}
 	s.traces.remember(ctx, id)
 	s.kickFrom(id, a, gen)

@@ -318,14 +318,23 @@ const (
 // redelivery would only bring back this turn's id). A repeated turn id (already in Seen) or an unknown
 // last message settles nothing; late outcomes for terminal messages are
 // ignored because terminal states are final. The payload is recorded once.
+//
+// An unknown last message does not record the turn id either: the message
+// may be one Redis lost in a failover after it had been delivered, which
+// its caller's retry stores again and the runtime answers again under the
+// same turn id (turn ids derive from message ids); recorded, that answer
+// would be taken for a repeat and the message would wait for its backstop.
 func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, reason string, payload []byte, now time.Time) {
 	if a.Seen[turnID] {
+		return
+	}
+	if lastMessageID != "" && (a.Lookup == nil || a.Lookup.ID != lastMessageID) {
 		return
 	}
 	a.seenAdded = append(a.seenAdded, turnID)
 	a.emit(Event{Kind: EventOutcome, Time: now, Payload: payload})
 	var upTo uint64
-	if a.Lookup != nil && a.Lookup.ID == lastMessageID {
+	if a.Lookup != nil {
 		upTo = a.Lookup.Seq
 	}
 	st, r := MessageCompleted, ""

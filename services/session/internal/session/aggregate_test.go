@@ -62,6 +62,25 @@ func TestOutcomeSettlesDeliveredMessagesStillQueued(t *testing.T) {
 	require.Equal(t, MessageQueued, m3.State)
 }
 
+// m1 was delivered, then lost with the master that held it (a failover
+// before replication); the outcome of its turn names a message the store
+// no longer has. The caller's retry stores m1 again, and its redelivery
+// brings the same turn id: that outcome must settle m1.
+func TestOutcomeOfAnUnknownMessageLeavesItsTurnOpen(t *testing.T) {
+	a := agg()
+	a.Seen = map[string]bool{}
+	a.Outcome("turn-m1", "m1", TurnSucceeded, "", []byte("p"), t0)
+	require.Empty(t, a.SeenAdded(), "the turn id is not recorded")
+	require.Empty(t, a.Events(), "nothing is recorded")
+
+	m1 := &Message{ID: "m1", State: MessageAccepted, Seq: 1}
+	a.Active = []*Message{m1}
+	a.Lookup = m1
+	a.Outcome("turn-m1", "m1", TurnSucceeded, "", []byte("p"), t0)
+	require.Equal(t, MessageCompleted, m1.State)
+	require.Equal(t, []string{"turn-m1"}, a.SeenAdded())
+}
+
 func TestNoticesFromOtherSandboxesOrOlderTokensAreDropped(t *testing.T) {
 	a := agg()
 	a.Session.Route.FenceToken = 7

@@ -184,6 +184,13 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 			continue
 		}
 		if err == nil && s.cluster {
+			if wroteNothing {
+				// A replay: the attempt that wrote may have failed between
+				// its transaction and this pipeline (a master killed), and
+				// its messages would be in no sweep's schedule: no redrive,
+				// no backstop. The deadline is absolute: rewriting is safe.
+				sched.deadlineChanged = true
+			}
 			var cmds commands
 			sched.write(&cmds)
 			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {

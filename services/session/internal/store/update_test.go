@@ -252,3 +252,33 @@ func TestStateCountsFollowEveryTransition(t *testing.T) {
 	require.NoError(t, s.Wipe(ctx, l, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}))
 	require.Equal(t, map[session.State]int64{session.StateActive: 2, session.StateStopped: 0, session.StateDeleting: 0}, counts())
 }
+
+// On Cluster the backstop schedule is written right after the transaction:
+// an attempt that failed in between (a master killed) left the queued
+// message in no sweep's schedule. Its caller's retry, a replay that writes
+// nothing, puts the session back on the schedule.
+func TestUpdateReplayRestoresTheSchedule(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.StartCluster(t).Client(t)
+	due := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := New(rdb, 1000, func(a *session.Aggregate) time.Time {
+		if len(a.Queued()) > 0 {
+			return due
+		}
+		return time.Time{}
+	})
+	createSession(t, s, "r1")
+	send := func(a *session.Aggregate) error {
+		_, _, err := a.Send("m1", "text", time.Now())
+		return err
+	}
+	_, err := s.Update(ctx, "r1", Load{MessageID: "m1"}, send)
+	require.NoError(t, err)
+	require.NoError(t, rdb.ZRem(ctx, idxActive, "r1").Err()) // the schedule write that did not happen
+
+	_, err = s.Update(ctx, "r1", Load{MessageID: "m1"}, send)
+	require.NoError(t, err)
+	ids, err := s.DueActive(ctx, due, 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"r1"}, ids)
+}
