@@ -20,6 +20,7 @@ import (
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testenv"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -234,10 +235,7 @@ func BenchmarkOpenCodeColdFirstEvent(b *testing.B) {
 	dir := agentsDir(b)
 	oc := filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")
 	if _, err := os.Stat(oc); err != nil {
-		if os.Getenv("CI") == "true" {
-			b.Fatalf("pinned opencode is not installed (make agents): %v", err)
-		}
-		b.Skip("SKIPPED, not measured: pinned opencode is not installed; run `make agents`")
+		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
 	}
 	model := fakemodel.New()
 	up := httptest.NewServer(model)

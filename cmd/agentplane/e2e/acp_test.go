@@ -24,6 +24,7 @@ import (
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testenv"
 	credential "agentplane.dev/services/credential/server"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
@@ -47,10 +48,7 @@ func requireAgent(t *testing.T, name string) string {
 	bin := map[string]string{"opencode": filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode"),
 		"kilo": filepath.Join(dir, "node_modules", "@kilocode", "cli-linux-x64", "bin", "kilo")}[name]
 	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("pinned agent %s is not installed at %s (make agents): %v", name, bin, err)
-		}
-		t.Skipf("SKIPPED, not passed: pinned agent %s is not installed at %s; run `make agents`", name, bin)
+		testenv.Missing(t, "pinned agent %s is not installed at %s (make agents): %v", name, bin, err)
 	}
 	return dir
 }

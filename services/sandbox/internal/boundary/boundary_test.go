@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"agentplane.dev/pkg/testenv"
 )
 
 // The test binary doubles as the program run inside the boundary: with
@@ -110,10 +112,7 @@ func bwrapOrFail(t *testing.T) string {
 	t.Helper()
 	p, err := FindBwrap(os.Getenv("AGENTPLANE_SANDBOX_BWRAP"))
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("bubblewrap is required under CI=true: %v", err)
-		}
-		t.Skipf("no bubblewrap: %v", err)
+		testenv.Missing(t, "bubblewrap: %v", err)
 	}
 	return p
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/pkg/pause"
+	"agentplane.dev/pkg/testenv"
 	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
@@ -34,10 +35,7 @@ func isolation(t *testing.T) *boundary.Config {
 	t.Helper()
 	bw, err := boundary.FindBwrap(os.Getenv("AGENTPLANE_SANDBOX_BWRAP"))
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("bubblewrap is required under CI=true: %v", err)
-		}
-		t.Skipf("no bubblewrap: %v", err)
+		testenv.Missing(t, "bubblewrap: %v", err)
 	}
 	c := &boundary.Config{Bwrap: bw, UID: -1, GID: -1}
 	require.NoError(t, c.Probe(context.Background(), "", ""))
