@@ -28,15 +28,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
-	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
@@ -75,7 +70,7 @@ type Config struct {
 	Redis       redis.UniversalClient
 	Provider    provider.AgentSandbox
 	Wrappers    Wrappers
-	Notifier    *notify.Notifier
+	Notifier    Notifier
 	Credentials Credentials // nil: routes get no handle
 	ReplicaID   string
 	// AdvertiseAddr is where callers reach this replica; the owner leases it
@@ -250,7 +245,9 @@ type Conn struct {
 	// Contract is what the wrapper's Hello negotiated for its directory:
 	// the contract every route it serves is minted under.
 	Contract scope.Contract
-	Send     chan *sandboxv1.ConnectResponse
+	// Send carries the frames to write on the stream, in order (the
+	// transport drains it: internal/grpcapi over internal/wrapperconn).
+	Send chan ToWrapper
 	// Closed closes when the driver ends the stream; Err then says why.
 	Closed chan struct{}
 	// retired closes once the scope's accepted handles are retired after a
@@ -274,7 +271,7 @@ func (c *Conn) close(why error) {
 // Closed is closed.
 func (c *Conn) Err() error { return c.why }
 
-func (c *Conn) send(m *sandboxv1.ConnectResponse) bool {
+func (c *Conn) send(m ToWrapper) bool {
 	select {
 	case <-c.Closed:
 		return false
@@ -525,8 +522,8 @@ func (d *Driver) dropAll() {
 	}
 }
 
-func (d *Driver) ref(sb *sandbox, sessionID string) notify.Ref {
-	return notify.Ref{SessionID: sessionID, SandboxID: sb.id, AllocationID: sb.allocationID, FenceToken: sb.owner.Token()}
+func (d *Driver) ref(sb *sandbox, sessionID string) RouteRef {
+	return RouteRef{SessionID: sessionID, SandboxID: sb.id, AllocationID: sb.allocationID, FenceToken: sb.owner.Token()}
 }
 
 // persist helpers run under sb.mu.
@@ -638,32 +635,8 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 }
 
 // helloAck builds the ack for a contract.
-func (d *Driver) helloAck(c scope.Contract) *sandboxv1.ConnectResponse {
-	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_HelloAck{HelloAck: &sandboxv1.HelloAck{
-		HeartbeatInterval: durationpb.New(d.cfg.Timers.Heartbeat),
-		ReconnectWindow:   durationpb.New(d.cfg.Timers.ReconnectWindow),
-		Contract:          ContractProto(c),
-	}}}
-}
-
-// Shutdown builds a Shutdown frame.
-func Shutdown(reason sandboxv1.ShutdownReason, detail string) *sandboxv1.ConnectResponse {
-	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Shutdown{Shutdown: &sandboxv1.Shutdown{Reason: reason, Detail: detail}}}
-}
-
-// ContractProto converts a contract.
-func ContractProto(c scope.Contract) sandboxv1.RuntimeContract {
-	switch c {
-	case scope.Worktree:
-		return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
-	case scope.PerSession:
-		return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION
-	}
-	return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_UNSPECIFIED
-}
-
-func progressStep(step, detail string) *runtimev1.ProgressStep {
-	return &runtimev1.ProgressStep{Step: step, Detail: detail, Time: timestamppb.Now()}
+func (d *Driver) helloAck(c scope.Contract) HelloAck {
+	return HelloAck{Heartbeat: d.cfg.Timers.Heartbeat, ReconnectWindow: d.cfg.Timers.ReconnectWindow, Contract: c}
 }
 
 func constantTimeEqual(a, b []byte) bool { return subtle.ConstantTimeCompare(a, b) == 1 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/egresspolicy"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
@@ -388,16 +387,16 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		}
 		sb.mu.Unlock()
 		if len(stale) > 0 {
-			c.send(credentialsFrame(stale, h))
+			c.send(HandleUpdate{SessionIDs: stale, Handle: h})
 		}
 	}
-	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{
-		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
-		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
-		Agent:   &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
+	c.send(PrepareRoute{
+		SessionID: sessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, Handle: handle,
+		ProxyURL: d.proxyURL(sb.id), Contract: spec.Contract, RuntimeSessionID: spec.RuntimeSessionID,
+		Agent:   spec.Agent,
 		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, CloneRepo: spec.RepoURL != "" && spec.GitCredentialRef != "",
 		Traceparent: traceparent(routeCtx(sb.ctx, sb.id, sessionID)),
-	}}})
+	})
 }
 
 // proxyURL is the sandbox's own proxy base: the proxy binds the sandbox in
@@ -443,11 +442,7 @@ func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs 
 	if err != nil || l.HoldsDelivery() || (l.State == lease.OwnsWrapper && l.Instance != c.Instance) {
 		return false, view, nil
 	}
-	frame := &sandboxv1.Deliver{SessionId: sessionID, Traceparent: traceparent(ctx)}
-	for _, m := range msgs {
-		frame.Messages = append(frame.Messages, &sandboxv1.DeliveryMessage{MessageId: m.ID, Content: m.Content})
-	}
-	if !c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Deliver{Deliver: frame}}) {
+	if !c.send(Delivery{SessionID: sessionID, Messages: msgs, Traceparent: traceparent(ctx)}) {
 		return false, view, nil
 	}
 	_ = d.cfg.Wrappers.DeliveryAccepted(ctx, sb.id, view.RuntimeKey, c.Instance)
@@ -482,7 +477,7 @@ func (d *Driver) Abort(ctx context.Context, sandboxID, sessionID, messageID stri
 	if c == nil {
 		return false, nil
 	}
-	return c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Abort{Abort: &sandboxv1.Abort{SessionId: sessionID, MessageId: messageID}}}), nil
+	return c.send(Abort{SessionID: sessionID, MessageID: messageID}), nil
 }
 
 // Release is the result of ReleaseRoute.
@@ -562,7 +557,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	}
 	sb.mu.Unlock()
 	if c != nil && first {
-		c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_ReleaseRoute{ReleaseRoute: &sandboxv1.ReleaseRoute{SessionId: sessionID}}})
+		c.send(ReleaseRoute{SessionID: sessionID})
 	}
 	if !d.releaseMember(ctx, sb, sessionID) {
 		// The session is still a member of its scope for the credential
@@ -576,7 +571,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	}
 	if first {
 		if c != nil {
-			c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+			c.send(stopRequested(reason))
 		}
 		if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
 			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
@@ -716,7 +711,7 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 		}
 		if l.State == lease.OwnsWrapper {
 			if c := conns[key]; c != nil {
-				c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+				c.send(stopRequested(reason))
 			}
 			if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
 				return Release{}, err

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/route"
@@ -99,7 +98,7 @@ func (d *Driver) stopping(ctx context.Context, sb *sandbox, ch keyChange) {
 	}
 	sb.mu.Unlock()
 	if ch.conn != nil {
-		ch.conn.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+		ch.conn.send(stopRequested(reason))
 	}
 	if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, ch.key, reason); err != nil {
 		d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", ch.key, "err", err)
