@@ -94,7 +94,7 @@ func (d *Driver) rejectHello(sb *sandbox, h Hello, r ShutdownReason, detail stri
 
 // authenticateLocked checks the Hello against the sandbox's records: the
 // wrapper and its slot, or nil and why the stream is refused.
-func (d *Driver) authenticateLocked(sb *sandbox, h Hello) (*store.Wrapper, *store.Slot, ShutdownReason, string) {
+func (d *Driver) authenticateLocked(sb *sandbox, h Hello) (*store.Wrapper, *store.KeyAllocation, ShutdownReason, string) {
 	if sb.allocationID == "" || h.AllocationID != sb.allocationID {
 		return nil, nil, StaleAllocation, "the allocation is not current"
 	}
@@ -113,7 +113,7 @@ func (d *Driver) authenticateLocked(sb *sandbox, h Hello) (*store.Wrapper, *stor
 	if h.FenceToken < w.FenceToken || h.FenceToken > sb.owner.Token() {
 		return nil, nil, StaleFence, "the fencing token is stale"
 	}
-	slot := sb.slots[w.RuntimeKey]
+	slot := sb.keyAllocations[w.RuntimeKey]
 	if slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
 		return nil, nil, LeaseLost, "another wrapper owns the runtime key"
 	}
@@ -123,13 +123,13 @@ func (d *Driver) authenticateLocked(sb *sandbox, h Hello) (*store.Wrapper, *stor
 // negotiateLocked settles the runtime contract of the wrapper's directory.
 // A wrapper that cannot serve it goes: refused is then what to do once
 // sb.mu is released, and detail the Shutdown's.
-func (d *Driver) negotiateLocked(sb *sandbox, h Hello, key string, slot *store.Slot) (contract scope.Contract, refused func(), detail string) {
+func (d *Driver) negotiateLocked(sb *sandbox, h Hello, key string, slot *store.KeyAllocation) (contract scope.Contract, refused func(), detail string) {
 	now := d.cfg.Now()
 	sc := sb.scopeLocked(slot.Directory)
 	contract, pin, err := scope.Negotiate(sc.Contract, scope.Offered(h.Capabilities, h.ProtocolVersion))
 	if err != nil {
 		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "runtime_contract_downgrade"})
-		d.persistSlots(sb, []*store.Slot{slot})
+		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		failed := sb.routesOfLocked(key, store.RoutePreparing)
 		return "", func() {
 			for _, id := range failed {
@@ -147,13 +147,13 @@ func (d *Driver) negotiateLocked(sb *sandbox, h Hello, key string, slot *store.S
 		// contract was known; under per_session each session gets its own
 		// runtime key, so this wrapper goes and the routes are prepared again.
 		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "per_session_contract"})
-		d.persistSlots(sb, []*store.Slot{slot})
+		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		pending := sb.routesOfLocked(key, store.RoutePreparing)
 		return "", func() {
 			go func() {
 				d.stopKey(sb, key, "per_session_contract")
 				for _, id := range pending {
-					d.kick(sb, id)
+					d.startPreparing(sb, id)
 				}
 			}()
 		}, "the directory uses the per_session contract"
@@ -164,14 +164,14 @@ func (d *Driver) negotiateLocked(sb *sandbox, h Hello, key string, slot *store.S
 // connectLocked makes the wrapper its runtime key's connection and applies
 // its Hello to the key's routes: the ones it resumed, the ones to prepare on
 // it, and whether the scope's accepted handles are retired first.
-func (d *Driver) connectLocked(sb *sandbox, h Hello, w *store.Wrapper, slot *store.Slot, contract scope.Contract) (c *Conn, resumed, prepare []string, retire bool) {
+func (d *Driver) connectLocked(sb *sandbox, h Hello, w *store.Wrapper, slot *store.KeyAllocation, contract scope.Contract) (c *Conn, resumed, prepare []string, retire bool) {
 	key := w.RuntimeKey
 	// The first Hello of a launched instance is a wrapper (re)start: nothing
 	// the scope accepted before reached this runtime, and it may be a
 	// handle of an older owner fence, which no joiner could adopt.
 	fresh := slot.Alloc.Phase == allocation.Starting
 	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: d.cfg.Now(), Instance: w.Instance})
-	d.persistSlots(sb, []*store.Slot{slot})
+	d.persistAllocations(sb, []*store.KeyAllocation{slot})
 	if old := sb.conns[key]; old != nil {
 		old.close(ErrStreamReplaced)
 	}
@@ -268,7 +268,7 @@ func (d *Driver) Frame(c *Conn, f FromWrapper) {
 	switch x := f.(type) {
 	case Heartbeat:
 		sb.mu.Lock()
-		if s := sb.slots[c.RuntimeKey]; s != nil && s.Alloc.Instance == c.Instance {
+		if s := sb.keyAllocations[c.RuntimeKey]; s != nil && s.Alloc.Instance == c.Instance {
 			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Heartbeat{Now: now})
 			if len(x.BusySessionIDs) > 0 {
 				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
@@ -320,7 +320,7 @@ func (d *Driver) routeReady(sb *sandbox, c *Conn, x RouteReady, now time.Time) {
 	sc := sb.scopeLocked(r.Directory)
 	sc.Join(x.SessionID, r.RuntimeSessionID, r.CredentialClass)
 	d.persistScope(sb, sc)
-	if s := sb.slots[c.RuntimeKey]; s != nil {
+	if s := sb.keyAllocations[c.RuntimeKey]; s != nil {
 		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
 	}
 	sb.mu.Unlock()
@@ -352,13 +352,13 @@ func (d *Driver) Disconnected(c *Conn) {
 		return
 	}
 	delete(sb.conns, c.RuntimeKey)
-	s := sb.slots[c.RuntimeKey]
+	s := sb.keyAllocations[c.RuntimeKey]
 	if s == nil {
 		sb.mu.Unlock()
 		return
 	}
 	s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StreamClosed{Now: d.cfg.Now(), Instance: c.Instance})
-	d.persistSlots(sb, []*store.Slot{s})
+	d.persistAllocations(sb, []*store.KeyAllocation{s})
 	ids := d.reconnectingLocked(sb, c.RuntimeKey)
 	sb.mu.Unlock()
 	for _, id := range ids {

@@ -169,8 +169,8 @@ func (w *heldWrappers) ensuredKeys() []string {
 // TestPerSessionPinWhileFirstPrepareRuns reproduces the race of a
 // directory's first wrapper announcing no worktree capability while the
 // preparation that launched it is still running: the Hello pins per_session,
-// stops the directory-keyed wrapper and kicks the route to be re-keyed by its
-// session id, but that kick found the route still being driven and was
+// stops the directory-keyed wrapper and starts preparing the route again to be
+// re-keyed by its session id, but that start found the route still being prepared and was
 // dropped, so the route waited for a wrapper that had just been stopped.
 func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
@@ -188,7 +188,7 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, res.Shutdown, "the directory-keyed wrapper goes under per_session")
 	require.Equal(t, "/repo", <-wr.stopped)
-	// The Hello's kick runs right after the stop request; let it land while
+	// The Hello's start of preparation runs right after the stop request; let it land while
 	// the first preparation still drives the route.
 	d.mu.Lock()
 	sb := d.sandboxes["sbx-race"]
@@ -196,7 +196,7 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	require.Eventually(t, func() bool {
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
-		return sb.again["s1"]
+		return sb.prepareAgain["s1"]
 	}, 10*time.Second, time.Millisecond)
 	close(wr.release)
 

@@ -187,17 +187,20 @@ type sandbox struct {
 	stop  context.CancelFunc
 	ctx   context.Context
 
-	mu           sync.Mutex
-	dropped      bool
-	allocationID string
-	routes       map[string]*store.Route
-	scopes       map[string]*scope.Scope
-	wrappers     map[string]*store.Wrapper
-	slots        map[string]*store.Slot
-	conns        map[string]*Conn // runtime key → connected wrapper
-	handles      map[string]string
-	driving      map[string]bool
-	again        map[string]bool // kicked while driving: prepare once more
+	mu             sync.Mutex
+	dropped        bool
+	allocationID   string
+	routes         map[string]*store.Route
+	scopes         map[string]*scope.Scope
+	wrappers       map[string]*store.Wrapper
+	keyAllocations map[string]*store.KeyAllocation // runtime key → its allocation
+	conns          map[string]*Conn                // runtime key → connected wrapper
+	handles        map[string]string
+	// preparing holds the sessions whose preparation goroutine runs now
+	// (one per route at a time, startPreparing); prepareAgain those asked
+	// to prepare meanwhile, which run once more when it ends.
+	preparing    map[string]bool
+	prepareAgain map[string]bool
 	// stopped is closed (and cleared) when a wrapper stop of this sandbox
 	// completes: route preparation refused while a stop was pending waits
 	// on it rather than only on the refusal's RetryAfter.
@@ -397,8 +400,8 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 	}
 	sb := &sandbox{
 		id: id, owner: o, stop: cancel, ctx: sctx, allocationID: snap.AllocationID,
-		routes: snap.Routes, scopes: snap.Scopes, wrappers: snap.Wrappers, slots: snap.Slots,
-		conns: map[string]*Conn{}, handles: map[string]string{}, driving: map[string]bool{}, again: map[string]bool{},
+		routes: snap.Routes, scopes: snap.Scopes, wrappers: snap.Wrappers, keyAllocations: snap.KeyAllocations,
+		conns: map[string]*Conn{}, handles: map[string]string{}, preparing: map[string]bool{}, prepareAgain: map[string]bool{},
 	}
 	go d.watchOwner(sb)
 	return sb, nil
@@ -416,13 +419,13 @@ func (d *Driver) ownedElsewhere(id string) error {
 	return &OwnedElsewhereError{Owner: h}
 }
 
-// resume re-drives what a previous owner left: live slots wait for their
+// resume re-drives what a previous owner left: live key allocations wait for their
 // wrappers to reconnect, routes in preparation are prepared again.
 func (d *Driver) resume(sb *sandbox) {
 	now := d.cfg.Now()
 	sb.mu.Lock()
-	var changed []*store.Slot
-	for _, s := range sb.slots {
+	var changed []*store.KeyAllocation
+	for _, s := range sb.keyAllocations {
 		if s.Alloc.Phase == allocation.Connected {
 			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StreamClosed{Now: now, Instance: s.Alloc.Instance})
 			changed = append(changed, s)
@@ -431,17 +434,17 @@ func (d *Driver) resume(sb *sandbox) {
 	var pending []string
 	for id, r := range sb.routes {
 		eff := d.applyLocked(sb, r, route.OwnerResumed{})
-		if eff.Kick {
+		if eff.StartPreparing {
 			pending = append(pending, id)
 		}
 		if eff.Notify == route.NoticeReconnecting {
 			d.cfg.Notifier.Reconnecting(d.ref(sb, id))
 		}
 	}
-	d.persistSlots(sb, changed)
+	d.persistAllocations(sb, changed)
 	sb.mu.Unlock()
 	for _, id := range pending {
-		d.kick(sb, id)
+		d.startPreparing(sb, id)
 	}
 }
 
@@ -456,17 +459,17 @@ func (d *Driver) watchOwner(sb *sandbox) {
 	// Persist the last observation with a guarded write: if another replica
 	// took the sandbox the fence rejects it, which is how a paused replica
 	// learns for certain that it is no longer the owner.
-	// Copies taken under the lock: the tick goes on changing the slots while
+	// Copies taken under the lock: the tick goes on changing the allocations while
 	// the write below encodes them.
 	sb.mu.Lock()
-	slots := make([]*store.Slot, 0, len(sb.slots))
-	for _, s := range sb.slots {
+	allocs := make([]*store.KeyAllocation, 0, len(sb.keyAllocations))
+	for _, s := range sb.keyAllocations {
 		c := *s
-		slots = append(slots, &c)
+		allocs = append(allocs, &c)
 	}
 	sb.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	err := store.PutSlots(ctx, sb.owner, sb.id, slots)
+	err := store.PutKeyAllocations(ctx, sb.owner, sb.id, allocs)
 	cancel()
 	if err != nil {
 		d.staleWrite(sb, err)
@@ -534,8 +537,8 @@ func (d *Driver) persistRoute(sb *sandbox, r *store.Route) {
 	}
 }
 
-func (d *Driver) persistSlots(sb *sandbox, slots []*store.Slot) {
-	if err := store.PutSlots(sb.ctx, sb.owner, sb.id, slots); err != nil {
+func (d *Driver) persistAllocations(sb *sandbox, allocs []*store.KeyAllocation) {
+	if err := store.PutKeyAllocations(sb.ctx, sb.owner, sb.id, allocs); err != nil {
 		d.staleWrite(sb, err)
 	}
 }
@@ -582,14 +585,14 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 			return err
 		}
 		sb.wrappers[m.InstanceID] = w
-		slot := sb.slots[key]
+		slot := sb.keyAllocations[key]
 		if slot == nil {
-			slot = &store.Slot{RuntimeKey: key, Directory: directory}
-			sb.slots[key] = slot
+			slot = &store.KeyAllocation{RuntimeKey: key, Directory: directory}
+			sb.keyAllocations[key] = slot
 		}
 		slot.Directory = directory
 		slot.Alloc = allocation.Apply(d.cfg.Timers, allocation.Allocation{}, allocation.Launched{Now: d.cfg.Now(), Instance: m.InstanceID})
-		d.persistSlots(sb, []*store.Slot{slot})
+		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		alloc := sb.allocationID
 		token := sb.owner.Token()
 		sb.mu.Unlock()
@@ -624,9 +627,9 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 			// No wrapper is starting: a slot left "starting" would make the
 			// next preparation wait for a Hello that never comes.
 			sb.mu.Lock()
-			if s := sb.slots[key]; s != nil && s.Alloc.Instance == m.InstanceID && s.Alloc.Phase == allocation.Starting {
+			if s := sb.keyAllocations[key]; s != nil && s.Alloc.Instance == m.InstanceID && s.Alloc.Phase == allocation.Starting {
 				s.Alloc = allocation.Allocation{Phase: allocation.Stopped, Reason: "launch_failed"}
-				d.persistSlots(sb, []*store.Slot{s})
+				d.persistAllocations(sb, []*store.KeyAllocation{s})
 			}
 			sb.mu.Unlock()
 		}

@@ -79,7 +79,7 @@ func (d *Driver) EgressWrapper(sandboxID, instance, credential string) (string, 
 	if !constantTimeEqual(got, want) || w == nil || w.Allocation != sb.allocationID {
 		return "", ErrEgressWrapperUnknown
 	}
-	if slot := sb.slots[w.RuntimeKey]; slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
+	if slot := sb.keyAllocations[w.RuntimeKey]; slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
 		return "", ErrEgressWrapperUnknown
 	}
 	return w.RuntimeKey, nil
