@@ -15,12 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"agentplane.dev/pkg/config"
 	"agentplane.dev/pkg/egresspolicy"
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/egress"
@@ -189,23 +186,22 @@ func egressGrant(drv *driver.Driver, n *notify.Notifier, log *slog.Logger, sandb
 			}
 			routes, _ := drv.EgressRoutes(sandboxID, key)
 			for _, r := range routes {
-				n.Events(r.Ref, []*runtimev1.RuntimeEvent{egressEvent(r.RuntimeSessionID, d)})
+				n.Events(r.Ref, []driver.RuntimeEvent{egressEvent(r.RuntimeSessionID, d)})
 			}
 		},
 	}
 }
 
-func egressEvent(runtimeSessionID string, d egress.Decision) *runtimev1.RuntimeEvent {
+func egressEvent(runtimeSessionID string, d egress.Decision) driver.RuntimeEvent {
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
-	data, _ := structpb.NewStruct(map[string]any{
-		"kind": d.Kind, "host": d.Host, "port": d.Port, "decision": d.Decision, "reason": d.Reason,
-		"bytes_up": d.BytesUp, "bytes_down": d.BytesDown,
-	})
-	return &runtimev1.RuntimeEvent{
-		EventId: "egress-" + hex.EncodeToString(id), RuntimeSessionId: runtimeSessionID,
-		Kind: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_EGRESS,
+	return driver.RuntimeEvent{
+		ID: "egress-" + hex.EncodeToString(id), RuntimeSessionID: runtimeSessionID, Kind: driver.EventEgress,
 		Text: fmt.Sprintf("egress %s %s:%d (%s)", d.Decision, d.Host, d.Port, d.Reason),
-		Data: data, Time: timestamppb.Now(),
+		Data: map[string]any{
+			"kind": d.Kind, "host": d.Host, "port": d.Port, "decision": d.Decision, "reason": d.Reason,
+			"bytes_up": d.BytesUp, "bytes_down": d.BytesDown,
+		},
+		Time: time.Now(),
 	}
 }

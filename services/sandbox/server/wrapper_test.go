@@ -171,8 +171,8 @@ func TestWrapperHeartbeatLossRouteReconnectingThenLost(t *testing.T) {
 	require.Equal(t, "T", procState(pid), "reconnecting while the wrapper process still exists")
 	snap, err := store.Load(context.Background(), redisSrv.Client(t), sb)
 	require.NoError(t, err)
-	require.Len(t, snap.Slots, 1)
-	for _, s := range snap.Slots {
+	require.Len(t, snap.KeyAllocations, 1)
+	for _, s := range snap.KeyAllocations {
 		require.Equal(t, allocation.Disconnected, s.Alloc.Phase)
 		require.Equal(t, allocation.ReasonHeartbeatLost, s.Alloc.Reason)
 	}

@@ -5,27 +5,27 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
 
 var eventKinds = map[string]runtimev1.RuntimeEventKind{
-	runtimeproto.KindProgress:     runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_PROGRESS,
-	runtimeproto.KindMessageDelta: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE_DELTA,
-	runtimeproto.KindMessage:      runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE,
-	runtimeproto.KindToolCall:     runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_CALL,
-	runtimeproto.KindToolResult:   runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT,
-	runtimeproto.KindStatus:       runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_STATUS,
+	runtimejsonl.KindProgress:     runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_PROGRESS,
+	runtimejsonl.KindMessageDelta: runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE_DELTA,
+	runtimejsonl.KindMessage:      runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE,
+	runtimejsonl.KindToolCall:     runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_CALL,
+	runtimejsonl.KindToolResult:   runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT,
+	runtimejsonl.KindStatus:       runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_STATUS,
 }
 
 var turnResults = map[string]runtimev1.TurnResult{
-	runtimeproto.ResultSucceeded: runtimev1.TurnResult_TURN_RESULT_SUCCEEDED,
-	runtimeproto.ResultFailed:    runtimev1.TurnResult_TURN_RESULT_FAILED,
-	runtimeproto.ResultCancelled: runtimev1.TurnResult_TURN_RESULT_CANCELLED,
+	runtimejsonl.ResultSucceeded: runtimev1.TurnResult_TURN_RESULT_SUCCEEDED,
+	runtimejsonl.ResultFailed:    runtimev1.TurnResult_TURN_RESULT_FAILED,
+	runtimejsonl.ResultCancelled: runtimev1.TurnResult_TURN_RESULT_CANCELLED,
 }
 
 // EventToProto converts a runtime event; an unknown kind yields none (the
 // receivers reject UNSPECIFIED anyway).
-func EventToProto(e *runtimeproto.Event) []*runtimev1.RuntimeEvent {
+func EventToProto(e *runtimejsonl.Event) []*runtimev1.RuntimeEvent {
 	kind, ok := eventKinds[e.Kind]
 	if !ok {
 		return nil
@@ -44,7 +44,7 @@ func EventToProto(e *runtimeproto.Event) []*runtimev1.RuntimeEvent {
 
 // OutcomeToProto converts a turn outcome; an unknown result becomes FAILED
 // (runtime_protocol_error) so the turn still settles exactly once.
-func OutcomeToProto(o *runtimeproto.Outcome) *runtimev1.TurnOutcome {
+func OutcomeToProto(o *runtimejsonl.Outcome) *runtimev1.TurnOutcome {
 	res, ok := turnResults[o.Result]
 	reason := o.FailureReason
 	if !ok {

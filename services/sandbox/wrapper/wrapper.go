@@ -40,7 +40,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/egress"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/relay"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/acp"
 	"agentplane.dev/services/sandbox/wrapper/control"
 	"agentplane.dev/services/sandbox/wrapper/jsonl"
@@ -434,20 +434,20 @@ func (w *wrapper) Handle(msg *sandboxv1.ConnectResponse) {
 	case *sandboxv1.ConnectResponse_Deliver:
 		ctx, span := startFrameSpan(f.Deliver.GetTraceparent(), "wrapper.deliver")
 		for _, m := range f.Deliver.GetMessages() {
-			w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: f.Deliver.GetSessionId(), MessageID: m.GetMessageId(), Content: m.GetContent(), Traceparent: traceparentOf(ctx)})
+			w.toRuntime(runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: f.Deliver.GetSessionId(), MessageID: m.GetMessageId(), Content: m.GetContent(), Traceparent: traceparentOf(ctx)})
 		}
 		span.End()
 		w.mu.Lock()
 		w.busy[f.Deliver.GetSessionId()] = true
 		w.mu.Unlock()
 	case *sandboxv1.ConnectResponse_Abort:
-		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: f.Abort.GetSessionId(), MessageID: f.Abort.GetMessageId()})
+		w.toRuntime(runtimejsonl.Frame{Type: runtimejsonl.TypeAbort, SessionID: f.Abort.GetSessionId(), MessageID: f.Abort.GetMessageId()})
 	case *sandboxv1.ConnectResponse_Credentials:
 		w.setHandle(f.Credentials.GetSessionIds(), f.Credentials.GetHandle())
-		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: f.Credentials.GetSessionIds(), Handle: f.Credentials.GetHandle()})
+		w.toRuntime(runtimejsonl.Frame{Type: runtimejsonl.TypeCredentials, SessionIDs: f.Credentials.GetSessionIds(), Handle: f.Credentials.GetHandle()})
 	case *sandboxv1.ConnectResponse_ReleaseRoute:
 		id := f.ReleaseRoute.GetSessionId()
-		w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeCloseRoute, SessionID: id})
+		w.toRuntime(runtimejsonl.Frame{Type: runtimejsonl.TypeCloseRoute, SessionID: id})
 		w.mu.Lock()
 		delete(w.routes, id)
 		delete(w.busy, id)
@@ -505,7 +505,7 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 	} else {
 		w.emit(progress(id, "reuse_runtime", "joining the running agent runtime"))
 	}
-	w.toRuntime(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: id, Directory: dir,
+	w.toRuntime(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: id, Directory: dir,
 		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid,
 		Agent: p.GetAgent().GetProfile(), RejectToolKinds: p.GetAgent().GetRejectToolKinds()})
 }
@@ -585,42 +585,42 @@ func (w *wrapper) stopRuntime() {
 	}
 }
 
-func (w *wrapper) toRuntime(f runtimeproto.Frame) {
+func (w *wrapper) toRuntime(f runtimejsonl.Frame) {
 	w.mu.Lock()
 	p := w.runtime
 	w.mu.Unlock()
 	if p == nil {
-		if f.Type == runtimeproto.TypeOpenRoute {
+		if f.Type == runtimejsonl.TypeOpenRoute {
 			w.emit(routeFailed(f.SessionID, "runtime_exited", "the agent runtime is not running", true))
 		}
 		return
 	}
-	if err := p.Send(f); err != nil && f.Type == runtimeproto.TypeMessage {
+	if err := p.Send(f); err != nil && f.Type == runtimejsonl.TypeMessage {
 		w.log.Warn("runtime did not take a message", "session", f.SessionID, "err", err)
 	}
 }
 
 // fromRuntime turns a runtime frame into a control-stream frame.
-func (w *wrapper) fromRuntime(f runtimeproto.Frame) {
+func (w *wrapper) fromRuntime(f runtimejsonl.Frame) {
 	switch f.Type {
-	case runtimeproto.TypeRouteReady:
+	case runtimejsonl.TypeRouteReady:
 		w.mu.Lock()
 		if r := w.routes[f.SessionID]; r != nil {
 			r.ready, r.runtimeSessionID = true, f.RuntimeSessionID
 		}
 		w.mu.Unlock()
 		w.emit(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RouteReady{RouteReady: &sandboxv1.RouteReady{SessionId: f.SessionID, RuntimeSessionId: f.RuntimeSessionID}}})
-	case runtimeproto.TypeRouteFailed:
+	case runtimejsonl.TypeRouteFailed:
 		w.mu.Lock()
 		delete(w.routes, f.SessionID)
 		w.mu.Unlock()
 		w.emit(routeFailed(f.SessionID, f.Reason, f.Detail, f.Retryable))
-	case runtimeproto.TypeProgress:
+	case runtimejsonl.TypeProgress:
 		w.emit(progress(f.SessionID, f.Step, f.Detail))
-	case runtimeproto.TypeEvent:
+	case runtimejsonl.TypeEvent:
 		w.emit(&sandboxv1.ConnectRequest{Frame: &sandboxv1.ConnectRequest_RuntimeEvents{RuntimeEvents: &sandboxv1.RuntimeEvents{
 			SessionId: f.SessionID, Events: EventToProto(f.Event)}}})
-	case runtimeproto.TypeOutcome:
+	case runtimejsonl.TypeOutcome:
 		w.mu.Lock()
 		delete(w.busy, f.SessionID)
 		w.mu.Unlock()

@@ -40,7 +40,7 @@ func DefaultTimers() Timers {
 	}
 }
 
-// Allocation is the state of one wrapper slot.
+// Allocation is the state of one runtime key's wrapper allocation (store.KeyAllocation keeps it).
 type Allocation struct {
 	Phase         Phase     `json:"phase"`
 	Deadline      time.Time `json:"deadline,omitzero"`       // of creating, starting, disconnected

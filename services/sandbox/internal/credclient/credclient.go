@@ -1,8 +1,9 @@
 // Package credclient adapts the credential service's gRPC client to the
 // driver's credential port (driver.Credentials), converting between the
-// credential contract and the driver's domain. Errors come back as the
-// service sent them (gRPC status), except a member release the service
-// answers NOT_FOUND, which is a release.
+// credential contract and the driver's domain. A failed call comes back as
+// a driver.CredentialError naming the status code the service answered
+// (the driver logs the code, never the text), except a member release the
+// service answers NOT_FOUND, which is a release.
 package credclient
 
 import (
@@ -50,7 +51,7 @@ func (c Client) Mint(ctx context.Context, m driver.Mint) (string, bool, error) {
 		FenceToken: m.FenceToken, AllocationId: m.AllocationID, GitCredentialRef: m.GitCredentialRef,
 	})
 	if err != nil {
-		return "", false, err
+		return "", false, failed(err)
 	}
 	return resp.GetHandle(), resp.GetAdopted(), nil
 }
@@ -61,23 +62,34 @@ func (c Client) ReleaseMember(ctx context.Context, s driver.ScopeRef, sessionID 
 	if status.Code(err) == codes.NotFound {
 		return nil
 	}
-	return err
+	return failed(err)
 }
 
 // RetireScope is RetireScope for a wrapper restart.
 func (c Client) RetireScope(ctx context.Context, s driver.ScopeRef, fence uint64) error {
 	_, err := c.C.RetireScope(ctx, &credentialv1.RetireScopeRequest{
 		Scope: scopeProto(s), Reason: credentialv1.RetireReason_RETIRE_REASON_WRAPPER_RESTART, FenceToken: fence})
-	return err
+	return failed(err)
 }
 
 // RotateHandle is RotateHandle.
 func (c Client) RotateHandle(ctx context.Context, s driver.ScopeRef, fence uint64) (string, time.Time, error) {
 	resp, err := c.C.RotateHandle(ctx, &credentialv1.RotateHandleRequest{Scope: scopeProto(s), FenceToken: fence})
 	if err != nil {
-		return "", time.Time{}, err
+		return "", time.Time{}, failed(err)
 	}
 	return resp.GetHandle(), resp.GetPreviousValidUntil().AsTime(), nil
+}
+
+// failed is the port's error of a failed call: the service's status code
+// named in a driver.CredentialError; an error that carries no status (a
+// dial that never got an answer) as it is.
+func failed(err error) error {
+	s, ok := status.FromError(err)
+	if err == nil || !ok {
+		return err
+	}
+	return &driver.CredentialError{Code: s.Code().String(), Err: err}
 }
 
 // credentialClasses maps the route's class; any other is UNSPECIFIED.

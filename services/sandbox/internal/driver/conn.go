@@ -5,9 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"google.golang.org/grpc/status"
-
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/route"
@@ -19,22 +16,22 @@ import (
 // frame to send before closing the stream.
 type HelloResult struct {
 	Conn     *Conn
-	Ack      *sandboxv1.ConnectResponse
-	Shutdown *sandboxv1.ConnectResponse
+	Ack      HelloAck
+	Shutdown *Shutdown
 }
 
 // Hello authenticates a wrapper: its allocation must be current, its launch
 // credential must match the digest stored for its instance (constant-time),
 // its fence token must not be older than the one it was launched under nor
 // newer than the owner's, and it must still be its runtime key's wrapper.
-func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, error) {
+func (d *Driver) Hello(ctx context.Context, h Hello) (HelloResult, error) {
 	if d.closing.Load() {
 		return HelloResult{}, ErrShuttingDown
 	}
 	if res, err := d.allocationCurrent(ctx, h); err != nil || res.Shutdown != nil {
 		return res, err
 	}
-	sb, err := d.own(ctx, h.GetSandboxId())
+	sb, err := d.own(ctx, h.SandboxID)
 	if err != nil {
 		return HelloResult{}, err
 	}
@@ -48,7 +45,7 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 	if refused != nil {
 		sb.mu.Unlock()
 		refused()
-		return d.rejectHello(sb, h, sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, detail), nil
+		return d.rejectHello(sb, h, StopRequested, detail), nil
 	}
 	c, resumed, prepare, retire := d.connectLocked(sb, h, w, slot, contract)
 	sb.mu.Unlock()
@@ -73,36 +70,36 @@ func (d *Driver) Hello(ctx context.Context, h *sandboxv1.Hello) (HelloResult, er
 // allocationCurrent refuses a Hello for a sandbox this replica does not own
 // whose stored allocation is not the Hello's: an unauthenticated caller
 // must not make this replica take (and index) a sandbox.
-func (d *Driver) allocationCurrent(ctx context.Context, h *sandboxv1.Hello) (HelloResult, error) {
+func (d *Driver) allocationCurrent(ctx context.Context, h Hello) (HelloResult, error) {
 	d.mu.Lock()
-	_, owned := d.sandboxes[h.GetSandboxId()]
+	_, owned := d.sandboxes[h.SandboxID]
 	d.mu.Unlock()
 	if owned {
 		return HelloResult{}, nil
 	}
-	alloc, err := store.AllocationID(ctx, d.cfg.Redis, h.GetSandboxId())
+	alloc, err := store.AllocationID(ctx, d.cfg.Redis, h.SandboxID)
 	if err != nil {
 		return HelloResult{}, err
 	}
-	if alloc == "" || alloc != h.GetAllocationId() {
-		return HelloResult{Shutdown: Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current")}, nil
+	if alloc == "" || alloc != h.AllocationID {
+		return HelloResult{Shutdown: &Shutdown{Reason: StaleAllocation, Detail: "the allocation is not current"}}, nil
 	}
 	return HelloResult{}, nil
 }
 
-func (d *Driver) rejectHello(sb *sandbox, h *sandboxv1.Hello, r sandboxv1.ShutdownReason, detail string) HelloResult {
-	d.log.Warn("wrapper hello rejected", "sandbox", sb.id, "instance", h.GetInstanceId(), "reason", r.String())
-	return HelloResult{Shutdown: Shutdown(r, detail)}
+func (d *Driver) rejectHello(sb *sandbox, h Hello, r ShutdownReason, detail string) HelloResult {
+	d.log.Warn("wrapper hello rejected", "sandbox", sb.id, "instance", h.InstanceID, "reason", string(r))
+	return HelloResult{Shutdown: &Shutdown{Reason: r, Detail: detail}}
 }
 
 // authenticateLocked checks the Hello against the sandbox's records: the
 // wrapper and its slot, or nil and why the stream is refused.
-func (d *Driver) authenticateLocked(sb *sandbox, h *sandboxv1.Hello) (*store.Wrapper, *store.Slot, sandboxv1.ShutdownReason, string) {
-	if sb.allocationID == "" || h.GetAllocationId() != sb.allocationID {
-		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "the allocation is not current"
+func (d *Driver) authenticateLocked(sb *sandbox, h Hello) (*store.Wrapper, *store.KeyAllocation, ShutdownReason, string) {
+	if sb.allocationID == "" || h.AllocationID != sb.allocationID {
+		return nil, nil, StaleAllocation, "the allocation is not current"
 	}
-	w := sb.wrappers[h.GetInstanceId()]
-	got := digest(h.GetLaunchCredential())
+	w := sb.wrappers[h.InstanceID]
+	got := digest(h.LaunchCredential)
 	var want []byte
 	if w != nil {
 		want = w.CredDigest
@@ -110,29 +107,29 @@ func (d *Driver) authenticateLocked(sb *sandbox, h *sandboxv1.Hello) (*store.Wra
 		want = make([]byte, len(got)) // compare anyway: same work for unknown instances
 	}
 	if !constantTimeEqual(got, want) || w == nil || w.Allocation != sb.allocationID ||
-		w.RuntimeKey != h.GetRuntimeKey() || w.Generation != h.GetGeneration() {
-		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_BAD_CREDENTIAL, "the launch credential did not verify"
+		w.RuntimeKey != h.RuntimeKey || w.Generation != h.Generation {
+		return nil, nil, BadCredential, "the launch credential did not verify"
 	}
-	if h.GetFenceToken() < w.FenceToken || h.GetFenceToken() > sb.owner.Token() {
-		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_FENCE, "the fencing token is stale"
+	if h.FenceToken < w.FenceToken || h.FenceToken > sb.owner.Token() {
+		return nil, nil, StaleFence, "the fencing token is stale"
 	}
-	slot := sb.slots[w.RuntimeKey]
+	slot := sb.keyAllocations[w.RuntimeKey]
 	if slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
-		return nil, nil, sandboxv1.ShutdownReason_SHUTDOWN_REASON_LEASE_LOST, "another wrapper owns the runtime key"
+		return nil, nil, LeaseLost, "another wrapper owns the runtime key"
 	}
-	return w, slot, 0, ""
+	return w, slot, "", ""
 }
 
 // negotiateLocked settles the runtime contract of the wrapper's directory.
 // A wrapper that cannot serve it goes: refused is then what to do once
 // sb.mu is released, and detail the Shutdown's.
-func (d *Driver) negotiateLocked(sb *sandbox, h *sandboxv1.Hello, key string, slot *store.Slot) (contract scope.Contract, refused func(), detail string) {
+func (d *Driver) negotiateLocked(sb *sandbox, h Hello, key string, slot *store.KeyAllocation) (contract scope.Contract, refused func(), detail string) {
 	now := d.cfg.Now()
 	sc := sb.scopeLocked(slot.Directory)
-	contract, pin, err := scope.Negotiate(sc.Contract, scope.Offered(h.GetCapabilities(), h.GetProtocolVersion()))
+	contract, pin, err := scope.Negotiate(sc.Contract, scope.Offered(h.Capabilities, h.ProtocolVersion))
 	if err != nil {
 		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "runtime_contract_downgrade"})
-		d.persistSlots(sb, []*store.Slot{slot})
+		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		failed := sb.routesOfLocked(key, store.RoutePreparing)
 		return "", func() {
 			for _, id := range failed {
@@ -150,13 +147,13 @@ func (d *Driver) negotiateLocked(sb *sandbox, h *sandboxv1.Hello, key string, sl
 		// contract was known; under per_session each session gets its own
 		// runtime key, so this wrapper goes and the routes are prepared again.
 		slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Stop{Now: now, Reason: "per_session_contract"})
-		d.persistSlots(sb, []*store.Slot{slot})
+		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		pending := sb.routesOfLocked(key, store.RoutePreparing)
 		return "", func() {
 			go func() {
 				d.stopKey(sb, key, "per_session_contract")
 				for _, id := range pending {
-					d.kick(sb, id)
+					d.startPreparing(sb, id)
 				}
 			}()
 		}, "the directory uses the per_session contract"
@@ -167,23 +164,23 @@ func (d *Driver) negotiateLocked(sb *sandbox, h *sandboxv1.Hello, key string, sl
 // connectLocked makes the wrapper its runtime key's connection and applies
 // its Hello to the key's routes: the ones it resumed, the ones to prepare on
 // it, and whether the scope's accepted handles are retired first.
-func (d *Driver) connectLocked(sb *sandbox, h *sandboxv1.Hello, w *store.Wrapper, slot *store.Slot, contract scope.Contract) (c *Conn, resumed, prepare []string, retire bool) {
+func (d *Driver) connectLocked(sb *sandbox, h Hello, w *store.Wrapper, slot *store.KeyAllocation, contract scope.Contract) (c *Conn, resumed, prepare []string, retire bool) {
 	key := w.RuntimeKey
 	// The first Hello of a launched instance is a wrapper (re)start: nothing
 	// the scope accepted before reached this runtime, and it may be a
 	// handle of an older owner fence, which no joiner could adopt.
 	fresh := slot.Alloc.Phase == allocation.Starting
 	slot.Alloc = allocation.Apply(d.cfg.Timers, slot.Alloc, allocation.Hello{Now: d.cfg.Now(), Instance: w.Instance})
-	d.persistSlots(sb, []*store.Slot{slot})
+	d.persistAllocations(sb, []*store.KeyAllocation{slot})
 	if old := sb.conns[key]; old != nil {
 		old.close(ErrStreamReplaced)
 	}
 	c = &Conn{SandboxID: sb.id, RuntimeKey: key, Instance: w.Instance, Contract: contract,
-		Send: make(chan *sandboxv1.ConnectResponse, 1024), Closed: make(chan struct{}), retired: make(chan struct{})}
+		Send: make(chan ToWrapper, 1024), Closed: make(chan struct{}), retired: make(chan struct{})}
 	sb.conns[key] = c
 	active := map[string]string{}
-	for _, a := range h.GetRoutes() {
-		active[a.GetSessionId()] = a.GetRuntimeSessionId()
+	for _, a := range h.Routes {
+		active[a.SessionID] = a.RuntimeSessionID
 	}
 	restarted := false
 	for id, r := range sb.routes {
@@ -251,7 +248,7 @@ func (d *Driver) stopKey(sb *sandbox, key, reason string) {
 	c := sb.conns[key]
 	sb.mu.Unlock()
 	if c != nil {
-		c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+		c.send(stopRequested(reason))
 	}
 	if err := d.cfg.Wrappers.RequestStop(sb.ctx, sb.id, key, reason); err != nil {
 		d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
@@ -259,7 +256,7 @@ func (d *Driver) stopKey(sb *sandbox, key, reason string) {
 }
 
 // Frame applies one frame of an authenticated wrapper.
-func (d *Driver) Frame(c *Conn, f *sandboxv1.ConnectRequest) {
+func (d *Driver) Frame(c *Conn, f FromWrapper) {
 	d.mu.Lock()
 	sb := d.sandboxes[c.SandboxID]
 	d.mu.Unlock()
@@ -268,61 +265,66 @@ func (d *Driver) Frame(c *Conn, f *sandboxv1.ConnectRequest) {
 		return
 	}
 	now := d.cfg.Now()
-	switch x := f.GetFrame().(type) {
-	case *sandboxv1.ConnectRequest_Heartbeat:
+	switch x := f.(type) {
+	case Heartbeat:
 		sb.mu.Lock()
-		if s := sb.slots[c.RuntimeKey]; s != nil && s.Alloc.Instance == c.Instance {
+		if s := sb.keyAllocations[c.RuntimeKey]; s != nil && s.Alloc.Instance == c.Instance {
 			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Heartbeat{Now: now})
-			if len(x.Heartbeat.GetBusySessionIds()) > 0 {
+			if len(x.BusySessionIDs) > 0 {
 				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
 			}
 		}
 		sb.mu.Unlock()
-	case *sandboxv1.ConnectRequest_Progress:
-		if d.routeOf(sb, c, x.Progress.GetSessionId()) {
-			d.cfg.Notifier.Progress(d.ref(sb, x.Progress.GetSessionId()), x.Progress.GetProgress())
+	case Progress:
+		if d.routeOf(sb, c, x.SessionID) {
+			d.cfg.Notifier.Progress(d.ref(sb, x.SessionID), x.Step)
 		}
-	case *sandboxv1.ConnectRequest_RouteReady:
-		id := x.RouteReady.GetSessionId()
-		sb.mu.Lock()
-		r := sb.routes[id]
-		if r == nil {
-			sb.mu.Unlock()
-			return
-		}
-		eff := d.applyLocked(sb, r, route.RouteReady{RuntimeKey: c.RuntimeKey, Instance: c.Instance, RuntimeSessionID: x.RouteReady.GetRuntimeSessionId()})
-		if !eff.JoinScope {
-			sb.mu.Unlock()
-			return
-		}
-		sc := sb.scopeLocked(r.Directory)
-		sc.Join(id, r.RuntimeSessionID, r.CredentialClass)
-		d.persistScope(sb, sc)
-		if s := sb.slots[c.RuntimeKey]; s != nil {
-			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
-		}
-		sb.mu.Unlock()
-		d.cfg.Notifier.Ready(d.ref(sb, id), x.RouteReady.GetRuntimeSessionId(), c.Instance)
-	case *sandboxv1.ConnectRequest_WorktreeResult:
-		d.worktreeResult(c, x.WorktreeResult)
-	case *sandboxv1.ConnectRequest_RouteFailed:
-		if d.routeOf(sb, c, x.RouteFailed.GetSessionId()) && x.RouteFailed.GetReason() == ReasonWorkspaceNoSpace {
+	case RouteReady:
+		d.routeReady(sb, c, x, now)
+	case WorktreeResult:
+		d.worktreeResult(c, x)
+	case RouteFailed:
+		if d.routeOf(sb, c, x.SessionID) && x.Reason == ReasonWorkspaceNoSpace {
 			// A clone that filled the disk is ENOSPC evidence (DESIGN.md 3.4).
-			go d.admissionFailed(sb, x.RouteFailed.GetSessionId(), provider.ErrENOSPC)
-		} else if d.routeOf(sb, c, x.RouteFailed.GetSessionId()) {
-			d.failRoute(sb, x.RouteFailed.GetSessionId(), x.RouteFailed.GetReason(), x.RouteFailed.GetRetryable())
+			go d.admissionFailed(sb, x.SessionID, provider.ErrENOSPC)
+		} else if d.routeOf(sb, c, x.SessionID) {
+			d.failRoute(sb, x.SessionID, x.Reason, x.Retryable)
 		}
-	case *sandboxv1.ConnectRequest_RuntimeEvents:
-		if d.routeOf(sb, c, x.RuntimeEvents.GetSessionId()) && len(x.RuntimeEvents.GetEvents()) > 0 {
-			d.cfg.Notifier.Events(d.ref(sb, x.RuntimeEvents.GetSessionId()), x.RuntimeEvents.GetEvents())
+	case RuntimeEvents:
+		if d.routeOf(sb, c, x.SessionID) && len(x.Events) > 0 {
+			d.cfg.Notifier.Events(d.ref(sb, x.SessionID), x.Events)
 		}
-	case *sandboxv1.ConnectRequest_Outcome:
-		if d.routeOf(sb, c, x.Outcome.GetSessionId()) {
-			d.cfg.Notifier.Outcome(d.ref(sb, x.Outcome.GetSessionId()), x.Outcome.GetOutcome())
+	case Outcome:
+		if d.routeOf(sb, c, x.SessionID) {
+			d.cfg.Notifier.Outcome(d.ref(sb, x.SessionID), x.Outcome)
 			d.activity(sb, c.RuntimeKey)
 			_ = d.cfg.Wrappers.RetainWarm(sb.ctx, sb.id, c.RuntimeKey, c.Instance, now.Add(keepWarm))
 		}
 	}
+}
+
+// routeReady applies a wrapper's RouteReady: the route joins its scope and
+// the session service learns it is ready.
+func (d *Driver) routeReady(sb *sandbox, c *Conn, x RouteReady, now time.Time) {
+	sb.mu.Lock()
+	r := sb.routes[x.SessionID]
+	if r == nil {
+		sb.mu.Unlock()
+		return
+	}
+	eff := d.applyLocked(sb, r, route.RouteReady{RuntimeKey: c.RuntimeKey, Instance: c.Instance, RuntimeSessionID: x.RuntimeSessionID})
+	if !eff.JoinScope {
+		sb.mu.Unlock()
+		return
+	}
+	sc := sb.scopeLocked(r.Directory)
+	sc.Join(x.SessionID, r.RuntimeSessionID, r.CredentialClass)
+	d.persistScope(sb, sc)
+	if s := sb.keyAllocations[c.RuntimeKey]; s != nil {
+		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: now})
+	}
+	sb.mu.Unlock()
+	d.cfg.Notifier.Ready(d.ref(sb, x.SessionID), x.RuntimeSessionID, c.Instance)
 }
 
 // keepWarm is how long a wrapper is kept after a turn (DESIGN.md 3.2).
@@ -350,13 +352,13 @@ func (d *Driver) Disconnected(c *Conn) {
 		return
 	}
 	delete(sb.conns, c.RuntimeKey)
-	s := sb.slots[c.RuntimeKey]
+	s := sb.keyAllocations[c.RuntimeKey]
 	if s == nil {
 		sb.mu.Unlock()
 		return
 	}
 	s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StreamClosed{Now: d.cfg.Now(), Instance: c.Instance})
-	d.persistSlots(sb, []*store.Slot{s})
+	d.persistAllocations(sb, []*store.KeyAllocation{s})
 	ids := d.reconnectingLocked(sb, c.RuntimeKey)
 	sb.mu.Unlock()
 	for _, id := range ids {
@@ -374,9 +376,10 @@ func (d *Driver) reconnectingLocked(sb *sandbox, key string) []string {
 	return ids
 }
 
+// errCode names a credential-port failure for the log (never its text).
 func errCode(err error) string {
-	if s, ok := status.FromError(err); ok {
-		return s.Code().String()
+	if ce := (*CredentialError)(nil); errors.As(err, &ce) {
+		return ce.Code
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return "DeadlineExceeded"

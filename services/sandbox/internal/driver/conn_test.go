@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
@@ -44,7 +43,7 @@ func TestWrapperStreamsEndWithTheirReason(t *testing.T) {
 	d.CloseWrapperStreams()
 	<-second.Closed
 	require.ErrorIs(t, second.Err(), ErrShuttingDown)
-	_, err = d.Hello(ctx, &sandboxv1.Hello{SandboxId: "sbx-reasons"})
+	_, err = d.Hello(ctx, Hello{SandboxID: "sbx-reasons"})
 	require.ErrorIs(t, err, ErrShuttingDown, "no new streams while shutting down")
 }
 
@@ -78,6 +77,7 @@ func TestMintFailureFailsTheRoute(t *testing.T) {
 	require.Equal(t, scope.Worktree, creds.contracts["s1"])
 	creds.mu.Unlock()
 	for len(res.Conn.Send) > 0 {
-		require.Nil(t, (<-res.Conn.Send).GetPrepareRoute(), "no PrepareRoute without a handle")
+		_, prepare := (<-res.Conn.Send).(PrepareRoute)
+		require.False(t, prepare, "no PrepareRoute without a handle")
 	}
 }

@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"io"
-	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,11 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
-	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
 	"agentplane.dev/services/sandbox/internal/scope"
@@ -49,19 +46,31 @@ func (w launchedWrapper) arg(name string) string {
 func newTestDriver(t *testing.T, prov provider.AgentSandbox, wr Wrappers, creds Credentials) *Driver {
 	return New(Config{
 		Redis: redistest.Start(t).Client(t), Provider: prov, Wrappers: wr, Credentials: creds,
-		Notifier:  notify.New(nil, slog.New(slog.DiscardHandler), 0),
+		Notifier:  quietNotifier{},
 		ReplicaID: "r1", OwnerTTL: 10 * time.Second, Timers: allocation.DefaultTimers(), WrapperCommand: []string{"wrapper"},
 	})
 }
 
+// quietNotifier drops every notification (the tests read the driver's
+// state and frames, not the session service's).
+type quietNotifier struct{}
+
+func (quietNotifier) Progress(RouteRef, ProgressStep) {}
+func (quietNotifier) Ready(RouteRef, string, string)  {}
+func (quietNotifier) Reconnecting(RouteRef)           {}
+func (quietNotifier) Failed(RouteRef, string, bool)   {}
+func (quietNotifier) Lost(RouteRef, string)           {}
+func (quietNotifier) Events(RouteRef, []RuntimeEvent) {}
+func (quietNotifier) Outcome(RouteRef, TurnOutcome)   {}
+
 // hello is the Hello the launched wrapper would say, with its launch
 // credential and the fencing token it was launched under.
-func (w launchedWrapper) hello(t *testing.T, sandboxID string, capabilities ...string) *sandboxv1.Hello {
+func (w launchedWrapper) hello(t *testing.T, sandboxID string, capabilities ...string) Hello {
 	token, err := strconv.ParseUint(w.arg("--fence-token"), 10, 64)
 	require.NoError(t, err)
-	return &sandboxv1.Hello{
-		SandboxId: sandboxID, AllocationId: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
-		InstanceId: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: token,
+	return Hello{
+		SandboxID: sandboxID, AllocationID: w.arg("--allocation"), RuntimeKey: w.markers.RuntimeKey,
+		InstanceID: w.markers.InstanceID, Generation: w.markers.Generation, FenceToken: token,
 		LaunchCredential: w.credential, ProtocolVersion: 1, Capabilities: capabilities,
 	}
 }
@@ -160,8 +169,8 @@ func (w *heldWrappers) ensuredKeys() []string {
 // TestPerSessionPinWhileFirstPrepareRuns reproduces the race of a
 // directory's first wrapper announcing no worktree capability while the
 // preparation that launched it is still running: the Hello pins per_session,
-// stops the directory-keyed wrapper and kicks the route to be re-keyed by its
-// session id, but that kick found the route still being driven and was
+// stops the directory-keyed wrapper and starts preparing the route again to be
+// re-keyed by its session id, but that start found the route still being prepared and was
 // dropped, so the route waited for a wrapper that had just been stopped.
 func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
@@ -179,7 +188,7 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, res.Shutdown, "the directory-keyed wrapper goes under per_session")
 	require.Equal(t, "/repo", <-wr.stopped)
-	// The Hello's kick runs right after the stop request; let it land while
+	// The Hello's start of preparation runs right after the stop request; let it land while
 	// the first preparation still drives the route.
 	d.mu.Lock()
 	sb := d.sandboxes["sbx-race"]
@@ -187,7 +196,7 @@ func TestPerSessionPinWhileFirstPrepareRuns(t *testing.T) {
 	require.Eventually(t, func() bool {
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
-		return sb.again["s1"]
+		return sb.prepareAgain["s1"]
 	}, 10*time.Second, time.Millisecond)
 	close(wr.release)
 
@@ -251,22 +260,22 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	res, err := d.Hello(ctx, w.hello(t, "sbx-pin", "worktree"))
 	require.NoError(t, err)
 	require.NotNil(t, res.Conn)
-	require.Equal(t, sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, res.Ack.GetHelloAck().GetContract())
+	require.Equal(t, scope.Worktree, res.Ack.Contract)
 	close(wr.release)
 
-	prepared := map[string]sandboxv1.RuntimeContract{}
+	prepared := map[string]scope.Contract{}
 	for len(prepared) < 2 {
 		select {
 		case f := <-res.Conn.Send:
-			if p := f.GetPrepareRoute(); p != nil {
-				prepared[p.GetSessionId()] = p.GetContract()
+			if p, ok := f.(PrepareRoute); ok {
+				prepared[p.SessionID] = p.Contract
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("PrepareRoute frames seen: %v", prepared)
 		}
 	}
-	want := sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
-	require.Equal(t, map[string]sandboxv1.RuntimeContract{"s1": want, "s2": want}, prepared)
+	want := scope.Worktree
+	require.Equal(t, map[string]scope.Contract{"s1": want, "s2": want}, prepared)
 	creds.mu.Lock()
 	defer creds.mu.Unlock()
 	require.Equal(t, map[string]scope.Contract{"s1": scope.Worktree, "s2": scope.Worktree}, creds.contracts)

@@ -52,3 +52,14 @@ func mintOf(sandboxID, alloc string, token uint64, r store.Route) Mint {
 		Contract: r.Contract, FenceToken: token, AllocationID: alloc,
 	}
 }
+
+// CredentialError is an answer of the credential service that is not a
+// success, named by its status code: the driver logs the code only.
+// internal/credclient wraps the service's answers in it.
+type CredentialError struct {
+	Code string // the gRPC code's name: "Unavailable", "FailedPrecondition", ...
+	Err  error
+}
+
+func (e *CredentialError) Error() string { return e.Err.Error() }
+func (e *CredentialError) Unwrap() error { return e.Err }

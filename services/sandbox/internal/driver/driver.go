@@ -28,15 +28,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
-	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/reconciler"
@@ -75,7 +70,7 @@ type Config struct {
 	Redis       redis.UniversalClient
 	Provider    provider.AgentSandbox
 	Wrappers    Wrappers
-	Notifier    *notify.Notifier
+	Notifier    Notifier
 	Credentials Credentials // nil: routes get no handle
 	ReplicaID   string
 	// AdvertiseAddr is where callers reach this replica; the owner leases it
@@ -192,17 +187,20 @@ type sandbox struct {
 	stop  context.CancelFunc
 	ctx   context.Context
 
-	mu           sync.Mutex
-	dropped      bool
-	allocationID string
-	routes       map[string]*store.Route
-	scopes       map[string]*scope.Scope
-	wrappers     map[string]*store.Wrapper
-	slots        map[string]*store.Slot
-	conns        map[string]*Conn // runtime key → connected wrapper
-	handles      map[string]string
-	driving      map[string]bool
-	again        map[string]bool // kicked while driving: prepare once more
+	mu             sync.Mutex
+	dropped        bool
+	allocationID   string
+	routes         map[string]*store.Route
+	scopes         map[string]*scope.Scope
+	wrappers       map[string]*store.Wrapper
+	keyAllocations map[string]*store.KeyAllocation // runtime key → its allocation
+	conns          map[string]*Conn                // runtime key → connected wrapper
+	handles        map[string]string
+	// preparing holds the sessions whose preparation goroutine runs now
+	// (one per route at a time, startPreparing); prepareAgain those asked
+	// to prepare meanwhile, which run once more when it ends.
+	preparing    map[string]bool
+	prepareAgain map[string]bool
 	// stopped is closed (and cleared) when a wrapper stop of this sandbox
 	// completes: route preparation refused while a stop was pending waits
 	// on it rather than only on the refusal's RetryAfter.
@@ -250,7 +248,9 @@ type Conn struct {
 	// Contract is what the wrapper's Hello negotiated for its directory:
 	// the contract every route it serves is minted under.
 	Contract scope.Contract
-	Send     chan *sandboxv1.ConnectResponse
+	// Send carries the frames to write on the stream, in order (the
+	// transport drains it: internal/grpcapi over internal/wrapperconn).
+	Send chan ToWrapper
 	// Closed closes when the driver ends the stream; Err then says why.
 	Closed chan struct{}
 	// retired closes once the scope's accepted handles are retired after a
@@ -274,7 +274,7 @@ func (c *Conn) close(why error) {
 // Closed is closed.
 func (c *Conn) Err() error { return c.why }
 
-func (c *Conn) send(m *sandboxv1.ConnectResponse) bool {
+func (c *Conn) send(m ToWrapper) bool {
 	select {
 	case <-c.Closed:
 		return false
@@ -400,8 +400,8 @@ func (d *Driver) acquire(id string) (*sandbox, error) {
 	}
 	sb := &sandbox{
 		id: id, owner: o, stop: cancel, ctx: sctx, allocationID: snap.AllocationID,
-		routes: snap.Routes, scopes: snap.Scopes, wrappers: snap.Wrappers, slots: snap.Slots,
-		conns: map[string]*Conn{}, handles: map[string]string{}, driving: map[string]bool{}, again: map[string]bool{},
+		routes: snap.Routes, scopes: snap.Scopes, wrappers: snap.Wrappers, keyAllocations: snap.KeyAllocations,
+		conns: map[string]*Conn{}, handles: map[string]string{}, preparing: map[string]bool{}, prepareAgain: map[string]bool{},
 	}
 	go d.watchOwner(sb)
 	return sb, nil
@@ -419,13 +419,13 @@ func (d *Driver) ownedElsewhere(id string) error {
 	return &OwnedElsewhereError{Owner: h}
 }
 
-// resume re-drives what a previous owner left: live slots wait for their
+// resume re-drives what a previous owner left: live key allocations wait for their
 // wrappers to reconnect, routes in preparation are prepared again.
 func (d *Driver) resume(sb *sandbox) {
 	now := d.cfg.Now()
 	sb.mu.Lock()
-	var changed []*store.Slot
-	for _, s := range sb.slots {
+	var changed []*store.KeyAllocation
+	for _, s := range sb.keyAllocations {
 		if s.Alloc.Phase == allocation.Connected {
 			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StreamClosed{Now: now, Instance: s.Alloc.Instance})
 			changed = append(changed, s)
@@ -434,17 +434,17 @@ func (d *Driver) resume(sb *sandbox) {
 	var pending []string
 	for id, r := range sb.routes {
 		eff := d.applyLocked(sb, r, route.OwnerResumed{})
-		if eff.Kick {
+		if eff.StartPreparing {
 			pending = append(pending, id)
 		}
 		if eff.Notify == route.NoticeReconnecting {
 			d.cfg.Notifier.Reconnecting(d.ref(sb, id))
 		}
 	}
-	d.persistSlots(sb, changed)
+	d.persistAllocations(sb, changed)
 	sb.mu.Unlock()
 	for _, id := range pending {
-		d.kick(sb, id)
+		d.startPreparing(sb, id)
 	}
 }
 
@@ -459,17 +459,17 @@ func (d *Driver) watchOwner(sb *sandbox) {
 	// Persist the last observation with a guarded write: if another replica
 	// took the sandbox the fence rejects it, which is how a paused replica
 	// learns for certain that it is no longer the owner.
-	// Copies taken under the lock: the tick goes on changing the slots while
+	// Copies taken under the lock: the tick goes on changing the allocations while
 	// the write below encodes them.
 	sb.mu.Lock()
-	slots := make([]*store.Slot, 0, len(sb.slots))
-	for _, s := range sb.slots {
+	allocs := make([]*store.KeyAllocation, 0, len(sb.keyAllocations))
+	for _, s := range sb.keyAllocations {
 		c := *s
-		slots = append(slots, &c)
+		allocs = append(allocs, &c)
 	}
 	sb.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	err := store.PutSlots(ctx, sb.owner, sb.id, slots)
+	err := store.PutKeyAllocations(ctx, sb.owner, sb.id, allocs)
 	cancel()
 	if err != nil {
 		d.staleWrite(sb, err)
@@ -525,8 +525,8 @@ func (d *Driver) dropAll() {
 	}
 }
 
-func (d *Driver) ref(sb *sandbox, sessionID string) notify.Ref {
-	return notify.Ref{SessionID: sessionID, SandboxID: sb.id, AllocationID: sb.allocationID, FenceToken: sb.owner.Token()}
+func (d *Driver) ref(sb *sandbox, sessionID string) RouteRef {
+	return RouteRef{SessionID: sessionID, SandboxID: sb.id, AllocationID: sb.allocationID, FenceToken: sb.owner.Token()}
 }
 
 // persist helpers run under sb.mu.
@@ -537,8 +537,8 @@ func (d *Driver) persistRoute(sb *sandbox, r *store.Route) {
 	}
 }
 
-func (d *Driver) persistSlots(sb *sandbox, slots []*store.Slot) {
-	if err := store.PutSlots(sb.ctx, sb.owner, sb.id, slots); err != nil {
+func (d *Driver) persistAllocations(sb *sandbox, allocs []*store.KeyAllocation) {
+	if err := store.PutKeyAllocations(sb.ctx, sb.owner, sb.id, allocs); err != nil {
 		d.staleWrite(sb, err)
 	}
 }
@@ -585,14 +585,14 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 			return err
 		}
 		sb.wrappers[m.InstanceID] = w
-		slot := sb.slots[key]
+		slot := sb.keyAllocations[key]
 		if slot == nil {
-			slot = &store.Slot{RuntimeKey: key, Directory: directory}
-			sb.slots[key] = slot
+			slot = &store.KeyAllocation{RuntimeKey: key, Directory: directory}
+			sb.keyAllocations[key] = slot
 		}
 		slot.Directory = directory
 		slot.Alloc = allocation.Apply(d.cfg.Timers, allocation.Allocation{}, allocation.Launched{Now: d.cfg.Now(), Instance: m.InstanceID})
-		d.persistSlots(sb, []*store.Slot{slot})
+		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		alloc := sb.allocationID
 		token := sb.owner.Token()
 		sb.mu.Unlock()
@@ -627,9 +627,9 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 			// No wrapper is starting: a slot left "starting" would make the
 			// next preparation wait for a Hello that never comes.
 			sb.mu.Lock()
-			if s := sb.slots[key]; s != nil && s.Alloc.Instance == m.InstanceID && s.Alloc.Phase == allocation.Starting {
+			if s := sb.keyAllocations[key]; s != nil && s.Alloc.Instance == m.InstanceID && s.Alloc.Phase == allocation.Starting {
 				s.Alloc = allocation.Allocation{Phase: allocation.Stopped, Reason: "launch_failed"}
-				d.persistSlots(sb, []*store.Slot{s})
+				d.persistAllocations(sb, []*store.KeyAllocation{s})
 			}
 			sb.mu.Unlock()
 		}
@@ -638,32 +638,8 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 }
 
 // helloAck builds the ack for a contract.
-func (d *Driver) helloAck(c scope.Contract) *sandboxv1.ConnectResponse {
-	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_HelloAck{HelloAck: &sandboxv1.HelloAck{
-		HeartbeatInterval: durationpb.New(d.cfg.Timers.Heartbeat),
-		ReconnectWindow:   durationpb.New(d.cfg.Timers.ReconnectWindow),
-		Contract:          ContractProto(c),
-	}}}
-}
-
-// Shutdown builds a Shutdown frame.
-func Shutdown(reason sandboxv1.ShutdownReason, detail string) *sandboxv1.ConnectResponse {
-	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Shutdown{Shutdown: &sandboxv1.Shutdown{Reason: reason, Detail: detail}}}
-}
-
-// ContractProto converts a contract.
-func ContractProto(c scope.Contract) sandboxv1.RuntimeContract {
-	switch c {
-	case scope.Worktree:
-		return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
-	case scope.PerSession:
-		return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION
-	}
-	return sandboxv1.RuntimeContract_RUNTIME_CONTRACT_UNSPECIFIED
-}
-
-func progressStep(step, detail string) *runtimev1.ProgressStep {
-	return &runtimev1.ProgressStep{Step: step, Detail: detail, Time: timestamppb.Now()}
+func (d *Driver) helloAck(c scope.Contract) HelloAck {
+	return HelloAck{Heartbeat: d.cfg.Timers.Heartbeat, ReconnectWindow: d.cfg.Timers.ReconnectWindow, Contract: c}
 }
 
 func constantTimeEqual(a, b []byte) bool { return subtle.ConstantTimeCompare(a, b) == 1 }

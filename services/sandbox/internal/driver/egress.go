@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"agentplane.dev/pkg/egresspolicy"
-	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
@@ -17,7 +16,7 @@ var ErrEgressWrapperUnknown = errors.New("driver: egress: no such current wrappe
 // EgressRoute is what the egress proxy needs of a route its runtime serves:
 // the session's policy and where its audit events go.
 type EgressRoute struct {
-	Ref              notify.Ref
+	Ref              RouteRef
 	RuntimeSessionID string
 	Policy           egresspolicy.Policy
 }
@@ -80,7 +79,7 @@ func (d *Driver) EgressWrapper(sandboxID, instance, credential string) (string, 
 	if !constantTimeEqual(got, want) || w == nil || w.Allocation != sb.allocationID {
 		return "", ErrEgressWrapperUnknown
 	}
-	if slot := sb.slots[w.RuntimeKey]; slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
+	if slot := sb.keyAllocations[w.RuntimeKey]; slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
 		return "", ErrEgressWrapperUnknown
 	}
 	return w.RuntimeKey, nil

@@ -21,8 +21,8 @@ func (d *Driver) beginRecovery(sb *sandbox, cause error) {
 	if !sb.recovering {
 		sb.recovering, sb.recoveryCause = true, cause
 	}
-	keys := make([]string, 0, len(sb.slots))
-	for k := range sb.slots {
+	keys := make([]string, 0, len(sb.keyAllocations))
+	for k := range sb.keyAllocations {
 		keys = append(keys, k)
 	}
 	sb.mu.Unlock()
@@ -41,8 +41,8 @@ func (d *Driver) checkRecovery(ctx context.Context, sb *sandbox) {
 		sb.mu.Unlock()
 		return
 	}
-	keys := make([]string, 0, len(sb.slots))
-	for k := range sb.slots {
+	keys := make([]string, 0, len(sb.keyAllocations))
+	for k := range sb.keyAllocations {
 		keys = append(keys, k)
 	}
 	cause := sb.recoveryCause
@@ -67,7 +67,7 @@ func (d *Driver) checkRecovery(ctx context.Context, sb *sandbox) {
 		}
 	}
 	sb.mu.Lock()
-	busy := len(sb.driving) > 0
+	busy := len(sb.preparing) > 0
 	sb.mu.Unlock()
 	if busy {
 		return
@@ -87,6 +87,6 @@ func (d *Driver) checkRecovery(ctx context.Context, sb *sandbox) {
 	}
 	sb.mu.Unlock()
 	for _, id := range pending {
-		d.kick(sb, id)
+		d.startPreparing(sb, id)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
 )
@@ -67,7 +66,7 @@ func (d *Driver) RotateHandle(ctx context.Context, sandboxID, sessionID string) 
 	}
 	sb.mu.Unlock()
 	slices.Sort(ids)
-	if !c.send(credentialsFrame(ids, h)) {
+	if !c.send(HandleUpdate{SessionIDs: ids, Handle: h}) {
 		// The stream broke: the wrapper's next Hello resumes the routes and
 		// gets the current handle again (resendHandle).
 		return Rotated{}, ErrWorktreeUnavailable
@@ -86,10 +85,6 @@ func (d *Driver) resendHandle(sb *sandbox, c *Conn, resumed []string) {
 	h := sb.handles[resumed[0]]
 	sb.mu.Unlock()
 	if h != "" {
-		c.send(credentialsFrame(resumed, h))
+		c.send(HandleUpdate{SessionIDs: resumed, Handle: h})
 	}
-}
-
-func credentialsFrame(ids []string, h string) *sandboxv1.ConnectResponse {
-	return &sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Credentials{Credentials: &sandboxv1.Credentials{SessionIds: ids, Handle: h}}}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/egresspolicy"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
@@ -56,10 +55,10 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 		// A live route is returned as it is.
 		d.takeEgressLocked(sb, r, spec.Egress, spec.EgressVersion)
 		view := *r
-		driving := sb.driving[spec.SessionID]
+		preparing := sb.preparing[spec.SessionID]
 		sb.mu.Unlock()
-		if eff.Kick && !driving {
-			d.kick(sb, spec.SessionID)
+		if eff.StartPreparing && !preparing {
+			d.startPreparing(sb, spec.SessionID)
 		}
 		return view, nil
 	}
@@ -79,7 +78,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	d.persistRoute(sb, r)
 	view := *r
 	sb.mu.Unlock()
-	d.kick(sb, spec.SessionID)
+	d.startPreparing(sb, spec.SessionID)
 	return view, nil
 }
 
@@ -103,23 +102,23 @@ func (sb *sandbox) scopeLocked(dir string) *scope.Scope {
 	return sc
 }
 
-// kick starts preparing a route in the background (once at a time). A kick
-// that arrives while the route is being prepared is not lost: the running
-// preparation looked at the sandbox before the event that kicked (a Hello
+// startPreparing starts preparing a route in the background (once at a
+// time). A start asked for while the route is being prepared is not lost:
+// the running preparation looked at the sandbox before the event that asked (a Hello
 // that pinned per_session and stopped the directory's wrapper), so it runs
 // once more when it ends.
-func (d *Driver) kick(sb *sandbox, sessionID string) {
+func (d *Driver) startPreparing(sb *sandbox, sessionID string) {
 	sb.mu.Lock()
 	if sb.dropped {
 		sb.mu.Unlock()
 		return
 	}
-	if sb.driving[sessionID] {
-		sb.again[sessionID] = true
+	if sb.preparing[sessionID] {
+		sb.prepareAgain[sessionID] = true
 		sb.mu.Unlock()
 		return
 	}
-	sb.driving[sessionID] = true
+	sb.preparing[sessionID] = true
 	// Taken before preparing, so a stop that completes while prepare runs
 	// (after its refusal) still wakes the retry.
 	stopped := sb.stopSignal()
@@ -127,12 +126,12 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 	go func() {
 		retry := d.prepare(sb, sessionID)
 		sb.mu.Lock()
-		delete(sb.driving, sessionID)
-		again := sb.again[sessionID]
-		delete(sb.again, sessionID)
+		delete(sb.preparing, sessionID)
+		again := sb.prepareAgain[sessionID]
+		delete(sb.prepareAgain, sessionID)
 		sb.mu.Unlock()
 		if again {
-			d.kick(sb, sessionID)
+			d.startPreparing(sb, sessionID)
 			return
 		}
 		if retry > 0 {
@@ -143,9 +142,9 @@ func (d *Driver) kick(sb *sandbox, sessionID string) {
 			select {
 			case <-sb.ctx.Done():
 			case <-stopped:
-				d.kick(sb, sessionID)
+				d.startPreparing(sb, sessionID)
 			case <-t.C:
-				d.kick(sb, sessionID)
+				d.startPreparing(sb, sessionID)
 			}
 		}
 	}()
@@ -208,7 +207,7 @@ func (d *Driver) beginPrepare(ctx context.Context, sb *sandbox, sessionID string
 		d.sendPrepare(sb, c, sessionID)
 		return "", "", store.Agent{}, 0, false
 	}
-	if s := sb.slots[key]; s != nil && (s.Alloc.Phase == allocation.Starting || s.Alloc.Phase == allocation.Disconnected) {
+	if s := sb.keyAllocations[key]; s != nil && (s.Alloc.Phase == allocation.Starting || s.Alloc.Phase == allocation.Disconnected) {
 		// Its wrapper is coming (back); the Hello sends the route.
 		d.applyLocked(sb, r, route.StepReached{Step: route.StepWaitForWrapper})
 		sb.mu.Unlock()
@@ -274,18 +273,18 @@ func (d *Driver) ensured(sb *sandbox, sessionID, key, dir string, dec reconciler
 	defer sb.mu.Unlock()
 	switch dec.Action {
 	case reconciler.Reused:
-		s := sb.slots[key]
+		s := sb.keyAllocations[key]
 		if c := sb.conns[key]; c != nil {
 			go d.sendPrepare(sb, c, sessionID)
 		} else if s == nil || !s.Alloc.Live() {
 			// The lease's wrapper runs but we have no allocation for it
 			// (its stream never came): wait for its Hello.
 			if s == nil {
-				s = &store.Slot{RuntimeKey: key, Directory: dir}
-				sb.slots[key] = s
+				s = &store.KeyAllocation{RuntimeKey: key, Directory: dir}
+				sb.keyAllocations[key] = s
 			}
 			s.Alloc = allocation.Apply(d.cfg.Timers, allocation.Allocation{}, allocation.Launched{Now: d.cfg.Now(), Instance: dec.Markers.InstanceID})
-			d.persistSlots(sb, []*store.Slot{s})
+			d.persistAllocations(sb, []*store.KeyAllocation{s})
 		}
 	case reconciler.Launched:
 		if r := sb.routes[sessionID]; r != nil {
@@ -388,16 +387,16 @@ func (d *Driver) sendPrepare(sb *sandbox, c *Conn, sessionID string) {
 		}
 		sb.mu.Unlock()
 		if len(stale) > 0 {
-			c.send(credentialsFrame(stale, h))
+			c.send(HandleUpdate{SessionIDs: stale, Handle: h})
 		}
 	}
-	c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_PrepareRoute{PrepareRoute: &sandboxv1.PrepareRoute{
-		SessionId: sessionID, Directory: spec.Directory, RepoUrl: spec.RepoURL, Handle: handle,
-		ProxyUrl: d.proxyURL(sb.id), Contract: ContractProto(spec.Contract), RuntimeSessionId: spec.RuntimeSessionID,
-		Agent:   &sandboxv1.Agent{Profile: spec.Agent.Profile, Model: spec.Agent.Model, RejectToolKinds: spec.Agent.RejectToolKinds},
+	c.send(PrepareRoute{
+		SessionID: sessionID, Directory: spec.Directory, RepoURL: spec.RepoURL, Handle: handle,
+		ProxyURL: d.proxyURL(sb.id), Contract: spec.Contract, RuntimeSessionID: spec.RuntimeSessionID,
+		Agent:   spec.Agent,
 		RepoRef: spec.RepoRef, RepoDepth: spec.RepoDepth, CloneRepo: spec.RepoURL != "" && spec.GitCredentialRef != "",
 		Traceparent: traceparent(routeCtx(sb.ctx, sb.id, sessionID)),
-	}}})
+	})
 }
 
 // proxyURL is the sandbox's own proxy base: the proxy binds the sandbox in
@@ -443,11 +442,7 @@ func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs 
 	if err != nil || l.HoldsDelivery() || (l.State == lease.OwnsWrapper && l.Instance != c.Instance) {
 		return false, view, nil
 	}
-	frame := &sandboxv1.Deliver{SessionId: sessionID, Traceparent: traceparent(ctx)}
-	for _, m := range msgs {
-		frame.Messages = append(frame.Messages, &sandboxv1.DeliveryMessage{MessageId: m.ID, Content: m.Content})
-	}
-	if !c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Deliver{Deliver: frame}}) {
+	if !c.send(Delivery{SessionID: sessionID, Messages: msgs, Traceparent: traceparent(ctx)}) {
 		return false, view, nil
 	}
 	_ = d.cfg.Wrappers.DeliveryAccepted(ctx, sb.id, view.RuntimeKey, c.Instance)
@@ -458,7 +453,7 @@ func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs 
 func (d *Driver) activity(sb *sandbox, key string) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if s := sb.slots[key]; s != nil {
+	if s := sb.keyAllocations[key]; s != nil {
 		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Activity{Now: d.cfg.Now()})
 	}
 }
@@ -482,7 +477,7 @@ func (d *Driver) Abort(ctx context.Context, sandboxID, sessionID, messageID stri
 	if c == nil {
 		return false, nil
 	}
-	return c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_Abort{Abort: &sandboxv1.Abort{SessionId: sessionID, MessageId: messageID}}}), nil
+	return c.send(Abort{SessionID: sessionID, MessageID: messageID}), nil
 }
 
 // Release is the result of ReleaseRoute.
@@ -554,15 +549,15 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	}
 	if first {
 		if last {
-			if s := sb.slots[key]; s != nil {
+			if s := sb.keyAllocations[key]; s != nil {
 				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: d.cfg.Now(), Reason: reason})
-				d.persistSlots(sb, []*store.Slot{s})
+				d.persistAllocations(sb, []*store.KeyAllocation{s})
 			}
 		}
 	}
 	sb.mu.Unlock()
 	if c != nil && first {
-		c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_ReleaseRoute{ReleaseRoute: &sandboxv1.ReleaseRoute{SessionId: sessionID}}})
+		c.send(ReleaseRoute{SessionID: sessionID})
 	}
 	if !d.releaseMember(ctx, sb, sessionID) {
 		// The session is still a member of its scope for the credential
@@ -576,7 +571,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	}
 	if first {
 		if c != nil {
-			c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+			c.send(stopRequested(reason))
 		}
 		if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
 			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
@@ -687,7 +682,7 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 			d.persistScope(sb, sc)
 		}
 	}
-	for key := range sb.slots {
+	for key := range sb.keyAllocations {
 		candidates[key] = true
 	}
 	var keys []string
@@ -716,7 +711,7 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 		}
 		if l.State == lease.OwnsWrapper {
 			if c := conns[key]; c != nil {
-				c.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+				c.send(stopRequested(reason))
 			}
 			if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
 				return Release{}, err
@@ -746,11 +741,11 @@ func (d *Driver) dropHome(sb *sandbox, key string) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	for id, r := range sb.routes {
-		if r.RuntimeKey == key && (r.State != store.RouteReleased || sb.driving[id]) {
+		if r.RuntimeKey == key && (r.State != store.RouteReleased || sb.preparing[id]) {
 			return
 		}
 	}
-	if s := sb.slots[key]; s != nil && s.Alloc.Live() {
+	if s := sb.keyAllocations[key]; s != nil && s.Alloc.Live() {
 		return
 	}
 	if err := d.cfg.Provider.Delete(sb.ctx, sb.id, key, provider.DeleteHome); err != nil {

@@ -44,14 +44,14 @@ func (d *Driver) Status(ctx context.Context, sandboxID, sessionID string) (Sandb
 	d.mu.Unlock()
 	if sb != nil {
 		sb.mu.Lock()
-		snap = store.Snapshot{AllocationID: sb.allocationID, Routes: map[string]*store.Route{}, Slots: map[string]*store.Slot{}}
+		snap = store.Snapshot{AllocationID: sb.allocationID, Routes: map[string]*store.Route{}, KeyAllocations: map[string]*store.KeyAllocation{}}
 		for id, r := range sb.routes {
 			c := *r
 			snap.Routes[id] = &c
 		}
-		for k, s := range sb.slots {
+		for k, s := range sb.keyAllocations {
 			c := *s
-			snap.Slots[k] = &c
+			snap.KeyAllocations[k] = &c
 		}
 		sb.mu.Unlock()
 	} else if snap, err = store.Load(ctx, d.cfg.Redis, sandboxID); err != nil {
@@ -59,7 +59,7 @@ func (d *Driver) Status(ctx context.Context, sandboxID, sessionID string) (Sandb
 	}
 	st := SandboxStatus{SandboxID: sandboxID, Owner: owner, FenceToken: token, AllocationID: snap.AllocationID, Phase: allocation.Stopped}
 	rank := map[allocation.Phase]int{allocation.Stopped: 0, allocation.Stopping: 1, allocation.Creating: 2, allocation.Starting: 3, allocation.Disconnected: 4, allocation.Connected: 5}
-	for key, s := range snap.Slots {
+	for key, s := range snap.KeyAllocations {
 		ks := KeyStatus{RuntimeKey: key, Instance: s.Alloc.Instance, Alloc: s.Alloc}
 		if l, err := d.cfg.Wrappers.Lease(ctx, sandboxID, key); err == nil {
 			ks.Lease = l

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/route"
@@ -41,9 +40,9 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 		return
 	}
 	var changes []keyChange
-	var changed []*store.Slot
+	var changed []*store.KeyAllocation
 	var disconnected []string
-	for key, s := range sb.slots {
+	for key, s := range sb.keyAllocations {
 		before := s.Alloc
 		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Tick{Now: now})
 		if s.Alloc.Phase == allocation.Disconnected {
@@ -55,7 +54,7 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 		}
 	}
 	if len(changed) > 0 {
-		d.persistSlots(sb, changed)
+		d.persistAllocations(sb, changed)
 	}
 	sb.mu.Unlock()
 
@@ -99,7 +98,7 @@ func (d *Driver) stopping(ctx context.Context, sb *sandbox, ch keyChange) {
 	}
 	sb.mu.Unlock()
 	if ch.conn != nil {
-		ch.conn.send(Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STOP_REQUESTED, reason))
+		ch.conn.send(stopRequested(reason))
 	}
 	if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, ch.key, reason); err != nil {
 		d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", ch.key, "err", err)
@@ -116,7 +115,7 @@ func (d *Driver) stopping(ctx context.Context, sb *sandbox, ch keyChange) {
 // instance is not running (never on an inspection failure).
 func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 	sb.mu.Lock()
-	s := sb.slots[key]
+	s := sb.keyAllocations[key]
 	if s == nil || s.Alloc.Phase != allocation.Disconnected {
 		sb.mu.Unlock()
 		return
@@ -143,7 +142,7 @@ func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 		reason = "wrapper_exited"
 	}
 	s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: now, Reason: reason})
-	d.persistSlots(sb, []*store.Slot{s})
+	d.persistAllocations(sb, []*store.KeyAllocation{s})
 	var lost []string
 	for id, r := range sb.routes {
 		if eff := d.applyLocked(sb, r, route.WrapperGone{RuntimeKey: key, Reason: reason}); eff.Notify == route.NoticeLost {
@@ -159,12 +158,12 @@ func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 	}
 }
 
-// checkStopped moves stopping slots to stopped once the lease reports the
+// checkStopped moves stopping key allocations to stopped once the lease reports the
 // runtime key's absence.
 func (d *Driver) checkStopped(ctx context.Context, sb *sandbox) {
 	sb.mu.Lock()
 	var keys []string
-	for key, s := range sb.slots {
+	for key, s := range sb.keyAllocations {
 		if s.Alloc.Phase == allocation.Stopping {
 			keys = append(keys, key)
 		}
@@ -176,18 +175,18 @@ func (d *Driver) checkStopped(ctx context.Context, sb *sandbox) {
 			continue
 		}
 		sb.mu.Lock()
-		if s := sb.slots[key]; s != nil && s.Alloc.Phase == allocation.Stopping {
+		if s := sb.keyAllocations[key]; s != nil && s.Alloc.Phase == allocation.Stopping {
 			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.StopVerified{Now: d.cfg.Now()})
-			d.persistSlots(sb, []*store.Slot{s})
+			d.persistAllocations(sb, []*store.KeyAllocation{s})
 			var pending []string
 			for id, r := range sb.routes {
-				if _, eff := route.Apply(r.Route, route.KeyStopped{}); eff.Kick && !sb.driving[id] {
+				if _, eff := route.Apply(r.Route, route.KeyStopped{}); eff.StartPreparing && !sb.preparing[id] {
 					pending = append(pending, id)
 				}
 			}
 			sb.mu.Unlock()
 			for _, id := range pending {
-				d.kick(sb, id)
+				d.startPreparing(sb, id)
 			}
 			continue
 		}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
@@ -36,36 +34,31 @@ type Pushed struct {
 }
 
 // WorktreeChanges asks the route's wrapper for its worktree's change set.
-func (d *Driver) WorktreeChanges(ctx context.Context, sandboxID, sessionID string) (*runtimev1.WorktreeChanges, error) {
-	res, err := d.worktreeCall(ctx, sandboxID, sessionID, changesTimeout, &sandboxv1.WorktreeRequest{
-		SessionId: sessionID, Action: &sandboxv1.WorktreeRequest_Changes{Changes: &sandboxv1.WorktreeChangesAction{}},
-	})
-	if err != nil {
-		return nil, err
+func (d *Driver) WorktreeChanges(ctx context.Context, sandboxID, sessionID string) (WorktreeChanges, error) {
+	res, err := d.worktreeCall(ctx, sandboxID, sessionID, changesTimeout, WorktreeRequest{SessionID: sessionID})
+	if err != nil || res.Changes == nil {
+		return WorktreeChanges{}, err
 	}
-	if res.GetChanges() == nil {
-		return &runtimev1.WorktreeChanges{}, nil
-	}
-	return res.GetChanges(), nil
+	return *res.Changes, nil
 }
 
 // PushWorktree asks the route's wrapper to commit and push its worktree.
 func (d *Driver) PushWorktree(ctx context.Context, sandboxID, sessionID, branch, message string) (Pushed, error) {
-	res, err := d.worktreeCall(ctx, sandboxID, sessionID, pushTimeout, &sandboxv1.WorktreeRequest{
-		SessionId: sessionID, Action: &sandboxv1.WorktreeRequest_Push{Push: &sandboxv1.WorktreePushAction{Branch: branch, CommitMessage: message}},
+	res, err := d.worktreeCall(ctx, sandboxID, sessionID, pushTimeout, WorktreeRequest{
+		SessionID: sessionID, Push: &WorktreePush{Branch: branch, CommitMessage: message},
 	})
 	if err != nil {
 		return Pushed{}, err
 	}
-	return Pushed{Commit: res.GetCommitId(), Ref: res.GetRef(), Committed: res.GetCommitted()}, nil
+	return Pushed{Commit: res.CommitID, Ref: res.Ref, Committed: res.Committed}, nil
 }
 
 // worktreeCall sends req to the wrapper serving the route and waits, within
 // bound, for its result. A wrapper that goes away meanwhile ends the wait.
-func (d *Driver) worktreeCall(ctx context.Context, sandboxID, sessionID string, bound time.Duration, req *sandboxv1.WorktreeRequest) (*sandboxv1.WorktreeResult, error) {
+func (d *Driver) worktreeCall(ctx context.Context, sandboxID, sessionID string, bound time.Duration, req WorktreeRequest) (WorktreeResult, error) {
 	sb, err := d.own(ctx, sandboxID)
 	if err != nil {
-		return nil, err
+		return WorktreeResult{}, err
 	}
 	sb.mu.Lock()
 	r := sb.routes[sessionID]
@@ -76,43 +69,43 @@ func (d *Driver) worktreeCall(ctx context.Context, sandboxID, sessionID string, 
 	ready := r != nil && r.State == store.RouteReady
 	sb.mu.Unlock()
 	if r == nil || r.State == store.RouteReleased {
-		return nil, ErrRouteNotFound
+		return WorktreeResult{}, ErrRouteNotFound
 	}
 	if c == nil || !ready {
-		return nil, ErrWorktreeUnavailable
+		return WorktreeResult{}, ErrWorktreeUnavailable
 	}
-	req.RequestId = newID("wt_")
-	done := make(chan *sandboxv1.WorktreeResult, 1)
-	d.worktreeCalls.Store(req.RequestId, worktreeCall{conn: c, done: done})
-	defer d.worktreeCalls.Delete(req.RequestId)
-	if !c.send(&sandboxv1.ConnectResponse{Frame: &sandboxv1.ConnectResponse_WorktreeRequest{WorktreeRequest: req}}) {
-		return nil, ErrWorktreeUnavailable
+	req.RequestID = newID("wt_")
+	done := make(chan WorktreeResult, 1)
+	d.worktreeCalls.Store(req.RequestID, worktreeCall{conn: c, done: done})
+	defer d.worktreeCalls.Delete(req.RequestID)
+	if !c.send(req) {
+		return WorktreeResult{}, ErrWorktreeUnavailable
 	}
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	select {
 	case res := <-done:
-		if res.GetErrorReason() != "" {
-			return nil, &WorktreeError{Reason: res.GetErrorReason(), Detail: res.GetErrorDetail()}
+		if res.ErrorReason != "" {
+			return WorktreeResult{}, &WorktreeError{Reason: res.ErrorReason, Detail: res.ErrorDetail}
 		}
 		d.activity(sb, c.RuntimeKey)
 		return res, nil
 	case <-c.Closed:
-		return nil, ErrWorktreeUnavailable
+		return WorktreeResult{}, ErrWorktreeUnavailable
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return WorktreeResult{}, ctx.Err()
 	}
 }
 
 type worktreeCall struct {
 	conn *Conn
-	done chan *sandboxv1.WorktreeResult
+	done chan WorktreeResult
 }
 
 // worktreeResult hands a wrapper's result to its waiting call; a result of
 // another stream, or of a call that gave up, is dropped.
-func (d *Driver) worktreeResult(c *Conn, res *sandboxv1.WorktreeResult) {
-	v, ok := d.worktreeCalls.Load(res.GetRequestId())
+func (d *Driver) worktreeResult(c *Conn, res WorktreeResult) {
+	v, ok := d.worktreeCalls.Load(res.RequestID)
 	if !ok {
 		return
 	}

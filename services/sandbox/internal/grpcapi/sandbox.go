@@ -13,6 +13,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/store"
+	"agentplane.dev/services/sandbox/internal/wrapperconn"
 )
 
 // Sandbox serves SandboxService.
@@ -175,7 +176,7 @@ func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) 
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
-	out := &sandboxv1.WorktreeScope{SandboxId: sc.SandboxID, Directory: sc.Directory, Contract: driver.ContractProto(sc.Contract)}
+	out := &sandboxv1.WorktreeScope{SandboxId: sc.SandboxID, Directory: sc.Directory, Contract: wrapperconn.ContractProto(sc.Contract)}
 	for c, name := range classNames {
 		if name == sc.Class {
 			out.CredentialClass = c
@@ -196,7 +197,7 @@ var routeStates = map[route.State]sandboxv1.RouteState{
 func routeView(r store.Route, alloc string) *sandboxv1.RouteView {
 	v := &sandboxv1.RouteView{
 		SessionId: r.SessionID, State: routeStates[r.State], Step: r.Step, FailureReason: r.FailureReason, Retryable: r.Retryable,
-		RuntimeSessionId: r.RuntimeSessionID, RuntimeKey: r.RuntimeKey, Contract: driver.ContractProto(r.Contract),
+		RuntimeSessionId: r.RuntimeSessionID, RuntimeKey: r.RuntimeKey, Contract: wrapperconn.ContractProto(r.Contract),
 		AllocationId: alloc, WrapperInstance: r.WrapperInstance,
 	}
 	if r.Agent.Profile != "" {

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/wrapperconn"
 )
 
 // WorktreeChanges asks the route's wrapper for its change set.
@@ -20,7 +21,7 @@ func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeCh
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
 	}
-	return &sandboxv1.WorktreeChangesResponse{Changes: ch}, nil
+	return &sandboxv1.WorktreeChangesResponse{Changes: wrapperconn.WorktreeChangesProto(ch)}, nil
 }
 
 // PushWorktree asks the route's wrapper to commit and push.

@@ -9,6 +9,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/driver"
+	"agentplane.dev/services/sandbox/internal/wrapperconn"
 )
 
 // ConnectMethod is exempt from the internal token: wrappers authenticate
@@ -23,51 +24,61 @@ type Wrapper struct {
 }
 
 // Connect authenticates the wrapper's Hello, then relays frames both ways
-// until the stream or the wrapper's registration ends.
+// until the stream or the wrapper's registration ends. Frames cross in the
+// driver's terms: wrapperconn converts them.
 func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) error {
-	first, err := stream.Recv()
+	s := wrapperconn.Stream{S: stream}
+	first, err := s.Recv()
 	if err != nil {
 		return err
 	}
-	h := first.GetHello()
-	if h == nil {
+	h, ok := first.(driver.Hello)
+	if !ok {
 		return apierr.Error(codes.InvalidArgument, ReasonHelloRequired, "the first frame must be Hello")
 	}
-	if !validSandboxID(h.GetSandboxId()) {
-		return stream.Send(driver.Shutdown(sandboxv1.ShutdownReason_SHUTDOWN_REASON_STALE_ALLOCATION, "unknown sandbox"))
+	if !validSandboxID(h.SandboxID) {
+		return s.Send(driver.Shutdown{Reason: driver.StaleAllocation, Detail: "unknown sandbox"})
 	}
 	res, err := w.Driver.Hello(stream.Context(), h)
 	if err != nil {
 		return toStatus(stream.Context(), w.Log, err)
 	}
 	if res.Shutdown != nil {
-		return stream.Send(res.Shutdown)
+		return s.Send(*res.Shutdown)
 	}
 	c := res.Conn
 	defer w.Driver.Disconnected(c)
-	if err := stream.Send(res.Ack); err != nil {
+	if err := s.Send(res.Ack); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(stream.Context())
+	return w.relay(stream.Context(), s, c)
+}
+
+// relay passes the wrapper's frames to the driver and the driver's to the
+// wrapper until either side ends the stream.
+func (w *Wrapper) relay(ctx context.Context, s wrapperconn.Stream, c *driver.Conn) error {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
-			f, err := stream.Recv()
+			f, err := s.Recv()
 			if err != nil {
 				recvErr <- err
 				return
 			}
-			w.Driver.Frame(c, f)
+			if f != nil {
+				w.Driver.Frame(c, f)
+			}
 		}
 	}()
 	for {
 		select {
 		case m := <-c.Send:
-			if err := stream.Send(m); err != nil {
+			if err := s.Send(m); err != nil {
 				return err
 			}
-			if m.GetShutdown() != nil {
+			if _, ok := m.(driver.Shutdown); ok {
 				return nil
 			}
 		case <-c.Closed:
@@ -75,13 +86,13 @@ func (w *Wrapper) Connect(stream sandboxv1.WrapperControlService_ConnectServer) 
 			for {
 				select {
 				case m := <-c.Send:
-					_ = stream.Send(m)
+					_ = s.Send(m)
 				default:
 					return toStatus(ctx, w.Log, c.Err())
 				}
 			}
 		case err := <-recvErr:
-			_ = err
+			_ = err // the wrapper ended its side (EOF, reset): nothing to answer
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()

@@ -15,28 +15,24 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/services/sandbox/internal/driver"
+	"agentplane.dev/services/sandbox/internal/wrapperconn"
 )
 
-// Ref identifies the route of a notification.
-type Ref struct {
-	SessionID, SandboxID, AllocationID string
-	FenceToken                         uint64
-}
-
-func (r Ref) proto() *sessionv1.RouteRef {
+func refProto(r driver.RouteRef) *sessionv1.RouteRef {
 	return &sessionv1.RouteRef{SessionId: r.SessionID, SandboxId: r.SandboxID, AllocationId: r.AllocationID,
 		FenceToken: r.FenceToken, ObserveTime: timestamppb.Now()}
 }
 
 type job struct {
 	kind string
-	ref  Ref
+	ref  driver.RouteRef
 	call func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error
 }
 
-// Notifier queues notifications for one worker.
+// Notifier queues notifications for one worker; it is the driver's
+// driver.Notifier.
 type Notifier struct {
 	client  sessionv1.SessionNotifyServiceClient // nil: log only
 	log     *slog.Logger
@@ -46,6 +42,8 @@ type Notifier struct {
 	wake    chan struct{}
 	pending sync.WaitGroup
 }
+
+var _ driver.Notifier = (*Notifier)(nil)
 
 // New builds a notifier; client may be nil. A notification still failing
 // after giveUp is dropped (the session service's backstops take over).
@@ -165,7 +163,7 @@ func retryable(err error) bool {
 	return false
 }
 
-func (n *Notifier) enqueue(kind string, ref Ref, call func(context.Context, sessionv1.SessionNotifyServiceClient) error) {
+func (n *Notifier) enqueue(kind string, ref driver.RouteRef, call func(context.Context, sessionv1.SessionNotifyServiceClient) error) {
 	n.pending.Add(1)
 	n.mu.Lock()
 	n.queue = append(n.queue, job{kind: kind, ref: ref, call: call})
@@ -177,57 +175,60 @@ func (n *Notifier) enqueue(kind string, ref Ref, call func(context.Context, sess
 }
 
 // Progress reports a preparation step.
-func (n *Notifier) Progress(ref Ref, step *runtimev1.ProgressStep) {
+func (n *Notifier) Progress(ref driver.RouteRef, step driver.ProgressStep) {
+	pb := wrapperconn.ProgressProto(step)
 	n.enqueue("progress", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyRouteProgress(ctx, &sessionv1.NotifyRouteProgressRequest{Route: ref.proto(), Progress: step})
+		_, err := c.NotifyRouteProgress(ctx, &sessionv1.NotifyRouteProgressRequest{Route: refProto(ref), Progress: pb})
 		return err
 	})
 }
 
 // Ready reports a ready route served by wrapper instance.
-func (n *Notifier) Ready(ref Ref, runtimeSessionID, instance string) {
+func (n *Notifier) Ready(ref driver.RouteRef, runtimeSessionID, instance string) {
 	n.enqueue("ready", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyRouteReady(ctx, &sessionv1.NotifyRouteReadyRequest{Route: ref.proto(), RuntimeSessionId: runtimeSessionID, WrapperInstance: instance})
+		_, err := c.NotifyRouteReady(ctx, &sessionv1.NotifyRouteReadyRequest{Route: refProto(ref), RuntimeSessionId: runtimeSessionID, WrapperInstance: instance})
 		return err
 	})
 }
 
 // Reconnecting reports a dropped control stream.
-func (n *Notifier) Reconnecting(ref Ref) {
+func (n *Notifier) Reconnecting(ref driver.RouteRef) {
 	n.enqueue("reconnecting", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyRouteReconnecting(ctx, &sessionv1.NotifyRouteReconnectingRequest{Route: ref.proto()})
+		_, err := c.NotifyRouteReconnecting(ctx, &sessionv1.NotifyRouteReconnectingRequest{Route: refProto(ref)})
 		return err
 	})
 }
 
 // Failed reports a failed preparation.
-func (n *Notifier) Failed(ref Ref, reason string, retry bool) {
+func (n *Notifier) Failed(ref driver.RouteRef, reason string, retry bool) {
 	n.enqueue("failed", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyRouteFailed(ctx, &sessionv1.NotifyRouteFailedRequest{Route: ref.proto(), Reason: reason, Retryable: retry})
+		_, err := c.NotifyRouteFailed(ctx, &sessionv1.NotifyRouteFailedRequest{Route: refProto(ref), Reason: reason, Retryable: retry})
 		return err
 	})
 }
 
 // Lost reports a route whose wrapper is gone.
-func (n *Notifier) Lost(ref Ref, reason string) {
+func (n *Notifier) Lost(ref driver.RouteRef, reason string) {
 	n.enqueue("lost", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyRouteLost(ctx, &sessionv1.NotifyRouteLostRequest{Route: ref.proto(), Reason: reason})
+		_, err := c.NotifyRouteLost(ctx, &sessionv1.NotifyRouteLostRequest{Route: refProto(ref), Reason: reason})
 		return err
 	})
 }
 
 // Events forwards runtime events.
-func (n *Notifier) Events(ref Ref, events []*runtimev1.RuntimeEvent) {
+func (n *Notifier) Events(ref driver.RouteRef, evs []driver.RuntimeEvent) {
+	events := wrapperconn.EventsProto(evs)
 	n.enqueue("events", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyRuntimeEvents(ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: ref.proto(), Events: events})
+		_, err := c.NotifyRuntimeEvents(ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: refProto(ref), Events: events})
 		return err
 	})
 }
 
 // Outcome forwards a turn outcome.
-func (n *Notifier) Outcome(ref Ref, o *runtimev1.TurnOutcome) {
+func (n *Notifier) Outcome(ref driver.RouteRef, outcome driver.TurnOutcome) {
+	o := wrapperconn.OutcomeProto(outcome)
 	n.enqueue("outcome", ref, func(ctx context.Context, c sessionv1.SessionNotifyServiceClient) error {
-		_, err := c.NotifyTurnOutcome(ctx, &sessionv1.NotifyTurnOutcomeRequest{Route: ref.proto(), Outcome: o})
+		_, err := c.NotifyTurnOutcome(ctx, &sessionv1.NotifyTurnOutcomeRequest{Route: refProto(ref), Outcome: o})
 		return err
 	})
 }

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/logging/logtest"
+	"agentplane.dev/services/sandbox/internal/driver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -119,18 +119,18 @@ func run(t *testing.T, n *Notifier) (stop func()) {
 	return stop
 }
 
-func ref(session string) Ref {
-	return Ref{SessionID: session, SandboxID: "sb1", AllocationID: "a1", FenceToken: 7}
+func ref(session string) driver.RouteRef {
+	return driver.RouteRef{SessionID: session, SandboxID: "sb1", AllocationID: "a1", FenceToken: 7}
 }
 
 func TestSendsInOrderRaised(t *testing.T) {
 	svc := &sessionService{}
 	n := startNotifier(t, svc, 0)
 
-	n.Progress(ref("s1"), &runtimev1.ProgressStep{})
+	n.Progress(ref("s1"), driver.ProgressStep{})
 	n.Ready(ref("s1"), "rs1", "w1")
 	n.Events(ref("s1"), nil)
-	n.Outcome(ref("s1"), &runtimev1.TurnOutcome{})
+	n.Outcome(ref("s1"), driver.TurnOutcome{})
 	n.Reconnecting(ref("s1"))
 	n.Lost(ref("s1"), "wrapper gone")
 	n.Failed(ref("s2"), "clone failed", true)
@@ -160,7 +160,7 @@ func TestDropsNonRetryableAndSendsTheNext(t *testing.T) {
 	n := startNotifier(t, svc, 0)
 
 	n.Failed(ref("s1"), "bad", false)
-	n.Progress(ref("s2"), &runtimev1.ProgressStep{})
+	n.Progress(ref("s2"), driver.ProgressStep{})
 	n.Flush()
 
 	attempts, delivered := svc.calls()
@@ -175,7 +175,7 @@ func TestGivesUpAfterGiveUp(t *testing.T) {
 	n := startNotifier(t, svc, time.Nanosecond)
 
 	n.Ready(ref("s1"), "rs1", "w1")
-	n.Outcome(ref("s2"), &runtimev1.TurnOutcome{})
+	n.Outcome(ref("s2"), driver.TurnOutcome{})
 	n.Flush()
 
 	attempts, delivered := svc.calls()
@@ -256,7 +256,7 @@ func TestDrainSendsWhatRunLeftInOrder(t *testing.T) {
 	n := New(serve(t, svc), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
 	stop := run(t, n)
 
-	n.Outcome(ref("s1"), &runtimev1.TurnOutcome{})
+	n.Outcome(ref("s1"), driver.TurnOutcome{})
 	require.Eventually(t, func() bool { attempts, _ := svc.calls(); return len(attempts) > 0 }, 10*time.Second, time.Millisecond)
 	stop()
 	n.Lost(ref("s2"), "wrapper gone") // raised by the driver's last act

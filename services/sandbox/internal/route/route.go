@@ -1,7 +1,7 @@
 // Package route is the sandbox's view of one session's route as a pure
 // transition function, like lease and allocation beside it: Apply(route,
 // event) returns the next route and the effects the caller must perform
-// (persist, notify the session service, send a frame, kick preparation). It
+// (persist, notify the session service, send a frame, start preparing). It
 // never does I/O. An event that does not apply (wrong state, another runtime
 // key) returns the route unchanged and no effects.
 //
@@ -13,8 +13,8 @@
 // (services/sandbox/internal/driver; state strings in store/store.go):
 //
 //	Prepare        absent|unknown|failed|released → preparing(step allocate)
-//	               [Admit, Persist, Kick]; preparing|ready|reconnecting →
-//	               unchanged [Kick when preparing]; any record but released
+//	               [Admit, Persist, StartPreparing]; preparing|ready|reconnecting →
+//	               unchanged [StartPreparing when preparing]; any record but released
 //	               of another directory → unchanged [Err ErrDirectoryMoved]
 //	               (routes.go Prepare)
 //	Keyed          preparing → preparing with runtime key and contract
@@ -38,8 +38,8 @@
 //	StreamClosed   ready → reconnecting [Persist, Notify reconnecting]
 //	               (conn.go Disconnected/reconnectingLocked)
 //	OwnerResumed   ready → reconnecting [Persist, Notify reconnecting];
-//	               preparing → unchanged [Kick] (driver.go resume)
-//	KeyStopped     preparing → unchanged [Kick] (tick.go checkStopped;
+//	               preparing → unchanged [StartPreparing] (driver.go resume)
+//	KeyStopped     preparing → unchanged [StartPreparing] (tick.go checkStopped;
 //	               conn.go Hello's per_session re-key)
 //	WrapperStopping ready|reconnecting → unknown [Persist, Notify lost];
 //	               preparing → failed retryable [Persist, Notify failed]
@@ -128,22 +128,22 @@ const (
 // Effects are what the caller performs after a transition, in this order:
 // Err (nothing else happened), Admit (before committing a new route: a
 // refusal discards it), Persist or Delete, the scope and handle changes,
-// the frames, Notify, Kick.
+// the frames, Notify, StartPreparing.
 type Effects struct {
-	Err         error
-	Admit       bool // admit the session to its directory's scope first
-	Persist     bool // write the route record
-	Delete      bool // delete the route record
-	JoinScope   bool // the session joined its scope (runtime session id known)
-	LeaveScope  bool // the session left its scope
-	DropHandle  bool // the session's cached handle is no longer valid
-	Restarted   bool // another wrapper instance served this route before (retire the scope's handles)
-	SendPrepare bool // send PrepareRoute on the serving wrapper's stream
-	SendRelease bool // send ReleaseRoute on the serving wrapper's stream
-	Notify      Notice
-	Reason      string // of NoticeLost / NoticeFailed
-	Retryable   bool   // of NoticeFailed
-	Kick        bool   // (re)start preparing the route
+	Err            error
+	Admit          bool // admit the session to its directory's scope first
+	Persist        bool // write the route record
+	Delete         bool // delete the route record
+	JoinScope      bool // the session joined its scope (runtime session id known)
+	LeaveScope     bool // the session left its scope
+	DropHandle     bool // the session's cached handle is no longer valid
+	Restarted      bool // another wrapper instance served this route before (retire the scope's handles)
+	SendPrepare    bool // send PrepareRoute on the serving wrapper's stream
+	SendRelease    bool // send ReleaseRoute on the serving wrapper's stream
+	Notify         Notice
+	Reason         string // of NoticeLost / NoticeFailed
+	Retryable      bool   // of NoticeFailed
+	StartPreparing bool   // (re)start preparing the route (the driver's startPreparing)
 }
 
 // Event is one input of the transition function.
@@ -318,14 +318,14 @@ func lifecycle(r Route, ev Event) (Route, Effects) {
 	case OwnerResumed:
 		switch r.State {
 		case Preparing:
-			return r, Effects{Kick: true}
+			return r, Effects{StartPreparing: true}
 		case Ready:
 			r.State = Reconnecting
 			return r, Effects{Persist: true, Notify: NoticeReconnecting}
 		}
 	case KeyStopped:
 		if r.State == Preparing {
-			return r, Effects{Kick: true}
+			return r, Effects{StartPreparing: true}
 		}
 	case Release:
 		if !r.recorded() || r.State == Released {
@@ -353,11 +353,11 @@ func prepare(r Route, e Prepare) (Route, Effects) {
 	}
 	switch r.State {
 	case Preparing:
-		return r, Effects{Kick: true}
+		return r, Effects{StartPreparing: true}
 	case Ready, Reconnecting:
 		return r, Effects{}
 	}
-	return Route{State: Preparing, Directory: e.Directory, Step: StepAllocate}, Effects{Admit: true, Persist: true, Kick: true}
+	return Route{State: Preparing, Directory: e.Directory, Step: StepAllocate}, Effects{Admit: true, Persist: true, StartPreparing: true}
 }
 
 func hello(r Route, e WrapperHello) (Route, Effects) {

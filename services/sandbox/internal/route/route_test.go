@@ -52,20 +52,20 @@ func events() map[string]Event {
 // the route is unchanged. Effects are spelt by flags below.
 var table = map[string]map[string]string{
 	"absent": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "=",
+		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "=",
 		"route_ready": "=", "route_failed": "=", "stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
 		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "=", "forget": "=",
 	},
 	"unknown": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "unknown persist", "hello": "=",
+		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "unknown persist", "hello": "=",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=", "wrapper_stopping": "=", "wrapper_gone": "=",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"preparing": {
-		"prepare": "= kick", "keyed": "preparing persist", "step": "preparing persist", "prepare_sent": "preparing persist",
+		"prepare": "= start_preparing", "keyed": "preparing persist", "step": "preparing persist", "prepare_sent": "preparing persist",
 		"hello": "preparing persist send_prepare", "route_ready": "ready persist join notify:ready",
-		"route_failed": "failed persist notify:failed", "stream_closed": "=", "owner_resumed": "= kick", "key_stopped": "= kick",
+		"route_failed": "failed persist notify:failed", "stream_closed": "=", "owner_resumed": "= start_preparing", "key_stopped": "= start_preparing",
 		"wrapper_stopping": "failed persist notify:failed", "wrapper_gone": "=",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
@@ -84,13 +84,13 @@ var table = map[string]map[string]string{
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"failed": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "failed persist", "hello": "=",
+		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "failed persist", "hello": "=",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=", "wrapper_stopping": "=", "wrapper_gone": "=",
 		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
 	},
 	"released": {
-		"prepare": "preparing admit persist kick", "keyed": "=", "step": "=", "prepare_sent": "released persist", "hello": "=",
+		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "released persist", "hello": "=",
 		"route_ready": "=", "route_failed": "=", "stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
 		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "released persist", "forget": "absent delete",
 	},
@@ -115,7 +115,7 @@ func flags(e Effects) []string {
 	add(e.SendPrepare, "send_prepare")
 	add(e.SendRelease, "send_release")
 	add(e.Notify != NoticeNone, "notify:"+map[Notice]string{NoticeReady: "ready", NoticeReconnecting: "reconnecting", NoticeLost: "lost", NoticeFailed: "failed"}[e.Notify])
-	add(e.Kick, "kick")
+	add(e.StartPreparing, "start_preparing")
 	return f
 }
 

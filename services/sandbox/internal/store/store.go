@@ -8,7 +8,7 @@
 //	sbx:{sbx/id}:routes    hash: session id → Route JSON
 //	sbx:{sbx/id}:scopes    hash: directory → scope.Scope JSON
 //	sbx:{sbx/id}:wrappers  hash: instance id → Wrapper JSON (launch credential digest only)
-//	sbx:{sbx/id}:slots     hash: runtime key → Slot JSON (allocation state)
+//	sbx:{sbx/id}:slots     hash: runtime key → KeyAllocation JSON (allocation state)
 //	sbx:{sbx/id}:wrapper-leases  hash: runtime key → wrapper lease (internal/leasestore)
 //	sbx:index          set of sandbox ids with state (scanned for takeover; not fenced)
 package store
@@ -88,8 +88,10 @@ type Wrapper struct {
 	CredDigest []byte `json:"cred_digest"`
 }
 
-// Slot is the allocation of one runtime key.
-type Slot struct {
+// KeyAllocation is the allocation of one runtime key: the directory its
+// wrapper serves and the allocation machine's state (internal/allocation),
+// kept in the sandbox's "slots" hash.
+type KeyAllocation struct {
 	RuntimeKey string                `json:"runtime_key"`
 	Directory  string                `json:"directory"`
 	Alloc      allocation.Allocation `json:"alloc"`
@@ -97,11 +99,11 @@ type Slot struct {
 
 // Snapshot is everything stored of a sandbox.
 type Snapshot struct {
-	AllocationID string
-	Routes       map[string]*Route
-	Scopes       map[string]*scope.Scope
-	Wrappers     map[string]*Wrapper
-	Slots        map[string]*Slot
+	AllocationID   string
+	Routes         map[string]*Route
+	Scopes         map[string]*scope.Scope
+	Wrappers       map[string]*Wrapper
+	KeyAllocations map[string]*KeyAllocation
 	// Unparsable names the records skipped because they did not parse
 	// ("routes/<field>", ...), so the caller can tell an operator.
 	Unparsable []string
@@ -117,7 +119,7 @@ type Writer interface {
 // Unparsable (its route is re-prepared by the session service; a wrapper it
 // described can no longer authenticate and is stopped by its lease).
 func Load(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (Snapshot, error) {
-	s := Snapshot{Routes: map[string]*Route{}, Scopes: map[string]*scope.Scope{}, Wrappers: map[string]*Wrapper{}, Slots: map[string]*Slot{}}
+	s := Snapshot{Routes: map[string]*Route{}, Scopes: map[string]*scope.Scope{}, Wrappers: map[string]*Wrapper{}, KeyAllocations: map[string]*KeyAllocation{}}
 	alloc, err := rdb.HGet(ctx, Key(sandboxID, "meta"), "allocation_id").Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return s, err
@@ -132,7 +134,7 @@ func Load(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (Sna
 	if err := loadHash(ctx, rdb, sandboxID, "wrappers", s.Wrappers, &s.Unparsable); err != nil {
 		return s, err
 	}
-	return s, loadHash(ctx, rdb, sandboxID, "slots", s.Slots, &s.Unparsable)
+	return s, loadHash(ctx, rdb, sandboxID, "slots", s.KeyAllocations, &s.Unparsable)
 }
 
 func loadHash[T any](ctx context.Context, rdb redis.UniversalClient, sandboxID, kind string, into map[string]*T, unparsable *[]string) error {
@@ -190,13 +192,13 @@ func PutWrapper(ctx context.Context, w Writer, sandboxID string, wr *Wrapper) er
 	return putJSON(ctx, w, Key(sandboxID, "wrappers"), wr.Instance, wr)
 }
 
-// PutSlot writes a runtime key's allocation.
-func PutSlot(ctx context.Context, w Writer, sandboxID string, s *Slot) error {
+// PutKeyAllocation writes a runtime key's allocation.
+func PutKeyAllocation(ctx context.Context, w Writer, sandboxID string, s *KeyAllocation) error {
 	return putJSON(ctx, w, Key(sandboxID, "slots"), s.RuntimeKey, s)
 }
 
-// PutSlots writes several slots in one guarded write.
-func PutSlots(ctx context.Context, w Writer, sandboxID string, slots []*Slot) error {
+// PutKeyAllocations writes several slots in one guarded write.
+func PutKeyAllocations(ctx context.Context, w Writer, sandboxID string, slots []*KeyAllocation) error {
 	if len(slots) == 0 {
 		return nil
 	}

@@ -38,7 +38,7 @@ func sandboxState() Snapshot {
 			Class: "user", Members: map[string]string{"s1": "rs-s1"}}},
 		Wrappers: map[string]*Wrapper{"w1": {Instance: "w1", RuntimeKey: "k1", Allocation: "alloc-1", Generation: 2,
 			FenceToken: 9, CredDigest: []byte{0xde, 0xad, 0xbe, 0xef}}},
-		Slots: map[string]*Slot{
+		KeyAllocations: map[string]*KeyAllocation{
 			"k1": {RuntimeKey: "k1", Directory: "/src/app", Alloc: allocation.Allocation{Phase: allocation.Connected, LastHeartbeat: now, Instance: "w1"}},
 			"k2": {RuntimeKey: "k2", Directory: "/src/lib", Alloc: allocation.Allocation{Phase: allocation.Disconnected, Deadline: now, Reason: "heartbeat"}},
 			"k3": {RuntimeKey: "k3", Directory: "/src/doc", Alloc: allocation.Allocation{Phase: allocation.Stopping}},
@@ -66,10 +66,10 @@ func put(ctx context.Context, w Writer, s Snapshot) error {
 			return err
 		}
 	}
-	if err := PutSlot(ctx, w, "sb1", s.Slots["k1"]); err != nil {
+	if err := PutKeyAllocation(ctx, w, "sb1", s.KeyAllocations["k1"]); err != nil {
 		return err
 	}
-	return PutSlots(ctx, w, "sb1", []*Slot{s.Slots["k2"], s.Slots["k3"]})
+	return PutKeyAllocations(ctx, w, "sb1", []*KeyAllocation{s.KeyAllocations["k2"], s.KeyAllocations["k3"]})
 }
 
 func TestKeysShareTheOwnerLeaseSlot(t *testing.T) {
@@ -86,14 +86,14 @@ func TestPutThenLoad(t *testing.T) {
 	empty, err := Load(ctx, rdb, "sb1")
 	require.NoError(t, err)
 	require.Equal(t, Snapshot{Routes: map[string]*Route{}, Scopes: map[string]*scope.Scope{},
-		Wrappers: map[string]*Wrapper{}, Slots: map[string]*Slot{}}, empty)
+		Wrappers: map[string]*Wrapper{}, KeyAllocations: map[string]*KeyAllocation{}}, empty)
 	alloc, err := AllocationID(ctx, rdb, "sb1")
 	require.NoError(t, err)
 	require.Empty(t, alloc)
 
 	want := sandboxState()
 	require.NoError(t, put(ctx, owner, want))
-	require.NoError(t, PutSlots(ctx, owner, "sb1", nil), "no slots is no write")
+	require.NoError(t, PutKeyAllocations(ctx, owner, "sb1", nil), "no slots is no write")
 	got, err := Load(ctx, rdb, "sb1")
 	require.NoError(t, err)
 	require.Equal(t, want, got)
@@ -129,16 +129,18 @@ func TestStaleOwnerChangesNothing(t *testing.T) {
 	changed.Routes["s1"].State = RouteReleased
 	changed.Scopes["/src/app"].Members = nil
 	changed.Wrappers["w1"].Generation = 3
-	changed.Slots["k1"].Alloc.Phase = allocation.Stopping
-	changed.Slots["k2"].Alloc.Phase = allocation.Stopping
+	changed.KeyAllocations["k1"].Alloc.Phase = allocation.Stopping
+	changed.KeyAllocations["k2"].Alloc.Phase = allocation.Stopping
 	for name, write := range map[string]func() error{
 		"meta":    func() error { return PutMeta(ctx, old, "sb1", changed.AllocationID) },
 		"route":   func() error { return PutRoute(ctx, old, "sb1", changed.Routes["s1"]) },
 		"scope":   func() error { return PutScope(ctx, old, changed.Scopes["/src/app"]) },
 		"wrapper": func() error { return PutWrapper(ctx, old, "sb1", changed.Wrappers["w1"]) },
-		"slot":    func() error { return PutSlot(ctx, old, "sb1", changed.Slots["k1"]) },
-		"slots":   func() error { return PutSlots(ctx, old, "sb1", []*Slot{changed.Slots["k2"]}) },
-		"delete":  func() error { return DeleteRoute(ctx, old, rdb, "sb1", "s1") },
+		"slot":    func() error { return PutKeyAllocation(ctx, old, "sb1", changed.KeyAllocations["k1"]) },
+		"slots": func() error {
+			return PutKeyAllocations(ctx, old, "sb1", []*KeyAllocation{changed.KeyAllocations["k2"]})
+		},
+		"delete": func() error { return DeleteRoute(ctx, old, rdb, "sb1", "s1") },
 	} {
 		err := write()
 		require.ErrorIs(t, err, fence.ErrStaleToken, name)

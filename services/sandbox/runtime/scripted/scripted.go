@@ -35,7 +35,7 @@ import (
 	"time"
 
 	"agentplane.dev/services/sandbox/internal/ingestpost"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
 
 // Main runs the runtime on stdin/stdout until stdin ends or a shutdown frame
@@ -50,7 +50,7 @@ func Main(args []string) int {
 		return 2
 	}
 	r := &Runtime{
-		out:    runtimeproto.NewWriter(os.Stdout),
+		out:    runtimejsonl.NewWriter(os.Stdout),
 		ingest: *ingest,
 		http:   &http.Client{Timeout: 30 * time.Second, CheckRedirect: noRedirect},
 		routes: map[string]*route{},
@@ -66,7 +66,7 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 
 // Runtime multiplexes routes (sessions) over one process.
 type Runtime struct {
-	out    *runtimeproto.Writer
+	out    *runtimejsonl.Writer
 	ingest bool
 	http   *http.Client
 
@@ -78,7 +78,7 @@ type Runtime struct {
 type route struct {
 	sessionID, runtimeSessionID, directory string
 	handle, proxyURL                       string
-	queue                                  chan runtimeproto.Frame
+	queue                                  chan runtimejsonl.Frame
 	mu                                     sync.Mutex
 	cancel                                 context.CancelFunc // of the running turn
 	turnMessage                            string
@@ -89,27 +89,27 @@ type route struct {
 // Run reads frames from in until EOF or shutdown.
 func (r *Runtime) Run(in io.Reader) error {
 	defer r.closeAll()
-	sc := runtimeproto.NewScanner(in)
+	sc := runtimejsonl.NewScanner(in)
 	for sc.Scan() {
-		f, err := runtimeproto.Parse(sc.Bytes())
+		f, err := runtimejsonl.Parse(sc.Bytes())
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "scripted runtime: skipping bad frame:", err)
 			continue
 		}
 		switch f.Type {
-		case runtimeproto.TypeShutdown:
+		case runtimejsonl.TypeShutdown:
 			return nil
-		case runtimeproto.TypeOpenRoute:
+		case runtimejsonl.TypeOpenRoute:
 			r.open(f)
-		case runtimeproto.TypeMessage:
+		case runtimejsonl.TypeMessage:
 			if rt := r.route(f.SessionID); rt != nil {
 				rt.queue <- f
 			}
-		case runtimeproto.TypeAbort:
+		case runtimejsonl.TypeAbort:
 			if rt := r.route(f.SessionID); rt != nil {
 				rt.abort(f.MessageID)
 			}
-		case runtimeproto.TypeCredentials:
+		case runtimejsonl.TypeCredentials:
 			r.mu.Lock()
 			for _, id := range f.SessionIDs {
 				if rt := r.routes[id]; rt != nil {
@@ -119,7 +119,7 @@ func (r *Runtime) Run(in io.Reader) error {
 				}
 			}
 			r.mu.Unlock()
-		case runtimeproto.TypeCloseRoute:
+		case runtimejsonl.TypeCloseRoute:
 			r.mu.Lock()
 			rt := r.routes[f.SessionID]
 			delete(r.routes, f.SessionID)
@@ -150,14 +150,14 @@ func (r *Runtime) route(id string) *route {
 	return r.routes[id]
 }
 
-func (r *Runtime) open(f runtimeproto.Frame) {
+func (r *Runtime) open(f runtimejsonl.Frame) {
 	r.mu.Lock()
 	if rt, ok := r.routes[f.SessionID]; ok {
 		rt.mu.Lock()
 		rt.handle, rt.proxyURL = f.Handle, f.ProxyURL
 		rt.mu.Unlock()
 		r.mu.Unlock()
-		_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: f.SessionID, RuntimeSessionID: rt.runtimeSessionID})
+		_ = r.out.Write(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: f.SessionID, RuntimeSessionID: rt.runtimeSessionID})
 		return
 	}
 	rsid := f.RuntimeSessionID
@@ -166,11 +166,11 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 	}
 	rt := &route{
 		sessionID: f.SessionID, runtimeSessionID: rsid, directory: f.Directory,
-		handle: f.Handle, proxyURL: f.ProxyURL, queue: make(chan runtimeproto.Frame, 1024),
+		handle: f.Handle, proxyURL: f.ProxyURL, queue: make(chan runtimejsonl.Frame, 1024),
 	}
 	r.routes[f.SessionID] = rt
 	r.mu.Unlock()
-	_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeProgress, SessionID: f.SessionID, Step: "load_session", Detail: "runtime session " + rsid})
+	_ = r.out.Write(runtimejsonl.Frame{Type: runtimejsonl.TypeProgress, SessionID: f.SessionID, Step: "load_session", Detail: "runtime session " + rsid})
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -178,7 +178,7 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 			r.turn(rt, m)
 		}
 	}()
-	_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: f.SessionID, RuntimeSessionID: rsid})
+	_ = r.out.Write(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: f.SessionID, RuntimeSessionID: rsid})
 }
 
 func (rt *route) abort(messageID string) {
@@ -198,7 +198,7 @@ func (rt *route) abort(messageID string) {
 }
 
 // turn plays one turn for message m and emits exactly one outcome.
-func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
+func (r *Runtime) turn(rt *route, m runtimejsonl.Frame) {
 	ctx, cancel := context.WithCancel(traceCtx(m.Traceparent))
 	rt.mu.Lock()
 	rt.cancel, rt.turnMessage = cancel, m.MessageID
@@ -217,32 +217,32 @@ func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
 
 	emit := func(kind, text, tool string, data map[string]any) {
 		rt.seq++
-		_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeEvent, SessionID: rt.sessionID, Event: &runtimeproto.Event{
+		_ = r.out.Write(runtimejsonl.Frame{Type: runtimejsonl.TypeEvent, SessionID: rt.sessionID, Event: &runtimejsonl.Event{
 			EventID: fmt.Sprintf("%s-%s-%d", rt.runtimeSessionID, m.MessageID, rt.seq), RuntimeSessionID: rt.runtimeSessionID,
 			MessageID: m.MessageID, Kind: kind, Text: text, ToolName: tool, Data: data, Time: time.Now().UTC(),
 		}})
 	}
 	outcome := func(result, reason, summary string) {
-		_ = r.out.Write(runtimeproto.Frame{Type: runtimeproto.TypeOutcome, SessionID: rt.sessionID, Outcome: &runtimeproto.Outcome{
+		_ = r.out.Write(runtimejsonl.Frame{Type: runtimejsonl.TypeOutcome, SessionID: rt.sessionID, Outcome: &runtimejsonl.Outcome{
 			TurnID: "turn-" + m.MessageID, RuntimeSessionID: rt.runtimeSessionID, LastMessageID: m.MessageID,
 			Result: result, FailureReason: reason, Summary: summary, Time: time.Now().UTC(),
 		}})
 	}
 
-	emit(runtimeproto.KindStatus, "busy", "", nil)
-	emit(runtimeproto.KindProgress, "reading the request", "", nil)
+	emit(runtimejsonl.KindStatus, "busy", "", nil)
+	emit(runtimejsonl.KindProgress, "reading the request", "", nil)
 	names := listDir(rt.directory)
-	emit(runtimeproto.KindToolCall, "", "list_files", map[string]any{"path": "."})
-	emit(runtimeproto.KindToolResult, "", "list_files", map[string]any{"entries": float64(len(names)), "names": names})
+	emit(runtimejsonl.KindToolCall, "", "list_files", map[string]any{"path": "."})
+	emit(runtimejsonl.KindToolResult, "", "list_files", map[string]any{"entries": float64(len(names)), "names": names})
 	if rest, ok := strings.CutPrefix(m.Content, "write:"); ok {
 		path, content, _ := strings.Cut(strings.TrimSpace(rest), " ")
-		emit(runtimeproto.KindToolCall, "", "write_file", map[string]any{"path": path})
-		emit(runtimeproto.KindToolResult, "", "write_file", writeFile(rt.directory, path, content))
+		emit(runtimejsonl.KindToolCall, "", "write_file", map[string]any{"path": path})
+		emit(runtimejsonl.KindToolResult, "", "write_file", writeFile(rt.directory, path, content))
 	}
 	if rest, ok := strings.CutPrefix(m.Content, "run:"); ok {
 		argv := strings.Fields(rest)
-		emit(runtimeproto.KindToolCall, "", "run_command", map[string]any{"argv": strings.Join(argv, " ")})
-		emit(runtimeproto.KindToolResult, "", "run_command", runCommand(ctx, rt.directory, argv))
+		emit(runtimejsonl.KindToolCall, "", "run_command", map[string]any{"argv": strings.Join(argv, " ")})
+		emit(runtimejsonl.KindToolResult, "", "run_command", runCommand(ctx, rt.directory, argv))
 	}
 
 	if strings.HasPrefix(m.Content, "slow:") {
@@ -252,30 +252,30 @@ func (r *Runtime) turn(rt *route, m runtimeproto.Frame) {
 		}
 	}
 	if ctx.Err() != nil {
-		emit(runtimeproto.KindStatus, "idle", "", nil)
-		outcome(runtimeproto.ResultCancelled, "", "aborted")
+		emit(runtimejsonl.KindStatus, "idle", "", nil)
+		outcome(runtimejsonl.ResultCancelled, "", "aborted")
 		return
 	}
 	if strings.HasPrefix(m.Content, "fail:") {
-		emit(runtimeproto.KindToolResult, "tool failed", "run_command", map[string]any{"exit_code": float64(1)})
-		emit(runtimeproto.KindStatus, "idle", "", nil)
-		outcome(runtimeproto.ResultFailed, "tool_error", "the scripted tool failed")
+		emit(runtimejsonl.KindToolResult, "tool failed", "run_command", map[string]any{"exit_code": float64(1)})
+		emit(runtimejsonl.KindStatus, "idle", "", nil)
+		outcome(runtimejsonl.ResultFailed, "tool_error", "the scripted tool failed")
 		return
 	}
 	if proxy != "" && handle != "" {
-		emit(runtimeproto.KindToolCall, "", "provider", map[string]any{"route": "provider/v1/chat/completions"})
-		emit(runtimeproto.KindToolResult, "", "provider", r.callProvider(ctx, proxy, handle, m.Content))
+		emit(runtimejsonl.KindToolCall, "", "provider", map[string]any{"route": "provider/v1/chat/completions"})
+		emit(runtimejsonl.KindToolResult, "", "provider", r.callProvider(ctx, proxy, handle, m.Content))
 	}
 	reply := "Scripted reply to: " + m.Content
 	for _, w := range chunks(reply, 3) {
-		emit(runtimeproto.KindMessageDelta, w, "", nil)
+		emit(runtimejsonl.KindMessageDelta, w, "", nil)
 	}
-	emit(runtimeproto.KindMessage, reply, "", nil)
+	emit(runtimejsonl.KindMessage, reply, "", nil)
 	if r.ingest && proxy != "" && handle != "" {
 		r.postHistory(ctx, proxy, handle, rt, m, reply)
 	}
-	emit(runtimeproto.KindStatus, "idle", "", nil)
-	outcome(runtimeproto.ResultSucceeded, "", fmt.Sprintf("answered %d characters", len(reply)))
+	emit(runtimejsonl.KindStatus, "idle", "", nil)
+	outcome(runtimejsonl.ResultSucceeded, "", fmt.Sprintf("answered %d characters", len(reply)))
 }
 
 // maxCommandOutput bounds the output a run_command result carries.
@@ -357,7 +357,7 @@ const historyBudget = 20 * time.Second
 // the turn's time so a later turn's status wins. A post that failed in
 // transit is sent again within historyBudget; a failure after that is
 // tolerated and noted on stderr without the handle.
-func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *route, m runtimeproto.Frame, reply string) {
+func (r *Runtime) postHistory(ctx context.Context, proxy, handle string, rt *route, m runtimejsonl.Frame, reply string) {
 	now := time.Now().UTC()
 	item := func(id, typ string, version uint64, parent string, payload map[string]any) map[string]any {
 		it := map[string]any{"item_id": id, "type": typ, "version": version, "payload": payload, "time": now}

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -41,7 +41,7 @@ func newProxy(t *testing.T) (*httptest.Server, func() []string) {
 
 type session struct {
 	in   *io.PipeWriter
-	out  chan runtimeproto.Frame
+	out  chan runtimejsonl.Frame
 	raw  *strings.Builder
 	done chan error
 }
@@ -49,8 +49,8 @@ type session struct {
 func start(t *testing.T) *session {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	r := &Runtime{out: runtimeproto.NewWriter(outW), ingest: true, http: &http.Client{Timeout: 5 * time.Second, CheckRedirect: noRedirect}, routes: map[string]*route{}}
-	s := &session{in: inW, out: make(chan runtimeproto.Frame, 1000), raw: &strings.Builder{}, done: make(chan error, 1)}
+	r := &Runtime{out: runtimejsonl.NewWriter(outW), ingest: true, http: &http.Client{Timeout: 5 * time.Second, CheckRedirect: noRedirect}, routes: map[string]*route{}}
+	s := &session{in: inW, out: make(chan runtimejsonl.Frame, 1000), raw: &strings.Builder{}, done: make(chan error, 1)}
 	go func() { s.done <- r.Run(inR); _ = outW.Close() }()
 	var rawMu sync.Mutex
 	go func() {
@@ -59,7 +59,7 @@ func start(t *testing.T) *session {
 			rawMu.Lock()
 			s.raw.WriteString(sc.Text() + "\n")
 			rawMu.Unlock()
-			f, err := runtimeproto.Parse(sc.Bytes())
+			f, err := runtimejsonl.Parse(sc.Bytes())
 			if err == nil {
 				s.out <- f
 			}
@@ -69,7 +69,7 @@ func start(t *testing.T) *session {
 	return s
 }
 
-func (s *session) send(t *testing.T, f runtimeproto.Frame) {
+func (s *session) send(t *testing.T, f runtimejsonl.Frame) {
 	b, err := json.Marshal(f)
 	require.NoError(t, err)
 	_, err = s.in.Write(append(b, '\n'))
@@ -77,15 +77,15 @@ func (s *session) send(t *testing.T, f runtimeproto.Frame) {
 }
 
 // next returns frames until an outcome for session arrives.
-func (s *session) untilOutcome(t *testing.T, sessionID string) []runtimeproto.Frame {
-	var got []runtimeproto.Frame
+func (s *session) untilOutcome(t *testing.T, sessionID string) []runtimejsonl.Frame {
+	var got []runtimejsonl.Frame
 	timeout := time.After(20 * time.Second)
 	for {
 		select {
 		case f, ok := <-s.out:
 			require.True(t, ok, "runtime output ended")
 			got = append(got, f)
-			if f.Type == runtimeproto.TypeOutcome && f.SessionID == sessionID {
+			if f.Type == runtimejsonl.TypeOutcome && f.SessionID == sessionID {
 				return got
 			}
 		case <-timeout:
@@ -97,8 +97,8 @@ func (s *session) untilOutcome(t *testing.T, sessionID string) []runtimeproto.Fr
 func TestTurnCallsProviderAndNeverEchoesHandle(t *testing.T) {
 	proxy, seen := newProxy(t)
 	s := start(t)
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(), Handle: handle, ProxyURL: proxy.URL})
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m1", Content: "hello"})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(), Handle: handle, ProxyURL: proxy.URL})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: "s1", MessageID: "m1", Content: "hello"})
 	frames := s.untilOutcome(t, "s1")
 
 	var kinds []string
@@ -106,14 +106,14 @@ func TestTurnCallsProviderAndNeverEchoesHandle(t *testing.T) {
 	outcomes := 0
 	for _, f := range frames {
 		switch f.Type {
-		case runtimeproto.TypeEvent:
+		case runtimejsonl.TypeEvent:
 			kinds = append(kinds, f.Event.Kind)
-			if f.Event.ToolName == "provider" && f.Event.Kind == runtimeproto.KindToolResult {
+			if f.Event.ToolName == "provider" && f.Event.Kind == runtimejsonl.KindToolResult {
 				providerResult = f.Event.Data
 			}
-		case runtimeproto.TypeOutcome:
+		case runtimejsonl.TypeOutcome:
 			outcomes++
-			require.Equal(t, runtimeproto.ResultSucceeded, f.Outcome.Result)
+			require.Equal(t, runtimejsonl.ResultSucceeded, f.Outcome.Result)
 			require.Equal(t, "m1", f.Outcome.LastMessageID)
 		}
 	}
@@ -135,18 +135,18 @@ func TestTurnCallsProviderAndNeverEchoesHandle(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 
 	// Fail and abort paths, each with exactly one outcome.
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m2", Content: "fail: please"})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: "s1", MessageID: "m2", Content: "fail: please"})
 	out := s.untilOutcome(t, "s1")
 	last := out[len(out)-1]
-	require.Equal(t, runtimeproto.ResultFailed, last.Outcome.Result)
+	require.Equal(t, runtimejsonl.ResultFailed, last.Outcome.Result)
 	require.Equal(t, "tool_error", last.Outcome.FailureReason)
 
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m3", Content: "slow: think"})
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: "s1", MessageID: "m3"})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: "s1", MessageID: "m3", Content: "slow: think"})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeAbort, SessionID: "s1", MessageID: "m3"})
 	out = s.untilOutcome(t, "s1")
-	require.Equal(t, runtimeproto.ResultCancelled, out[len(out)-1].Outcome.Result)
+	require.Equal(t, runtimejsonl.ResultCancelled, out[len(out)-1].Outcome.Result)
 
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeShutdown})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeShutdown})
 	require.NoError(t, <-s.done)
 	_ = s.in.Close()
 	for range s.out {
@@ -185,10 +185,10 @@ func TestHistoryPostIsSentAgainAfterADroppedConnection(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	s := start(t)
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", RuntimeSessionID: "rs_1", Directory: t.TempDir(), Handle: handle, ProxyURL: srv.URL})
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: "m1", Content: "hello"})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: "s1", RuntimeSessionID: "rs_1", Directory: t.TempDir(), Handle: handle, ProxyURL: srv.URL})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: "s1", MessageID: "m1", Content: "hello"})
 	frames := s.untilOutcome(t, "s1")
-	require.Equal(t, runtimeproto.ResultSucceeded, frames[len(frames)-1].Outcome.Result)
+	require.Equal(t, runtimejsonl.ResultSucceeded, frames[len(frames)-1].Outcome.Result)
 
 	mu.Lock()
 	require.True(t, stored, "the outcome came after the history was stored")
@@ -198,7 +198,7 @@ func TestHistoryPostIsSentAgainAfterADroppedConnection(t *testing.T) {
 	require.Contains(t, posts[1], `"item_id":"reply-m1"`)
 	mu.Unlock()
 
-	s.send(t, runtimeproto.Frame{Type: runtimeproto.TypeShutdown})
+	s.send(t, runtimejsonl.Frame{Type: runtimejsonl.TypeShutdown})
 	require.NoError(t, <-s.done)
 	_ = s.in.Close()
 	for range s.out {

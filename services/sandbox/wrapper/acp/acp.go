@@ -37,7 +37,7 @@ import (
 	"time"
 
 	"agentplane.dev/services/sandbox/internal/agents"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/relay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
@@ -126,7 +126,7 @@ type agentCapabilities struct {
 type route struct {
 	sessionID, rsid, acpID, dir string
 	reject                      []string
-	queue                       chan runtimeproto.Frame
+	queue                       chan runtimejsonl.Frame
 	loading                     atomic.Bool // session/load replays history: not events of a turn
 
 	mu      sync.Mutex
@@ -361,16 +361,16 @@ func asFailure(err error, def string) *failure {
 }
 
 // Send takes one wrapper frame; it never blocks on the agent.
-func (r *Runtime) Send(f runtimeproto.Frame) error {
+func (r *Runtime) Send(f runtimejsonl.Frame) error {
 	switch f.Type {
-	case runtimeproto.TypeOpenRoute:
+	case runtimejsonl.TypeOpenRoute:
 		_ = r.relay.Set(f.ProxyURL, f.Handle)
 		r.busy.Add(1)
 		go func() {
 			defer r.busy.Done()
 			r.open(f)
 		}()
-	case runtimeproto.TypeMessage:
+	case runtimejsonl.TypeMessage:
 		rt := r.route(f.SessionID)
 		if rt == nil {
 			return errors.New("acp: message for a route that is not open")
@@ -380,17 +380,17 @@ func (r *Runtime) Send(f runtimeproto.Frame) error {
 		default:
 			return errors.New("acp: route queue full")
 		}
-	case runtimeproto.TypeAbort:
+	case runtimejsonl.TypeAbort:
 		if rt := r.route(f.SessionID); rt != nil {
 			r.abort(rt, f.MessageID)
 		}
-	case runtimeproto.TypeCredentials:
+	case runtimejsonl.TypeCredentials:
 		// One agent process, one relay: under the worktree contract every
 		// route of it shares the canonical handle.
 		_ = r.relay.Set("", f.Handle)
-	case runtimeproto.TypeCloseRoute:
+	case runtimejsonl.TypeCloseRoute:
 		r.closeRoute(f.SessionID)
-	case runtimeproto.TypeShutdown:
+	case runtimejsonl.TypeShutdown:
 		go r.Stop()
 	}
 	return nil
@@ -402,29 +402,29 @@ func (r *Runtime) route(id string) *route {
 	return r.routes[id]
 }
 
-func (r *Runtime) emit(f runtimeproto.Frame) {
+func (r *Runtime) emit(f runtimejsonl.Frame) {
 	r.emitMu.Lock()
 	defer r.emitMu.Unlock()
 	r.hooks.OnFrame(f)
 }
 
 func (r *Runtime) progress(id, step, detail string) {
-	r.emit(runtimeproto.Frame{Type: runtimeproto.TypeProgress, SessionID: id, Step: step, Detail: detail})
+	r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeProgress, SessionID: id, Step: step, Detail: detail})
 }
 
 func (r *Runtime) routeFailed(id string, f *failure, retryable bool) {
-	r.emit(runtimeproto.Frame{Type: runtimeproto.TypeRouteFailed, SessionID: id, Reason: f.reason, Detail: f.detail, Retryable: retryable})
+	r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteFailed, SessionID: id, Reason: f.reason, Detail: f.detail, Retryable: retryable})
 }
 
 // open answers open_route: session/new, or session/load of the ACP session
 // the route's runtime session had before (a restarted wrapper).
-func (r *Runtime) open(f runtimeproto.Frame) {
+func (r *Runtime) open(f runtimejsonl.Frame) {
 	id := f.SessionID
 	if existing := r.route(id); existing != nil {
 		existing.mu.Lock()
 		existing.reject = f.RejectToolKinds
 		existing.mu.Unlock()
-		r.emit(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: id, RuntimeSessionID: existing.rsid})
+		r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: id, RuntimeSessionID: existing.rsid})
 		return
 	}
 	r.progress(id, "initialize_agent", "waiting for the agent to start")
@@ -454,7 +454,7 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 		rsid = "rs_" + randomHex(8)
 	}
 	rt := &route{sessionID: id, rsid: rsid, dir: f.Directory, reject: f.RejectToolKinds,
-		queue: make(chan runtimeproto.Frame, 1024), aborted: map[string]bool{}, names: toolNames{}}
+		queue: make(chan runtimejsonl.Frame, 1024), aborted: map[string]bool{}, names: toolNames{}}
 	// Keyed by the agentplane session, not the runtime session: a route
 	// prepared again gets a new runtime session id, and the agent's
 	// conversation still continues.
@@ -509,14 +509,14 @@ func (r *Runtime) open(f runtimeproto.Frame) {
 	if old := r.routes[id]; old != nil {
 		// A repeated open_route raced this one: keep the first.
 		r.mu.Unlock()
-		r.emit(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: id, RuntimeSessionID: old.rsid})
+		r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: id, RuntimeSessionID: old.rsid})
 		return
 	}
 	r.routes[id] = rt
 	r.byACP[acpID] = rt
 	r.mu.Unlock()
 	go r.serveRoute(rt)
-	r.emit(runtimeproto.Frame{Type: runtimeproto.TypeRouteReady, SessionID: id, RuntimeSessionID: rsid})
+	r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: id, RuntimeSessionID: rsid})
 }
 
 func (r *Runtime) brokenReason() *failure {
@@ -535,13 +535,13 @@ func (r *Runtime) serveRoute(rt *route) {
 }
 
 // playTurn sends one prompt and emits exactly one outcome for it.
-func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
+func (r *Runtime) playTurn(rt *route, m runtimejsonl.Frame) {
 	t := &turn{messageID: m.MessageID, byTool: map[string]*toolRecord{}, perms: map[string]*json.RawMessage{}}
 	rt.mu.Lock()
 	if rt.aborted[m.MessageID] || rt.closed {
 		delete(rt.aborted, m.MessageID)
 		rt.mu.Unlock()
-		r.outcome(rt, m.MessageID, runtimeproto.ResultCancelled, "", "aborted before it started")
+		r.outcome(rt, m.MessageID, runtimejsonl.ResultCancelled, "", "aborted before it started")
 		return
 	}
 	rt.turn = t
@@ -551,7 +551,7 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 		busy = map[string]any{"agent_open_ms": float64(rt.agentOpen.Microseconds()) / 1000}
 	}
 	rt.mu.Unlock()
-	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "busy", data: busy})
+	r.event(rt, t.messageID, mapped{kind: runtimejsonl.KindStatus, text: "busy", data: busy})
 	r.relay.SetTraceparent(m.Traceparent)
 
 	var res struct {
@@ -571,24 +571,24 @@ func (r *Runtime) playTurn(rt *route, m runtimeproto.Frame) {
 	switch {
 	case err != nil:
 		f := asFailure(err, ReasonAgentError)
-		result, reason, summary = runtimeproto.ResultFailed, f.reason, f.detail
+		result, reason, summary = runtimejsonl.ResultFailed, f.reason, f.detail
 		if cancelled && f.reason == ReasonAgentError {
-			result, reason = runtimeproto.ResultCancelled, ""
+			result, reason = runtimejsonl.ResultCancelled, ""
 		}
 	default:
 		result, reason = outcomeFor(res.StopReason)
 		summary = "stopReason " + res.StopReason
 	}
 	if text != "" {
-		r.event(rt, t.messageID, mapped{kind: runtimeproto.KindMessage, text: clip(text, maxMessage)})
+		r.event(rt, t.messageID, mapped{kind: runtimejsonl.KindMessage, text: clip(text, maxMessage)})
 	}
-	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "idle"})
+	r.event(rt, t.messageID, mapped{kind: runtimejsonl.KindStatus, text: "idle"})
 	r.outcome(rt, m.MessageID, result, reason, summary)
 	r.postHistory(rt, m, t, text, result)
 }
 
 func (r *Runtime) outcome(rt *route, messageID, result, reason, summary string) {
-	r.emit(runtimeproto.Frame{Type: runtimeproto.TypeOutcome, SessionID: rt.sessionID, Outcome: &runtimeproto.Outcome{
+	r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeOutcome, SessionID: rt.sessionID, Outcome: &runtimejsonl.Outcome{
 		TurnID: "turn-" + messageID, RuntimeSessionID: rt.rsid, LastMessageID: messageID,
 		Result: result, FailureReason: reason, Summary: clip(summary, 512), Time: time.Now().UTC(),
 	}})
@@ -596,7 +596,7 @@ func (r *Runtime) outcome(rt *route, messageID, result, reason, summary string) 
 
 func (r *Runtime) event(rt *route, messageID string, ev mapped) {
 	n := r.seq.Add(1)
-	r.emit(runtimeproto.Frame{Type: runtimeproto.TypeEvent, SessionID: rt.sessionID, Event: &runtimeproto.Event{
+	r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeEvent, SessionID: rt.sessionID, Event: &runtimejsonl.Event{
 		EventID: fmt.Sprintf("%s-%s-%d", rt.rsid, r.prefix, n), RuntimeSessionID: rt.rsid, MessageID: messageID,
 		Kind: ev.kind, Text: ev.text, ToolName: ev.tool, Data: ev.data, Time: time.Now().UTC(),
 	}})
@@ -774,7 +774,7 @@ func (r *Runtime) onPermission(m message) {
 			}
 		}
 	}
-	r.event(rt, t.messageID, mapped{kind: runtimeproto.KindStatus, text: "permission " + decision, tool: p.ToolCall.Title,
+	r.event(rt, t.messageID, mapped{kind: runtimejsonl.KindStatus, text: "permission " + decision, tool: p.ToolCall.Title,
 		data: compact(map[string]any{"acp_update": "request_permission", "decision": decision, "tool_call_id": p.ToolCall.ToolCallID,
 			"tool_kind": p.ToolCall.Kind, "option_id": option})})
 	if option == "" {

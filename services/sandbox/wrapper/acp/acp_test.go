@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/services/sandbox/internal/agents"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/relay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
@@ -30,25 +30,25 @@ func TestMain(m *testing.M) {
 // recorder collects what a runtime reports.
 type recorder struct {
 	mu     sync.Mutex
-	frames []runtimeproto.Frame
+	frames []runtimejsonl.Frame
 	exited chan struct{}
 }
 
 func (r *recorder) hooks() runtimedriver.Hooks {
 	return runtimedriver.Hooks{
-		OnFrame: func(f runtimeproto.Frame) { r.mu.Lock(); r.frames = append(r.frames, f); r.mu.Unlock() },
+		OnFrame: func(f runtimejsonl.Frame) { r.mu.Lock(); r.frames = append(r.frames, f); r.mu.Unlock() },
 		OnExit:  func() { close(r.exited) },
 	}
 }
 
-func (r *recorder) all() []runtimeproto.Frame {
+func (r *recorder) all() []runtimejsonl.Frame {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.frames)
 }
 
 // wait polls until a frame matches (bounded: nothing may hang).
-func (r *recorder) wait(t *testing.T, what string, match func(runtimeproto.Frame) bool) runtimeproto.Frame {
+func (r *recorder) wait(t *testing.T, what string, match func(runtimejsonl.Frame) bool) runtimejsonl.Frame {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -60,13 +60,13 @@ func (r *recorder) wait(t *testing.T, what string, match func(runtimeproto.Frame
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("no %s within the bound; frames: %+v", what, r.all())
-	return runtimeproto.Frame{}
+	return runtimejsonl.Frame{}
 }
 
-func (r *recorder) outcomes(session string) []*runtimeproto.Outcome {
-	var out []*runtimeproto.Outcome
+func (r *recorder) outcomes(session string) []*runtimejsonl.Outcome {
+	var out []*runtimejsonl.Outcome
 	for _, f := range r.all() {
-		if f.Type == runtimeproto.TypeOutcome && f.SessionID == session {
+		if f.Type == runtimejsonl.TypeOutcome && f.SessionID == session {
 			out = append(out, f.Outcome)
 		}
 	}
@@ -88,23 +88,23 @@ func startFake(t *testing.T, mode string, initTimeout time.Duration) (*Runtime, 
 	return rt, rec
 }
 
-func open(t *testing.T, rt *Runtime, rec *recorder, session, rsid string) runtimeproto.Frame {
+func open(t *testing.T, rt *Runtime, rec *recorder, session, rsid string) runtimejsonl.Frame {
 	t.Helper()
-	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: session, Directory: t.TempDir(), RuntimeSessionID: rsid}))
-	return rec.wait(t, "route answer of "+session, func(f runtimeproto.Frame) bool {
-		return f.SessionID == session && (f.Type == runtimeproto.TypeRouteReady || f.Type == runtimeproto.TypeRouteFailed)
+	require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: session, Directory: t.TempDir(), RuntimeSessionID: rsid}))
+	return rec.wait(t, "route answer of "+session, func(f runtimejsonl.Frame) bool {
+		return f.SessionID == session && (f.Type == runtimejsonl.TypeRouteReady || f.Type == runtimejsonl.TypeRouteFailed)
 	})
 }
 
 func send(t *testing.T, rt *Runtime, session, id, content string) {
 	t.Helper()
-	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: session, MessageID: id, Content: content}))
+	require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: session, MessageID: id, Content: content}))
 }
 
-func outcomeOf(t *testing.T, rec *recorder, session, id string) *runtimeproto.Outcome {
+func outcomeOf(t *testing.T, rec *recorder, session, id string) *runtimejsonl.Outcome {
 	t.Helper()
-	f := rec.wait(t, "outcome of "+id, func(f runtimeproto.Frame) bool {
-		return f.Type == runtimeproto.TypeOutcome && f.SessionID == session && f.Outcome.LastMessageID == id
+	f := rec.wait(t, "outcome of "+id, func(f runtimejsonl.Frame) bool {
+		return f.Type == runtimejsonl.TypeOutcome && f.SessionID == session && f.Outcome.LastMessageID == id
 	})
 	return f.Outcome
 }
@@ -112,34 +112,34 @@ func outcomeOf(t *testing.T, rec *recorder, session, id string) *runtimeproto.Ou
 func TestTurnMapsUpdatesToEvents(t *testing.T) {
 	rt, rec := startFake(t, "good", 30*time.Second)
 	ready := open(t, rt, rec, "s1", "rs_one")
-	require.Equal(t, runtimeproto.TypeRouteReady, ready.Type)
+	require.Equal(t, runtimejsonl.TypeRouteReady, ready.Type)
 	require.Equal(t, "rs_one", ready.RuntimeSessionID)
 
 	send(t, rt, "s1", "m1", "hello")
 	o := outcomeOf(t, rec, "s1", "m1")
-	require.Equal(t, runtimeproto.ResultSucceeded, o.Result)
+	require.Equal(t, runtimejsonl.ResultSucceeded, o.Result)
 
-	kinds := map[string][]*runtimeproto.Event{}
+	kinds := map[string][]*runtimejsonl.Event{}
 	for _, f := range rec.all() {
-		if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == "m1" {
+		if f.Type == runtimejsonl.TypeEvent && f.Event.MessageID == "m1" {
 			kinds[f.Event.Kind] = append(kinds[f.Event.Kind], f.Event)
 		}
 	}
-	require.Len(t, kinds[runtimeproto.KindMessageDelta], 2)
-	require.Equal(t, "Hello world", kinds[runtimeproto.KindMessage][0].Text, "the full message at turn end")
-	require.Len(t, kinds[runtimeproto.KindToolCall], 1)
-	require.Equal(t, "write", kinds[runtimeproto.KindToolCall][0].ToolName)
-	require.Equal(t, "edit", kinds[runtimeproto.KindToolCall][0].Data["tool_kind"])
-	res := kinds[runtimeproto.KindToolResult]
+	require.Len(t, kinds[runtimejsonl.KindMessageDelta], 2)
+	require.Equal(t, "Hello world", kinds[runtimejsonl.KindMessage][0].Text, "the full message at turn end")
+	require.Len(t, kinds[runtimejsonl.KindToolCall], 1)
+	require.Equal(t, "write", kinds[runtimejsonl.KindToolCall][0].ToolName)
+	require.Equal(t, "edit", kinds[runtimejsonl.KindToolCall][0].Data["tool_kind"])
+	res := kinds[runtimejsonl.KindToolResult]
 	require.Len(t, res, 1)
 	require.Equal(t, "write", res[0].ToolName, "a retitled update keeps the call's name")
 	require.Equal(t, "Wrote file", res[0].Text)
 	require.Equal(t, map[string]any{"ok": true}, res[0].Data["raw_output"])
 	var progress, status []string
-	for _, e := range kinds[runtimeproto.KindProgress] {
+	for _, e := range kinds[runtimejsonl.KindProgress] {
 		progress = append(progress, e.Data["acp_update"].(string))
 	}
-	for _, e := range kinds[runtimeproto.KindStatus] {
+	for _, e := range kinds[runtimejsonl.KindStatus] {
 		status = append(status, e.Text)
 	}
 	require.ElementsMatch(t, []string{"agent_thought_chunk", "plan"}, progress)
@@ -147,7 +147,7 @@ func TestTurnMapsUpdatesToEvents(t *testing.T) {
 
 	ids := map[string]bool{}
 	for _, f := range rec.all() {
-		if f.Type == runtimeproto.TypeEvent {
+		if f.Type == runtimejsonl.TypeEvent {
 			require.False(t, ids[f.Event.EventID], "event ids are unique")
 			ids[f.Event.EventID] = true
 		}
@@ -159,35 +159,35 @@ func TestStopReasonsMapToOneOutcome(t *testing.T) {
 	open(t, rt, rec, "s1", "rs_a")
 	send(t, rt, "s1", "m1", "refuse please")
 	o := outcomeOf(t, rec, "s1", "m1")
-	require.Equal(t, runtimeproto.ResultFailed, o.Result)
+	require.Equal(t, runtimejsonl.ResultFailed, o.Result)
 	require.Equal(t, "refusal", o.FailureReason)
 
 	send(t, rt, "s1", "m2", "slow one")
-	rec.wait(t, "the slow turn's first chunk", func(f runtimeproto.Frame) bool {
-		return f.Type == runtimeproto.TypeEvent && f.Event.MessageID == "m2" && f.Event.Kind == runtimeproto.KindMessageDelta
+	rec.wait(t, "the slow turn's first chunk", func(f runtimejsonl.Frame) bool {
+		return f.Type == runtimejsonl.TypeEvent && f.Event.MessageID == "m2" && f.Event.Kind == runtimejsonl.KindMessageDelta
 	})
-	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeAbort, SessionID: "s1", MessageID: "m2"}))
+	require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeAbort, SessionID: "s1", MessageID: "m2"}))
 	o = outcomeOf(t, rec, "s1", "m2")
-	require.Equal(t, runtimeproto.ResultCancelled, o.Result)
+	require.Equal(t, runtimejsonl.ResultCancelled, o.Result)
 	require.Len(t, rec.outcomes("s1"), 2, "exactly one outcome per turn")
 }
 
 func TestPermissionPolicy(t *testing.T) {
 	rt, rec := startFake(t, "good", 30*time.Second)
 	open(t, rt, rec, "allow", "rs_allow")
-	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "deny", Directory: t.TempDir(), RuntimeSessionID: "rs_deny", RejectToolKinds: []string{"delete"}}))
-	rec.wait(t, "deny ready", func(f runtimeproto.Frame) bool { return f.SessionID == "deny" && f.Type == runtimeproto.TypeRouteReady })
+	require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: "deny", Directory: t.TempDir(), RuntimeSessionID: "rs_deny", RejectToolKinds: []string{"delete"}}))
+	rec.wait(t, "deny ready", func(f runtimejsonl.Frame) bool { return f.SessionID == "deny" && f.Type == runtimejsonl.TypeRouteReady })
 
 	for _, s := range []string{"allow", "deny"} {
 		send(t, rt, s, "m1", "perm")
-		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, s, "m1").Result)
+		require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec, s, "m1").Result)
 	}
 	text := func(s string) (msg, decision string) {
 		for _, f := range rec.all() {
-			if f.SessionID != s || f.Type != runtimeproto.TypeEvent {
+			if f.SessionID != s || f.Type != runtimejsonl.TypeEvent {
 				continue
 			}
-			if f.Event.Kind == runtimeproto.KindMessage {
+			if f.Event.Kind == runtimejsonl.KindMessage {
 				msg = f.Event.Text
 			}
 			if d, ok := f.Event.Data["decision"].(string); ok {
@@ -215,8 +215,8 @@ func TestTwoRoutesShareOneAgentAndResumeWithLoad(t *testing.T) {
 	open(t, rt, rec, "s2", "rs_2")
 	send(t, rt, "s1", "m1", "a")
 	send(t, rt, "s2", "m1", "b")
-	require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", "m1").Result)
-	require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s2", "m1").Result)
+	require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec, "s1", "m1").Result)
+	require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec, "s2", "m1").Result)
 	first := rt.route("s1").acpID
 	require.NotEqual(t, first, rt.route("s2").acpID, "each route has its own ACP session")
 	rt.Stop()
@@ -230,7 +230,7 @@ func TestTwoRoutesShareOneAgentAndResumeWithLoad(t *testing.T) {
 	require.Equal(t, first, rt2.route("s1").acpID, "session/load resumed the same ACP session")
 	var steps []string
 	for _, f := range rec2.all() {
-		if f.Type == runtimeproto.TypeProgress {
+		if f.Type == runtimejsonl.TypeProgress {
 			steps = append(steps, f.Step)
 		}
 		if f.Event != nil {
@@ -247,7 +247,7 @@ func TestFaultNonJSONOutputFailsTheTurn(t *testing.T) {
 	open(t, rt, rec, "s1", "rs_g")
 	send(t, rt, "s1", "m1", "hi")
 	o := outcomeOf(t, rec, "s1", "m1")
-	require.Equal(t, runtimeproto.ResultFailed, o.Result)
+	require.Equal(t, runtimejsonl.ResultFailed, o.Result)
 	require.Equal(t, ReasonProtocol, o.FailureReason)
 	waitExit(t, rec)
 	requireRouteFailed(t, rec, "s1", ReasonProtocol)
@@ -256,7 +256,7 @@ func TestFaultNonJSONOutputFailsTheTurn(t *testing.T) {
 func TestFaultNoInitializeAnswerTimesOut(t *testing.T) {
 	rt, rec := startFake(t, "silent", 500*time.Millisecond)
 	f := open(t, rt, rec, "s1", "rs_s")
-	require.Equal(t, runtimeproto.TypeRouteFailed, f.Type)
+	require.Equal(t, runtimejsonl.TypeRouteFailed, f.Type)
 	require.Equal(t, ReasonInitTimeout, f.Reason)
 	require.True(t, f.Retryable)
 	waitExit(t, rec)
@@ -267,7 +267,7 @@ func TestFaultSecondAnswerIsAProtocolError(t *testing.T) {
 	open(t, rt, rec, "s1", "rs_t")
 	send(t, rt, "s1", "m1", "hi")
 	o := outcomeOf(t, rec, "s1", "m1")
-	require.Equal(t, runtimeproto.ResultSucceeded, o.Result, "the first answer settles the turn")
+	require.Equal(t, runtimejsonl.ResultSucceeded, o.Result, "the first answer settles the turn")
 	waitExit(t, rec)
 	require.Len(t, rec.outcomes("s1"), 1, "the second answer settles nothing")
 	require.Equal(t, ReasonProtocol, rt.brokenReason().reason)
@@ -279,7 +279,7 @@ func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
 	open(t, rt, rec, "s1", "rs_e")
 	send(t, rt, "s1", "m1", "hi")
 	o := outcomeOf(t, rec, "s1", "m1")
-	require.Equal(t, runtimeproto.ResultFailed, o.Result)
+	require.Equal(t, runtimejsonl.ResultFailed, o.Result)
 	require.Equal(t, ReasonExited, o.FailureReason)
 	waitExit(t, rec)
 	requireRouteFailed(t, rec, "s1", ReasonExited)
@@ -289,8 +289,8 @@ func TestFaultExitMidTurnFailsTheTurn(t *testing.T) {
 // reason (reported before the runtime's exit).
 func requireRouteFailed(t *testing.T, rec *recorder, session, reason string) {
 	t.Helper()
-	f := rec.wait(t, "route failure", func(f runtimeproto.Frame) bool {
-		return f.Type == runtimeproto.TypeRouteFailed && f.SessionID == session
+	f := rec.wait(t, "route failure", func(f runtimejsonl.Frame) bool {
+		return f.Type == runtimejsonl.TypeRouteFailed && f.SessionID == session
 	})
 	require.Equal(t, reason, f.Reason)
 	require.True(t, f.Retryable)
@@ -333,16 +333,16 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(rt.Stop)
 	const oldHandle, newHandle = "aph_old-handle-for-test", "aph_new-handle-for-test"
-	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(),
+	require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(),
 		RuntimeSessionID: "rs_rot", Handle: oldHandle, ProxyURL: up.URL + "/s/sbx-1"}))
-	rec.wait(t, "ready", func(f runtimeproto.Frame) bool { return f.Type == runtimeproto.TypeRouteReady })
+	rec.wait(t, "ready", func(f runtimejsonl.Frame) bool { return f.Type == runtimejsonl.TypeRouteReady })
 
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	reply := func(id, traceparent string) []string {
-		require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeMessage, SessionID: "s1", MessageID: id, Content: "call the model", Traceparent: traceparent}))
-		require.Equal(t, runtimeproto.ResultSucceeded, outcomeOf(t, rec, "s1", id).Result)
+		require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeMessage, SessionID: "s1", MessageID: id, Content: "call the model", Traceparent: traceparent}))
+		require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec, "s1", id).Result)
 		for _, f := range rec.all() {
-			if f.Type == runtimeproto.TypeEvent && f.Event.MessageID == id && f.Event.Kind == runtimeproto.KindMessage {
+			if f.Type == runtimejsonl.TypeEvent && f.Event.MessageID == id && f.Event.Kind == runtimejsonl.KindMessage {
 				return strings.Split(f.Event.Text, "|")
 			}
 		}
@@ -351,7 +351,7 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 	}
 	first := reply("m1", "")
 	require.Equal(t, "200 OK", first[0])
-	require.NoError(t, rt.Send(runtimeproto.Frame{Type: runtimeproto.TypeCredentials, SessionIDs: []string{"s1"}, Handle: newHandle}))
+	require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeCredentials, SessionIDs: []string{"s1"}, Handle: newHandle}))
 	second := reply("m2", tp) // the turn's trace context reaches the proxy
 	require.Equal(t, first[1], second[1], "the same agent process, not restarted")
 

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"agentplane.dev/services/sandbox/internal/ingestpost"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
 
 // historyTimeout bounds one turn's history post, its retries included.
@@ -20,7 +20,7 @@ const historyTimeout = 20 * time.Second
 // idempotent: a post that failed in transit is sent again within
 // historyTimeout. A failure is logged without the handle; history does not
 // change the turn's outcome.
-func (r *Runtime) postHistory(rt *route, m runtimeproto.Frame, t *turn, reply, result string) {
+func (r *Runtime) postHistory(rt *route, m runtimejsonl.Frame, t *turn, reply, result string) {
 	proxy, handle := r.relay.Target()
 	if proxy == "" || handle == "" {
 		return

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
 
 // ACP session/update kinds (schema: SessionUpdate.sessionUpdate).
@@ -20,11 +20,11 @@ const (
 
 // Stop reasons (schema: StopReason) and the turn results they map to.
 var stopReasons = map[string]struct{ result, reason string }{
-	"end_turn":          {runtimeproto.ResultSucceeded, ""},
-	"cancelled":         {runtimeproto.ResultCancelled, ""},
-	"refusal":           {runtimeproto.ResultFailed, "refusal"},
-	"max_tokens":        {runtimeproto.ResultFailed, "max_tokens"},
-	"max_turn_requests": {runtimeproto.ResultFailed, "max_turn_requests"},
+	"end_turn":          {runtimejsonl.ResultSucceeded, ""},
+	"cancelled":         {runtimejsonl.ResultCancelled, ""},
+	"refusal":           {runtimejsonl.ResultFailed, "refusal"},
+	"max_tokens":        {runtimejsonl.ResultFailed, "max_tokens"},
+	"max_turn_requests": {runtimejsonl.ResultFailed, "max_turn_requests"},
 }
 
 // outcomeFor maps a prompt's stopReason; an unknown one fails the turn as a
@@ -33,7 +33,7 @@ func outcomeFor(stopReason string) (result, reason string) {
 	if m, ok := stopReasons[stopReason]; ok {
 		return m.result, m.reason
 	}
-	return runtimeproto.ResultFailed, "agent_protocol_error"
+	return runtimejsonl.ResultFailed, "agent_protocol_error"
 }
 
 // Bounds of what an event carries of the agent's raw tool input and output.
@@ -78,10 +78,10 @@ type toolNames map[string]string
 func mapUpdate(u update, raw json.RawMessage, names toolNames) []mapped {
 	switch u.SessionUpdate {
 	case updAgentChunk:
-		return []mapped{{kind: runtimeproto.KindMessageDelta, text: clip(blockText(u.Content), maxChunk),
+		return []mapped{{kind: runtimejsonl.KindMessageDelta, text: clip(blockText(u.Content), maxChunk),
 			data: compact(map[string]any{"acp_update": u.SessionUpdate, "acp_message_id": u.MessageID})}}
 	case updThoughtChunk:
-		return []mapped{{kind: runtimeproto.KindProgress, text: clip(blockText(u.Content), maxChunk),
+		return []mapped{{kind: runtimejsonl.KindProgress, text: clip(blockText(u.Content), maxChunk),
 			data: map[string]any{"acp_update": u.SessionUpdate, "thought": true}}}
 	case updToolCall, updToolUpdate:
 		name := names[u.ToolCallID]
@@ -97,27 +97,27 @@ func mapUpdate(u update, raw json.RawMessage, names toolNames) []mapped {
 			"tool_kind": u.Kind, "status": u.Status, "locations": locations(u),
 			"raw_input": bounded(u.RawInput), "raw_output": bounded(u.RawOutput),
 		})
-		kind := runtimeproto.KindToolCall
+		kind := runtimejsonl.KindToolCall
 		text := ""
 		if u.Status == "completed" || u.Status == "failed" {
-			kind = runtimeproto.KindToolResult
+			kind = runtimejsonl.KindToolResult
 			text = clip(toolContentText(u.Content), maxText)
 		}
 		return []mapped{{kind: kind, text: text, tool: name, data: data}}
 	case updPlan:
-		return []mapped{{kind: runtimeproto.KindProgress, text: "plan",
+		return []mapped{{kind: runtimejsonl.KindProgress, text: "plan",
 			data: compact(map[string]any{"acp_update": u.SessionUpdate, "entries": bounded(u.Entries)})}}
 	case updUsage:
-		return []mapped{{kind: runtimeproto.KindStatus, text: "usage", data: map[string]any{"acp_update": u.SessionUpdate, "usage": bounded(raw)}}}
+		return []mapped{{kind: runtimejsonl.KindStatus, text: "usage", data: map[string]any{"acp_update": u.SessionUpdate, "usage": bounded(raw)}}}
 	case updUserChunk:
-		return []mapped{{kind: runtimeproto.KindStatus, text: u.SessionUpdate,
+		return []mapped{{kind: runtimejsonl.KindStatus, text: u.SessionUpdate,
 			data: map[string]any{"acp_update": u.SessionUpdate, "text": clip(blockText(u.Content), maxText)}}}
 	}
 	kind := u.SessionUpdate
 	if kind == "" {
 		kind = "unknown"
 	}
-	return []mapped{{kind: runtimeproto.KindStatus, text: kind, data: map[string]any{"acp_update": kind, "update": bounded(raw)}}}
+	return []mapped{{kind: runtimejsonl.KindStatus, text: kind, data: map[string]any{"acp_update": kind, "update": bounded(raw)}}}
 }
 
 // blockText is the text of a ContentBlock (text blocks; a resource link by

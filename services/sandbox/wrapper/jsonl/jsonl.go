@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
 
@@ -18,7 +18,7 @@ import (
 // group, spoken to in JSON lines on its stdio.
 type runtimeProc struct {
 	pgid   int
-	in     *runtimeproto.Writer
+	in     *runtimejsonl.Writer
 	stdin  io.Closer
 	exited chan struct{}
 	once   sync.Once
@@ -48,11 +48,11 @@ func start(argv, extra []string, instance string, h runtimedriver.Hooks) (*runti
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &runtimeProc{pgid: cmd.Process.Pid, in: runtimeproto.NewWriter(stdin), stdin: stdin, exited: make(chan struct{})}
+	p := &runtimeProc{pgid: cmd.Process.Pid, in: runtimejsonl.NewWriter(stdin), stdin: stdin, exited: make(chan struct{})}
 	go func() {
-		sc := runtimeproto.NewScanner(stdout)
+		sc := runtimejsonl.NewScanner(stdout)
 		for sc.Scan() {
-			f, err := runtimeproto.Parse(sc.Bytes())
+			f, err := runtimejsonl.Parse(sc.Bytes())
 			if err != nil {
 				continue // a runtime's garbage is not the control plane's problem
 			}
@@ -65,13 +65,13 @@ func start(argv, extra []string, instance string, h runtimedriver.Hooks) (*runti
 	return p, nil
 }
 
-func (p *runtimeProc) Send(f runtimeproto.Frame) error { return p.in.Write(f) }
+func (p *runtimeProc) Send(f runtimejsonl.Frame) error { return p.in.Write(f) }
 
 // Stop asks the runtime to shut down, then terminates and kills its process
 // group; it returns once the runtime has exited.
 func (p *runtimeProc) Stop() {
 	p.once.Do(func() {
-		_ = p.in.Write(runtimeproto.Frame{Type: runtimeproto.TypeShutdown})
+		_ = p.in.Write(runtimejsonl.Frame{Type: runtimejsonl.TypeShutdown})
 		_ = p.stdin.Close()
 		select {
 		case <-p.exited:

@@ -1,5 +1,5 @@
 // Package runtimedriver is the seam between the wrapper and its one agent
-// runtime process. The wrapper speaks the frames of internal/runtimeproto
+// runtime process. The wrapper speaks the frames of internal/runtimejsonl
 // (open_route, message, abort, credentials, close_route, shutdown one way;
 // route_ready, route_failed, progress, event, outcome the other), whatever
 // the process itself speaks: the jsonl driver passes them through as
@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"agentplane.dev/services/sandbox/internal/provider"
-	"agentplane.dev/services/sandbox/internal/runtimeproto"
+	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
 
 // EnvRuntimeParent names, in a runtime's environment, the wrapper instance
@@ -25,7 +25,7 @@ const EnvRuntimeParent = "AGENTPLANE_RUNTIME_PARENT"
 // Runtime is the wrapper's running agent runtime.
 type Runtime interface {
 	// Send hands the runtime one wrapper → runtime frame.
-	Send(f runtimeproto.Frame) error
+	Send(f runtimejsonl.Frame) error
 	// Stop ends the runtime and every process of its group; it returns once
 	// the runtime has exited.
 	Stop()
@@ -35,7 +35,7 @@ type Runtime interface {
 // frame (called from one goroutine at a time per runtime), OnExit once after
 // the process exited.
 type Hooks struct {
-	OnFrame func(runtimeproto.Frame)
+	OnFrame func(runtimejsonl.Frame)
 	OnExit  func()
 }
 

@@ -1,8 +1,8 @@
-// Package runtimeproto is the JSON-lines stdio protocol between the wrapper
+// Package runtimejsonl is the JSON-lines stdio protocol between the wrapper
 // and the agent runtime it supervises (docs/runtime-protocol.md). One Frame
 // per line; Type says which fields apply. Handles travel on the runtime's
 // stdin only (open_route, credentials), never in its environment or argv.
-package runtimeproto
+package runtimejsonl
 
 import (
 	"bufio"
@@ -111,7 +111,7 @@ const (
 )
 
 // ErrBadFrame reports a line that is not a valid frame.
-var ErrBadFrame = errors.New("runtimeproto: bad frame")
+var ErrBadFrame = errors.New("runtimejsonl: bad frame")
 
 // Parse decodes one line. It checks only the shape every receiver relies on:
 // a known type and a session id where the type needs one.

@@ -1,4 +1,4 @@
-package runtimeproto
+package runtimejsonl
 
 import (
 	"bytes"
