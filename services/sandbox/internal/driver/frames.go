@@ -3,6 +3,8 @@ package driver
 import (
 	"time"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"agentplane.dev/services/sandbox/internal/scope"
 	"agentplane.dev/services/sandbox/internal/store"
 )
@@ -68,7 +70,7 @@ type Outcome struct {
 // the commit for a push, or the wrapper's UPPER_SNAKE error reason.
 type WorktreeResult struct {
 	RequestID                string
-	Changes                  *WorktreeChanges // nil: none sent
+	Changes                  *gitrepo.Changes // nil: none sent
 	CommitID, Ref            string
 	Committed                bool
 	ErrorReason, ErrorDetail string

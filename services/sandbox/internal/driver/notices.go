@@ -75,28 +75,3 @@ type TurnOutcome struct {
 	FailureReason, Summary                  string
 	Time                                    time.Time
 }
-
-// FileChangeKind is how a worktree file changed.
-type FileChangeKind string
-
-// File change kinds ("" is unspecified).
-const (
-	FileAdded    FileChangeKind = "added"
-	FileModified FileChangeKind = "modified"
-	FileDeleted  FileChangeKind = "deleted"
-)
-
-// FileChange is one changed file of a worktree.
-type FileChange struct {
-	Path string
-	Kind FileChangeKind
-}
-
-// WorktreeChanges is a worktree's change set against its base.
-type WorktreeChanges struct {
-	Files         []FileChange
-	Diff          string
-	DiffTruncated bool
-	HeadCommit    string
-	Time          time.Time
-}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
@@ -34,10 +36,10 @@ type Pushed struct {
 }
 
 // WorktreeChanges asks the route's wrapper for its worktree's change set.
-func (d *Driver) WorktreeChanges(ctx context.Context, sandboxID, sessionID string) (WorktreeChanges, error) {
+func (d *Driver) WorktreeChanges(ctx context.Context, sandboxID, sessionID string) (gitrepo.Changes, error) {
 	res, err := d.worktreeCall(ctx, sandboxID, sessionID, changesTimeout, WorktreeRequest{SessionID: sessionID})
 	if err != nil || res.Changes == nil {
-		return WorktreeChanges{}, err
+		return gitrepo.Changes{}, err
 	}
 	return *res.Changes, nil
 }

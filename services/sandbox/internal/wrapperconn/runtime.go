@@ -3,6 +3,8 @@ package wrapperconn
 import (
 	"time"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -31,10 +33,10 @@ var turnResults = map[runtimev1.TurnResult]driver.TurnResult{
 	runtimev1.TurnResult_TURN_RESULT_CANCELLED: driver.TurnCancelled,
 }
 
-var fileChangeKinds = map[runtimev1.FileChangeKind]driver.FileChangeKind{
-	runtimev1.FileChangeKind_FILE_CHANGE_KIND_ADDED:    driver.FileAdded,
-	runtimev1.FileChangeKind_FILE_CHANGE_KIND_MODIFIED: driver.FileModified,
-	runtimev1.FileChangeKind_FILE_CHANGE_KIND_DELETED:  driver.FileDeleted,
+var fileChangeKinds = map[runtimev1.FileChangeKind]gitrepo.FileChangeKind{
+	runtimev1.FileChangeKind_FILE_CHANGE_KIND_ADDED:    gitrepo.FileAdded,
+	runtimev1.FileChangeKind_FILE_CHANGE_KIND_MODIFIED: gitrepo.FileModified,
+	runtimev1.FileChangeKind_FILE_CHANGE_KIND_DELETED:  gitrepo.FileDeleted,
 }
 
 // The reverse tables (an unknown domain value is UNSPECIFIED).
@@ -122,16 +124,16 @@ func OutcomeProto(o driver.TurnOutcome) *runtimev1.TurnOutcome {
 	}
 }
 
-func worktreeChanges(c *runtimev1.WorktreeChanges) driver.WorktreeChanges {
-	files := make([]driver.FileChange, 0, len(c.GetFiles()))
+func worktreeChanges(c *runtimev1.WorktreeChanges) gitrepo.Changes {
+	files := make([]gitrepo.FileChange, 0, len(c.GetFiles()))
 	for _, f := range c.GetFiles() {
-		files = append(files, driver.FileChange{Path: f.GetPath(), Kind: fileChangeKinds[f.GetKind()]})
+		files = append(files, gitrepo.FileChange{Path: f.GetPath(), Kind: fileChangeKinds[f.GetKind()]})
 	}
-	return driver.WorktreeChanges{Files: files, Diff: c.GetDiff(), DiffTruncated: c.GetDiffTruncated(), HeadCommit: c.GetHeadCommit(), Time: timeOf(c.GetTime())}
+	return gitrepo.Changes{Files: files, Diff: c.GetDiff(), DiffTruncated: c.GetDiffTruncated(), HeadCommit: c.GetHeadCommit(), Time: timeOf(c.GetTime())}
 }
 
 // WorktreeChangesProto is a worktree's change set on the wire.
-func WorktreeChangesProto(c driver.WorktreeChanges) *runtimev1.WorktreeChanges {
+func WorktreeChangesProto(c gitrepo.Changes) *runtimev1.WorktreeChanges {
 	files := make([]*runtimev1.FileChange, 0, len(c.Files))
 	for _, f := range c.Files {
 		files = append(files, &runtimev1.FileChange{Path: f.Path, Kind: fileChangeKindProtos[f.Kind]})

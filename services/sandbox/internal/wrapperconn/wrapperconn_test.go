@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -151,5 +153,5 @@ func TestRuntimeReportsRoundTrip(t *testing.T) {
 		WorktreeResult: &sandboxv1.WorktreeResult{RequestId: "wt1", Changes: ch}}}).(driver.WorktreeResult)
 	require.NotNil(t, res.Changes)
 	requireProto(t, ch, WorktreeChangesProto(*res.Changes))
-	requireProto(t, &runtimev1.WorktreeChanges{}, WorktreeChangesProto(driver.WorktreeChanges{}))
+	requireProto(t, &runtimev1.WorktreeChanges{}, WorktreeChangesProto(gitrepo.Changes{}))
 }

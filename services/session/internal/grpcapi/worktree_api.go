@@ -3,11 +3,12 @@ package grpcapi
 import (
 	"context"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	"agentplane.dev/services/session/internal/session"
 )
 
 func (a *SessionAPI) GetWorktreeChanges(ctx context.Context, r *sessionv1.GetWorktreeChangesRequest) (*sessionv1.GetWorktreeChangesResponse, error) {
@@ -32,7 +33,7 @@ func (a *SessionAPI) PushWorktree(ctx context.Context, r *sessionv1.PushWorktree
 	return &sessionv1.PushWorktreeResponse{CommitId: p.Commit, Ref: p.Ref, Committed: p.Committed}, nil
 }
 
-func changesToProto(c *session.WorktreeChanges) *runtimev1.WorktreeChanges {
+func changesToProto(c *gitrepo.Changes) *runtimev1.WorktreeChanges {
 	out := &runtimev1.WorktreeChanges{Diff: c.Diff, DiffTruncated: c.DiffTruncated, HeadCommit: c.HeadCommit}
 	if !c.Time.IsZero() {
 		out.Time = timestamppb.New(c.Time)
@@ -40,9 +41,9 @@ func changesToProto(c *session.WorktreeChanges) *runtimev1.WorktreeChanges {
 	for _, f := range c.Files {
 		k := runtimev1.FileChangeKind_FILE_CHANGE_KIND_MODIFIED
 		switch f.Kind {
-		case session.FileAdded:
+		case gitrepo.FileAdded:
 			k = runtimev1.FileChangeKind_FILE_CHANGE_KIND_ADDED
-		case session.FileDeleted:
+		case gitrepo.FileDeleted:
 			k = runtimev1.FileChangeKind_FILE_CHANGE_KIND_DELETED
 		}
 		out.Files = append(out.Files, &runtimev1.FileChange{Path: f.Path, Kind: k})

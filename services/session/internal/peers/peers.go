@@ -4,10 +4,12 @@
 package peers
 
 import (
-	"agentplane.dev/pkg/egresspolicy"
 	"context"
 	"errors"
 	"fmt"
+
+	"agentplane.dev/pkg/egresspolicy"
+	"agentplane.dev/pkg/gitrepo"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -168,22 +170,22 @@ func (p Sandbox) ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason 
 	}, nil
 }
 
-func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*session.WorktreeChanges, error) {
+func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*gitrepo.Changes, error) {
 	resp, err := p.C.WorktreeChanges(ctx, &sandboxv1.WorktreeChangesRequest{SessionId: s.ID, SandboxId: s.SandboxID})
 	if err != nil {
 		return nil, worktreeErr(err)
 	}
 	c := resp.GetChanges()
-	out := &session.WorktreeChanges{Diff: c.GetDiff(), DiffTruncated: c.GetDiffTruncated(), HeadCommit: c.GetHeadCommit(), Time: c.GetTime().AsTime()}
+	out := &gitrepo.Changes{Diff: c.GetDiff(), DiffTruncated: c.GetDiffTruncated(), HeadCommit: c.GetHeadCommit(), Time: c.GetTime().AsTime()}
 	for _, f := range c.GetFiles() {
-		k := session.FileModified
+		k := gitrepo.FileModified
 		switch f.GetKind() {
 		case runtimev1.FileChangeKind_FILE_CHANGE_KIND_ADDED:
-			k = session.FileAdded
+			k = gitrepo.FileAdded
 		case runtimev1.FileChangeKind_FILE_CHANGE_KIND_DELETED:
-			k = session.FileDeleted
+			k = gitrepo.FileDeleted
 		}
-		out.Files = append(out.Files, session.FileChange{Path: f.GetPath(), Kind: k})
+		out.Files = append(out.Files, gitrepo.FileChange{Path: f.GetPath(), Kind: k})
 	}
 	return out, nil
 }

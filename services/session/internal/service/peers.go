@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -21,7 +23,7 @@ type Sandbox interface {
 	// when the sandbox service has no such installed profile).
 	CheckAgent(ctx context.Context, a session.Agent) (session.Agent, error)
 	// WorktreeChanges returns the change set of the session's worktree.
-	WorktreeChanges(ctx context.Context, s *session.Session) (*session.WorktreeChanges, error)
+	WorktreeChanges(ctx context.Context, s *session.Session) (*gitrepo.Changes, error)
 	// PushWorktree commits and pushes the session's worktree to branch.
 	PushWorktree(ctx context.Context, s *session.Session, branch, message string) (Pushed, error)
 	// UpdateEgress hands the session's current egress policy and version

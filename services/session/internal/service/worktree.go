@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"agentplane.dev/pkg/gitrepo"
+
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -11,7 +13,7 @@ import (
 const worktreeBound = 11 * time.Minute
 
 // WorktreeChanges returns the current change set of the session's worktree.
-func (s *Service) WorktreeChanges(ctx context.Context, id string) (*session.WorktreeChanges, error) {
+func (s *Service) WorktreeChanges(ctx context.Context, id string) (*gitrepo.Changes, error) {
 	sess, err := s.liveSession(ctx, id)
 	if err != nil {
 		return nil, err

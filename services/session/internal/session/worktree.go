@@ -4,36 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 	"unicode"
 
 	"agentplane.dev/pkg/gitrepo"
 )
-
-// FileChangeKind is how a worktree file changed.
-type FileChangeKind string
-
-// Kinds.
-const (
-	FileAdded    FileChangeKind = "added"
-	FileModified FileChangeKind = "modified"
-	FileDeleted  FileChangeKind = "deleted"
-)
-
-// FileChange is one changed file of a worktree.
-type FileChange struct {
-	Path string
-	Kind FileChangeKind
-}
-
-// WorktreeChanges is a worktree's change set against its checkout.
-type WorktreeChanges struct {
-	Files         []FileChange
-	Diff          string
-	DiffTruncated bool
-	HeadCommit    string
-	Time          time.Time
-}
 
 // ErrNoRepository: a push for a session without a repository.
 var ErrNoRepository = errors.New("the session names no repository")
