@@ -9,7 +9,12 @@ import (
 )
 
 // spliceChunk is the most one splice(2) asks for, and the pipe's size.
-const spliceChunk = 1 << 20
+// Each read is written out before the next, so a small chunk keeps both
+// sockets moving: on two cores a 50 MB loopback download ran at 0.66-0.76x
+// direct with 64 KiB and 0.46-0.53x with 1 MiB (16 KiB-128 KiB: worse;
+// larger socket buffers or a concurrent reader and writer per direction:
+// no better).
+const spliceChunk = 64 << 10
 
 var errNotSpliceable = errors.New("egress: not a socket pair splice can join")
 
@@ -33,7 +38,7 @@ func splice(dst, src net.Conn, room func(int) int, took func(reserved, n int), d
 	}
 	defer unix.Close(p[0]) //nolint:errcheck // a pipe's close has nothing to say
 	defer unix.Close(p[1]) //nolint:errcheck // ditto
-	// A larger pipe moves a download in fewer calls; the default one works.
+	// The default pipe is this size; say so, in case the default changes.
 	_, _ = unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, spliceChunk)
 	read := func() int { return room(spliceChunk) }
 	for first := true; ; first = false {
