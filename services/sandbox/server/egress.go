@@ -33,16 +33,19 @@ const sandboxEgressAddr = "127.0.0.1:7406"
 // EgressConfig is the egress proxy's configuration (docs/sandbox.md
 // "Egress").
 type EgressConfig struct {
-	Allow    string        // SANDBOX_EGRESS_ALLOW: the deployment's default policy (egresspolicy.ParseList)
-	Hosts    string        // SANDBOX_EGRESS_HOSTS: static name map, name=addr|addr,... (answered before DNS)
-	MaxConns int           // SANDBOX_EGRESS_MAX_CONNS: open connections per sandbox
-	MaxBytes ByteSize      // SANDBOX_EGRESS_MAX_BYTES: bytes per connection, both ways
-	Idle     time.Duration // SANDBOX_EGRESS_IDLE: a connection with nothing moving this long is closed
+	Allow    string   // SANDBOX_EGRESS_ALLOW: the deployment's default policy (egresspolicy.ParseList)
+	Hosts    string   // SANDBOX_EGRESS_HOSTS: static name map, name=addr|addr,... (answered before DNS)
+	MaxConns int      // SANDBOX_EGRESS_MAX_CONNS: open connections per sandbox
+	MaxBytes ByteSize // SANDBOX_EGRESS_MAX_BYTES: bytes of all a sandbox's connections, both ways, per BytesWindow
+	// BytesWindow (SANDBOX_EGRESS_BYTES_WINDOW) is MaxBytes's window: one
+	// starts with the sandbox's first connection after the previous ended.
+	BytesWindow time.Duration
+	Idle        time.Duration // SANDBOX_EGRESS_IDLE: a connection with nothing moving this long is closed
 }
 
 // DefaultEgressConfig: nothing allowed by default, generous bounds.
 func DefaultEgressConfig() EgressConfig {
-	return EgressConfig{MaxConns: 64, MaxBytes: 4 << 30, Idle: 5 * time.Minute}
+	return EgressConfig{MaxConns: 64, MaxBytes: 4 << 30, BytesWindow: time.Hour, Idle: 5 * time.Minute}
 }
 
 // Bind registers the settings on l.
@@ -51,7 +54,8 @@ func (c *EgressConfig) Bind(l *config.Loader) {
 	l.String(&c.Hosts, "SANDBOX_EGRESS_HOSTS", c.Hosts, "static name map of the egress proxy, answered before DNS: name=addr|addr,...")
 	l.Int(&c.MaxConns, "SANDBOX_EGRESS_MAX_CONNS", c.MaxConns, "open egress connections per sandbox")
 	def := c.MaxBytes
-	l.Var(&c.MaxBytes, "SANDBOX_EGRESS_MAX_BYTES", &def, "bytes per egress connection, both ways (bytes, or with KiB/MiB/GiB/TiB)")
+	l.Var(&c.MaxBytes, "SANDBOX_EGRESS_MAX_BYTES", &def, "bytes all of a sandbox's egress connections may carry together, both ways, per SANDBOX_EGRESS_BYTES_WINDOW (bytes, or with KiB/MiB/GiB/TiB)")
+	l.Duration(&c.BytesWindow, "SANDBOX_EGRESS_BYTES_WINDOW", c.BytesWindow, "window of SANDBOX_EGRESS_MAX_BYTES: one starts with a sandbox's first egress connection after the previous one ended")
 	l.Duration(&c.Idle, "SANDBOX_EGRESS_IDLE", c.Idle, "close an egress connection with nothing moving this long")
 }
 
@@ -69,6 +73,9 @@ func (c *EgressConfig) Validate() error {
 	}
 	if c.MaxBytes == 0 {
 		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_MAX_BYTES", errors.New("must be positive")))
+	}
+	if c.BytesWindow <= 0 {
+		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_BYTES_WINDOW", errors.New("must be positive")))
 	}
 	if c.Idle <= 0 {
 		errs = append(errs, config.ErrorFor("SANDBOX_EGRESS_IDLE", errors.New("must be positive")))
@@ -146,7 +153,7 @@ func (e *egressSetup) serve(cfg EgressConfig, drv *driver.Driver, n *notify.Noti
 			return egressGrant(drv, n, log, id.SandboxID, key), nil
 		},
 		Default: def, Hosts: hosts, Decisions: decisions, Log: log,
-		Limits: egress.Limits{MaxConns: cfg.MaxConns, MaxBytes: int64(cfg.MaxBytes), Idle: cfg.Idle},
+		Limits: egress.Limits{MaxConns: cfg.MaxConns, MaxBytes: int64(cfg.MaxBytes), BytesWindow: cfg.BytesWindow, Idle: cfg.Idle},
 	})
 	e.done = make(chan struct{})
 	go func() { p.Serve(e.ln); close(e.done) }()

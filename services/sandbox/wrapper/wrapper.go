@@ -104,8 +104,8 @@ type Options struct {
 	ProxyDir    string
 	OTLPDir     string
 	// EgressListen is the loopback address of the egress proxy (the
-	// runtime's HTTP_PROXY and HTTPS_PROXY), relayed to a socket of
-	// EgressDir with this wrapper's preamble.
+	// runtime's HTTP_PROXY and HTTPS_PROXY): each connection is handed to
+	// a socket of EgressDir with this wrapper's preamble.
 	EgressListen string
 	EgressDir    string
 	Contained    bool
@@ -171,7 +171,7 @@ func parse(args []string) (Options, error) {
 		proxyLn   = fs.String("proxy-listen", "", "loopback address where the runtime reaches the credential proxy (relayed to --proxy-dir)")
 		proxyDir  = fs.String("proxy-dir", "", "directory of Unix sockets leading to the credential proxy")
 		otlpDir   = fs.String("otlp-dir", "", "directory of Unix sockets leading to the OTLP collector (behind the boundary)")
-		egressLn  = fs.String("egress-listen", "", "loopback address where the runtime reaches the egress proxy (relayed to --egress-dir)")
+		egressLn  = fs.String("egress-listen", "", "loopback address where the runtime reaches the egress proxy (each connection handed to --egress-dir)")
 		egressDir = fs.String("egress-dir", "", "directory of Unix sockets leading to the egress proxy")
 		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it")
 		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=4096,nproc=1024,as=68719476736")
@@ -345,7 +345,9 @@ func Run(ctx context.Context, opts Options) int {
 		id := egress.Identity{SandboxID: opts.Markers.SandboxID, Instance: opts.Markers.InstanceID, Credential: opts.Credential}
 		relayed := make(chan struct{})
 		go func() {
-			relay.Serve(ln, egress.Dialer(opts.EgressDir, id))
+			// Each connection is handed to the proxy, socket and all: the
+			// wrapper carries none of its bytes.
+			relay.Accept(ln, egress.Handoff(opts.EgressDir, id))
 			close(relayed)
 		}()
 		defer func() { _ = ln.Close(); <-relayed }()

@@ -121,6 +121,8 @@ spec:
           value: {{ int $c.egress.maxConns | quote }}
         - name: AGENTPLANE_SANDBOX_EGRESS_MAX_BYTES
           value: {{ $c.egress.maxBytes | quote }}
+        - name: AGENTPLANE_SANDBOX_EGRESS_BYTES_WINDOW
+          value: {{ $c.egress.bytesWindow | quote }}
         - name: AGENTPLANE_SANDBOX_EGRESS_IDLE
           value: {{ $c.egress.idle | quote }}
         {{- end }}

@@ -20,8 +20,9 @@ const downloadBytes = 50 << 20
 
 // BenchmarkEgressDownload: a 50 MB download from a loopback server, directly
 // and through the egress path a sandboxed runtime uses (the wrapper's
-// loopback relay, the Unix socket, the proxy), from the same server and the
-// same bytes, both on a new connection each time. Each iteration makes one
+// loopback listener handing the connection to the proxy over the Unix
+// socket, the proxy splicing it with the upstream), from the same server
+// and the same bytes, both on a new connection each time. Each iteration makes one
 // of each, in alternating order, so a change of the machine's load falls on
 // both alike: compare direct-MB/s, egress-MB/s and their ratio.
 func BenchmarkEgressDownload(b *testing.B) {
@@ -63,10 +64,10 @@ func BenchmarkEgressDownload(b *testing.B) {
 }
 
 // BenchmarkEgressConnect: the time until a TCP stream to the server is
-// usable, directly (connect) and through egress (connect to the relay,
-// CONNECT, 200: the proxy authenticated the wrapper, matched the policy,
-// resolved and dialled). The difference of the p50s is egress's added
-// connect latency.
+// usable, directly (connect) and through egress (connect to the wrapper's
+// listener, its handoff, CONNECT, 200: the proxy authenticated the
+// wrapper, matched the policy, resolved and dialled). The difference of the
+// p50s is egress's added connect latency.
 func BenchmarkEgressConnect(b *testing.B) {
 	r, _ := startRigWith(b, egress.Limits{MaxConns: 64, Idle: time.Minute}, http.NotFoundHandler())
 	target := "allowed.test:" + strconv.Itoa(int(port(r.plain)))

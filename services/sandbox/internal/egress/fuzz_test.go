@@ -58,9 +58,9 @@ func FuzzReadClientHello(f *testing.F) {
 	})
 }
 
-// FuzzProxyRequest: the preamble and the request line and headers the
-// sandbox sends are parsed without panicking; an accepted destination is
-// a normalized name (never an IP literal) and a valid port.
+// FuzzProxyRequest: the preamble a handoff carries and the request line
+// and headers the runtime sends are parsed without panicking; an accepted
+// destination is a normalized name (never an IP literal) and a valid port.
 func FuzzProxyRequest(f *testing.F) {
 	f.Add("AGENTPLANE-EGRESS/1 sb i Y3JlZA\nCONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
 	f.Add("AGENTPLANE-EGRESS/1 sb i Y3JlZA\nGET http://Allowed.TEST./x HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -68,11 +68,12 @@ func FuzzProxyRequest(f *testing.F) {
 	f.Add("AGENTPLANE-EGRESS/1 sb i Y3JlZA\nCONNECT 127.0.0.1:0 HTTP/1.1\r\n\r\n")
 	f.Add("AGENTPLANE-EGRESS/1 sb i !!\nGET https://x/ HTTP/1.1\r\n\r\n")
 	f.Fuzz(func(t *testing.T, in string) {
-		br := bufio.NewReader(strings.NewReader(in))
-		id, err := ReadPreamble(br)
+		line, rest, _ := strings.Cut(in, "\n")
+		id, err := parsePreamble([]byte(line + "\n"))
 		if err != nil {
 			return
 		}
+		br := bufio.NewReader(strings.NewReader(rest))
 		require.NotEmpty(t, id.SandboxID)
 		require.NotEmpty(t, id.Credential)
 		req, err := http.ReadRequest(br)

@@ -10,12 +10,14 @@ import (
 	"time"
 )
 
-// meter is a sandbox-side connection with its bounds: it counts the bytes
-// each way, and closes itself (and the upstream) when they pass MaxBytes
-// or nothing moved for Idle, remembering why.
+// meter is the runtime's connection with its bounds: it counts the bytes
+// each way and charges them to its sandbox's budget, and closes itself (and
+// the upstream) when the budget is spent or nothing moved for idle,
+// remembering why.
 type meter struct {
 	net.Conn
-	lim      Limits
+	budget   *budget
+	idle     time.Duration
 	up, down atomic.Int64
 	last     atomic.Int64 // unix nanos of the last byte
 	mu       sync.Mutex
@@ -24,17 +26,17 @@ type meter struct {
 	done     chan struct{}
 }
 
-func newMeter(c net.Conn, lim Limits) *meter {
-	m := &meter{Conn: c, lim: lim, done: make(chan struct{})}
-	m.last.Store(time.Now().UnixNano())
-	if lim.Idle > 0 {
+func newMeter(c net.Conn, b *budget, idle time.Duration) *meter {
+	m := &meter{Conn: c, budget: b, idle: idle, done: make(chan struct{})}
+	m.touch()
+	if idle > 0 {
 		go m.watch()
 	}
 	return m
 }
 
 func (m *meter) watch() {
-	tick := max(m.lim.Idle/4, 10*time.Millisecond)
+	tick := max(m.idle/4, 10*time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
@@ -42,7 +44,7 @@ func (m *meter) watch() {
 		case <-m.done:
 			return
 		case now := <-t.C:
-			if now.Sub(time.Unix(0, m.last.Load())) >= m.lim.Idle {
+			if now.Sub(time.Unix(0, m.last.Load())) >= m.idle {
 				m.cut(ReasonIdleTimeout)
 				return
 			}
@@ -60,23 +62,28 @@ func (m *meter) stop() {
 
 func (m *meter) Read(p []byte) (int, error) {
 	n, err := m.Conn.Read(p)
-	m.add(&m.up, n)
+	m.count(&m.up, n, true)
 	return n, err
 }
 
 func (m *meter) Write(p []byte) (int, error) {
 	n, err := m.Conn.Write(p)
-	m.add(&m.down, n)
+	m.count(&m.down, n, true)
 	return n, err
 }
 
-func (m *meter) add(c *atomic.Int64, n int) {
+// count adds n bytes to c, and to the budget unless a reservation already
+// charged them.
+func (m *meter) count(c *atomic.Int64, n int, charge bool) {
 	if n <= 0 {
 		return
 	}
 	c.Add(int64(n))
-	m.last.Store(time.Now().UnixNano())
-	if m.lim.MaxBytes > 0 && m.up.Load()+m.down.Load() > m.lim.MaxBytes {
+	m.touch()
+	if charge {
+		m.budget.charge(n)
+	}
+	if m.budget.spent() {
 		m.cut(ReasonBytesLimit)
 	}
 }
@@ -84,28 +91,25 @@ func (m *meter) add(c *atomic.Int64, n int) {
 // touch restarts the idle clock: bytes are moving.
 func (m *meter) touch() { m.last.Store(time.Now().UnixNano()) }
 
-// room is how many of n bytes a copy may take next: at most one past the
-// byte bound, so a connection that would carry more crosses it, and is cut,
-// without the rest passing first.
-func (m *meter) room(n int) int {
-	if m.lim.MaxBytes <= 0 {
-		return n
+// took settles a copy's reservation of reserved bytes of which it took n.
+func (m *meter) took(reserved, n int) {
+	m.budget.refund(reserved - n)
+	if n > 0 {
+		m.touch()
 	}
-	left := m.lim.MaxBytes - m.up.Load() - m.down.Load() + 1
-	return int(max(1, min(int64(n), left)))
 }
 
-// toSandbox copies src (the upstream) to the sandbox side until src ends,
+// toSandbox copies src (the upstream) to the runtime until src ends,
 // spliced in the kernel when both are sockets, counting what was delivered.
 func (m *meter) toSandbox(src net.Conn) {
-	err := splice(m.Conn, src, m.room, m.touch, func(n int) { m.add(&m.down, n) })
+	err := splice(m.Conn, src, m.budget.reserve, m.took, func(n int) { m.count(&m.down, n, false) })
 	if errors.Is(err, errNotSpliceable) {
 		_, _ = io.Copy(m, src)
 	}
 }
 
-// fromSandbox copies the sandbox side to dst (the upstream) until it ends:
-// first what br (which reads m, so counted it) holds, then the rest,
+// fromSandbox copies the runtime's side to dst (the upstream) until it
+// ends: first what br (which reads m, so counted it) holds, then the rest,
 // spliced in the kernel when both are sockets.
 func (m *meter) fromSandbox(dst net.Conn, br *bufio.Reader) {
 	if b, _ := br.Peek(br.Buffered()); len(b) > 0 {
@@ -114,16 +118,11 @@ func (m *meter) fromSandbox(dst net.Conn, br *bufio.Reader) {
 		}
 		_, _ = br.Discard(len(b))
 	}
-	err := splice(dst, m.Conn, m.room, m.touch, func(n int) { m.add(&m.up, n) })
+	err := splice(dst, m.Conn, m.budget.reserve, m.took, func(n int) { m.count(&m.up, n, false) })
 	if errors.Is(err, errNotSpliceable) {
 		_, _ = io.Copy(dst, br)
 	}
 }
-
-// startCounting counts from here: of what was read so far, only the
-// buffered bytes not yet consumed (they follow the preamble, so they are
-// the runtime's).
-func (m *meter) startCounting(buffered int) { m.up.Store(int64(buffered)); m.down.Store(0) }
 
 func (m *meter) counts() (up, down int64) { return m.up.Load(), m.down.Load() }
 

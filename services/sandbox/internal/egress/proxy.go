@@ -1,6 +1,7 @@
 // Package egress is the sandbox's way out to the internet, by policy: an
-// HTTP proxy outside the boundary that a wrapper's egress relay reaches
-// through a Unix socket handed into the sandbox. It serves CONNECT (TLS
+// HTTP proxy outside the boundary to which a wrapper inside hands each of
+// its runtime's connections, through a Unix socket bound into the sandbox
+// (handoff.go). It serves CONNECT (TLS
 // only: the ClientHello's SNI must be the CONNECT host) and plain-HTTP
 // requests, allows a destination only when the policy of the connection's
 // wrapper names its host and port, resolves names itself (a resolution
@@ -13,6 +14,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,7 +29,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"agentplane.dev/pkg/egresspolicy"
-	"agentplane.dev/services/sandbox/internal/relay"
 )
 
 // Decisions.
@@ -51,7 +52,7 @@ const (
 	ReasonConnectionLimit   = "connection_limit"   // the sandbox has its maximum of open connections
 	ReasonUnauthenticated   = "unauthenticated"    // no valid wrapper preamble
 	ReasonPolicyUnavailable = "policy_unavailable" // the wrapper's policy cannot be read now
-	ReasonBytesLimit        = "bytes_limit"        // closed: the connection carried its maximum
+	ReasonBytesLimit        = "bytes_limit"        // the sandbox's connections carried the window's allowance
 	ReasonIdleTimeout       = "idle_timeout"       // closed: nothing moved for the idle bound
 )
 
@@ -61,7 +62,7 @@ var decisionReasons = [][2]string{
 	{Allowed, ReasonPolicy},
 	{Denied, ReasonNotAllowed}, {Denied, ReasonIPLiteral}, {Denied, ReasonBadRequest}, {Denied, ReasonPrivateAddress},
 	{Denied, ReasonResolveFailed}, {Denied, ReasonConnectFailed}, {Denied, ReasonNotTLS}, {Denied, ReasonSNIMismatch},
-	{Denied, ReasonConnectionLimit}, {Denied, ReasonUnauthenticated}, {Denied, ReasonPolicyUnavailable},
+	{Denied, ReasonConnectionLimit}, {Denied, ReasonBytesLimit}, {Denied, ReasonUnauthenticated}, {Denied, ReasonPolicyUnavailable},
 	{Closed, ReasonBytesLimit}, {Closed, ReasonIdleTimeout},
 }
 
@@ -91,7 +92,7 @@ type Decision struct {
 
 // Grant is what an authenticated wrapper's connections work with.
 type Grant struct {
-	// Key is what the connection bound counts against (the sandbox).
+	// Key is what the bounds count against (the sandbox).
 	Key string
 	// Policy returns the wrapper's policy as it is now (read per request,
 	// so a change applies to the next connection).
@@ -105,9 +106,12 @@ type Authorizer func(ctx context.Context, id Identity) (Grant, error)
 
 // Limits bound each sandbox (0: unbounded).
 type Limits struct {
-	MaxConns int           // open connections per sandbox
-	MaxBytes int64         // bytes per connection, both ways together
-	Idle     time.Duration // a connection with nothing moving this long is closed
+	MaxConns int   // open connections per sandbox
+	MaxBytes int64 // bytes of all the sandbox's connections, both ways together, per BytesWindow
+	// BytesWindow is the window of MaxBytes: one starts with the sandbox's
+	// first connection (or byte) after the previous one ended.
+	BytesWindow time.Duration
+	Idle        time.Duration // a connection with nothing moving this long is closed
 }
 
 // Config configures a Proxy.
@@ -123,6 +127,8 @@ type Config struct {
 	// Decisions counts decisions; nil: not counted.
 	Decisions *prometheus.CounterVec
 	Log       *slog.Logger
+	// Now is the budgets' clock; nil: time.Now.
+	Now func() time.Time
 }
 
 // Proxy is the egress proxy.
@@ -130,7 +136,12 @@ type Proxy struct {
 	cfg  Config
 	dial net.Dialer
 	mu   sync.Mutex
-	open map[string]int
+	// budgets are the sandboxes' bounds: of every sandbox with an open
+	// connection or a window not yet ended.
+	budgets map[string]*budget
+	// live are the connections being served, closed when Serve ends.
+	live    map[io.Closer]bool
+	closing bool
 }
 
 // Timeouts of the steps before bytes flow.
@@ -148,12 +159,51 @@ func New(cfg Config) *Proxy {
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
 	}
-	return &Proxy{cfg: cfg, dial: net.Dialer{Timeout: dialTimeout}, open: map[string]int{}}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Proxy{cfg: cfg, dial: net.Dialer{Timeout: dialTimeout}, budgets: map[string]*budget{}, live: map[io.Closer]bool{}}
 }
 
-// Serve accepts connections on ln until it is closed; it returns once every
+// Serve accepts handoffs on ln until it is closed; it returns once every
 // connection it served has ended (closing ln closes them).
-func (p *Proxy) Serve(ln net.Listener) { relay.Accept(ln, p.handle) }
+func (p *Proxy) Serve(ln net.Listener) {
+	var wg sync.WaitGroup
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			break
+		}
+		wg.Go(func() { p.handle(c) })
+	}
+	p.mu.Lock()
+	p.closing = true
+	for c := range p.live {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	wg.Wait()
+}
+
+// track makes Serve's end close c until the returned func is called; a c
+// that comes after that end is closed at once.
+func (p *Proxy) track(c io.Closer) (untrack func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing {
+		_ = c.Close()
+	}
+	p.live[c] = true
+	return func() {
+		p.mu.Lock()
+		delete(p.live, c)
+		p.mu.Unlock()
+	}
+}
 
 func (p *Proxy) count(decision, reason string) {
 	if p.cfg.Decisions != nil {
@@ -168,64 +218,106 @@ func (p *Proxy) record(g Grant, d Decision) {
 	}
 }
 
-func (p *Proxy) acquire(key string) bool {
+// acquire opens a connection on the sandbox's budget, or says which bound
+// refuses it. Budgets that hold nothing any more go first.
+func (p *Proxy) acquire(key string) (*budget, string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cfg.Limits.MaxConns > 0 && p.open[key] >= p.cfg.Limits.MaxConns {
-		return false
+	for k, b := range p.budgets {
+		if b.idle() {
+			delete(p.budgets, k)
+		}
 	}
-	p.open[key]++
-	return true
+	b := p.budgets[key]
+	if b == nil {
+		b = &budget{max: p.cfg.Limits.MaxBytes, window: p.cfg.Limits.BytesWindow, now: p.cfg.Now}
+		p.budgets[key] = b
+	}
+	if b.spent() {
+		return nil, ReasonBytesLimit
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p.cfg.Limits.MaxConns > 0 && b.open >= p.cfg.Limits.MaxConns {
+		return nil, ReasonConnectionLimit
+	}
+	b.open++
+	return b, ""
 }
 
-func (p *Proxy) release(key string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.open[key]--; p.open[key] <= 0 {
-		delete(p.open, key)
-	}
+func (p *Proxy) release(b *budget) {
+	b.mu.Lock()
+	b.open--
+	b.mu.Unlock()
 }
 
-// handle serves one connection: the preamble, one request (CONNECT or
-// plain HTTP; every answer closes the connection, so each connection is
-// decided on the policy current when it was opened).
+// handle serves one handoff: the runtime's connection, once its wrapper
+// authenticated, serves one request (CONNECT or plain HTTP; every answer
+// closes the connection, so each connection is decided on the policy
+// current when it was opened).
 func (p *Proxy) handle(c net.Conn) {
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
-	m := newMeter(c, p.cfg.Limits)
-	defer m.stop()
-	br := bufio.NewReader(m)
-	id, err := ReadPreamble(br)
-	if err != nil {
-		p.count(Denied, ReasonUnauthenticated)
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		_ = c.Close()
 		return
 	}
+	untrack := p.track(uc)
+	id, client, err := receive(uc)
+	untrack()
+	if err != nil {
+		p.count(Denied, ReasonUnauthenticated)
+		p.cfg.Log.Warn("egress handoff refused: not one preamble with one connected TCP socket", "err", err)
+		return
+	}
+	defer p.track(client)()
+	defer func() { _ = client.Close() }()
+	// Until bytes flow, both ways: a runtime that neither sends its
+	// request nor reads an answer does not hold a connection for long.
+	_ = client.SetDeadline(time.Now().Add(headerTimeout))
 	ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
 	g, err := p.cfg.Authorize(ctx, id)
 	cancel()
 	if err != nil {
 		p.count(Denied, ReasonUnauthenticated)
 		p.cfg.Log.Warn("egress connection refused: the wrapper did not authenticate", "sandbox", id.SandboxID, "instance", id.Instance, "err", err)
-		writeDenied(c, http.StatusProxyAuthRequired, ReasonUnauthenticated)
+		writeDenied(client, http.StatusProxyAuthRequired, ReasonUnauthenticated)
 		return
 	}
-	m.startCounting(br.Buffered()) // the preamble is not the runtime's traffic
+	b, refused := p.acquire(g.Key)
+	if refused != "" {
+		m := newMeter(client, &budget{}, 0) // counted for the audit only
+		d, _, _ := readRequest(bufio.NewReader(m))
+		p.deny(g, m, d, http.StatusServiceUnavailable, refused)
+		return
+	}
+	defer p.release(b)
+	m := newMeter(client, b, p.cfg.Limits.Idle)
+	defer m.stop()
+	p.serve(g, m)
+}
+
+// readRequest reads the runtime's request and names its destination, or
+// says why it has none (req nil: nothing to answer).
+func readRequest(br *bufio.Reader) (d Decision, req *http.Request, reason string) {
 	req, err := http.ReadRequest(br)
 	if err != nil {
-		return
+		return Decision{Kind: "http"}, nil, ReasonBadRequest
 	}
-	d := Decision{Kind: "http"}
+	d = Decision{Kind: "http"}
 	if req.Method == http.MethodConnect {
 		d.Kind = "connect"
 	}
-	if !p.acquire(g.Key) {
-		d.Host, d.Port, _ = target(req)
-		p.deny(g, m, d, http.StatusServiceUnavailable, ReasonConnectionLimit)
+	d.Host, d.Port, reason = target(req)
+	return d, req, reason
+}
+
+// serve decides m's request and, when allowed, carries it.
+func (p *Proxy) serve(g Grant, m *meter) {
+	br := bufio.NewReader(m)
+	d, req, reason := readRequest(br)
+	if req == nil {
 		return
 	}
-	defer p.release(g.Key)
-	host, port, reason := target(req)
-	d.Host, d.Port = host, port
 	if reason != "" {
 		p.deny(g, m, d, http.StatusForbidden, reason)
 		return
@@ -235,11 +327,11 @@ func (p *Proxy) handle(c net.Conn) {
 		p.deny(g, m, d, http.StatusServiceUnavailable, ReasonPolicyUnavailable)
 		return
 	}
-	if !pol.Allows(host, port) {
+	if !pol.Allows(d.Host, d.Port) {
 		p.deny(g, m, d, http.StatusForbidden, ReasonNotAllowed)
 		return
 	}
-	up, reason := p.connect(pol, host, port)
+	up, reason := p.connect(pol, d.Host, d.Port)
 	if reason != "" {
 		code := http.StatusBadGateway
 		if reason == ReasonPrivateAddress {
@@ -376,7 +468,7 @@ func (p *Proxy) tunnel(g Grant, m *meter, br *bufio.Reader, up net.Conn, d Decis
 		p.record(g, d)
 		return
 	}
-	_ = m.SetReadDeadline(time.Time{})
+	_ = m.SetDeadline(time.Time{})
 	if _, err := up.Write(hello); err != nil {
 		p.finish(g, m, d)
 		return
@@ -395,7 +487,7 @@ func (p *Proxy) forward(g Grant, m *meter, req *http.Request, up net.Conn, d Dec
 		req.Header.Del(h)
 	}
 	req.Close = true
-	_ = m.SetReadDeadline(time.Time{})
+	_ = m.SetDeadline(time.Time{})
 	if err := req.Write(up); err != nil {
 		return
 	}

@@ -27,9 +27,9 @@ import (
 	"agentplane.dev/services/sandbox/internal/relay"
 )
 
-// rig is an egress proxy on a Unix socket, a wrapper-side relay on
-// loopback in front of it (what a runtime's HTTP(S)_PROXY names), and an
-// HTTP and a TLS server the name map points names at.
+// rig is an egress proxy on a Unix socket, a wrapper's egress listener on
+// loopback handing connections to it (what a runtime's HTTP(S)_PROXY
+// names), and an HTTP and a TLS server the name map points names at.
 type rig struct {
 	proxyURL *url.URL
 	plain    *httptest.Server
@@ -38,6 +38,7 @@ type rig struct {
 	policy   egresspolicy.Policy
 	audits   []egress.Decision
 	seen     int
+	clock    time.Time // the budgets' clock; zero: time.Now
 }
 
 func startRig(t *testing.T, lim egress.Limits, body string) (*rig, func(decision, reason string) float64) {
@@ -74,6 +75,14 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 			"metadata.test": {netip.MustParseAddr("169.254.169.254")}, "private.test": {netip.MustParseAddr("10.255.0.1")},
 		},
 		Limits: lim, Decisions: decisions,
+		Now: func() time.Time {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.clock.IsZero() {
+				return time.Now()
+			}
+			return r.clock
+		},
 	})
 	dir := t.TempDir()
 	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
@@ -84,7 +93,7 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 	require.NoError(t, err)
 	relayed := make(chan struct{})
 	go func() {
-		relay.Serve(front, egress.Dialer(dir, egress.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
+		relay.Accept(front, egress.Handoff(dir, egress.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
 		close(relayed)
 	}()
 	t.Cleanup(func() { _ = front.Close(); <-relayed; _ = ln.Close(); <-served })
@@ -218,34 +227,97 @@ func TestEgressDecisions(t *testing.T) {
 }
 
 func TestEgressBounds(t *testing.T) {
-	big := strings.Repeat("x", 1<<20)
-	r, metric := startRig(t, egress.Limits{MaxConns: 1, MaxBytes: 64 << 10, Idle: 200 * time.Millisecond}, big)
-
-	// Bytes: the 1 MiB answer is cut at 64 KiB.
-	_, body, err := get(t, r.client(""), r.url(r.plain, "http", "allowed.test"))
-	if err == nil {
-		require.Less(t, len(body), 1<<20)
-	}
-	d := r.last()
-	require.Equal(t, egress.ReasonBytesLimit, d.Reason, "%+v", d)
-	require.LessOrEqual(t, d.BytesUp+d.BytesDown, int64(64<<10)+1, "a bound is crossed by one byte, not a buffer")
-	require.InDelta(t, 1.0, metric(egress.Closed, egress.ReasonBytesLimit), 0)
+	r, metric := startRig(t, egress.Limits{MaxConns: 1, Idle: 200 * time.Millisecond}, "hello")
 
 	// Idle and the connection count: one tunnel held open and silent.
-	conn, err := net.Dial("tcp", r.proxyURL.Host)
-	require.NoError(t, err)
+	conn := connect(t, r, r.tls)
 	defer conn.Close()
-	_, _ = io.WriteString(conn, "CONNECT allowed.test:"+strings.Split(r.tls.Listener.Addr().String(), ":")[1]+" HTTP/1.1\r\nHost: x\r\n\r\n")
-	buf := make([]byte, 64)
-	n, err := conn.Read(buf)
-	require.NoError(t, err)
-	require.Contains(t, string(buf[:n]), "200")
 	code, _, err := get(t, r.client(""), r.url(r.plain, "http", "allowed.test"))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, code, "the second connection of the sandbox")
 	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonConnectionLimit), 0)
 	_, _ = io.ReadAll(conn) // the proxy closes the silent tunnel
 	require.Eventually(t, func() bool { return metric(egress.Closed, egress.ReasonIdleTimeout) == 1 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// connect opens a CONNECT tunnel to allowed.test on s's port and reads the
+// proxy's 200.
+func connect(t *testing.T, r *rig, s *httptest.Server) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", r.proxyURL.Host)
+	require.NoError(t, err)
+	target := "allowed.test:" + strconv.Itoa(int(port(s)))
+	_, err = io.WriteString(conn, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n")
+	require.NoError(t, err)
+	buf := make([]byte, 64)
+	n, err := conn.Read(buf)
+	require.NoError(t, err)
+	require.Contains(t, string(buf[:n]), "200")
+	return conn
+}
+
+// The byte bound is the sandbox's, over all its connections in a window:
+// a download within it, then one that would pass it is cut at it; a
+// tunnel open meanwhile is cut at its next byte; a new connection is
+// refused until the window ends, and the next window starts at zero.
+func TestEgressBytesPerSandbox(t *testing.T) {
+	const allowance = 64 << 10
+	r, metric := startRigWith(t, egress.Limits{MaxConns: 8, MaxBytes: allowance, BytesWindow: time.Hour, Idle: time.Minute},
+		http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			n, _ := strconv.Atoi(req.URL.Query().Get("n"))
+			_, _ = io.WriteString(w, strings.Repeat("x", n))
+		}))
+	r.mu.Lock()
+	r.clock = time.Unix(1_000_000, 0)
+	r.mu.Unlock()
+	tunnel := tls.Client(connect(t, r, r.tls), &tls.Config{InsecureSkipVerify: true, ServerName: "allowed.test"}) //nolint:gosec // the test's own server
+	defer func() { _ = tunnel.Close() }()
+	require.NoError(t, tunnel.Handshake())
+
+	code, body, err := get(t, r.client(""), r.url(r.plain, "http", "allowed.test")+"?n=20000")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, body, 20000)
+	first := r.last()
+	require.Equal(t, egress.Allowed, first.Decision, "%+v", first)
+
+	_, body, err = get(t, r.client(""), r.url(r.plain, "http", "allowed.test")+"?n=1000000")
+	if err == nil {
+		require.Less(t, len(body), 1000000)
+	}
+	second := r.last()
+	require.Equal(t, egress.Decision{Kind: "http", Host: "allowed.test", Port: int(port(r.plain)), Decision: egress.Closed,
+		Reason: egress.ReasonBytesLimit, BytesUp: second.BytesUp, BytesDown: second.BytesDown}, second)
+	require.Less(t, first.BytesUp+first.BytesDown+second.BytesUp+second.BytesDown, int64(allowance),
+		"the tunnel's handshake counts too")
+	require.InDelta(t, 1.0, metric(egress.Closed, egress.ReasonBytesLimit), 0)
+
+	// The open tunnel: its next byte is past the allowance.
+	_, _ = io.WriteString(tunnel, "GET /x?n=10 HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	_, err = io.ReadAll(tunnel)
+	require.Error(t, err, "cut: no close_notify")
+	cut := r.last()
+	require.Equal(t, [2]string{egress.Closed, egress.ReasonBytesLimit}, [2]string{cut.Decision, cut.Reason}, "%+v", cut)
+	require.Equal(t, "connect", cut.Kind)
+	require.LessOrEqual(t, first.BytesUp+first.BytesDown+second.BytesUp+second.BytesDown+cut.BytesUp+cut.BytesDown, int64(allowance)+2,
+		"crossed by a byte per connection, not a buffer")
+	require.InDelta(t, 2.0, metric(egress.Closed, egress.ReasonBytesLimit), 0)
+
+	code, body, err = get(t, r.client(""), r.url(r.plain, "http", "allowed.test")+"?n=10")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "denied (bytes_limit)")
+	denied := r.last()
+	require.Equal(t, [2]string{egress.Denied, egress.ReasonBytesLimit}, [2]string{denied.Decision, denied.Reason})
+	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonBytesLimit), 0)
+
+	r.mu.Lock()
+	r.clock = r.clock.Add(time.Hour)
+	r.mu.Unlock()
+	code, body, err = get(t, r.client(""), r.url(r.plain, "http", "allowed.test")+"?n=20000")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "a new window")
+	require.Len(t, body, 20000)
 }
 
 // countingConn counts the bytes the runtime's side wrote and read.

@@ -1,0 +1,85 @@
+package egress
+
+import (
+	"sync"
+	"time"
+)
+
+// budget is one sandbox's bounds across all its egress connections: how
+// many are open, and the bytes they carried (both ways, together) in the
+// current window. A window starts with the sandbox's first connection, or
+// first byte, after the previous window ended, at zero bytes. Copies
+// reserve what they may take next, so concurrent connections cross the
+// allowance by at most one byte each.
+type budget struct {
+	max    int64         // bytes per window; 0: unbounded
+	window time.Duration // its length; 0: one window for the proxy's life
+	now    func() time.Time
+
+	mu    sync.Mutex
+	open  int
+	start time.Time
+	used  int64
+}
+
+// rollLocked starts a new window when the current one ended.
+func (b *budget) rollLocked() {
+	if now := b.now(); b.window > 0 && now.Sub(b.start) >= b.window || b.start.IsZero() {
+		b.start, b.used = now, 0
+	}
+}
+
+// reserve is how many of n bytes a copy may take next, charged now: at
+// most one past the allowance, so a connection that would carry more
+// crosses it, and is cut, without the rest passing first.
+func (b *budget) reserve(n int) int {
+	if b.max <= 0 {
+		return n
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rollLocked()
+	g := int(max(1, min(int64(n), b.max-b.used+1)))
+	b.used += int64(g)
+	return g
+}
+
+// refund gives back n reserved bytes a copy did not take.
+func (b *budget) refund(n int) {
+	if b.max <= 0 || n <= 0 {
+		return
+	}
+	b.mu.Lock()
+	b.used = max(0, b.used-int64(n))
+	b.mu.Unlock()
+}
+
+// charge counts n bytes moved without a reservation.
+func (b *budget) charge(n int) {
+	if b.max <= 0 || n <= 0 {
+		return
+	}
+	b.mu.Lock()
+	b.rollLocked()
+	b.used += int64(n)
+	b.mu.Unlock()
+}
+
+// spent: the window's allowance is passed.
+func (b *budget) spent() bool {
+	if b.max <= 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rollLocked()
+	return b.used > b.max
+}
+
+// idle: no connection is open and the window ended, so the budget holds
+// nothing a new one would not.
+func (b *budget) idle() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open == 0 && (b.max <= 0 || b.window > 0 && b.now().Sub(b.start) >= b.window)
+}

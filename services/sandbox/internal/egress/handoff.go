@@ -1,0 +1,140 @@
+package egress
+
+import (
+	"errors"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"agentplane.dev/services/sandbox/internal/relay"
+)
+
+// The handoff. Inside the sandbox, the wrapper's egress listener accepts
+// the runtime's loopback connection and passes the socket itself to the
+// proxy over a Unix socket of the egress directory: its preamble and the
+// descriptor (SCM_RIGHTS) in one sendmsg. The wrapper then closes its copy
+// and the proxy serves the runtime's connection directly, so no byte of the
+// traffic crosses the wrapper (decisions.md #47).
+
+var errHandoff = errors.New("egress: bad handoff")
+
+// Handoff is the wrapper's handler for each connection of its egress
+// listener: it hands c to a proxy of dir (any local replica) as id. A
+// connection it cannot hand off is closed: the runtime sees it refused.
+func Handoff(dir string, id Identity) func(net.Conn) {
+	line, lineErr := preambleLine(id)
+	return func(c net.Conn) {
+		defer c.Close()
+		if lineErr != nil {
+			return
+		}
+		_ = handOff(dir, line, c)
+	}
+}
+
+func handOff(dir string, line []byte, c net.Conn) error {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return errHandoff
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	pc, err := relay.DialDir(dir)
+	if err != nil {
+		return err
+	}
+	defer pc.Close()
+	uc, ok := pc.(*net.UnixConn)
+	if !ok {
+		return errHandoff
+	}
+	var n int
+	var serr error
+	// Inside Control the descriptor cannot be closed under the sendmsg.
+	if err := raw.Control(func(fd uintptr) {
+		n, _, serr = uc.WriteMsgUnix(line, unix.UnixRights(int(fd)), nil)
+	}); err != nil {
+		return err
+	}
+	if serr == nil && n != len(line) {
+		serr = errHandoff
+	}
+	return serr
+}
+
+// receive reads a handoff from uc, which it closes: one read that carries
+// the whole preamble and exactly one descriptor, a connected TCP socket.
+// Anything else is refused, and every descriptor it carried closed: no
+// descriptor or more than one (the kernel discards those past the read's
+// room, flagging MSG_CTRUNC), a pipe, a file, a datagram, Unix or listening
+// socket, bytes past the line.
+func receive(uc *net.UnixConn) (Identity, *net.TCPConn, error) {
+	defer func() { _ = uc.Close() }()
+	_ = uc.SetReadDeadline(time.Now().Add(headerTimeout))
+	buf := make([]byte, maxPreamble+1)
+	oob := make([]byte, unix.CmsgSpace(4)) // room for one descriptor (two, aligned)
+	n, oobn, flags, _, err := uc.ReadMsgUnix(buf, oob)
+	fds := rights(oob[:oobn])
+	if err != nil || flags&unix.MSG_CTRUNC != 0 || len(fds) != 1 {
+		closeAll(fds)
+		return Identity{}, nil, errHandoff
+	}
+	id, err := parsePreamble(buf[:n])
+	if err != nil {
+		closeAll(fds)
+		return Identity{}, nil, err
+	}
+	c, err := runtimeConn(fds[0])
+	if err != nil {
+		return Identity{}, nil, err
+	}
+	return id, c, nil
+}
+
+// rights are the descriptors of every SCM_RIGHTS message of oob.
+func rights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil // a truncated message's descriptors: none installed
+	}
+	var fds []int
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	return fds
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
+// runtimeConn takes fd over: a connected TCP socket becomes the runtime's
+// connection; anything else is closed and refused.
+func runtimeConn(fd int) (*net.TCPConn, error) {
+	proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if err != nil || (proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_MPTCP) {
+		_ = unix.Close(fd)
+		return nil, errHandoff
+	}
+	f := os.NewFile(uintptr(fd), "egress-handoff")
+	c, err := net.FileConn(f) // a dup of fd
+	_ = f.Close()
+	if err != nil {
+		return nil, errHandoff
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok || tc.RemoteAddr() == nil { // a listener or an unconnected socket has no peer
+		_ = c.Close()
+		return nil, errHandoff
+	}
+	return tc, nil
+}
