@@ -22,9 +22,12 @@ const downloadBytes = 50 << 20
 // and through the egress path a sandboxed runtime uses (the wrapper's
 // loopback listener handing the connection to the proxy over the Unix
 // socket, the proxy splicing it with the upstream), from the same server
-// and the same bytes, both on a new connection each time. Each iteration makes one
-// of each, in alternating order, so a change of the machine's load falls on
-// both alike: compare direct-MB/s, egress-MB/s and their ratio.
+// and the same bytes, each on a new connection. A third leg is the floor of
+// any relay in user space: a bare TCP forwarder (no policy, no accounting;
+// Go's io.Copy, which splices) between the same client and server. Each
+// iteration makes one of each, in rotating order, so a change of the
+// machine's load falls on all alike: compare egress/direct with
+// forwarder/direct.
 func BenchmarkEgressDownload(b *testing.B) {
 	blob := make([]byte, downloadBytes)
 	_, _ = rand.Read(blob)
@@ -33,6 +36,7 @@ func BenchmarkEgressDownload(b *testing.B) {
 			w.Header().Set("Content-Length", strconv.Itoa(len(blob)))
 			_, _ = w.Write(blob)
 		}))
+	fwd := startForwarder(b, r.plain.Listener.Addr().String())
 	direct := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 	viaEgress := r.client("")
 	download := func(hc *http.Client, url string) time.Duration {
@@ -45,22 +49,52 @@ func BenchmarkEgressDownload(b *testing.B) {
 		require.Equal(b, int64(downloadBytes), n)
 		return time.Since(start)
 	}
-	var d, e time.Duration
+	legs := []func() time.Duration{
+		func() time.Duration { return download(direct, r.plain.URL+"/blob") },
+		func() time.Duration { return download(viaEgress, r.url(r.plain, "http", "allowed.test")) },
+		func() time.Duration { return download(direct, "http://"+fwd+"/blob") },
+	}
+	var took [3]time.Duration
 	i := 0
 	for b.Loop() {
-		if i%2 == 0 {
-			d += download(direct, r.plain.URL+"/blob")
-			e += download(viaEgress, r.url(r.plain, "http", "allowed.test"))
-		} else {
-			e += download(viaEgress, r.url(r.plain, "http", "allowed.test"))
-			d += download(direct, r.plain.URL+"/blob")
+		for k := range legs {
+			leg := (i + k) % len(legs)
+			took[leg] += legs[leg]()
 		}
 		i++
 	}
 	mbps := func(t time.Duration) float64 { return float64(i) * downloadBytes / 1e6 / t.Seconds() }
-	b.ReportMetric(mbps(d), "direct-MB/s")
-	b.ReportMetric(mbps(e), "egress-MB/s")
-	b.ReportMetric(d.Seconds()/e.Seconds(), "egress/direct")
+	b.ReportMetric(mbps(took[0]), "direct-MB/s")
+	b.ReportMetric(mbps(took[1]), "egress-MB/s")
+	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "egress/direct")
+	b.ReportMetric(took[0].Seconds()/took[2].Seconds(), "forwarder/direct")
+}
+
+// startForwarder relays each connection to upstream and back with nothing
+// else: the reference a proxy in user space cannot beat.
+func startForwarder(b *testing.B, upstream string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", upstream)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c) }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // BenchmarkEgressConnect: the time until a TCP stream to the server is
