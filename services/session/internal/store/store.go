@@ -258,6 +258,17 @@ return {meta, redis.call('GET', KEYS[2]), ids, states, texts, lookup, seen}
 // record and active messages; watch, when set, is WATCHed in the same
 // pipeline (tx must then be a transaction's connection).
 func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) (*session.Aggregate, stored, error) {
+	reply, err := runLoadScript(ctx, tx, id, load, watch)
+	if err != nil {
+		return nil, stored{}, err
+	}
+	return decodeLoad(id, load, reply)
+}
+
+// runLoadScript runs loadScript for the session, after WATCH in one pipeline
+// when watch is set, and returns its reply: a missing session is
+// session.ErrSessionNotFound.
+func runLoadScript(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) ([]any, error) {
 	keys := []string{key(id, "meta"), key(id, "del"), key(id, "active"), key(id, "msgs"), key(id, "content"), key(id, "seen")}
 	args := make([]any, 0, 2+len(load.SeenIDs))
 	content := "0"
@@ -296,14 +307,20 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.Eval(ctx, on(p), keys, args...) })
 	}
 	if errors.Is(err, redis.Nil) {
-		return nil, stored{}, session.ErrSessionNotFound
+		return nil, session.ErrSessionNotFound
 	} else if err != nil {
-		return nil, stored{}, err
+		return nil, err
 	}
-	res, ok := cmd.Val().([]any)
-	if !ok || len(res) != 7 {
-		return nil, stored{}, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
+	reply, ok := cmd.Val().([]any)
+	if !ok || len(reply) != 7 {
+		return nil, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
 	}
+	return reply, nil
+}
+
+// decodeLoad decodes loadScript's reply into the aggregate and the stored
+// form of its record and active messages.
+func decodeLoad(id string, load Load, res []any) (*session.Aggregate, stored, error) {
 	metaRaw, _ := res[0].(string)
 	a := &session.Aggregate{Seen: map[string]bool{}}
 	if err := json.Unmarshal([]byte(metaRaw), &a.Session); err != nil {
