@@ -15,7 +15,6 @@ const MaxLines = 80
 // list only shrinks.
 var allowed = map[string]string{
 	"services/ingest/internal/history/jsonvalid.go:validJSON": "one byte-level JSON scanner loop whose states share locals; splitting it costs the allocation-free scan",
-	"services/session/internal/store/store.go:Store.Update":   "one optimistic transaction (WATCH/MULTI) whose retry loop holds the read state; not split in this pass",
 }
 
 func repoRoot(t *testing.T) string {
