@@ -14,13 +14,7 @@ const MaxLines = 80
 // why. An entry whose function is gone or short again fails the test, so the
 // list only shrinks.
 var allowed = map[string]string{
-	"services/sandbox/wrapper/acp/acp.go:Runtime.open": "the wrapper is being changed in parallel (issue 24 pass 1 leaves it alone); " +
-		"the ACP session handshake, split after that lands",
-	"services/ingest/internal/grpcapi/service.go:Service.ingestStream": "the stream loop with its per-batch limits; not split in this pass",
-	"services/ingest/internal/history/jsonvalid.go:validJSON":          "one byte-level JSON scanner loop whose states share locals; splitting it costs the allocation-free scan",
-	"services/session/internal/service/deletion.go:Service.reconcile":  "the deletion reconciler's one pass (lease, release, verify, finish); not split in this pass",
-	"services/session/internal/store/store.go:Store.Update":            "one optimistic transaction (WATCH/MULTI) whose retry loop holds the read state; not split in this pass",
-	"services/session/internal/store/store.go:Store.load":              "decodes one session hash field by field; not split in this pass",
+	"services/ingest/internal/history/jsonvalid.go:validJSON": "one byte-level JSON scanner loop whose states share locals; splitting it costs the allocation-free scan",
 }
 
 func repoRoot(t *testing.T) string {

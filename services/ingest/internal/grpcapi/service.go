@@ -132,89 +132,123 @@ func (s *Service) ingest(ctx context.Context, req *ingestv1.IngestRequest) (*ing
 // request, and a revocation applies to requests that start after it.
 func (s *Service) ingestStream(stream grpc.ClientStreamingServer[ingestv1.IngestStreamRequest, ingestv1.IngestStreamResponse]) error {
 	ctx := stream.Context()
-	var total ingestv1.IngestStreamResponse
-	type admission struct {
-		md     scope.Metadata
-		target string
-	}
-	var admitted []admission
-	isAdmitted := func(b batch) bool {
-		for _, a := range admitted {
-			if a.target == b.runtimeSessionID && sameScope(a.md, b.md) {
-				return true
-			}
-		}
-		return false
-	}
-
-	// At most one batch is being stored; wait collects it. Every return waits first, so no
-	// store call outlives the handler, and an earlier batch's error wins over a later one's.
-	type stored struct {
-		res history.BatchResult
-		err error
-	}
-	var pending chan stored
-	wait := func() error {
-		if pending == nil {
-			return nil
-		}
-		r := <-pending
-		pending = nil
-		if r.err != nil {
-			return s.toStatus(ctx, r.err)
-		}
-		total.Applied += int64(r.res.Applied)
-		total.Ignored += int64(r.res.Ignored)
-		total.Batches++
-		if r.res.Cursor != "" {
-			total.Cursor = r.res.Cursor
-		}
-		return nil
-	}
-	fail := func(err error) error {
-		if werr := wait(); werr != nil {
-			return werr
-		}
-		return err
-	}
-
+	admission := streamAdmission{scopes: s.scopes}
+	w := batchWriter{ctx: ctx, s: s}
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			if err := wait(); err != nil {
+			if err := w.wait(); err != nil {
 				return err
 			}
-			return stream.SendAndClose(&total)
+			return stream.SendAndClose(&w.total)
 		}
 		if err != nil {
-			return fail(err) // the transport's status (cancelled, too large, ...)
+			return w.fail(err) // the transport's status (cancelled, too large, ...)
 		}
 		b, err := checkBatch(req.GetRuntimeSessionId(), req.GetScope(), req.GetItems())
 		if err != nil {
-			return fail(s.toStatus(ctx, err))
+			return w.fail(s.toStatus(ctx, err))
 		}
-		// v2 admission depends on live membership, which a release ends at
-		// any time: every v2 batch is checked again, so a member released
-		// mid-stream stops writing with its next batch. v1 and internal
-		// admission depend on nothing that changes; they are checked once.
-		if b.md.V2 != nil || !isAdmitted(b) {
-			if err := s.scopes.Admit(ctx, b.md, b.runtimeSessionID); err != nil {
-				return fail(s.toStatus(ctx, err))
-			}
-			if b.md.V2 == nil {
-				admitted = append(admitted, admission{b.md, b.runtimeSessionID})
-			}
+		if err := admission.admit(ctx, b); err != nil {
+			return w.fail(s.toStatus(ctx, err))
 		}
-		encoded := store.Encode(b.items)
-		if err := wait(); err != nil {
+		if err := w.write(b.runtimeSessionID, store.Encode(b.items)); err != nil {
 			return err
 		}
-		pending = make(chan stored, 1)
-		go func(ch chan<- stored) {
-			res, err := s.store.IngestEncoded(ctx, b.runtimeSessionID, encoded)
-			ch <- stored{res, err}
-		}(pending)
 	}
+}
+
+// streamAdmission admits a stream's batches. v2 admission depends on live
+// membership, which a release ends at any time: every v2 batch is checked
+// again, so a member released mid-stream stops writing with its next batch.
+// v1 and internal admission depend on nothing that changes; they are checked
+// once per (scope, target).
+type streamAdmission struct {
+	scopes   scope.Admitter
+	admitted []admission
+}
+
+type admission struct {
+	md     scope.Metadata
+	target string
+}
+
+func (a *streamAdmission) admit(ctx context.Context, b batch) error {
+	if b.md.V2 == nil && a.remembers(b) {
+		return nil
+	}
+	if err := a.scopes.Admit(ctx, b.md, b.runtimeSessionID); err != nil {
+		return err
+	}
+	if b.md.V2 == nil {
+		a.admitted = append(a.admitted, admission{b.md, b.runtimeSessionID})
+	}
+	return nil
+}
+
+func (a *streamAdmission) remembers(b batch) bool {
+	for _, ad := range a.admitted {
+		if ad.target == b.runtimeSessionID && sameScope(ad.md, b.md) {
+			return true
+		}
+	}
+	return false
+}
+
+// batchWriter stores a stream's batches in the background, one at a time,
+// and sums their results. At most one batch is being stored; wait collects
+// it. Every return of the stream waits first, so no store call outlives the
+// handler, and an earlier batch's error wins over a later one's.
+type batchWriter struct {
+	ctx     context.Context
+	s       *Service
+	total   ingestv1.IngestStreamResponse
+	pending chan storedBatch
+}
+
+type storedBatch struct {
+	res history.BatchResult
+	err error
+}
+
+// write starts storing the batch for target once the one before it is stored.
+func (w *batchWriter) write(target string, encoded store.EncodedBatch) error {
+	if err := w.wait(); err != nil {
+		return err
+	}
+	w.pending = make(chan storedBatch, 1)
+	go func(ctx context.Context, st *store.Store, ch chan<- storedBatch) {
+		res, err := st.IngestEncoded(ctx, target, encoded)
+		ch <- storedBatch{res, err}
+	}(w.ctx, w.s.store, w.pending)
+	return nil
+}
+
+// wait collects the batch being stored, if any, into the total.
+func (w *batchWriter) wait() error {
+	if w.pending == nil {
+		return nil
+	}
+	r := <-w.pending
+	w.pending = nil
+	if r.err != nil {
+		return w.s.toStatus(w.ctx, r.err)
+	}
+	w.total.Applied += int64(r.res.Applied)
+	w.total.Ignored += int64(r.res.Ignored)
+	w.total.Batches++
+	if r.res.Cursor != "" {
+		w.total.Cursor = r.res.Cursor
+	}
+	return nil
+}
+
+// fail ends the stream with err, unless the batch being stored failed first.
+func (w *batchWriter) fail(err error) error {
+	if werr := w.wait(); werr != nil {
+		return werr
+	}
+	return err
 }
 
 func sameScope(a, b scope.Metadata) bool {

@@ -421,12 +421,42 @@ func (r *Runtime) routeFailed(id string, f *failure, retryable bool) {
 func (r *Runtime) open(f runtimejsonl.Frame) {
 	id := f.SessionID
 	if existing := r.route(id); existing != nil {
-		existing.mu.Lock()
-		existing.reject = f.RejectToolKinds
-		existing.mu.Unlock()
-		r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: id, RuntimeSessionID: existing.rsid})
+		r.reopen(existing, f)
 		return
 	}
+	waited, fail := r.awaitAgent(id)
+	if fail != nil {
+		r.routeFailed(id, fail, true)
+		return
+	}
+	rsid := f.RuntimeSessionID
+	if rsid == "" {
+		rsid = "rs_" + randomHex(8)
+	}
+	rt := &route{sessionID: id, rsid: rsid, dir: f.Directory, reject: f.RejectToolKinds,
+		queue: make(chan runtimejsonl.Frame, 1024), aborted: map[string]bool{}, names: toolNames{}}
+	took, fail := r.startAgentSession(rt)
+	if fail != nil {
+		r.routeFailed(id, fail, true)
+		return
+	}
+	rt.agentOpen = waited + took
+	r.addRoute(rt)
+}
+
+// reopen answers open_route for a route already served: only the tool kinds
+// it rejects can change.
+func (r *Runtime) reopen(rt *route, f runtimejsonl.Frame) {
+	rt.mu.Lock()
+	rt.reject = f.RejectToolKinds
+	rt.mu.Unlock()
+	r.routeReady(rt.sessionID, rt.rsid)
+}
+
+// awaitAgent waits until the agent answered initialize or exited, and says
+// how long the route waited for it: up to initialize's answer, not to when
+// this goroutine noticed.
+func (r *Runtime) awaitAgent(id string) (time.Duration, *failure) {
 	r.progress(id, "initialize_agent", "waiting for the agent to start")
 	openStart := time.Now()
 	select {
@@ -442,80 +472,94 @@ func (r *Runtime) open(f runtimejsonl.Frame) {
 	default:
 	}
 	if r.initErr != nil {
-		r.routeFailed(id, r.initErr, true)
-		return
+		return waited, r.initErr
 	}
+	return waited, r.brokenReason()
+}
+
+// startAgentSession gives the route its ACP session and says how long the
+// agent took to open it. Keyed by the agentplane session, not the runtime
+// session: a route prepared again gets a new runtime session id, and the
+// agent's conversation still continues.
+func (r *Runtime) startAgentSession(rt *route) (time.Duration, *failure) {
+	prev := r.store.get(rt.sessionID)
+	if prev == "" || !r.caps.LoadSession {
+		return r.newSession(rt)
+	}
+	took, err := r.loadSession(rt, prev)
+	if err == nil {
+		return took, nil
+	}
+	r.log.Warn("session/load failed; starting a new agent session", "session", rt.sessionID, "err", asFailure(err, ReasonSession).detail)
 	if b := r.brokenReason(); b != nil {
-		r.routeFailed(id, b, true)
-		return
+		return took, b
 	}
-	rsid := f.RuntimeSessionID
-	if rsid == "" {
-		rsid = "rs_" + randomHex(8)
-	}
-	rt := &route{sessionID: id, rsid: rsid, dir: f.Directory, reject: f.RejectToolKinds,
-		queue: make(chan runtimejsonl.Frame, 1024), aborted: map[string]bool{}, names: toolNames{}}
-	// Keyed by the agentplane session, not the runtime session: a route
-	// prepared again gets a new runtime session id, and the agent's
-	// conversation still continues.
-	prev := r.store.get(id)
-	var acpID string
-	if prev != "" && r.caps.LoadSession {
-		r.progress(id, "load_session", "resuming agent session "+prev)
-		rt.acpID = prev
-		rt.loading.Store(true)
+	more, fail := r.newSession(rt)
+	return took + more, fail
+}
+
+// loadSession resumes the agent session prev for the route. The route is
+// findable by prev while the agent replays the conversation, which it marks
+// as loading rather than events of a turn.
+func (r *Runtime) loadSession(rt *route, prev string) (time.Duration, error) {
+	r.progress(rt.sessionID, "load_session", "resuming agent session "+prev)
+	rt.acpID = prev
+	rt.loading.Store(true)
+	r.mu.Lock()
+	r.byACP[prev] = rt
+	r.mu.Unlock()
+	t := time.Now()
+	err := r.call("session/load", map[string]any{"sessionId": prev, "cwd": rt.dir, "mcpServers": []any{}}, r.cfg.InitTimeout, nil)
+	took := time.Since(t)
+	rt.loading.Store(false)
+	if err != nil {
 		r.mu.Lock()
-		r.byACP[prev] = rt
+		delete(r.byACP, prev)
 		r.mu.Unlock()
-		t := time.Now()
-		err := r.call("session/load", map[string]any{"sessionId": prev, "cwd": f.Directory, "mcpServers": []any{}}, r.cfg.InitTimeout, nil)
-		waited += time.Since(t)
-		rt.loading.Store(false)
-		if err == nil {
-			acpID = prev
-		} else {
-			r.mu.Lock()
-			delete(r.byACP, prev)
-			r.mu.Unlock()
-			r.log.Warn("session/load failed; starting a new agent session", "session", id, "err", asFailure(err, ReasonSession).detail)
-			if b := r.brokenReason(); b != nil {
-				r.routeFailed(id, b, true)
-				return
-			}
-		}
 	}
-	if acpID == "" {
-		r.progress(id, "new_session", "opening an agent session")
-		var res struct {
-			SessionID string `json:"sessionId"`
-		}
-		t := time.Now()
-		err := r.call("session/new", map[string]any{"cwd": f.Directory, "mcpServers": []any{}}, r.cfg.InitTimeout, &res)
-		waited += time.Since(t)
-		if err == nil && res.SessionID == "" {
-			err = &failure{ReasonProtocol, "session/new answered without a sessionId"}
-		}
-		if err != nil {
-			r.routeFailed(id, asFailure(err, ReasonSession), true)
-			return
-		}
-		acpID = res.SessionID
+	return took, err
+}
+
+// newSession opens a new agent session for the route.
+func (r *Runtime) newSession(rt *route) (time.Duration, *failure) {
+	r.progress(rt.sessionID, "new_session", "opening an agent session")
+	var res struct {
+		SessionID string `json:"sessionId"`
 	}
-	rt.acpID, rt.agentOpen = acpID, waited
-	if err := r.store.put(id, acpID); err != nil {
-		r.log.Warn("could not record the agent session", "session", id, "err", err)
+	t := time.Now()
+	err := r.call("session/new", map[string]any{"cwd": rt.dir, "mcpServers": []any{}}, r.cfg.InitTimeout, &res)
+	took := time.Since(t)
+	if err == nil && res.SessionID == "" {
+		err = &failure{ReasonProtocol, "session/new answered without a sessionId"}
+	}
+	if err != nil {
+		return took, asFailure(err, ReasonSession)
+	}
+	rt.acpID = res.SessionID
+	return took, nil
+}
+
+// addRoute records the route's agent session for a restarted wrapper, then
+// serves the route and answers route_ready.
+func (r *Runtime) addRoute(rt *route) {
+	if err := r.store.put(rt.sessionID, rt.acpID); err != nil {
+		r.log.Warn("could not record the agent session", "session", rt.sessionID, "err", err)
 	}
 	r.mu.Lock()
-	if old := r.routes[id]; old != nil {
+	if old := r.routes[rt.sessionID]; old != nil {
 		// A repeated open_route raced this one: keep the first.
 		r.mu.Unlock()
-		r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: id, RuntimeSessionID: old.rsid})
+		r.routeReady(rt.sessionID, old.rsid)
 		return
 	}
-	r.routes[id] = rt
-	r.byACP[acpID] = rt
+	r.routes[rt.sessionID] = rt
+	r.byACP[rt.acpID] = rt
 	r.mu.Unlock()
 	go r.serveRoute(rt)
+	r.routeReady(rt.sessionID, rt.rsid)
+}
+
+func (r *Runtime) routeReady(id, rsid string) {
 	r.emit(runtimejsonl.Frame{Type: runtimejsonl.TypeRouteReady, SessionID: id, RuntimeSessionID: rsid})
 }
 

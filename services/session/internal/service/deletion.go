@@ -82,96 +82,132 @@ func (s *Service) reconcile(ctx context.Context, id string) (err error) {
 		}
 		return nil // already wiped
 	}
-	postpone := func(step string, peerAsked time.Duration, cause error) error {
-		if cause != nil {
-			s.log.WarnContext(ctx, "deletion step not done", "session_id", id, "step", step, "error", cause)
-		}
-		delay := in.Postpone(s.cfg.DeletionBackoff, step, peerAsked, s.now())
-		if err := s.store.SaveIntent(ctx, lease, in); err != nil {
-			return err
-		}
-		return &session.DeletionPendingError{RetryAfter: delay, Step: step}
+	d := &deletionAttempt{s: s, id: id, lease: lease, in: in}
+	if err := d.step(ctx, &in.RouteReleased, d.releaseRoute); err != nil {
+		return err
 	}
-	save := func() error { return s.store.SaveIntent(ctx, lease, in) }
+	if err := d.step(ctx, &in.CredentialReleased, d.releaseCredentials); err != nil {
+		return err
+	}
+	if err := d.step(ctx, &in.HistoryDeleted, d.deleteHistory); err != nil {
+		return err
+	}
+	return d.wipe(ctx)
+}
 
-	if !in.RouteReleased {
-		sctx, step := tracer.Start(ctx, "session.delete.release_route")
-		pctx, cancel := s.peerCtx(sctx)
-		rel, err := s.sandbox.ReleaseRoute(pctx, in.SessionID, in.SandboxID, "session-delete")
+// deletionAttempt is one attempt at deleting session id, made under its
+// deletion lease; in is the persisted intent it advances.
+type deletionAttempt struct {
+	s     *Service
+	id    string
+	lease *fence.Lease
+	in    *session.DeletionIntent
+}
+
+// step runs one deletion step unless an earlier attempt finished it (done),
+// and persists that it is finished.
+func (d *deletionAttempt) step(ctx context.Context, done *bool, run func(context.Context) error) error {
+	if *done {
+		return nil
+	}
+	if err := run(ctx); err != nil {
+		return err
+	}
+	*done = true
+	return d.s.store.SaveIntent(ctx, d.lease, d.in)
+}
+
+// postpone persists the intent's next attempt after an unfinished step and
+// says when it is; peerAsked is the delay the peer asked for, if any.
+func (d *deletionAttempt) postpone(ctx context.Context, step string, peerAsked time.Duration, cause error) error {
+	if cause != nil {
+		d.s.log.WarnContext(ctx, "deletion step not done", "session_id", d.id, "step", step, "error", cause)
+	}
+	delay := d.in.Postpone(d.s.cfg.DeletionBackoff, step, peerAsked, d.s.now())
+	if err := d.s.store.SaveIntent(ctx, d.lease, d.in); err != nil {
+		return err
+	}
+	return &session.DeletionPendingError{RetryAfter: delay, Step: step}
+}
+
+// releaseRoute asks the sandbox to release the session's route and to verify
+// that none of its processes is left.
+func (d *deletionAttempt) releaseRoute(ctx context.Context) error {
+	sctx, step := tracer.Start(ctx, "session.delete.release_route")
+	pctx, cancel := d.s.peerCtx(sctx)
+	rel, err := d.s.sandbox.ReleaseRoute(pctx, d.in.SessionID, d.in.SandboxID, "session-delete")
+	cancel()
+	step.End()
+	switch {
+	case err != nil:
+		// Could not ask: never read as absence.
+		return d.postpone(ctx, "release_route", 0, err)
+	case rel.ExhaustedFinal:
+		// DESIGN.md 3.5: an exhausted lease allows deletion after a final
+		// observation; the sandbox keeps tracking the lease.
+		d.s.log.WarnContext(ctx, "deletion continues on an exhausted wrapper lease (absence not verified)", "session_id", d.id)
+	case !rel.AbsenceVerified:
+		return d.postpone(ctx, "verify_absence", rel.RetryAfter, nil)
+	}
+	return nil
+}
+
+// releaseCredentials deletes the backing of the session's credential and of
+// its git credential.
+func (d *deletionAttempt) releaseCredentials(ctx context.Context) error {
+	if d.s.creds == nil {
+		d.s.log.InfoContext(ctx, "credential service not configured: credential release skipped", "session_id", d.id)
+		return nil
+	}
+	var err error
+	if d.in.CredentialRef != "" {
+		sctx, step := tracer.Start(ctx, "session.delete.delete_credential")
+		pctx, cancel := d.s.peerCtx(sctx)
+		err = d.s.creds.DeleteBacking(pctx, d.in.CredentialRef)
 		cancel()
 		step.End()
-		switch {
-		case err != nil:
-			// Could not ask: never read as absence.
-			return postpone("release_route", 0, err)
-		case rel.ExhaustedFinal:
-			// DESIGN.md 3.5: an exhausted lease allows deletion after a final
-			// observation; the sandbox keeps tracking the lease.
-			s.log.WarnContext(ctx, "deletion continues on an exhausted wrapper lease (absence not verified)", "session_id", id)
-		case !rel.AbsenceVerified:
-			return postpone("verify_absence", rel.RetryAfter, nil)
-		}
-		in.RouteReleased = true
-		if err := save(); err != nil {
-			return err
+	}
+	if err == nil && d.in.GitCredentialRef != "" {
+		pctx, cancel := d.s.peerCtx(ctx)
+		err = d.s.creds.DeleteBacking(pctx, d.in.GitCredentialRef)
+		cancel()
+	}
+	if err != nil {
+		return d.postpone(ctx, "delete_credential", 0, err)
+	}
+	return nil
+}
+
+// deleteHistory deletes the history of every runtime session the session
+// ever had, not only the latest: each re-preparation started a new history.
+func (d *deletionAttempt) deleteHistory(ctx context.Context) error {
+	if d.s.history == nil {
+		d.s.log.InfoContext(ctx, "ingest service not configured: history deletion skipped", "session_id", d.id)
+		return nil
+	}
+	for _, rsid := range d.in.HistoryIDs() {
+		sctx, step := tracer.Start(ctx, "session.delete.delete_history")
+		pctx, cancel := d.s.peerCtx(sctx)
+		err := d.s.history.Delete(pctx, rsid)
+		cancel()
+		step.End()
+		if err != nil {
+			return d.postpone(ctx, "delete_history", 0, err)
 		}
 	}
-	if !in.CredentialReleased {
-		if s.creds != nil {
-			var err error
-			if in.CredentialRef != "" {
-				sctx, step := tracer.Start(ctx, "session.delete.delete_credential")
-				pctx, cancel := s.peerCtx(sctx)
-				err = s.creds.DeleteBacking(pctx, in.CredentialRef)
-				cancel()
-				step.End()
-			}
-			if err == nil && in.GitCredentialRef != "" {
-				pctx, cancel := s.peerCtx(ctx)
-				err = s.creds.DeleteBacking(pctx, in.GitCredentialRef)
-				cancel()
-			}
-			if err != nil {
-				return postpone("delete_credential", 0, err)
-			}
-		} else {
-			s.log.InfoContext(ctx, "credential service not configured: credential release skipped", "session_id", id)
-		}
-		in.CredentialReleased = true
-		if err := save(); err != nil {
-			return err
-		}
-	}
-	if !in.HistoryDeleted {
-		if s.history != nil {
-			// Every runtime session the session ever had, not only the
-			// latest: each re-preparation started a new history.
-			for _, rsid := range in.HistoryIDs() {
-				sctx, step := tracer.Start(ctx, "session.delete.delete_history")
-				pctx, cancel := s.peerCtx(sctx)
-				err := s.history.Delete(pctx, rsid)
-				cancel()
-				step.End()
-				if err != nil {
-					return postpone("delete_history", 0, err)
-				}
-			}
-		} else {
-			s.log.InfoContext(ctx, "ingest service not configured: history deletion skipped", "session_id", id)
-		}
-		in.HistoryDeleted = true
-		if err := save(); err != nil {
-			return err
-		}
-	}
-	loc := store.WipeLocator{SandboxID: in.SandboxID, Directory: in.Directory}
+	return nil
+}
+
+// wipe removes what is left of the session once every step is finished.
+func (d *deletionAttempt) wipe(ctx context.Context) error {
+	loc := store.WipeLocator{SandboxID: d.in.SandboxID, Directory: d.in.Directory}
 	wctx, wipe := tracer.Start(ctx, "session.delete.wipe")
-	err = s.store.Wipe(wctx, lease, in, loc)
+	err := d.s.store.Wipe(wctx, d.lease, d.in, loc)
 	wipe.End()
 	if err != nil {
 		return err
 	}
-	s.log.InfoContext(ctx, "session deleted", "session_id", id, "reason", in.Reason, "attempts", in.Attempts+1)
-	s.metrics.deletion("deleted", in.CreateTime, s.now())
+	d.s.log.InfoContext(ctx, "session deleted", "session_id", d.id, "reason", d.in.Reason, "attempts", d.in.Attempts+1)
+	d.s.metrics.deletion("deleted", d.in.CreateTime, d.s.now())
 	return nil
 }

@@ -123,93 +123,113 @@ func (s *Store) Update(ctx context.Context, id string, load Load, fn func(*sessi
 			return a, err
 		}
 	}
-	var out *session.Aggregate
-	var sched schedule
-	var st stored
-	wroteNothing := false // fn changed nothing (an idempotent replay)
-	watched := []string{key(id, "meta"), key(id, "del"), key(id, "active")}
+	u := &update{s: s, id: id, load: load, fn: fn, single: single}
+	u.watched = []string{key(id, "meta"), key(id, "del"), key(id, "active")}
 	if load.MessageID != "" {
-		watched = append(watched, key(id, "order"))
+		u.watched = append(u.watched, key(id, "order"))
 	}
-	txf := func(tx *redis.Tx) (err error) {
-		var pipelined []string
-		if single {
-			pipelined = watched
-			released := false
-			defer func() {
-				if !released {
-					_ = tx.Unwatch(ctx).Err() // never leave a watch on a pooled connection
-				}
-			}()
-			defer func() {
-				// EXEC ran (committed, aborted on a watched key, or discarded): the watch is gone.
-				released = out != nil && (err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err))
-			}()
-		}
-		a, loaded, err := s.load(ctx, tx, id, load, pipelined)
-		if err != nil {
-			return err
-		}
-		before, prevUpdate, from := s.deadline(a), a.Session.UpdateTime, a.Session.State
-		if err := fn(a); err != nil {
-			return err
-		}
-		out, st = a, loaded
-		cmds, err := s.write(a, &st)
-		if err != nil {
-			return err
-		}
-		sched = s.scheduleAfter(a, before, prevUpdate, from)
-		if !s.cluster {
-			sched.write(&cmds)
-		}
-		wroteNothing = len(cmds) == 0
-		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			for _, c := range cmds {
-				p.Do(ctx, c...)
-			}
-			return nil
-		})
-		return err
-	}
+	txf := func(tx *redis.Tx) error { return u.attempt(ctx, tx) }
 	for range maxRetries {
-		out = nil
+		u.out = nil
 		var err error
 		if single {
 			err = s.rdb.Watch(ctx, txf) // WATCH goes out with the load
 		} else {
-			err = s.rdb.Watch(ctx, txf, watched...)
+			err = s.rdb.Watch(ctx, txf, u.watched...)
 		}
 		if errors.Is(err, redis.TxFailedErr) {
 			continue
 		}
-		if err == nil && s.cluster {
-			if wroteNothing {
-				// A replay: the attempt that wrote may have failed between
-				// its transaction and this pipeline (a master killed), and
-				// its messages would be in no sweep's schedule: no redrive,
-				// no backstop. The deadline is absolute: rewriting is safe.
-				sched.deadlineChanged = true
-			}
-			var cmds commands
-			sched.write(&cmds)
-			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, c := range cmds {
-					p.Do(ctx, c...)
-				}
-				return nil
-			})
+		if err == nil {
+			err = u.committed(ctx)
 		}
-		if err == nil && wroteNothing {
-			// What the replay acknowledges may be an earlier attempt's unconfirmed write.
-			err = replication.Confirm(ctx, s.rdb, key(id, "meta"))
-		}
-		if err == nil && single {
-			s.recent.remember(out, st)
-		}
-		return out, err
+		return u.out, err
 	}
 	return nil, session.ErrConflictRetries
+}
+
+// update is one Update's optimistic transaction: what it watches, and what
+// its latest attempt read and wrote, which outlives the attempt's retry.
+type update struct {
+	s      *Store
+	id     string
+	load   Load
+	fn     func(*session.Aggregate) error
+	single bool // a single Redis: WATCH goes out with the load, and a committed state is remembered
+
+	watched      []string
+	out          *session.Aggregate // the state fn made; nil until fn succeeded
+	st           stored             // the stored form of out
+	sched        schedule
+	wroteNothing bool // fn changed nothing (an idempotent replay)
+}
+
+// attempt is one WATCH, load, fn, MULTI/EXEC; a watched key changed by
+// another writer fails EXEC with redis.TxFailedErr.
+func (u *update) attempt(ctx context.Context, tx *redis.Tx) (err error) {
+	s := u.s
+	var pipelined []string
+	if u.single {
+		pipelined = u.watched
+		defer func() {
+			// EXEC ran (committed, aborted on a watched key, or discarded): the watch is gone.
+			released := u.out != nil && (err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err))
+			if !released {
+				_ = tx.Unwatch(ctx).Err() // never leave a watch on a pooled connection
+			}
+		}()
+	}
+	a, loaded, err := s.load(ctx, tx, u.id, u.load, pipelined)
+	if err != nil {
+		return err
+	}
+	before, prevUpdate, from := s.deadline(a), a.Session.UpdateTime, a.Session.State
+	if err := u.fn(a); err != nil {
+		return err
+	}
+	u.out, u.st = a, loaded
+	cmds, err := s.write(a, &u.st)
+	if err != nil {
+		return err
+	}
+	u.sched = s.scheduleAfter(a, before, prevUpdate, from)
+	if !s.cluster {
+		u.sched.write(&cmds)
+	}
+	u.wroteNothing = len(cmds) == 0
+	_, err = tx.TxPipelined(ctx, cmds.queue(ctx))
+	return err
+}
+
+// committed finishes a committed update: on Cluster it writes the schedules,
+// which live in other slots; a replay confirms what it acknowledges; on a
+// single Redis the state is remembered for commitRecent.
+func (u *update) committed(ctx context.Context) error {
+	s := u.s
+	if s.cluster {
+		if u.wroteNothing {
+			// A replay: the attempt that wrote may have failed between
+			// its transaction and this pipeline (a master killed), and
+			// its messages would be in no sweep's schedule: no redrive,
+			// no backstop. The deadline is absolute: rewriting is safe.
+			u.sched.deadlineChanged = true
+		}
+		var cmds commands
+		u.sched.write(&cmds)
+		if _, err := s.rdb.Pipelined(ctx, cmds.queue(ctx)); err != nil {
+			return err
+		}
+	}
+	if u.wroteNothing {
+		// What the replay acknowledges may be an earlier attempt's unconfirmed write.
+		if err := replication.Confirm(ctx, s.rdb, key(u.id, "meta")); err != nil {
+			return err
+		}
+	}
+	if u.single {
+		s.recent.remember(u.out, u.st)
+	}
+	return nil
 }
 
 // scheduleAfter says which schedule entries a change of a moves; before,
@@ -258,6 +278,17 @@ return {meta, redis.call('GET', KEYS[2]), ids, states, texts, lookup, seen}
 // record and active messages; watch, when set, is WATCHed in the same
 // pipeline (tx must then be a transaction's connection).
 func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) (*session.Aggregate, stored, error) {
+	reply, err := runLoadScript(ctx, tx, id, load, watch)
+	if err != nil {
+		return nil, stored{}, err
+	}
+	return decodeLoad(id, load, reply)
+}
+
+// runLoadScript runs loadScript for the session, after WATCH in one pipeline
+// when watch is set, and returns its reply: a missing session is
+// session.ErrSessionNotFound.
+func runLoadScript(ctx context.Context, tx redis.Cmdable, id string, load Load, watch []string) ([]any, error) {
 	keys := []string{key(id, "meta"), key(id, "del"), key(id, "active"), key(id, "msgs"), key(id, "content"), key(id, "seen")}
 	args := make([]any, 0, 2+len(load.SeenIDs))
 	content := "0"
@@ -296,14 +327,20 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.Eval(ctx, on(p), keys, args...) })
 	}
 	if errors.Is(err, redis.Nil) {
-		return nil, stored{}, session.ErrSessionNotFound
+		return nil, session.ErrSessionNotFound
 	} else if err != nil {
-		return nil, stored{}, err
+		return nil, err
 	}
-	res, ok := cmd.Val().([]any)
-	if !ok || len(res) != 7 {
-		return nil, stored{}, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
+	reply, ok := cmd.Val().([]any)
+	if !ok || len(reply) != 7 {
+		return nil, fmt.Errorf("session %s: unexpected load reply %T", id, cmd.Val())
 	}
+	return reply, nil
+}
+
+// decodeLoad decodes loadScript's reply into the aggregate and the stored
+// form of its record and active messages.
+func decodeLoad(id string, load Load, res []any) (*session.Aggregate, stored, error) {
 	metaRaw, _ := res[0].(string)
 	a := &session.Aggregate{Seen: map[string]bool{}}
 	if err := json.Unmarshal([]byte(metaRaw), &a.Session); err != nil {
@@ -357,6 +394,16 @@ func (s *Store) load(ctx context.Context, tx redis.Cmdable, id string, load Load
 type commands [][]any
 
 func (c *commands) add(args ...any) { *c = append(*c, args) }
+
+// queue sends the commands into a pipeline (or a MULTI/EXEC).
+func (c commands) queue(ctx context.Context) func(redis.Pipeliner) error {
+	return func(p redis.Pipeliner) error {
+		for _, args := range c {
+			p.Do(ctx, args...)
+		}
+		return nil
+	}
+}
 
 // stored is the exact stored form of a state: the record, and the state of
 // each active message (without text).
