@@ -465,14 +465,14 @@ func (r *Runtime) awaitAgent(id string) (time.Duration, *failure) {
 	}
 	waited := time.Since(openStart)
 	select {
-	case <-r.ready: // initDone is written before ready closes
+	case <-r.ready: // initDone and initErr are written before ready closes
 		if !r.initDone.IsZero() {
 			waited = max(0, r.initDone.Sub(openStart))
 		}
-	default:
-	}
-	if r.initErr != nil {
-		return waited, r.initErr
+		if r.initErr != nil {
+			return waited, r.initErr
+		}
+	default: // exited first: initialize may still be writing initErr
 	}
 	return waited, r.brokenReason()
 }
