@@ -11,15 +11,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/pkg/apierr"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
-// egressSockets lists the egress sockets of the sandbox root, sorted: the
-// order in which a wrapper tries them.
-func egressSockets(t *testing.T, root string) []string {
+// sockets lists the sockets of one way out of the sandbox root (egress,
+// proxy), sorted: the order in which a wrapper tries them.
+func sockets(t *testing.T, root, way string) []string {
 	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(root, ".sockets", "egress"))
+	ents, err := os.ReadDir(filepath.Join(root, ".sockets", way))
 	require.NoError(t, err)
 	var out []string
 	for _, e := range ents {
@@ -64,11 +65,12 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 	// so): sandbox-a's sorts before sandbox-c's, and sandbox-c's restart,
 	// sandbox-c-2, sorts before sandbox-a's.
 	a := st.startSandboxReplica("sandbox-a", addrA, lb.addr(), "SANDBOX_EGRESS_HOSTS", egressHosts)
-	sockA := egressSockets(t, st.root)
+	sockA := sockets(t, st.root, "egress")
 	c := st.startSandboxReplica("sandbox-c", addrC, lb.addr(), "SANDBOX_EGRESS_HOSTS", egressHosts)
-	sockC := newSocket(t, sockA, egressSockets(t, st.root))
+	sockC := newSocket(t, sockA, sockets(t, st.root, "egress"))
 	require.Len(t, sockA, 1)
 	require.Less(t, sockA[0], sockC, "sandbox-a's socket is tried first")
+	require.Equal(t, []string{sockA[0], sockC}, sockets(t, st.root, "proxy"), "in proxy/ too")
 
 	// sandbox-c owns the sandbox before the session exists (an Abort of an
 	// unknown message makes the replica asked take it).
@@ -95,19 +97,23 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "egress-ok allowed.test:")
 	require.Equal(t, c.name, a.owner(sandboxID), "the second socket's replica served it")
+	// The credential proxy's relay is another matter: any replica's carries
+	// the bytes to the proxy's address, so sandbox-a's (its socket sorts
+	// first in proxy/ too) serves sandbox-c's runtime.
+	requireProviderCall(t, e.suite, id, "m1-provider")
 
 	// Failover: sandbox-a takes the sandbox over; sandbox-c comes back as
 	// sandbox-c-2, whose socket sorts first and which owns nothing.
 	c.kill9()
 	require.Eventually(t, func() bool { return a.owner(sandboxID) == a.name }, 60*time.Second, 20*time.Millisecond,
 		"the sandbox moves to sandbox-a")
-	before := egressSockets(t, st.root)
+	before := sockets(t, st.root, "egress")
 	c.start()
 	require.Eventually(t, func() bool {
 		_, err := c.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
 		return err == nil
 	}, 60*time.Second, 50*time.Millisecond, "sandbox-c-2 answers")
-	socks := egressSockets(t, st.root)
+	socks := sockets(t, st.root, "egress")
 	sockC2 := newSocket(t, before, socks)
 	require.Equal(t, []string{sockC2, sockA[0]}, socks, "sandbox-c's stale socket is gone and sandbox-c-2's is tried first")
 	require.Equal(t, a.name, a.owner(sandboxID))
@@ -116,4 +122,19 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "egress-ok allowed.test:")
 	require.Equal(t, a.name, a.owner(sandboxID))
+	requireProviderCall(t, e.suite, id, "m2-provider")
+}
+
+// requireProviderCall has the scripted runtime call the provider through
+// the credential proxy and requires the upstream's answer.
+func requireProviderCall(t *testing.T, s *suite, sessionID, messageID string) {
+	t.Helper()
+	for _, ev := range s.turn(t, sessionID, messageID, "hello provider") {
+		re := ev.GetRuntimeEvent()
+		if re.GetToolName() == "provider" && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT {
+			require.EqualValues(t, 200, re.GetData().AsMap()["status"])
+			return
+		}
+	}
+	t.Fatalf("no provider call in %s", messageID)
 }
