@@ -32,19 +32,28 @@ type egressSuite struct {
 	httpPort, tPort uint32
 }
 
+// egressHosts is the egress proxy's name map of the egress tests.
+const egressHosts = "allowed.test=127.0.0.1,denied.test=127.0.0.1,other.test=127.0.0.1,private.test=10.255.0.1"
+
 func startEgressSuite(t *testing.T) *egressSuite {
+	e := startEgressServers(t)
+	metricsAddr := freeAddr(t)
+	e.metrics = "http://" + metricsAddr + "/metrics"
+	e.suite = startSuiteWith(t, nil, func(c *sandbox.Config) {
+		c.MetricsAddr = metricsAddr
+		c.Egress.Hosts = egressHosts
+	})
+	return e
+}
+
+// startEgressServers is the suite's HTTP and TLS servers, without services.
+func startEgressServers(t *testing.T) *egressSuite {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "egress-ok "+r.Host) })
 	e := &egressSuite{plain: httptest.NewServer(h), tls: httptest.NewTLSServer(h)}
 	t.Cleanup(e.plain.Close)
 	t.Cleanup(e.tls.Close)
 	e.httpPort = uint32(e.plain.Listener.Addr().(*net.TCPAddr).Port)
 	e.tPort = uint32(e.tls.Listener.Addr().(*net.TCPAddr).Port)
-	metricsAddr := freeAddr(t)
-	e.metrics = "http://" + metricsAddr + "/metrics"
-	e.suite = startSuiteWith(t, nil, func(c *sandbox.Config) {
-		c.MetricsAddr = metricsAddr
-		c.Egress.Hosts = "allowed.test=127.0.0.1,denied.test=127.0.0.1,other.test=127.0.0.1,private.test=10.255.0.1"
-	})
 	return e
 }
 

@@ -147,6 +147,9 @@ func (e *egressSetup) serve(cfg EgressConfig, drv *driver.Driver, n *notify.Noti
 	p := egress.New(egress.Config{
 		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
 			key, err := drv.EgressWrapper(id.SandboxID, id.Instance, id.Credential)
+			if errors.Is(err, driver.ErrEgressNotOwner) {
+				return egress.Grant{}, egress.ErrNotOwner // the wrapper offers it to the next replica
+			}
 			if err != nil {
 				return egress.Grant{}, err
 			}

@@ -13,6 +13,10 @@ import (
 // not verify.
 var ErrEgressWrapperUnknown = errors.New("driver: egress: no such current wrapper")
 
+// ErrEgressNotOwner: an egress connection's preamble names a sandbox this
+// replica does not own (another replica of the node may).
+var ErrEgressNotOwner = errors.New("driver: egress: the sandbox is not owned here")
+
 // EgressRoute is what the egress proxy needs of a route its runtime serves:
 // the session's policy and where its audit events go.
 type EgressRoute struct {
@@ -61,12 +65,13 @@ func (d *Driver) takeEgressLocked(sb *sandbox, r *store.Route, p egresspolicy.Po
 // EgressWrapper authenticates an egress connection's wrapper as its Hello
 // is (constant-time launch-credential digest, current allocation, still
 // its runtime key's instance) and returns its runtime key.
+// ErrEgressNotOwner: the sandbox is not this replica's to judge.
 func (d *Driver) EgressWrapper(sandboxID, instance, credential string) (string, error) {
 	d.mu.Lock()
 	sb := d.sandboxes[sandboxID]
 	d.mu.Unlock()
 	if sb == nil {
-		return "", ErrEgressWrapperUnknown
+		return "", ErrEgressNotOwner
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -18,12 +19,35 @@ import (
 // descriptor (SCM_RIGHTS) in one sendmsg. The wrapper then closes its copy
 // and the proxy serves the runtime's connection directly, so no byte of the
 // traffic crosses the wrapper (decisions.md #47).
+//
+// Every sandbox-service replica of the node serves a socket there, and only
+// the one that owns the wrapper's sandbox can authenticate it. So before it
+// touches the handed socket, a proxy answers the handoff with one byte on
+// the Unix connection: answerAccepted (it decides the connection: serves
+// it, or refuses it on the socket) or answerNotOwner (it closed its copy
+// unwritten; the wrapper, which still holds the socket, offers it to the
+// next replica's socket).
+const (
+	answerAccepted byte = 'A'
+	answerNotOwner byte = 'N'
+)
 
 var errHandoff = errors.New("egress: bad handoff")
 
+// errNoHandoff: the connection closed without sending a byte, as a
+// replica's start probing the directory's sockets does (relay.Listen): no
+// decision to count.
+var errNoHandoff = errors.New("egress: nothing handed off")
+
+// ErrNotOwner is what an Authorizer returns for a wrapper whose sandbox
+// another replica owns (or none does): the proxy answers answerNotOwner
+// and leaves the runtime's connection to the next replica.
+var ErrNotOwner = errors.New("egress: the wrapper's sandbox is not owned here")
+
 // Handoff is the wrapper's handler for each connection of its egress
-// listener: it hands c to a proxy of dir (any local replica) as id. A
-// connection it cannot hand off is closed: the runtime sees it refused.
+// listener: it offers c as id to the proxies of dir in name order until one
+// accepts it. A connection none accepts is closed: the runtime sees it
+// refused.
 func Handoff(dir string, id Identity) func(net.Conn) {
 	line, lineErr := preambleLine(id)
 	return func(c net.Conn) {
@@ -44,14 +68,34 @@ func handOff(dir string, line []byte, c net.Conn) error {
 	if err != nil {
 		return err
 	}
-	pc, err := relay.DialDir(dir)
+	socks, err := relay.Sockets(dir)
 	if err != nil {
 		return err
+	}
+	errs := []error{errHandoff}
+	for _, s := range socks {
+		next, err := offer(s, line, raw)
+		if !next {
+			return err
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// offer hands raw's socket to the proxy at path and waits for its answer;
+// next: that proxy did not take it (no replica there any more, or not the
+// owner), so another may. Once a proxy may hold the socket (a send that
+// went out, an answer not read), no other is offered it.
+func offer(path string, line []byte, raw syscall.RawConn) (next bool, err error) {
+	pc, err := net.Dial("unix", path)
+	if err != nil {
+		return true, err // a replica gone: its socket stays until the next one listens
 	}
 	defer pc.Close()
 	uc, ok := pc.(*net.UnixConn)
 	if !ok {
-		return errHandoff
+		return false, errHandoff
 	}
 	var n int
 	var serr error
@@ -59,26 +103,39 @@ func handOff(dir string, line []byte, c net.Conn) error {
 	if err := raw.Control(func(fd uintptr) {
 		n, _, serr = uc.WriteMsgUnix(line, unix.UnixRights(int(fd)), nil)
 	}); err != nil {
-		return err
+		return false, err
 	}
-	if serr == nil && n != len(line) {
-		serr = errHandoff
+	if serr != nil || n != len(line) {
+		return false, errors.Join(errHandoff, serr)
 	}
-	return serr
+	_ = uc.SetReadDeadline(time.Now().Add(headerTimeout))
+	var answer [1]byte
+	if _, err := io.ReadFull(uc, answer[:]); err != nil {
+		return false, err // refused (the proxy closed), or it may be serving: stop
+	}
+	switch answer[0] {
+	case answerAccepted:
+		return false, nil
+	case answerNotOwner:
+		return true, ErrNotOwner
+	}
+	return false, errHandoff
 }
 
-// receive reads a handoff from uc, which it closes: one read that carries
+// receive reads a handoff from uc: one read that carries
 // the whole preamble and exactly one descriptor, a connected TCP socket.
 // Anything else is refused, and every descriptor it carried closed: no
 // descriptor or more than one (the kernel discards those past the read's
 // room, flagging MSG_CTRUNC), a pipe, a file, a datagram, Unix or listening
 // socket, bytes past the line.
 func receive(uc *net.UnixConn) (Identity, *net.TCPConn, error) {
-	defer func() { _ = uc.Close() }()
 	_ = uc.SetReadDeadline(time.Now().Add(headerTimeout))
 	buf := make([]byte, maxPreamble+1)
 	oob := make([]byte, unix.CmsgSpace(4)) // room for one descriptor (two, aligned)
 	n, oobn, flags, _, err := uc.ReadMsgUnix(buf, oob)
+	if n == 0 && oobn == 0 && (err == nil || errors.Is(err, io.EOF)) {
+		return Identity{}, nil, errNoHandoff
+	}
 	fds := rights(oob[:oobn])
 	if err != nil || flags&unix.MSG_CTRUNC != 0 || len(fds) != 1 {
 		closeAll(fds)

@@ -62,10 +62,16 @@ func fileFD(t *testing.T, f syscall.Conn) int {
 // connected TCP socket, a forged or malformed preamble. Each is refused
 // (the proxy closes the Unix connection and every descriptor it got, and
 // serves nothing on them), counted as unauthenticated, and nothing leaks.
+// A preamble naming a sandbox another replica owns is answered "not the
+// owner" and its socket left untouched; a connection that sends nothing (a
+// replica's start probing the sockets) is no decision.
 func TestEgressRefusesAHostileHandoff(t *testing.T) {
 	dir := t.TempDir()
 	decisions := egress.NewDecisions()
 	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+		if id.SandboxID == "sb-elsewhere" {
+			return egress.Grant{}, egress.ErrNotOwner
+		}
 		if id.Credential != "cred-1" {
 			return egress.Grant{}, errors.New("bad credential")
 		}
@@ -82,8 +88,9 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 	}
 
 	// send writes b with fds in one sendmsg, closes the test's copies of
-	// fds, and waits for the proxy to close the Unix connection.
-	send := func(name, b string, fds ...int) {
+	// fds, and waits for the proxy to close the Unix connection; it
+	// returns the proxy's answer (nothing: refused).
+	send := func(name, b string, fds ...int) string {
 		t.Helper()
 		c, err := net.Dial("unix", sock)
 		require.NoError(t, err, name)
@@ -98,9 +105,13 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 			require.NoError(t, unix.Close(fd), name)
 		}
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, err := c.Read(make([]byte, 1))
-		require.Zero(t, n, name)
-		require.ErrorIs(t, err, io.EOF, name+": the proxy closes the handoff")
+		answer, err := io.ReadAll(c)
+		require.NoError(t, err, name+": the proxy closes the handoff")
+		return string(answer)
+	}
+	refusedHandoff := func(name, b string, fds ...int) {
+		t.Helper()
+		require.Empty(t, send(name, b, fds...), name+": no answer")
 	}
 	// closedUnanswered: the proxy closed its copy of the runtime's end
 	// without writing a byte.
@@ -117,12 +128,12 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 	before := refused()
 	cases := 0
 
-	send("no descriptor", goodPreamble)
+	refusedHandoff("no descriptor", goodPreamble)
 	cases++
 
 	a1, d1 := tcpPair(t)
 	a2, d2 := tcpPair(t)
-	send("two descriptors", goodPreamble, fileFD(t, a1), fileFD(t, a2))
+	refusedHandoff("two descriptors", goodPreamble, fileFD(t, a1), fileFD(t, a2))
 	_ = a1.Close()
 	_ = a2.Close()
 	closedUnanswered("two descriptors, first", d1)
@@ -137,7 +148,7 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 		_ = a.Close()
 		dialedMany = append(dialedMany, d)
 	}
-	send("five descriptors", goodPreamble, many...)
+	refusedHandoff("five descriptors", goodPreamble, many...)
 	for _, d := range dialedMany {
 		closedUnanswered("five descriptors", d)
 	}
@@ -145,7 +156,7 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 
 	var pipe [2]int
 	require.NoError(t, unix.Pipe2(pipe[:], unix.O_CLOEXEC))
-	send("a pipe", goodPreamble, pipe[1])
+	refusedHandoff("a pipe", goodPreamble, pipe[1])
 	n, err := unix.Read(pipe[0], make([]byte, 1))
 	require.NoError(t, err)
 	require.Zero(t, n, "the proxy closed the pipe's write end unwritten")
@@ -154,19 +165,19 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 
 	f, err := os.CreateTemp(t.TempDir(), "regular")
 	require.NoError(t, err)
-	send("a regular file", goodPreamble, fileFD(t, f))
+	refusedHandoff("a regular file", goodPreamble, fileFD(t, f))
 	require.NoError(t, f.Close())
 	cases++
 
 	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
 	require.NoError(t, err)
-	send("a datagram socket", goodPreamble, fileFD(t, udp.(*net.UDPConn)))
+	refusedHandoff("a datagram socket", goodPreamble, fileFD(t, udp.(*net.UDPConn)))
 	require.NoError(t, udp.Close())
 	cases++
 
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
-	send("a Unix stream socket", goodPreamble, pair[1])
+	refusedHandoff("a Unix stream socket", goodPreamble, pair[1])
 	n, err = unix.Read(pair[0], make([]byte, 1))
 	require.NoError(t, err)
 	require.Zero(t, n, "the proxy closed the other end unwritten")
@@ -175,7 +186,7 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 
 	lst, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	send("a TCP listener", goodPreamble, fileFD(t, lst.(*net.TCPListener)))
+	refusedHandoff("a TCP listener", goodPreamble, fileFD(t, lst.(*net.TCPListener)))
 	require.NoError(t, lst.Close())
 	cases++
 
@@ -186,7 +197,7 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 		{"a bad credential encoding", "AGENTPLANE-EGRESS/1 sb1 i1 !!\n"},
 	} {
 		a, d := tcpPair(t)
-		send(c.name, c.preamble, fileFD(t, a))
+		refusedHandoff(c.name, c.preamble, fileFD(t, a))
 		_ = a.Close()
 		closedUnanswered(c.name, d)
 		cases++
@@ -197,7 +208,8 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 	a, d := tcpPair(t)
 	_, err = io.WriteString(d, "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
 	require.NoError(t, err)
-	send("a forged wrapper", "AGENTPLANE-EGRESS/1 sb1 i1 Zm9yZ2Vk\n", fileFD(t, a))
+	require.Equal(t, "A", send("a forged wrapper", "AGENTPLANE-EGRESS/1 sb1 i1 Zm9yZ2Vk\n", fileFD(t, a)),
+		"the owner takes it, to refuse it")
 	_ = a.Close()
 	_ = d.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(d), nil)
@@ -206,6 +218,28 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 	require.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode)
 	_ = d.Close()
 	cases++
+
+	// Another replica's wrapper: answered "not the owner"; the proxy wrote
+	// nothing to the runtime's socket and kept no copy (the wrapper's copy,
+	// a here, still holds it open, and its close is the runtime's EOF).
+	a, d = tcpPair(t)
+	require.Equal(t, "N", send("another replica's wrapper", "AGENTPLANE-EGRESS/1 sb-elsewhere i1 Y3JlZC0x\n", fileFD(t, a)))
+	_ = d.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	n, err = d.Read(make([]byte, 1))
+	require.Zero(t, n)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the connection is still open, unwritten")
+	_ = a.Close()
+	closedUnanswered("another replica's wrapper", d)
+
+	// A probe: connects and sends nothing.
+	probe, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	require.NoError(t, probe.(*net.UnixConn).CloseWrite())
+	_ = probe.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answer, err := io.ReadAll(probe)
+	require.NoError(t, err)
+	require.Empty(t, answer)
+	_ = probe.Close()
 
 	require.Eventually(t, func() bool { return refused() == before+float64(cases) }, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return openFDs(t) <= baseFDs }, 5*time.Second, 10*time.Millisecond,
@@ -233,4 +267,65 @@ func TestEgressHandoffLeaksNothing(t *testing.T) {
 	}
 	hc.CloseIdleConnections()
 	require.Eventually(t, func() bool { return openFDs(t) <= base }, 5*time.Second, 10*time.Millisecond)
+}
+
+// Every sandbox-service replica of a node serves a socket of the egress
+// directory, and only the owner of the wrapper's sandbox can judge it: the
+// wrapper offers each connection to the sockets in name order — past a
+// dead replica's socket and a replica that answers "not the owner" — until
+// one takes it. The non-owner counts nothing and keeps nothing; a sandbox
+// no replica owns gets its connection closed unanswered.
+func TestEgressHandoffFindsTheOwner(t *testing.T) {
+	r, metric := startRig(t, egress.Limits{MaxConns: 64, Idle: time.Minute}, "hello")
+	stale, err := net.Listen("unix", filepath.Join(r.dir, "0.sock")) // sorts first; its replica is gone
+	require.NoError(t, err)
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	require.NoError(t, stale.Close())
+	other := r.addReplica(t, "1.sock") // sorts before the owner's a.sock
+	otherCount := func() float64 {
+		n := 0.0
+		for _, m := range []string{egress.Allowed, egress.Denied} {
+			for _, reason := range []string{egress.ReasonPolicy, egress.ReasonUnauthenticated, egress.ReasonNotAllowed} {
+				n += testutil.ToFloat64(other.WithLabelValues(m, reason))
+			}
+		}
+		return n
+	}
+	hc := r.client("")
+	_, _, err = get(t, hc, r.url(r.plain, "http", "allowed.test")) // warm
+	require.NoError(t, err)
+	base := openFDs(t)
+	for range 10 {
+		code, body, err := get(t, hc, r.url(r.plain, "http", "allowed.test"))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "hello allowed.test:")
+		_, _, err = get(t, hc, r.url(r.tls, "https", "allowed.test"))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return metric(egress.Allowed, egress.ReasonPolicy) == 21 }, 5*time.Second, 10*time.Millisecond,
+		"the owner served every one (counted as each ends)")
+	require.Zero(t, otherCount(), "the other replica decided nothing")
+	hc.CloseIdleConnections()
+	require.Eventually(t, func() bool { return openFDs(t) <= base }, 5*time.Second, 10*time.Millisecond)
+
+	// A wrapper of a sandbox no replica owns.
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	accepted := make(chan struct{})
+	go func() {
+		relay.Accept(front, egress.Handoff(r.dir, egress.Identity{SandboxID: "sb-none", Instance: "i1", Credential: "cred-1"}))
+		close(accepted)
+	}()
+	defer func() { _ = front.Close(); <-accepted }()
+	c, err := net.Dial("tcp", front.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(c)
+	require.Empty(t, b, "closed unanswered")
+	require.Zero(t, otherCount())
+	require.Zero(t, metric(egress.Denied, egress.ReasonUnauthenticated))
 }

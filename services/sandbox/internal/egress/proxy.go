@@ -261,12 +261,8 @@ func (p *Proxy) handle(c net.Conn) {
 		_ = c.Close()
 		return
 	}
-	untrack := p.track(uc)
-	id, client, err := receive(uc)
-	untrack()
-	if err != nil {
-		p.count(Denied, ReasonUnauthenticated)
-		p.cfg.Log.Warn("egress handoff refused: not one preamble with one connected TCP socket", "err", err)
+	id, client, g, err := p.take(uc)
+	if client == nil {
 		return
 	}
 	defer p.track(client)()
@@ -274,9 +270,6 @@ func (p *Proxy) handle(c net.Conn) {
 	// Until bytes flow, both ways: a runtime that neither sends its
 	// request nor reads an answer does not hold a connection for long.
 	_ = client.SetDeadline(time.Now().Add(headerTimeout))
-	ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
-	g, err := p.cfg.Authorize(ctx, id)
-	cancel()
 	if err != nil {
 		p.count(Denied, ReasonUnauthenticated)
 		p.cfg.Log.Warn("egress connection refused: the wrapper did not authenticate", "sandbox", id.SandboxID, "instance", id.Instance, "err", err)
@@ -294,6 +287,37 @@ func (p *Proxy) handle(c net.Conn) {
 	m := newMeter(client, b, p.cfg.Limits.Idle)
 	defer m.stop()
 	p.serve(g, m)
+}
+
+// take receives the handoff on uc, authorizes its wrapper and answers it,
+// then closes uc. client nil: nothing for this replica to serve (a refused
+// handoff, counted; another replica's wrapper, told so). Else this replica
+// decides client: a Grant, or the reason the wrapper did not authenticate.
+func (p *Proxy) take(uc *net.UnixConn) (Identity, *net.TCPConn, Grant, error) {
+	defer p.track(uc)()
+	defer func() { _ = uc.Close() }()
+	id, client, err := receive(uc)
+	if errors.Is(err, errNoHandoff) {
+		return Identity{}, nil, Grant{}, nil
+	}
+	if err != nil {
+		p.count(Denied, ReasonUnauthenticated)
+		p.cfg.Log.Warn("egress handoff refused: not one preamble with one connected TCP socket", "err", err)
+		return Identity{}, nil, Grant{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
+	g, err := p.cfg.Authorize(ctx, id)
+	cancel()
+	_ = uc.SetWriteDeadline(time.Now().Add(headerTimeout))
+	if errors.Is(err, ErrNotOwner) {
+		// The wrapper still holds the socket: closing this copy sends
+		// nothing to the runtime.
+		_ = client.Close()
+		_, _ = uc.Write([]byte{answerNotOwner})
+		return Identity{}, nil, Grant{}, nil
+	}
+	_, _ = uc.Write([]byte{answerAccepted}) // a wrapper gone meanwhile changes nothing: this replica decides
+	return id, client, g, err
 }
 
 // readRequest reads the runtime's request and names its destination, or

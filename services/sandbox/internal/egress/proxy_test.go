@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -32,6 +33,7 @@ import (
 // names), and an HTTP and a TLS server the name map points names at.
 type rig struct {
 	proxyURL *url.URL
+	dir      string // the egress socket directory
 	plain    *httptest.Server
 	tls      *httptest.Server
 	mu       sync.Mutex
@@ -57,6 +59,9 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 	decisions := egress.NewDecisions()
 	p := egress.New(egress.Config{
 		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+			if id.SandboxID != "sb1" {
+				return egress.Grant{}, egress.ErrNotOwner // this replica owns sb1 only
+			}
 			if id.Credential != "cred-1" {
 				return egress.Grant{}, errors.New("bad credential")
 			}
@@ -85,6 +90,7 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 		},
 	})
 	dir := t.TempDir()
+	r.dir = dir
 	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
 	require.NoError(t, err)
 	served := make(chan struct{})
@@ -105,6 +111,22 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 	return r, func(decision, reason string) float64 {
 		return testutil.ToFloat64(decisions.WithLabelValues(decision, reason))
 	}
+}
+
+// addReplica starts another replica's proxy on the rig's directory, at
+// name, owning no sandbox; it counts its decisions on the returned vector.
+func (r *rig) addReplica(t testing.TB, name string) *prometheus.CounterVec {
+	t.Helper()
+	decisions := egress.NewDecisions()
+	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egress.Identity) (egress.Grant, error) {
+		return egress.Grant{}, egress.ErrNotOwner
+	}})
+	ln, err := relay.Listen(filepath.Join(r.dir, name))
+	require.NoError(t, err)
+	served := make(chan struct{})
+	go func() { p.Serve(ln); close(served) }()
+	t.Cleanup(func() { _ = ln.Close(); <-served })
+	return decisions
 }
 
 func port(s *httptest.Server) uint32 {

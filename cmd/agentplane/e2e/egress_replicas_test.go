@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/pkg/apierr"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+// sockets lists the sockets of one way out of the sandbox root (egress,
+// proxy), sorted: the order in which a wrapper tries them.
+func sockets(t *testing.T, root, way string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(root, ".sockets", way))
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// newSocket is the one socket of now that was not in before.
+func newSocket(t *testing.T, before, now []string) string {
+	t.Helper()
+	var added []string
+	for _, n := range now {
+		if !slices.Contains(before, n) {
+			added = append(added, n)
+		}
+	}
+	require.Len(t, added, 1, "one new egress socket (before %v, now %v)", before, now)
+	return added[0]
+}
+
+// TestEgressReachesTheOwnerAmongReplicas: two sandbox replicas, separate
+// processes, share one sandbox root, so every wrapper sees both egress
+// sockets, and only the replica that owns its sandbox can authenticate it.
+// The sandbox is owned by the replica whose socket a wrapper tries second:
+// curl inside the boundary still reaches the allowed server. Then the owner
+// is killed (-9), the other replica takes the sandbox over, and the killed
+// one comes back as a new replica whose socket now sorts first: the next
+// connection reaches the allowed server too.
+func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
+	e := startEgressServers(t)
+	st := newStack(t, stackOptions{logLevel: "info"})
+	st.releaseListeners(svcSandbox)
+	addrA, addrC := freeAddr(t), freeAddr(t)
+	lb := startBalancer(t, addrA, addrC)
+	st.set(svcSession, "SANDBOX_ADDR", lb.addr())
+	st.runInProcess(nil, svcCredential, svcIngest, svcSession)
+	e.suite = st.suite()
+
+	// The names are chosen for their sockets' order (the checks below say
+	// so): sandbox-a's sorts before sandbox-c's, and sandbox-c's restart,
+	// sandbox-c-2, sorts before sandbox-a's.
+	a := st.startSandboxReplica("sandbox-a", addrA, lb.addr(), "SANDBOX_EGRESS_HOSTS", egressHosts)
+	sockA := sockets(t, st.root, "egress")
+	c := st.startSandboxReplica("sandbox-c", addrC, lb.addr(), "SANDBOX_EGRESS_HOSTS", egressHosts)
+	sockC := newSocket(t, sockA, sockets(t, st.root, "egress"))
+	require.Len(t, sockA, 1)
+	require.Less(t, sockA[0], sockC, "sandbox-a's socket is tried first")
+	require.Equal(t, []string{sockA[0], sockC}, sockets(t, st.root, "proxy"), "in proxy/ too")
+
+	// sandbox-c owns the sandbox before the session exists (an Abort of an
+	// unknown message makes the replica asked take it).
+	sandboxID := "egress-owner-" + st.run
+	_, err := c.client.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: sandboxID, SessionId: "warm", MessageId: "warm"})
+	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+	require.Equal(t, c.name, c.owner(sandboxID))
+
+	var sess *sessionv1.Session
+	require.Eventually(t, func() bool {
+		resp, err := e.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID,
+			Worktree:   &sessionv1.Worktree{Directory: "/repo/egress-owner"},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+			Egress:     e.policy(),
+		})
+		sess = resp.GetSession()
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond)
+	id := sess.GetSessionId()
+
+	curl := []string{"curl", "-sS", "-m", "15"}
+	code, out := e.runIn(t, id, "m1", append(curl, e.url("http", "allowed.test", e.httpPort))...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "egress-ok allowed.test:")
+	require.Equal(t, c.name, a.owner(sandboxID), "the second socket's replica served it")
+	// The credential proxy's relay is another matter: any replica's carries
+	// the bytes to the proxy's address, so sandbox-a's (its socket sorts
+	// first in proxy/ too) serves sandbox-c's runtime.
+	requireProviderCall(t, e.suite, id, "m1-provider")
+
+	// Failover: sandbox-a takes the sandbox over; sandbox-c comes back as
+	// sandbox-c-2, whose socket sorts first and which owns nothing.
+	c.kill9()
+	require.Eventually(t, func() bool { return a.owner(sandboxID) == a.name }, 60*time.Second, 20*time.Millisecond,
+		"the sandbox moves to sandbox-a")
+	before := sockets(t, st.root, "egress")
+	c.start()
+	require.Eventually(t, func() bool {
+		_, err := c.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond, "sandbox-c-2 answers")
+	socks := sockets(t, st.root, "egress")
+	sockC2 := newSocket(t, before, socks)
+	require.Equal(t, []string{sockC2, sockA[0]}, socks, "sandbox-c's stale socket is gone and sandbox-c-2's is tried first")
+	require.Equal(t, a.name, a.owner(sandboxID))
+
+	code, out = e.runIn(t, id, "m2", append(curl, "-k", e.url("https", "allowed.test", e.tPort))...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "egress-ok allowed.test:")
+	require.Equal(t, a.name, a.owner(sandboxID))
+	requireProviderCall(t, e.suite, id, "m2-provider")
+}
+
+// requireProviderCall has the scripted runtime call the provider through
+// the credential proxy and requires the upstream's answer.
+func requireProviderCall(t *testing.T, s *suite, sessionID, messageID string) {
+	t.Helper()
+	for _, ev := range s.turn(t, sessionID, messageID, "hello provider") {
+		re := ev.GetRuntimeEvent()
+		if re.GetToolName() == "provider" && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT {
+			require.EqualValues(t, 200, re.GetData().AsMap()["status"])
+			return
+		}
+	}
+	t.Fatalf("no provider call in %s", messageID)
+}
