@@ -13,7 +13,6 @@ import (
 	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
-	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
 // sockets lists the sockets of one way out of the sandbox root (egress,
@@ -79,17 +78,7 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
 	require.Equal(t, c.name, c.owner(sandboxID))
 
-	var sess *sessionv1.Session
-	require.Eventually(t, func() bool {
-		resp, err := e.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID,
-			Worktree:   &sessionv1.Worktree{Directory: "/repo/egress-owner"},
-			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
-			Egress:     e.policy(),
-		})
-		sess = resp.GetSession()
-		return err == nil
-	}, 30*time.Second, 50*time.Millisecond)
+	sess := e.createSession(t, sandboxID, "/repo/egress-owner")
 	id := sess.GetSessionId()
 
 	curl := []string{"curl", "-sS", "-m", "15"}

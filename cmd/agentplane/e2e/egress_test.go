@@ -71,6 +71,24 @@ func (e *egressSuite) policy(extra ...*sessionv1.EgressRule) *sessionv1.EgressPo
 }
 
 // run has the scripted runtime run argv inside the sandbox and returns its
+// createSession creates a session of sandboxID on directory under the
+// suite's policy, retrying while the services come up.
+func (e *egressSuite) createSession(t *testing.T, sandboxID, directory string) *sessionv1.Session {
+	t.Helper()
+	var sess *sessionv1.Session
+	require.Eventually(t, func() bool {
+		resp, err := e.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID,
+			Worktree:   &sessionv1.Worktree{Directory: directory},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+			Egress:     e.policy(),
+		})
+		sess = resp.GetSession()
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond)
+	return sess
+}
+
 // exit code and output.
 func (e *egressSuite) runIn(t *testing.T, sessionID, messageID string, argv ...string) (int, string) {
 	t.Helper()
@@ -137,17 +155,7 @@ func (e *egressSuite) url(scheme, host string, port uint32) string {
 // reaches nothing.
 func TestEgressByPolicy(t *testing.T) {
 	e := startEgressSuite(t)
-	var sess *sessionv1.Session
-	require.Eventually(t, func() bool {
-		resp, err := e.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "egress-" + e.run,
-			Worktree:   &sessionv1.Worktree{Directory: "/repo/egress"},
-			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
-			Egress:     e.policy(),
-		})
-		sess = resp.GetSession()
-		return err == nil
-	}, 30*time.Second, 50*time.Millisecond)
+	sess := e.createSession(t, "egress-"+e.run, "/repo/egress")
 	id := sess.GetSessionId()
 	require.Equal(t, uint64(1), sess.GetEgressVersion())
 	require.Eventually(t, func() bool {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,19 +26,36 @@ import (
 // recentMax bounds the kept states (a few KiB each).
 const recentMax = 10_000
 
+// recentIdle is how long a state is kept without a change of its session. A
+// session's changes come in bursts (send, accept, events, outcome) seconds
+// apart, so a state idle for longer is unlikely to be used, and a session
+// deleted through another replica would otherwise stay until recentMax
+// pushes it out: memory that grows with every session ever served.
+const recentIdle = 30 * time.Second
+
 // recentMaxActive keeps states small enough to compare in one script call.
 const recentMaxActive = 256
 
 type recentState struct {
 	a      *session.Aggregate // the session and its active messages only
 	meta   string
-	ids    []string // active message ids in queue order
-	states []string // stored state of each active message
+	ids    []string  // active message ids in queue order
+	states []string  // stored state of each active message
+	at     time.Time // when it was kept
 }
 
 type recentStates struct {
-	mu sync.Mutex
-	m  map[string]*recentState
+	mu        sync.Mutex
+	m         map[string]*recentState
+	now       func() time.Time // nil: time.Now
+	lastSweep time.Time
+}
+
+func (r *recentStates) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
 }
 
 // remember keeps a's committed state (st: its stored form).
@@ -68,6 +86,8 @@ func (r *recentStates) remember(a *session.Aggregate, st stored) {
 	if r.m == nil {
 		r.m = map[string]*recentState{}
 	}
+	rs.at = r.clock()
+	r.sweep(rs.at)
 	if _, ok := r.m[id]; !ok && len(r.m) >= recentMax {
 		for k := range r.m { // drop an arbitrary one
 			delete(r.m, k)
@@ -75,6 +95,20 @@ func (r *recentStates) remember(a *session.Aggregate, st stored) {
 		}
 	}
 	r.m[id] = rs
+}
+
+// sweep drops the states idle past recentIdle, at most twice per
+// recentIdle (a pass over at most recentMax entries).
+func (r *recentStates) sweep(now time.Time) {
+	if now.Sub(r.lastSweep) < recentIdle/2 {
+		return
+	}
+	r.lastSweep = now
+	for k, rs := range r.m {
+		if now.Sub(rs.at) >= recentIdle {
+			delete(r.m, k)
+		}
+	}
 }
 
 func (r *recentStates) forget(id string) {
@@ -86,7 +120,12 @@ func (r *recentStates) forget(id string) {
 func (r *recentStates) get(id string) *recentState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.m[id]
+	rs := r.m[id]
+	if rs != nil && r.clock().Sub(rs.at) >= recentIdle {
+		delete(r.m, id)
+		return nil
+	}
+	return rs
 }
 
 // fresh is a copy of the kept state as a load of lookup (a message id, may
