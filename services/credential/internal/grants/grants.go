@@ -96,7 +96,7 @@ func New(rdb redis.UniversalClient, key []byte, opts Options) (*Service, error) 
 		opts.Wait = pause.Sleep
 	}
 	return &Service{store: store.New(rdb), sealer: sl, policy: opts.Policy, now: opts.Now,
-		window: opts.TrustWindow, wait: opts.Wait, cache: resolutionCache{m: map[handle.Digest]*cached{}}}, nil
+		window: opts.TrustWindow, wait: opts.Wait, cache: resolutionCache{m: map[handle.Digest]*cached{}, window: opts.TrustWindow}}, nil
 }
 
 // Grant describes a handle without revealing it.

@@ -35,9 +35,17 @@ type cached struct {
 // maxCached bounds the resolution cache; when full it starts over.
 const maxCached = 16384
 
+// sweepEvery is how often put drops the resolutions past the trust window,
+// which are never used again (a request reads such a handle afresh): else
+// every handle ever resolved, most of them released with their session,
+// stays until maxCached starts the cache over.
+const sweepEvery = time.Second
+
 type resolutionCache struct {
-	mu sync.RWMutex
-	m  map[handle.Digest]*cached
+	mu        sync.RWMutex
+	m         map[handle.Digest]*cached
+	window    time.Duration // the trust window
+	lastSweep time.Time
 }
 
 func (c *resolutionCache) get(d handle.Digest) *cached {
@@ -51,6 +59,14 @@ func (c *resolutionCache) put(d handle.Digest, e *cached) {
 	defer c.mu.Unlock()
 	if len(c.m) >= maxCached {
 		clear(c.m)
+	}
+	if e.verified.Sub(c.lastSweep) >= sweepEvery {
+		c.lastSweep = e.verified
+		for k, x := range c.m {
+			if e.verified.Sub(x.verified) >= c.window {
+				delete(c.m, k)
+			}
+		}
 	}
 	c.m[d] = e
 }
