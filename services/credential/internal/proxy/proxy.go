@@ -62,8 +62,9 @@ type Proxy struct {
 	registered  sync.Map     // runtime session ids created in ingest by this process
 	registeredN atomic.Int64 // entries in registered (bounded by maxRegistered)
 
-	attMu sync.Mutex
-	att   map[*grants.Resolved]signed // recent attestations, by resolution
+	attMu    sync.Mutex
+	att      map[*grants.Resolved]signed // recent attestations, by resolution
+	attSwept time.Time                   // when att was last swept
 }
 
 // signed is an attestation value and when it was signed.
@@ -303,6 +304,16 @@ func (p *Proxy) attestation(res *grants.Resolved) (string, error) {
 	p.attMu.Lock()
 	if len(p.att) >= maxAttestations {
 		clear(p.att)
+	}
+	// Drop those past reuse: each holds its resolution, and a released
+	// handle's would stay until maxAttestations starts the map over.
+	if now.Sub(p.attSwept) >= attestationReuse {
+		p.attSwept = now
+		for r, x := range p.att {
+			if now.Sub(x.at) >= attestationReuse || now.Before(x.at) {
+				delete(p.att, r)
+			}
+		}
 	}
 	p.att[res] = signed{value: v, at: now}
 	p.attMu.Unlock()

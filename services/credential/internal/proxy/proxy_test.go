@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,4 +42,22 @@ func TestAttestationReusedForASecond(t *testing.T) {
 	c, err = attestation.Verify(key, fresh, now)
 	require.NoError(t, err)
 	require.Equal(t, now.UnixMilli(), c.IssuedAt)
+}
+
+// Attestations past reuse are dropped when another is signed, with the
+// resolutions they hold: the map follows the handles in use, not every
+// handle this process ever served.
+func TestAttestationsPastReuseAreDropped(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, err := New(Config{AttestationKey: []byte(strings.Repeat("k", 32)), Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	for i := range 50 {
+		_, err := p.attestation(&grants.Resolved{Member: scope.Member{UserID: "u", SessionID: "s" + strconv.Itoa(i)}})
+		require.NoError(t, err)
+	}
+	require.Len(t, p.att, 50)
+	now = now.Add(attestationReuse)
+	_, err = p.attestation(&grants.Resolved{Member: scope.Member{UserID: "u", SessionID: "new"}})
+	require.NoError(t, err)
+	require.Len(t, p.att, 1)
 }
