@@ -195,7 +195,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
-	isolation := devIsolation(&sbx, o.sandboxIsolation)
+	isolation := devIsolation(&sbx, o.sandboxIsolation, scratch)
 	if sbx.Isolation == "none" {
 		fmt.Fprintf(stderr, "agentplane dev: WARNING: %s\n", isolation)
 	}
@@ -354,19 +354,55 @@ func devSession(ctx context.Context, addr string, o devOptions, key string, stdo
 	}
 }
 
+// reachableCopy copies the executable bin into dir (created 0755) as a
+// file everyone may read and run, for a sandbox user to start.
+func reachableCopy(bin, dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	src, err := os.Open(bin)
+	if err != nil {
+		return "", err
+	}
+	defer src.Close()
+	dst := filepath.Join(dir, filepath.Base(bin))
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return "", err
+	}
+	_, cerr := io.Copy(f, src)
+	if err := errors.Join(cerr, f.Close()); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
 // devIsolation picks the sandbox boundary for dev: what was asked, or by
 // default namespaces when this host allows them (probed once, as the
 // sandbox service itself would at start), falling back to the service's own
-// uid when the unprivileged sandbox user cannot reach the wrapper binary or
-// the sandbox root, and to none, with the reason, when the kernel refuses.
+// uid when the unprivileged sandbox user cannot reach the wrapper binary (nor a
+// copy of it under scratch) or the sandbox root, and to none, with the reason,
+// when the kernel refuses.
 // It returns the line for the start-up table.
-func devIsolation(sbx *sandbox.Config, want string) string {
+func devIsolation(sbx *sandbox.Config, want, scratch string) string {
 	if want == "none" {
 		sbx.Isolation = "none"
 		return "isolation: NONE (--sandbox-isolation=none): runtimes share the services' user, PID and network namespace"
 	}
 	ctx := context.Background()
 	uid, err := sandbox.ProbeIsolation(ctx, *sbx)
+	if err != nil && uid != "" {
+		// `go run` and `go test` build into a directory only this user can
+		// enter: a copy the sandbox user can reach keeps the sandboxes off
+		// this process's uid.
+		if bin, cerr := reachableCopy(sbx.WrapperBin, filepath.Join(scratch, "bin")); cerr == nil {
+			try := *sbx
+			try.WrapperBin = bin
+			if u, perr := sandbox.ProbeIsolation(ctx, try); perr == nil {
+				sbx.WrapperBin, uid, err = bin, u, nil
+			}
+		}
+	}
 	if err != nil && uid != "" {
 		first := err
 		sbx.SandboxUID = -1
