@@ -24,10 +24,13 @@ const downloadBytes = 50 << 20
 // socket, the proxy splicing it with the upstream), from the same server
 // and the same bytes, each on a new connection. A third leg is the floor of
 // any relay in user space: a bare TCP forwarder (no policy, no accounting;
-// Go's io.Copy, which splices) between the same client and server. Each
-// iteration makes one of each, in rotating order, so a change of the
-// machine's load falls on all alike: compare egress/direct with
-// forwarder/direct.
+// Go's io.Copy, which splices) between the same client and server. A fourth
+// is the floor of a relay in the kernel: a BPF sockmap that redirects each
+// segment to the other socket (sockmap_test.go; it needs CAP_BPF, and the
+// leg is left out with a word where it cannot load). Each iteration makes
+// one of each, in rotating order, so a change of the machine's load falls
+// on all alike: compare egress/direct with forwarder/direct and
+// sockmap/direct.
 func BenchmarkEgressDownload(b *testing.B) {
 	blob := make([]byte, downloadBytes)
 	_, _ = rand.Read(blob)
@@ -54,7 +57,14 @@ func BenchmarkEgressDownload(b *testing.B) {
 		func() time.Duration { return download(viaEgress, r.url(r.plain, "http", "allowed.test")) },
 		func() time.Duration { return download(direct, "http://"+fwd+"/blob") },
 	}
-	var took [3]time.Duration
+	inKernel, err := newSockmapForwarder(b)
+	if err != nil {
+		b.Logf("no sockmap leg: %v", err)
+	} else {
+		viaSockmap := inKernel.start(b, r.plain.Listener.Addr().String())
+		legs = append(legs, func() time.Duration { return download(direct, "http://"+viaSockmap+"/blob") })
+	}
+	took := make([]time.Duration, len(legs))
 	i := 0
 	for b.Loop() {
 		for k := range legs {
@@ -68,6 +78,9 @@ func BenchmarkEgressDownload(b *testing.B) {
 	b.ReportMetric(mbps(took[1]), "egress-MB/s")
 	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "egress/direct")
 	b.ReportMetric(took[0].Seconds()/took[2].Seconds(), "forwarder/direct")
+	if len(took) > 3 {
+		b.ReportMetric(took[0].Seconds()/took[3].Seconds(), "sockmap/direct")
+	}
 }
 
 // startForwarder relays each connection to upstream and back with nothing
