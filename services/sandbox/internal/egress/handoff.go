@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"syscall"
 	"time"
@@ -44,10 +45,16 @@ var errNoHandoff = errors.New("egress: nothing handed off")
 // and leaves the runtime's connection to the next replica.
 var ErrNotOwner = errors.New("egress: the wrapper's sandbox is not owned here")
 
+// ReasonNoOwner is the wrapper's own answer, 503, when no proxy of the
+// egress directory takes a connection: the sandbox's owner is restarting
+// or being replaced. A package manager retries a 503, where a connection
+// closed unanswered reads as a broken network. Nothing counts it: the
+// decisions are the owner's, and there is none.
+const ReasonNoOwner = "no_owner"
+
 // Handoff is the wrapper's handler for each connection of its egress
 // listener: it offers c as id to the proxies of dir in name order until one
-// accepts it. A connection none accepts is closed: the runtime sees it
-// refused.
+// accepts it, and answers 503 no_owner when none does.
 func Handoff(dir string, id Identity) func(net.Conn) {
 	line, lineErr := preambleLine(id)
 	return func(c net.Conn) {
@@ -55,32 +62,50 @@ func Handoff(dir string, id Identity) func(net.Conn) {
 		if lineErr != nil {
 			return
 		}
-		_ = handOff(dir, line, c)
+		if offered, _ := handOff(dir, line, c); !offered {
+			answerNoOwner(c)
+		}
 	}
 }
 
-func handOff(dir string, line []byte, c net.Conn) error {
+// handOff offers c to each proxy of dir in turn; offered: one took it, or
+// may hold it, so the wrapper must not write to c.
+func handOff(dir string, line []byte, c net.Conn) (offered bool, err error) {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return errHandoff
+		return false, errHandoff
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
-		return err
+		return false, err
 	}
 	socks, err := relay.Sockets(dir)
 	if err != nil {
-		return err
+		return false, err
 	}
 	errs := []error{errHandoff}
 	for _, s := range socks {
 		next, err := offer(s, line, raw)
 		if !next {
-			return err
+			return true, err
 		}
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return false, errors.Join(errs...)
+}
+
+// answerNoOwner writes the 503 without reading the request, then reads
+// what the runtime sent for a moment (up to its close, a second or 64 KiB):
+// closing a socket with its request unread resets the connection, and the
+// reset can overtake the answer.
+func answerNoOwner(c net.Conn) {
+	const linger, drain = time.Second, 64 << 10
+	_ = c.SetDeadline(time.Now().Add(linger))
+	writeDenied(c, http.StatusServiceUnavailable, ReasonNoOwner)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, drain))
 }
 
 // offer hands raw's socket to the proxy at path and waits for its answer;

@@ -274,7 +274,8 @@ func TestEgressHandoffLeaksNothing(t *testing.T) {
 // wrapper offers each connection to the sockets in name order — past a
 // dead replica's socket and a replica that answers "not the owner" — until
 // one takes it. The non-owner counts nothing and keeps nothing; a sandbox
-// no replica owns gets its connection closed unanswered.
+// no replica owns gets the wrapper's own 503 no_owner, which a package
+// manager retries.
 func TestEgressHandoffFindsTheOwner(t *testing.T) {
 	r, metric := startRig(t, egress.Limits{MaxConns: 64, Idle: time.Minute}, "hello")
 	stale, err := net.Listen("unix", filepath.Join(r.dir, "0.sock")) // sorts first; its replica is gone
@@ -324,8 +325,11 @@ func TestEgressHandoffFindsTheOwner(t *testing.T) {
 	_, err = io.WriteString(c, "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
 	require.NoError(t, err)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, _ := io.ReadAll(c)
-	require.Empty(t, b, "closed unanswered")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.Equal(t, egress.ReasonNoOwner, resp.Header.Get("X-Agentplane-Egress"))
 	require.Zero(t, otherCount())
 	require.Zero(t, metric(egress.Denied, egress.ReasonUnauthenticated))
 }
