@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/relay"
 )
 
 const downloadBytes = 50 << 20
@@ -86,27 +87,26 @@ func BenchmarkEgressDownload(b *testing.B) {
 // startForwarder relays each connection to upstream and back with nothing
 // else: the reference a proxy in user space cannot beat.
 func startForwarder(b *testing.B, upstream string) string {
+	return serveLoopback(b, func(c net.Conn) {
+		defer c.Close()
+		up, err := net.Dial("tcp", upstream)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		go func() { _, _ = io.Copy(up, c) }()
+		_, _ = io.Copy(c, up)
+	})
+}
+
+// serveLoopback runs handle for each connection of a new loopback
+// listener until the benchmark ends, and returns its address.
+func serveLoopback(b *testing.B, handle func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
-	b.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", upstream)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c) }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
+	done := make(chan struct{})
+	go func() { relay.Accept(ln, handle); close(done) }()
+	b.Cleanup(func() { _ = ln.Close(); <-done })
 	return ln.Addr().String()
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
 
@@ -83,19 +82,7 @@ func newSockmapForwarder(b *testing.B) (*sockmapForwarder, error) {
 
 // start listens and joins each connection with a new one to upstream.
 func (f *sockmapForwarder) start(b *testing.B, upstream string) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go f.relay(c, upstream)
-		}
-	}()
-	return ln.Addr().String()
+	return serveLoopback(b, func(c net.Conn) { f.relay(c, upstream) })
 }
 
 // relay joins c with a new connection to upstream. It runs in its own
