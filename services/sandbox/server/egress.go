@@ -23,6 +23,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/egress"
 	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/relay"
+	"agentplane.dev/services/sandbox/internal/store"
 )
 
 // sandboxEgressAddr is where a runtime behind the boundary finds the egress
@@ -146,15 +147,18 @@ func (e *egressSetup) serve(cfg EgressConfig, drv *driver.Driver, n *notify.Noti
 	hosts, _ := parseHosts(cfg.Hosts)                                         // validated
 	p := egress.New(egress.Config{
 		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
-			key, err := drv.EgressWrapper(id.SandboxID, id.Instance, id.Credential)
+			eg, err := drv.EgressWrapper(id.SandboxID, id.Instance, id.Credential)
 			if errors.Is(err, driver.ErrEgressNotOwner) {
 				return egress.Grant{}, egress.ErrNotOwner // the wrapper offers it to the next replica
 			}
 			if err != nil {
 				return egress.Grant{}, err
 			}
-			return egressGrant(drv, n, log, id.SandboxID, key), nil
+			g := egressGrant(drv, n, log, id.SandboxID, eg.RuntimeKey)
+			g.Owner = eg.OwnerToken
+			return g, nil
 		},
+		Ledger:  windowLedger{drv},
 		Default: def, Hosts: hosts, Decisions: decisions, Log: log,
 		Limits: egress.Limits{MaxConns: cfg.MaxConns, MaxBytes: int64(cfg.MaxBytes), BytesWindow: cfg.BytesWindow, Idle: cfg.Idle},
 	})
@@ -170,6 +174,19 @@ func (e *egressSetup) close() {
 			<-e.done
 		}
 	}
+}
+
+// windowLedger keeps the sandboxes' egress byte windows in the sandbox
+// store, written by the owner under its fencing token.
+type windowLedger struct{ drv *driver.Driver }
+
+func (l windowLedger) Load(ctx context.Context, sandboxID string) (egress.Window, error) {
+	w, err := l.drv.EgressWindow(ctx, sandboxID)
+	return egress.Window{Start: w.Start, Used: w.Used}, err
+}
+
+func (l windowLedger) Save(ctx context.Context, sandboxID string, w egress.Window, ends time.Time) error {
+	return l.drv.SaveEgressWindow(ctx, sandboxID, store.EgressWindow{Start: w.Start, Used: w.Used}, ends)
 }
 
 // egressGrant reads the runtime key's routes on every request (the union

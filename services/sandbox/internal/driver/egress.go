@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"time"
 
 	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/services/sandbox/internal/store"
@@ -62,16 +63,25 @@ func (d *Driver) takeEgressLocked(sb *sandbox, r *store.Route, p egresspolicy.Po
 	d.persistRoute(sb, r)
 }
 
+// EgressGrant is what an authenticated egress connection is served under:
+// its wrapper's runtime key, and the owner token this replica holds the
+// sandbox with (a new token is a new ownership: what this replica knew of
+// the sandbox's byte window from before may be stale).
+type EgressGrant struct {
+	RuntimeKey string
+	OwnerToken uint64
+}
+
 // EgressWrapper authenticates an egress connection's wrapper as its Hello
 // is (constant-time launch-credential digest, current allocation, still
-// its runtime key's instance) and returns its runtime key.
+// its runtime key's instance).
 // ErrEgressNotOwner: the sandbox is not this replica's to judge.
-func (d *Driver) EgressWrapper(sandboxID, instance, credential string) (string, error) {
+func (d *Driver) EgressWrapper(sandboxID, instance, credential string) (EgressGrant, error) {
 	d.mu.Lock()
 	sb := d.sandboxes[sandboxID]
 	d.mu.Unlock()
 	if sb == nil {
-		return "", ErrEgressNotOwner
+		return EgressGrant{}, ErrEgressNotOwner
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -82,12 +92,35 @@ func (d *Driver) EgressWrapper(sandboxID, instance, credential string) (string, 
 		want = w.CredDigest
 	}
 	if !constantTimeEqual(got, want) || w == nil || w.Allocation != sb.allocationID {
-		return "", ErrEgressWrapperUnknown
+		return EgressGrant{}, ErrEgressWrapperUnknown
 	}
 	if slot := sb.keyAllocations[w.RuntimeKey]; slot == nil || slot.Alloc.Instance != w.Instance || !slot.Alloc.Live() {
-		return "", ErrEgressWrapperUnknown
+		return EgressGrant{}, ErrEgressWrapperUnknown
 	}
-	return w.RuntimeKey, nil
+	return EgressGrant{RuntimeKey: w.RuntimeKey, OwnerToken: sb.owner.Token()}, nil
+}
+
+// EgressWindow reads the sandbox's egress byte window as its owner last
+// saved it (a previous owner's, after a takeover).
+func (d *Driver) EgressWindow(ctx context.Context, sandboxID string) (store.EgressWindow, error) {
+	return store.LoadEgressWindow(ctx, d.cfg.Redis, sandboxID)
+}
+
+// SaveEgressWindow saves the sandbox's byte window until ends, fenced by
+// the owner token. ErrEgressNotOwner: this replica does not own it (any
+// more); a stale token also drops the sandbox, as every fenced write's.
+func (d *Driver) SaveEgressWindow(ctx context.Context, sandboxID string, w store.EgressWindow, ends time.Time) error {
+	d.mu.Lock()
+	sb := d.sandboxes[sandboxID]
+	d.mu.Unlock()
+	if sb == nil {
+		return ErrEgressNotOwner
+	}
+	if err := store.PutEgressWindow(ctx, sb.owner, sandboxID, w, ends); err != nil {
+		d.staleWrite(sb, err)
+		return err
+	}
+	return nil
 }
 
 // EgressRoutes returns the routes a runtime key serves now (sessions that

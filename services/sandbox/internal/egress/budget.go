@@ -15,11 +15,43 @@ type budget struct {
 	max    int64         // bytes per window; 0: unbounded
 	window time.Duration // its length; 0: one window for the proxy's life
 	now    func() time.Time
+	key    string // the sandbox, for the Ledger
+	owner  uint64 // the ownership it counts under (Grant.Owner)
 
 	mu    sync.Mutex
 	open  int
 	start time.Time
 	used  int64
+	last  Window // what the Ledger holds, as far as this process knows
+}
+
+// resume goes on from a saved window (it rolls over as any, when over).
+func (b *budget) resume(w Window) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.start, b.used, b.last = w.Start, w.Used, w
+}
+
+// unsaved is the window when it changed since the last save, and when it
+// ends (nothing to save for an unbounded budget).
+func (b *budget) unsaved() (w Window, ends time.Time, changed bool) {
+	if b.max <= 0 {
+		return Window{}, time.Time{}, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w = Window{Start: b.start, Used: b.used}
+	ends = b.start.Add(b.window)
+	if b.window <= 0 {
+		ends = b.now().Add(24 * time.Hour) // one window for the proxy's life: kept a day past the last save
+	}
+	return w, ends, !b.start.IsZero() && w != b.last
+}
+
+func (b *budget) markSaved(w Window) {
+	b.mu.Lock()
+	b.last = w
+	b.mu.Unlock()
 }
 
 // rollLocked starts a new window when the current one ended.

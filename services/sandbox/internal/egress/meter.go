@@ -24,10 +24,14 @@ type meter struct {
 	reason   string
 	closers  []io.Closer
 	done     chan struct{}
+	// beforeCut runs once before a bound closes the connection (nil: none):
+	// the proxy saves the window there, so the runtime that sees the cut
+	// finds it counted by the next owner too.
+	beforeCut func()
 }
 
-func newMeter(c net.Conn, b *budget, idle time.Duration) *meter {
-	m := &meter{Conn: c, budget: b, idle: idle, done: make(chan struct{})}
+func newMeter(c net.Conn, b *budget, idle time.Duration, beforeCut func()) *meter {
+	m := &meter{Conn: c, budget: b, idle: idle, done: make(chan struct{}), beforeCut: beforeCut}
 	m.touch()
 	if idle > 0 {
 		go m.watch()
@@ -135,11 +139,15 @@ func (m *meter) alsoClose(c io.Closer) {
 
 func (m *meter) cut(reason string) {
 	m.mu.Lock()
-	if m.reason == "" {
+	first := m.reason == ""
+	if first {
 		m.reason = reason
 	}
 	closers := m.closers
 	m.mu.Unlock()
+	if first && m.beforeCut != nil {
+		m.beforeCut()
+	}
 	_ = m.Close()
 	for _, c := range closers {
 		_ = c.Close()

@@ -53,6 +53,7 @@ const (
 	ReasonUnauthenticated   = "unauthenticated"    // no valid wrapper preamble
 	ReasonPolicyUnavailable = "policy_unavailable" // the wrapper's policy cannot be read now
 	ReasonBytesLimit        = "bytes_limit"        // the sandbox's connections carried the window's allowance
+	ReasonBytesUnavailable  = "bytes_unavailable"  // the sandbox's saved byte window cannot be read now
 	ReasonIdleTimeout       = "idle_timeout"       // closed: nothing moved for the idle bound
 )
 
@@ -62,7 +63,8 @@ var decisionReasons = [][2]string{
 	{Allowed, ReasonPolicy},
 	{Denied, ReasonNotAllowed}, {Denied, ReasonIPLiteral}, {Denied, ReasonBadRequest}, {Denied, ReasonPrivateAddress},
 	{Denied, ReasonResolveFailed}, {Denied, ReasonConnectFailed}, {Denied, ReasonNotTLS}, {Denied, ReasonSNIMismatch},
-	{Denied, ReasonConnectionLimit}, {Denied, ReasonBytesLimit}, {Denied, ReasonUnauthenticated}, {Denied, ReasonPolicyUnavailable},
+	{Denied, ReasonConnectionLimit}, {Denied, ReasonBytesLimit}, {Denied, ReasonBytesUnavailable},
+	{Denied, ReasonUnauthenticated}, {Denied, ReasonPolicyUnavailable},
 	{Closed, ReasonBytesLimit}, {Closed, ReasonIdleTimeout},
 }
 
@@ -94,6 +96,9 @@ type Decision struct {
 type Grant struct {
 	// Key is what the bounds count against (the sandbox).
 	Key string
+	// Owner is the ownership the grant was made under (the owner token):
+	// a byte window kept from another is read from the Ledger again.
+	Owner uint64
 	// Policy returns the wrapper's policy as it is now (read per request,
 	// so a change applies to the next connection).
 	Policy func() (egresspolicy.Policy, error)
@@ -129,6 +134,23 @@ type Config struct {
 	Log       *slog.Logger
 	// Now is the budgets' clock; nil: time.Now.
 	Now func() time.Time
+	// Ledger keeps each sandbox's byte window beyond this process; nil:
+	// the window lives and dies with it.
+	Ledger Ledger
+}
+
+// Ledger keeps each sandbox's byte window where its next owner finds it,
+// so a restart or a takeover goes on counting instead of granting a fresh
+// allowance. Save is fenced by the owner: a former owner's fails.
+type Ledger interface {
+	Load(ctx context.Context, key string) (Window, error)
+	Save(ctx context.Context, key string, w Window, ends time.Time) error
+}
+
+// Window is a sandbox's byte window: when it started, what it carried.
+type Window struct {
+	Start time.Time
+	Used  int64
 }
 
 // Proxy is the egress proxy.
@@ -169,6 +191,21 @@ func New(cfg Config) *Proxy {
 // connection it served has ended (closing ln closes them).
 func (p *Proxy) Serve(ln net.Listener) {
 	var wg sync.WaitGroup
+	stopSaving := make(chan struct{})
+	saving := make(chan struct{})
+	go func() {
+		defer close(saving)
+		t := time.NewTicker(saveEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				p.saveWindows()
+			case <-stopSaving:
+				return
+			}
+		}
+	}()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -187,6 +224,9 @@ func (p *Proxy) Serve(ln net.Listener) {
 	}
 	p.mu.Unlock()
 	wg.Wait()
+	close(stopSaving)
+	<-saving
+	p.saveWindows()
 }
 
 // track makes Serve's end close c until the returned func is called; a c
@@ -219,19 +259,12 @@ func (p *Proxy) record(g Grant, d Decision) {
 }
 
 // acquire opens a connection on the sandbox's budget, or says which bound
-// refuses it. Budgets that hold nothing any more go first.
-func (p *Proxy) acquire(key string) (*budget, string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for k, b := range p.budgets {
-		if b.idle() {
-			delete(p.budgets, k)
-		}
-	}
-	b := p.budgets[key]
-	if b == nil {
-		b = &budget{max: p.cfg.Limits.MaxBytes, window: p.cfg.Limits.BytesWindow, now: p.cfg.Now}
-		p.budgets[key] = b
+// refuses it.
+func (p *Proxy) acquire(g Grant) (*budget, string) {
+	b, err := p.budget(g)
+	if err != nil {
+		p.cfg.Log.Warn("egress connection refused: the sandbox's byte window cannot be read", "sandbox", g.Key, "err", err)
+		return nil, ReasonBytesUnavailable
 	}
 	if b.spent() {
 		return nil, ReasonBytesLimit
@@ -245,7 +278,81 @@ func (p *Proxy) acquire(key string) (*budget, string) {
 	return b, ""
 }
 
+// budget is g's sandbox's budget: the one in memory when it was made under
+// g's ownership, else a new one that goes on from the Ledger's window.
+// Budgets that hold nothing any more go first.
+func (p *Proxy) budget(g Grant) (*budget, error) {
+	p.mu.Lock()
+	for k, b := range p.budgets {
+		if b.idle() {
+			delete(p.budgets, k)
+		}
+	}
+	b := p.budgets[g.Key]
+	p.mu.Unlock()
+	if b != nil && b.owner == g.Owner {
+		return b, nil
+	}
+	b = &budget{max: p.cfg.Limits.MaxBytes, window: p.cfg.Limits.BytesWindow, now: p.cfg.Now, owner: g.Owner, key: g.Key}
+	if p.cfg.Ledger != nil && b.max > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
+		w, err := p.cfg.Ledger.Load(ctx, g.Key)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		b.resume(w)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cur := p.budgets[g.Key]; cur != nil && cur.owner == g.Owner {
+		return cur, nil // another connection loaded it meanwhile
+	}
+	p.budgets[g.Key] = b
+	return b, nil
+}
+
+// saveEvery is how often the windows of open connections are saved: what
+// a crash can lose of a window's count is what moved since.
+const saveEvery = time.Second
+
+// saveWindows saves every budget's window that changed since its last
+// save; a failed save is tried again at the next.
+func (p *Proxy) saveWindows() {
+	p.mu.Lock()
+	bs := make([]*budget, 0, len(p.budgets))
+	for _, b := range p.budgets {
+		bs = append(bs, b)
+	}
+	p.mu.Unlock()
+	for _, b := range bs {
+		p.saveWindow(b)
+	}
+}
+
+func (p *Proxy) saveWindow(b *budget) {
+	if p.cfg.Ledger == nil {
+		return
+	}
+	w, ends, changed := b.unsaved()
+	if !changed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
+	err := p.cfg.Ledger.Save(ctx, b.key, w, ends)
+	cancel()
+	if err != nil {
+		p.cfg.Log.Warn("egress byte window not saved", "sandbox", b.key, "err", err)
+		return
+	}
+	b.markSaved(w)
+}
+
+// release closes a connection on b, saving the window first: a runtime
+// that sees its connection end finds what it carried counted by the next
+// owner too.
 func (p *Proxy) release(b *budget) {
+	p.saveWindow(b)
 	b.mu.Lock()
 	b.open--
 	b.mu.Unlock()
@@ -276,15 +383,15 @@ func (p *Proxy) handle(c net.Conn) {
 		writeDenied(client, http.StatusProxyAuthRequired, ReasonUnauthenticated)
 		return
 	}
-	b, refused := p.acquire(g.Key)
+	b, refused := p.acquire(g)
 	if refused != "" {
-		m := newMeter(client, &budget{}, 0) // counted for the audit only
+		m := newMeter(client, &budget{}, 0, nil) // counted for the audit only
 		d, _, _ := readRequest(bufio.NewReader(m))
 		p.deny(g, m, d, http.StatusServiceUnavailable, refused)
 		return
 	}
 	defer p.release(b)
-	m := newMeter(client, b, p.cfg.Limits.Idle)
+	m := newMeter(client, b, p.cfg.Limits.Idle, func() { p.saveWindow(b) })
 	defer m.stop()
 	p.serve(g, m)
 }

@@ -41,6 +41,7 @@ type rig struct {
 	audits   []egress.Decision
 	seen     int
 	clock    time.Time // the budgets' clock; zero: time.Now
+	owner    uint64    // the grants' ownership
 }
 
 func startRig(t *testing.T, lim egress.Limits, body string) (*rig, func(decision, reason string) float64) {
@@ -49,6 +50,12 @@ func startRig(t *testing.T, lim egress.Limits, body string) (*rig, func(decision
 
 // startRigWith is startRig with the servers' handler.
 func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(decision, reason string) float64) {
+	t.Helper()
+	return startRigLedger(t, lim, nil, h)
+}
+
+// startRigLedger is startRigWith with a ledger of byte windows.
+func startRigLedger(t testing.TB, lim egress.Limits, ledger egress.Ledger, h http.Handler) (*rig, func(decision, reason string) float64) {
 	t.Helper()
 	r := &rig{}
 	r.plain = httptest.NewServer(h)
@@ -65,7 +72,10 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 			if id.Credential != "cred-1" {
 				return egress.Grant{}, errors.New("bad credential")
 			}
-			return egress.Grant{Key: id.SandboxID, Policy: func() (egresspolicy.Policy, error) {
+			r.mu.Lock()
+			owner := r.owner
+			r.mu.Unlock()
+			return egress.Grant{Key: id.SandboxID, Owner: owner, Policy: func() (egresspolicy.Policy, error) {
 				r.mu.Lock()
 				defer r.mu.Unlock()
 				return r.policy, nil
@@ -79,7 +89,7 @@ func startRigWith(t testing.TB, lim egress.Limits, h http.Handler) (*rig, func(d
 			"allowed.test": {lo}, "denied.test": {lo}, "other.test": {lo},
 			"metadata.test": {netip.MustParseAddr("169.254.169.254")}, "private.test": {netip.MustParseAddr("10.255.0.1")},
 		},
-		Limits: lim, Decisions: decisions,
+		Limits: lim, Decisions: decisions, Ledger: ledger,
 		Now: func() time.Time {
 			r.mu.Lock()
 			defer r.mu.Unlock()
@@ -340,6 +350,95 @@ func TestEgressBytesPerSandbox(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, "a new window")
 	require.Len(t, body, 20000)
+}
+
+// memLedger is a Ledger in memory: the proxy's use of one, unit-tested
+// (the sandbox store's, on Redis, in e2e.TestEgressByteWindowOutlivesItsOwner).
+type memLedger struct {
+	mu      sync.Mutex
+	windows map[string]egress.Window
+	loadErr error
+}
+
+func (l *memLedger) Load(_ context.Context, key string) (egress.Window, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.windows[key], l.loadErr
+}
+
+func (l *memLedger) Save(_ context.Context, key string, w egress.Window, _ time.Time) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.windows[key] = w
+	return nil
+}
+
+func (l *memLedger) get(key string) egress.Window {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.windows[key]
+}
+
+func (l *memLedger) set(key string, w egress.Window, loadErr error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.windows[key], l.loadErr = w, loadErr
+}
+
+// A sandbox's byte window outlives the proxy that counted it: the
+// connection that crossed the allowance is saved before the runtime sees
+// it end, so a restarted proxy (or the next owner) refuses the next one
+// until the window ends. A grant under a new ownership reads the window
+// again; a window that cannot be read refuses the connection rather than
+// granting a fresh allowance.
+func TestEgressByteWindowOutlivesTheProxy(t *testing.T) {
+	const allowance = 64 << 10
+	lim := egress.Limits{MaxConns: 8, MaxBytes: allowance, BytesWindow: time.Hour, Idle: time.Minute}
+	h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		n, _ := strconv.Atoi(req.URL.Query().Get("n"))
+		_, _ = io.WriteString(w, strings.Repeat("x", n))
+	})
+	ledger := &memLedger{windows: map[string]egress.Window{}}
+	first, _ := startRigLedger(t, lim, ledger, h)
+	_, _, err := get(t, first.client(""), first.url(first.plain, "http", "allowed.test")+"?n=1000000")
+	if err == nil {
+		require.Equal(t, egress.ReasonBytesLimit, first.last().Reason, "cut at the allowance")
+	}
+	saved := ledger.get("sb1")
+	require.Greater(t, saved.Used, int64(allowance), "saved before the runtime saw the cut")
+	require.False(t, saved.Start.IsZero())
+
+	restarted, metric := startRigLedger(t, lim, ledger, h)
+	code, body, err := get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "denied (bytes_limit)")
+	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonBytesLimit), 0)
+
+	// Another owner's window (here: a new one, nothing carried) is read
+	// under the next ownership, not the one this proxy kept.
+	ledger.set("sb1", egress.Window{Start: time.Now(), Used: 0}, nil)
+	code, _, err = get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code, "same ownership: the proxy's own count")
+	restarted.mu.Lock()
+	restarted.owner++
+	restarted.mu.Unlock()
+	code, body, err = get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "xxxxxxxxxx", body)
+	require.Positive(t, ledger.get("sb1").Used, "and saved on")
+
+	ledger.set("sb1", egress.Window{}, errors.New("store down"))
+	restarted.mu.Lock()
+	restarted.owner++
+	restarted.mu.Unlock()
+	code, body, err = get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "denied (bytes_unavailable)")
+	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonBytesUnavailable), 0)
 }
 
 // countingConn counts the bytes the runtime's side wrote and read.

@@ -10,6 +10,7 @@
 //	sbx:{sbx/id}:wrappers  hash: instance id → Wrapper JSON (launch credential digest only)
 //	sbx:{sbx/id}:slots     hash: runtime key → KeyAllocation JSON (allocation state)
 //	sbx:{sbx/id}:wrapper-leases  hash: runtime key → wrapper lease (internal/leasestore)
+//	sbx:{sbx/id}:egress    string: EgressWindow JSON, expiring when the window ends
 //	sbx:index          set of sandbox ids with state (scanned for takeover; not fenced)
 package store
 
@@ -219,6 +220,41 @@ func DeleteRoute(ctx context.Context, w Writer, rdb redis.Scripter, sandboxID, s
 }
 
 var hdel = fence.NewGuardedScript(`return redis.call('HDEL', KEYS[2], ARGV[2])`)
+
+// EgressWindow is the sandbox's egress byte window as its owner last saved
+// it: when it started and what the sandbox's connections carried in it.
+type EgressWindow struct {
+	Start time.Time `json:"start"`
+	Used  int64     `json:"used"`
+}
+
+// LoadEgressWindow reads the saved window; the zero window when none is
+// saved (never, or it ended and expired).
+func LoadEgressWindow(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (EgressWindow, error) {
+	var w EgressWindow
+	b, err := rdb.Get(ctx, Key(sandboxID, "egress")).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return w, nil
+	}
+	if err != nil {
+		return w, err
+	}
+	// A record that does not parse would reset the window: say so instead.
+	return w, json.Unmarshal(b, &w)
+}
+
+// PutEgressWindow saves the window until ends, when it no longer counts.
+func PutEgressWindow(ctx context.Context, w Writer, sandboxID string, win EgressWindow, ends time.Time) error {
+	ttl := time.Until(ends)
+	if ttl < time.Millisecond {
+		return nil // over: nothing for a next owner to go on with
+	}
+	b, err := json.Marshal(win)
+	if err != nil {
+		return err
+	}
+	return w.Guard(ctx, fence.Set(Key(sandboxID, "egress"), b, ttl))
+}
 
 func putJSON(ctx context.Context, w Writer, key, field string, v any) error {
 	b, err := json.Marshal(v)

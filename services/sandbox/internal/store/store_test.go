@@ -141,6 +141,9 @@ func TestStaleOwnerChangesNothing(t *testing.T) {
 			return PutKeyAllocations(ctx, old, "sb1", []*KeyAllocation{changed.KeyAllocations["k2"]})
 		},
 		"delete": func() error { return DeleteRoute(ctx, old, rdb, "sb1", "s1") },
+		"egress window": func() error {
+			return PutEgressWindow(ctx, old, "sb1", EgressWindow{Start: now, Used: 1}, time.Now().Add(time.Hour))
+		},
 	} {
 		err := write()
 		require.ErrorIs(t, err, fence.ErrStaleToken, name)
@@ -150,6 +153,41 @@ func TestStaleOwnerChangesNothing(t *testing.T) {
 	got, err := Load(ctx, rdb, "sb1")
 	require.NoError(t, err)
 	require.Equal(t, sandboxState(), got)
+}
+
+// The egress byte window outlives its owner until the window ends: a new
+// owner reads what the last one saved; an ended window is not written, and
+// one that does not parse is an error, not a fresh window.
+func TestEgressWindowOutlivesItsOwnerUntilItEnds(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Universal(t)
+	owner, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
+	require.NoError(t, err)
+	none, err := LoadEgressWindow(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.Zero(t, none)
+
+	start := time.UnixMilli(time.Now().UnixMilli()).UTC()
+	saved := EgressWindow{Start: start, Used: 5 << 20}
+	require.NoError(t, PutEgressWindow(ctx, owner, "sb1", saved, time.Now().Add(time.Hour)))
+	got, err := LoadEgressWindow(ctx, rdb, "sb1")
+	require.NoError(t, err)
+	require.True(t, saved.Start.Equal(got.Start), "%v, %v", saved.Start, got.Start)
+	require.Equal(t, saved.Used, got.Used)
+	ttl, err := rdb.PTTL(ctx, Key("sb1", "egress")).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 59*time.Minute, "kept until the window ends")
+	require.LessOrEqual(t, ttl, time.Hour)
+
+	require.NoError(t, rdb.Del(ctx, Key("sb1", "egress")).Err())
+	require.NoError(t, PutEgressWindow(ctx, owner, "sb1", saved, time.Now().Add(-time.Second)))
+	n, err := rdb.Exists(ctx, Key("sb1", "egress")).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "an ended window is not written")
+
+	require.NoError(t, rdb.Set(ctx, Key("sb1", "egress"), "{not json", time.Minute).Err())
+	_, err = LoadEgressWindow(ctx, rdb, "sb1")
+	require.Error(t, err)
 }
 
 func TestLoadSkipsRecordsThatDoNotParse(t *testing.T) {
