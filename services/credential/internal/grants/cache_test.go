@@ -14,17 +14,18 @@ import (
 // them (at most once per sweepEvery): the cache follows the handles in use,
 // not every handle ever resolved.
 func TestCacheDropsResolutionsPastTheWindow(t *testing.T) {
-	c := resolutionCache{m: map[handle.Digest]*cached{}, window: 25 * time.Millisecond}
+	c := newCache(25 * time.Millisecond)
 	t0 := time.Now()
 	for i := range 100 {
-		c.put(handle.DigestOf(fmt.Sprint("old", i)), &cached{verified: t0})
+		c.Put(handle.DigestOf(fmt.Sprint("old", i)), &cached{}, t0)
 	}
-	c.put(handle.DigestOf("fresh"), &cached{verified: t0.Add(sweepEvery - time.Millisecond)})
-	require.Len(t, c.m, 101, "no sweep before sweepEvery")
+	c.Put(handle.DigestOf("fresh"), &cached{}, t0.Add(sweepEvery-time.Millisecond))
+	require.Equal(t, 101, c.Len(), "no sweep before sweepEvery")
 
-	c.put(handle.DigestOf("new"), &cached{verified: t0.Add(sweepEvery)})
-	require.Nil(t, c.get(handle.DigestOf("old0")))
-	require.NotNil(t, c.get(handle.DigestOf("fresh")), "within the window of the sweep")
-	require.NotNil(t, c.get(handle.DigestOf("new")))
-	require.Len(t, c.m, 2)
+	c.Put(handle.DigestOf("new"), &cached{}, t0.Add(sweepEvery))
+	_, ok := c.Get(handle.DigestOf("fresh"), t0.Add(sweepEvery))
+	require.True(t, ok, "within the window of the sweep")
+	_, ok = c.Get(handle.DigestOf("new"), t0.Add(sweepEvery))
+	require.True(t, ok)
+	require.Equal(t, 2, c.Len(), "the sweep dropped the resolutions past the window")
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"agentplane.dev/pkg/expiring"
 	"agentplane.dev/pkg/fence"
 	"agentplane.dev/pkg/pause"
 	"agentplane.dev/services/credential/internal/handle"
@@ -68,7 +69,7 @@ type Service struct {
 	now    func() time.Time
 	window time.Duration
 	wait   func(ctx context.Context, d time.Duration) error
-	cache  resolutionCache
+	cache  *expiring.Map[handle.Digest, *cached]
 	obs    *Metrics // nil until Observe (metrics.go)
 }
 
@@ -96,7 +97,7 @@ func New(rdb redis.UniversalClient, key []byte, opts Options) (*Service, error) 
 		opts.Wait = pause.Sleep
 	}
 	return &Service{store: store.New(rdb), sealer: sl, policy: opts.Policy, now: opts.Now,
-		window: opts.TrustWindow, wait: opts.Wait, cache: resolutionCache{m: map[handle.Digest]*cached{}, window: opts.TrustWindow}}, nil
+		window: opts.TrustWindow, wait: opts.Wait, cache: newCache(opts.TrustWindow)}, nil
 }
 
 // Grant describes a handle without revealing it.
@@ -253,7 +254,7 @@ func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, revo
 		if err != nil {
 			return nil, mapStoreErr(err)
 		}
-		s.cache.dropScope(id)
+		s.dropScope(id)
 		if revoking || scope.Narrows(before, st) {
 			if err := s.outlastCaches(ctx); err != nil {
 				return nil, err

@@ -569,8 +569,14 @@ func TestSteadyUseRefreshesInBackground(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.svc.Resolve(ctx, h, "sbx-1")
 	require.NoError(t, err)
-	verifiedAt := func() time.Time { return e.svc.cache.get(handle.DigestOf(h)).verified }
+	verifiedAt := func() time.Time { // zero: not cached
+		if c, ok := e.svc.cache.Get(handle.DigestOf(h), e.svc.now()); ok {
+			return c.verified
+		}
+		return time.Time{}
+	}
 	first := verifiedAt()
+	require.False(t, first.IsZero(), "cached")
 
 	e.clock.Add(trustWindow * 6 / 10)
 	before := e.cmds.n.Load()
@@ -608,6 +614,8 @@ func TestRefreshSeesAChangedScope(t *testing.T) {
 	r, err = e.svc.Resolve(ctx, h, "sbx-1")
 	require.NoError(t, err)
 	require.Len(t, r.Grant.Members, 1, "the cached resolution, at most one window old")
-	require.Eventually(t, func() bool { c := e.svc.cache.get(handle.DigestOf(h)); return c != nil && len(c.r.Grant.Members) == 2 },
-		10*time.Second, time.Millisecond, "the refresh resolved the new version")
+	require.Eventually(t, func() bool {
+		c, ok := e.svc.cache.Get(handle.DigestOf(h), e.svc.now())
+		return ok && len(c.r.Grant.Members) == 2
+	}, 10*time.Second, time.Millisecond, "the refresh resolved the new version")
 }

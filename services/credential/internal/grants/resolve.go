@@ -3,10 +3,10 @@ package grants
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"agentplane.dev/pkg/expiring"
 	"agentplane.dev/services/credential/internal/handle"
 	"agentplane.dev/services/credential/internal/scope"
 	"agentplane.dev/services/credential/internal/store"
@@ -32,62 +32,25 @@ type cached struct {
 	refreshing atomic.Bool // a background refresh is under way
 }
 
-// maxCached bounds the resolution cache; when full it starts over.
+// maxCached bounds the resolution cache.
 const maxCached = 16384
 
-// sweepEvery is how often put drops the resolutions past the trust window,
+// sweepEvery is how often a put drops the resolutions past the trust window,
 // which are never used again (a request reads such a handle afresh): else
 // every handle ever resolved, most of them released with their session,
-// stays until maxCached starts the cache over.
+// stays until maxCached pushes it out.
 const sweepEvery = time.Second
 
-type resolutionCache struct {
-	mu        sync.RWMutex
-	m         map[handle.Digest]*cached
-	window    time.Duration // the trust window
-	lastSweep time.Time
-}
-
-func (c *resolutionCache) get(d handle.Digest) *cached {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.m[d]
-}
-
-func (c *resolutionCache) put(d handle.Digest, e *cached) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= maxCached {
-		clear(c.m)
-	}
-	if e.verified.Sub(c.lastSweep) >= sweepEvery {
-		c.lastSweep = e.verified
-		for k, x := range c.m {
-			if e.verified.Sub(x.verified) >= c.window {
-				delete(c.m, k)
-			}
-		}
-	}
-	c.m[d] = e
-}
-
-func (c *resolutionCache) drop(d handle.Digest) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, d)
+// newCache keys resolutions by digest, stamped when their reads were sent.
+func newCache(window time.Duration) *expiring.Map[handle.Digest, *cached] {
+	return expiring.New[handle.Digest, *cached](expiring.Options{TTL: window, SweepEvery: sweepEvery, Max: maxCached})
 }
 
 // dropScope forgets this process's resolutions of a scope after it wrote
 // the scope, so that its own additions show at once. Revocation does not
 // depend on it (the writer waits out every replica's cache).
-func (c *resolutionCache) dropScope(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for d, e := range c.m {
-		if e.r.scopeID == id {
-			delete(c.m, d)
-		}
-	}
+func (s *Service) dropScope(id string) {
+	s.cache.DeleteFunc(func(_ handle.Digest, e *cached) bool { return e.r.scopeID == id })
 }
 
 // trusted reports whether a resolution verified at v may still be used at
@@ -114,7 +77,7 @@ func (s *Service) resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 	now := s.now() // before the reads: the trust window starts here
 	// A cached resolution under another sandbox's URL is refused through
 	// the store like every other refusal, not at once from the cache.
-	if c := s.cache.get(d); c != nil && s.trusted(c.verified, now) && c.r.entry.Live(now) && c.r.Grant.Scope.SandboxID == sandboxID {
+	if c, ok := s.cache.Get(d, now); ok && s.trusted(c.verified, now) && c.r.entry.Live(now) && c.r.Grant.Scope.SandboxID == sandboxID {
 		if now.Sub(c.verified) >= s.window/2 && c.refreshing.CompareAndSwap(false, true) {
 			go s.refresh(d, c.r, sandboxID)
 		}
@@ -123,12 +86,12 @@ func (s *Service) resolve(ctx context.Context, raw, sandboxID string) (*Resolved
 	r, err := s.resolveFromStore(ctx, d, sandboxID)
 	if err != nil {
 		if !errors.Is(err, scope.ErrSandboxMismatch) { // the handle's own sandbox keeps its cached resolution
-			s.cache.drop(d)
+			s.cache.Delete(d)
 		}
 		return nil, err
 	}
 	if s.window > 0 {
-		s.cache.put(d, &cached{r: r, verified: now})
+		s.cache.Put(d, &cached{r: r, verified: now}, now)
 	}
 	return r, nil
 }
@@ -149,10 +112,10 @@ func (s *Service) refresh(d handle.Digest, old *Resolved, sandboxID string) {
 		r, err = s.resolveFromStore(ctx, d, sandboxID)
 	}
 	if err != nil {
-		s.cache.drop(d)
+		s.cache.Delete(d)
 		return
 	}
-	s.cache.put(d, &cached{r: r, verified: now})
+	s.cache.Put(d, &cached{r: r, verified: now}, now)
 }
 
 // absentKey names a scope and a credential that never exist (no scope id

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"agentplane.dev/pkg/expiring"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/attestation"
@@ -62,20 +63,15 @@ type Proxy struct {
 	registered  sync.Map     // runtime session ids created in ingest by this process
 	registeredN atomic.Int64 // entries in registered (bounded by maxRegistered)
 
-	attMu    sync.Mutex
-	att      map[*grants.Resolved]signed // recent attestations, by resolution
-	attSwept time.Time                   // when att was last swept
-}
-
-// signed is an attestation value and when it was signed.
-type signed struct {
-	value string
-	at    time.Time
+	att *expiring.Map[*grants.Resolved, string] // recent attestations, by resolution
 }
 
 // Attestations are reused for the same resolution for attestationReuse
 // (signing — JSON and HMAC — was 6% of the proxy's CPU per request); an
-// upstream sees one at most that old, valid for the rest of its lifetime.
+// upstream sees one at most that old, valid for the rest of its lifetime,
+// and never one signed after its request's time. Those past reuse are
+// dropped once per reuse period: each holds its resolution, and a released
+// handle's would stay until maxAttestations pushed it out.
 const (
 	attestationReuse = time.Second
 	maxAttestations  = 4096
@@ -95,7 +91,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	provider, backend := cfg.Provider.compile(DefaultProviderPolicy), cfg.Backend.compile(DefaultBackendPolicy)
 	git := GitPolicy.compile(GitPolicy)
-	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), att: map[*grants.Resolved]signed{},
+	att := expiring.New[*grants.Resolved, string](expiring.Options{
+		TTL: attestationReuse, SweepEvery: attestationReuse, Max: maxAttestations, FutureExpired: true})
+	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), att: att,
 		routes: map[Route]*RoutePolicy{RouteProvider: &provider, RouteBackend: &backend, RouteGit: &git}}, nil
 }
 
@@ -286,11 +284,8 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 
 func (p *Proxy) attestation(res *grants.Resolved) (string, error) {
 	now := p.cfg.Now()
-	p.attMu.Lock()
-	a, ok := p.att[res]
-	p.attMu.Unlock()
-	if ok && !now.Before(a.at) && now.Sub(a.at) < attestationReuse {
-		return a.value, nil
+	if v, ok := p.att.Get(res, now); ok {
+		return v, nil
 	}
 	v, err := attestation.Sign(p.cfg.AttestationKey, attestation.Claims{
 		UserID: res.Member.UserID, OrgID: res.Member.OrgID,
@@ -301,22 +296,7 @@ func (p *Proxy) attestation(res *grants.Resolved) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p.attMu.Lock()
-	if len(p.att) >= maxAttestations {
-		clear(p.att)
-	}
-	// Drop those past reuse: each holds its resolution, and a released
-	// handle's would stay until maxAttestations starts the map over.
-	if now.Sub(p.attSwept) >= attestationReuse {
-		p.attSwept = now
-		for r, x := range p.att {
-			if now.Sub(x.at) >= attestationReuse || now.Before(x.at) {
-				delete(p.att, r)
-			}
-		}
-	}
-	p.att[res] = signed{value: v, at: now}
-	p.attMu.Unlock()
+	p.att.Put(res, v, now)
 	return v, nil
 }
 

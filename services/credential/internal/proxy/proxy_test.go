@@ -14,7 +14,8 @@ import (
 )
 
 // An attestation is reused for the same resolution for at most a second,
-// then signed afresh; another resolution gets its own.
+// then signed afresh, and never before it was signed; another resolution
+// gets its own.
 func TestAttestationReusedForASecond(t *testing.T) {
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	key := []byte(strings.Repeat("k", 32))
@@ -42,6 +43,11 @@ func TestAttestationReusedForASecond(t *testing.T) {
 	c, err = attestation.Verify(key, fresh, now)
 	require.NoError(t, err)
 	require.Equal(t, now.UnixMilli(), c.IssuedAt)
+
+	now = now.Add(-time.Millisecond) // the clock went back: fresh is from after now
+	back, err := p.attestation(res)
+	require.NoError(t, err)
+	require.NotEqual(t, fresh, back)
 }
 
 // Attestations past reuse are dropped when another is signed, with the
@@ -55,9 +61,9 @@ func TestAttestationsPastReuseAreDropped(t *testing.T) {
 		_, err := p.attestation(&grants.Resolved{Member: scope.Member{UserID: "u", SessionID: "s" + strconv.Itoa(i)}})
 		require.NoError(t, err)
 	}
-	require.Len(t, p.att, 50)
+	require.Equal(t, 50, p.att.Len())
 	now = now.Add(attestationReuse)
 	_, err = p.attestation(&grants.Resolved{Member: scope.Member{UserID: "u", SessionID: "new"}})
 	require.NoError(t, err)
-	require.Len(t, p.att, 1)
+	require.Equal(t, 1, p.att.Len())
 }

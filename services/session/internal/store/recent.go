@@ -2,11 +2,11 @@ package store
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"agentplane.dev/pkg/expiring"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -39,16 +39,19 @@ const recentMaxActive = 256
 type recentState struct {
 	a      *session.Aggregate // the session and its active messages only
 	meta   string
-	ids    []string  // active message ids in queue order
-	states []string  // stored state of each active message
-	at     time.Time // when it was kept
+	ids    []string // active message ids in queue order
+	states []string // stored state of each active message
 }
 
 type recentStates struct {
-	mu        sync.Mutex
-	m         map[string]*recentState
-	now       func() time.Time // nil: time.Now
-	lastSweep time.Time
+	m   *expiring.Map[string, *recentState]
+	now func() time.Time // nil: time.Now
+}
+
+// newRecentStates sweeps twice per recentIdle (a pass over at most
+// recentMax entries).
+func newRecentStates() recentStates {
+	return recentStates{m: expiring.New[string, *recentState](expiring.Options{TTL: recentIdle, SweepEvery: recentIdle / 2, Max: recentMax})}
 }
 
 func (r *recentStates) clock() time.Time {
@@ -81,50 +84,13 @@ func (r *recentStates) remember(a *session.Aggregate, st stored) {
 		rs.ids = append(rs.ids, m.ID)
 		rs.states = append(rs.states, raw)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.m == nil {
-		r.m = map[string]*recentState{}
-	}
-	rs.at = r.clock()
-	r.sweep(rs.at)
-	if _, ok := r.m[id]; !ok && len(r.m) >= recentMax {
-		for k := range r.m { // drop an arbitrary one
-			delete(r.m, k)
-			break
-		}
-	}
-	r.m[id] = rs
+	r.m.Put(id, rs, r.clock())
 }
 
-// sweep drops the states idle past recentIdle, at most twice per
-// recentIdle (a pass over at most recentMax entries).
-func (r *recentStates) sweep(now time.Time) {
-	if now.Sub(r.lastSweep) < recentIdle/2 {
-		return
-	}
-	r.lastSweep = now
-	for k, rs := range r.m {
-		if now.Sub(rs.at) >= recentIdle {
-			delete(r.m, k)
-		}
-	}
-}
-
-func (r *recentStates) forget(id string) {
-	r.mu.Lock()
-	delete(r.m, id)
-	r.mu.Unlock()
-}
+func (r *recentStates) forget(id string) { r.m.Delete(id) }
 
 func (r *recentStates) get(id string) *recentState {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rs := r.m[id]
-	if rs != nil && r.clock().Sub(rs.at) >= recentIdle {
-		delete(r.m, id)
-		return nil
-	}
+	rs, _ := r.m.Get(id, r.clock())
 	return rs
 }
 

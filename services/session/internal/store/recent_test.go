@@ -16,7 +16,8 @@ import (
 // lately, not every session ever served.
 func TestKeptStatesExpireWhenIdle(t *testing.T) {
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	r := &recentStates{now: func() time.Time { return now }}
+	r := newRecentStates()
+	r.now = func() time.Time { return now }
 	keep := func(id string) {
 		r.remember(&session.Aggregate{Session: session.Session{ID: id}}, stored{meta: "m"})
 	}
@@ -31,8 +32,6 @@ func TestKeptStatesExpireWhenIdle(t *testing.T) {
 	require.Nil(t, r.get("old1"), "dropped once idle for recentIdle")
 
 	keep("new") // a sweep drops the idle states nobody asked for
-	r.mu.Lock()
-	require.Len(t, r.m, 1)
-	r.mu.Unlock()
+	require.Equal(t, 1, r.m.Len())
 	require.NotNil(t, r.get("new"))
 }

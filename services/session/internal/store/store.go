@@ -92,7 +92,7 @@ type Store struct {
 // active work), for the backstop schedule.
 func New(rdb redis.UniversalClient, eventCap int64, deadline func(*session.Aggregate) time.Time) *Store {
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &Store{rdb: rdb, eventCap: eventCap, deadline: deadline, cluster: cluster}
+	return &Store{rdb: rdb, eventCap: eventCap, deadline: deadline, cluster: cluster, recent: newRecentStates()}
 }
 
 // Load says what Update loads besides the session and its active messages.
