@@ -42,15 +42,18 @@ func newSocket(t *testing.T, before, now []string) string {
 	return added[0]
 }
 
-// TestEgressReachesTheOwnerAmongReplicas: two sandbox replicas, separate
-// processes, share one sandbox root, so every wrapper sees both egress
-// sockets, and only the replica that owns its sandbox can authenticate it.
-// The sandbox is owned by the replica whose socket a wrapper tries second:
-// curl inside the boundary still reaches the allowed server. Then the owner
-// is killed (-9), the other replica takes the sandbox over, and the killed
-// one comes back as a new replica whose socket now sorts first: the next
-// connection reaches the allowed server too.
-func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
+// egressReplicas is two sandbox replicas, separate processes sharing one
+// sandbox root (so every wrapper sees both egress sockets), before
+// sandbox-c, whose socket a wrapper tries second, took sandboxID over.
+type egressReplicas struct {
+	e         *egressSuite
+	st        *stack
+	a, c      *sandboxReplica
+	sockA     []string
+	sandboxID string
+}
+
+func startEgressReplicas(t *testing.T, name string, kv ...string) *egressReplicas {
 	e := startEgressServers(t)
 	st := newStack(t, stackOptions{logLevel: "info"})
 	st.releaseListeners(svcSandbox)
@@ -63,9 +66,10 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 	// The names are chosen for their sockets' order (the checks below say
 	// so): sandbox-a's sorts before sandbox-c's, and sandbox-c's restart,
 	// sandbox-c-2, sorts before sandbox-a's.
-	a := st.startSandboxReplica("sandbox-a", addrA, lb.addr(), "SANDBOX_EGRESS_HOSTS", egressHosts)
+	kv = append([]string{"SANDBOX_EGRESS_HOSTS", egressHosts}, kv...)
+	a := st.startSandboxReplica("sandbox-a", addrA, lb.addr(), kv...)
 	sockA := sockets(t, st.root, "egress")
-	c := st.startSandboxReplica("sandbox-c", addrC, lb.addr(), "SANDBOX_EGRESS_HOSTS", egressHosts)
+	c := st.startSandboxReplica("sandbox-c", addrC, lb.addr(), kv...)
 	sockC := newSocket(t, sockA, sockets(t, st.root, "egress"))
 	require.Len(t, sockA, 1)
 	require.Less(t, sockA[0], sockC, "sandbox-a's socket is tried first")
@@ -73,11 +77,24 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 
 	// sandbox-c owns the sandbox before the session exists (an Abort of an
 	// unknown message makes the replica asked take it).
-	sandboxID := "egress-owner-" + st.run
+	sandboxID := name + "-" + st.run
 	_, err := c.client.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: sandboxID, SessionId: "warm", MessageId: "warm"})
 	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
 	require.Equal(t, c.name, c.owner(sandboxID))
+	return &egressReplicas{e: e, st: st, a: a, c: c, sockA: sockA, sandboxID: sandboxID}
+}
 
+// TestEgressReachesTheOwnerAmongReplicas: two sandbox replicas, separate
+// processes, share one sandbox root, so every wrapper sees both egress
+// sockets, and only the replica that owns its sandbox can authenticate it.
+// The sandbox is owned by the replica whose socket a wrapper tries second:
+// curl inside the boundary still reaches the allowed server. Then the owner
+// is killed (-9), the other replica takes the sandbox over, and the killed
+// one comes back as a new replica whose socket now sorts first: the next
+// connection reaches the allowed server too.
+func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
+	r := startEgressReplicas(t, "egress-owner")
+	e, st, a, c, sockA, sandboxID := r.e, r.st, r.a, r.c, r.sockA, r.sandboxID
 	sess := e.createSession(t, sandboxID, "/repo/egress-owner")
 	id := sess.GetSessionId()
 
@@ -126,4 +143,30 @@ func requireProviderCall(t *testing.T, s *suite, sessionID, messageID string) {
 		}
 	}
 	t.Fatalf("no provider call in %s", messageID)
+}
+
+// TestEgressByteWindowOutlivesItsOwner: the sandbox's egress byte window
+// survives its owner's kill -9. Under sandbox-c, curl inside the boundary
+// carries the sandbox's allowance (SANDBOX_EGRESS_MAX_BYTES) within a few
+// requests, and the next are refused; sandbox-a takes the sandbox over,
+// reads the window sandbox-c saved to the store, and refuses the next
+// connection too, where a window kept only in the owner's memory would
+// start over.
+func TestEgressByteWindowOutlivesItsOwner(t *testing.T) {
+	r := startEgressReplicas(t, "egress-window", "SANDBOX_EGRESS_MAX_BYTES", "1000")
+	e, a, c := r.e, r.a, r.c
+	id := e.createSession(t, r.sandboxID, "/repo/egress-window").GetSessionId()
+	url := e.url("http", "allowed.test", e.httpPort)
+	code, out := e.runIn(t, id, "m1", "curl", "-sS", "-m", "15", url, url, url, url, url, url, url, url)
+	t.Logf("under sandbox-c: exit %d, %q", code, out)
+	require.Contains(t, out, "egress-ok allowed.test:", "the first requests fit")
+	require.Contains(t, out, "denied (bytes_limit)", "the allowance is carried within eight requests")
+
+	c.kill9()
+	require.Eventually(t, func() bool { return a.owner(r.sandboxID) == a.name }, 60*time.Second, 20*time.Millisecond,
+		"the sandbox moves to sandbox-a")
+	_, out = e.runIn(t, id, "m2", "curl", "-sS", "-m", "15", url)
+	require.Contains(t, out, "denied (bytes_limit)", "sandbox-a goes on with sandbox-c's window")
+	require.NotContains(t, out, "egress-ok")
+	require.Equal(t, a.name, a.owner(r.sandboxID))
 }

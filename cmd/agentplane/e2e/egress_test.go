@@ -70,7 +70,6 @@ func (e *egressSuite) policy(extra ...*sessionv1.EgressRule) *sessionv1.EgressPo
 	}
 }
 
-// run has the scripted runtime run argv inside the sandbox and returns its
 // createSession creates a session of sandboxID on directory under the
 // suite's policy, retrying while the services come up.
 func (e *egressSuite) createSession(t *testing.T, sandboxID, directory string) *sessionv1.Session {
@@ -89,7 +88,8 @@ func (e *egressSuite) createSession(t *testing.T, sandboxID, directory string) *
 	return sess
 }
 
-// exit code and output.
+// runIn has the scripted runtime run argv inside the sandbox and returns
+// its exit code and output.
 func (e *egressSuite) runIn(t *testing.T, sessionID, messageID string, argv ...string) (int, string) {
 	t.Helper()
 	events := e.turn(t, sessionID, messageID, "run: "+strings.Join(argv, " "))
