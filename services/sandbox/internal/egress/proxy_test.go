@@ -418,24 +418,27 @@ func TestEgressByteWindowOutlivesTheProxy(t *testing.T) {
 	// Another owner's window (here: a new one, nothing carried) is read
 	// under the next ownership, not the one this proxy kept.
 	ledger.set("sb1", egress.Window{Start: time.Now(), Used: 0}, nil)
-	code, _, err = get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
-	require.NoError(t, err)
+	small := func() (int, string) {
+		code, body, err := get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
+		require.NoError(t, err)
+		return code, body
+	}
+	nextOwner := func() {
+		restarted.mu.Lock()
+		restarted.owner++
+		restarted.mu.Unlock()
+	}
+	code, _ = small()
 	require.Equal(t, http.StatusServiceUnavailable, code, "same ownership: the proxy's own count")
-	restarted.mu.Lock()
-	restarted.owner++
-	restarted.mu.Unlock()
-	code, body, err = get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
-	require.NoError(t, err)
+	nextOwner()
+	code, body = small()
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "xxxxxxxxxx", body)
 	require.Positive(t, ledger.get("sb1").Used, "and saved on")
 
 	ledger.set("sb1", egress.Window{}, errors.New("store down"))
-	restarted.mu.Lock()
-	restarted.owner++
-	restarted.mu.Unlock()
-	code, body, err = get(t, restarted.client(""), restarted.url(restarted.plain, "http", "allowed.test")+"?n=10")
-	require.NoError(t, err)
+	nextOwner()
+	code, body = small()
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "denied (bytes_unavailable)")
 	require.InDelta(t, 1.0, metric(egress.Denied, egress.ReasonBytesUnavailable), 0)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -72,16 +73,22 @@ func put(ctx context.Context, w Writer, s Snapshot) error {
 	return PutKeyAllocations(ctx, w, "sb1", []*KeyAllocation{s.KeyAllocations["k2"], s.KeyAllocations["k3"]})
 }
 
+// ownSB1 is a new Redis on which replica-a owns sandbox sb1.
+func ownSB1(t *testing.T) (context.Context, redis.UniversalClient, *ownership.Owner) {
+	t.Helper()
+	rdb := redistest.Universal(t)
+	owner, err := ownership.Acquire(t.Context(), rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
+	require.NoError(t, err)
+	return t.Context(), rdb, owner
+}
+
 func TestKeysShareTheOwnerLeaseSlot(t *testing.T) {
 	require.Equal(t, "sbx:{sbx/sb1}:routes", Key("sb1", "routes"))
 	require.Equal(t, "sbx/sb1", fence.HashTag(Key("sb1", "routes")), "guarded by the owner lease of sb1")
 }
 
 func TestPutThenLoad(t *testing.T) {
-	ctx := t.Context()
-	rdb := redistest.Universal(t)
-	owner, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
-	require.NoError(t, err)
+	ctx, rdb, owner := ownSB1(t)
 
 	empty, err := Load(ctx, rdb, "sb1")
 	require.NoError(t, err)
@@ -159,10 +166,7 @@ func TestStaleOwnerChangesNothing(t *testing.T) {
 // owner reads what the last one saved; an ended window is not written, and
 // one that does not parse is an error, not a fresh window.
 func TestEgressWindowOutlivesItsOwnerUntilItEnds(t *testing.T) {
-	ctx := t.Context()
-	rdb := redistest.Universal(t)
-	owner, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
-	require.NoError(t, err)
+	ctx, rdb, owner := ownSB1(t)
 	none, err := LoadEgressWindow(ctx, rdb, "sb1")
 	require.NoError(t, err)
 	require.Zero(t, none)
@@ -193,10 +197,7 @@ func TestEgressWindowOutlivesItsOwnerUntilItEnds(t *testing.T) {
 func TestLoadSkipsRecordsThatDoNotParse(t *testing.T) {
 	// Documented: such a route is prepared again and such a wrapper is
 	// stopped by its lease; the records that parse still load.
-	ctx := t.Context()
-	rdb := redistest.Universal(t)
-	owner, err := ownership.Acquire(ctx, rdb, "sb1", ownership.Holder{Replica: "replica-a"}, time.Minute)
-	require.NoError(t, err)
+	ctx, rdb, owner := ownSB1(t)
 	want := sandboxState()
 	require.NoError(t, put(ctx, owner, want))
 
