@@ -104,17 +104,16 @@ func (m *meter) took(reserved, n int) {
 }
 
 // toSandbox copies src (the upstream) to the runtime until src ends,
-// spliced in the kernel when both are sockets, counting what was delivered.
+// counting what was delivered.
 func (m *meter) toSandbox(src net.Conn) {
-	err := splice(m.Conn, src, m.budget.reserve, m.took, func(n int) { m.count(&m.down, n, false) })
-	if errors.Is(err, errNotSpliceable) {
+	err := copyCounted(m.Conn, src, m.budget.reserve, m.took, func(n int) { m.count(&m.down, n, false) })
+	if errors.Is(err, errNotRaw) {
 		_, _ = io.Copy(m, src)
 	}
 }
 
 // fromSandbox copies the runtime's side to dst (the upstream) until it
-// ends: first what br (which reads m, so counted it) holds, then the rest,
-// spliced in the kernel when both are sockets.
+// ends: first what br (which reads m, so counted it) holds, then the rest.
 func (m *meter) fromSandbox(dst net.Conn, br *bufio.Reader) {
 	if b, _ := br.Peek(br.Buffered()); len(b) > 0 {
 		if _, err := dst.Write(b); err != nil {
@@ -122,8 +121,8 @@ func (m *meter) fromSandbox(dst net.Conn, br *bufio.Reader) {
 		}
 		_, _ = br.Discard(len(b))
 	}
-	err := splice(dst, m.Conn, m.budget.reserve, m.took, func(n int) { m.count(&m.up, n, false) })
-	if errors.Is(err, errNotSpliceable) {
+	err := copyCounted(dst, m.Conn, m.budget.reserve, m.took, func(n int) { m.count(&m.up, n, false) })
+	if errors.Is(err, errNotRaw) {
 		_, _ = io.Copy(dst, br)
 	}
 }
