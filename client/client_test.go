@@ -271,7 +271,12 @@ func TestRetriesStopAtTheDeadline(t *testing.T) {
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	_, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
-	require.Equal(t, codes.Unavailable, status.Code(err), "the last error of the server: %v", err)
+	// The server's last error when the next wait would pass the deadline;
+	// DeadlineExceeded when the last attempt started in time and the
+	// deadline cut it (an attempt takes a round trip, longer on a loaded
+	// machine: CI saw this once).
+	code := status.Code(err)
+	require.True(t, code == codes.Unavailable || code == codes.DeadlineExceeded, "%v", err)
 	n := f.count("GetSession")
 	require.Greater(t, n, 1, "it retried")
 	require.Less(t, n, 1_000_000, "the deadline, not the attempts, ended it")
