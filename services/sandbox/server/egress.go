@@ -154,9 +154,7 @@ func (e *egressSetup) serve(cfg EgressConfig, drv *driver.Driver, n *notify.Noti
 			if err != nil {
 				return egress.Grant{}, err
 			}
-			g := egressGrant(drv, n, log, id.SandboxID, eg.RuntimeKey)
-			g.Owner = eg.OwnerToken
-			return g, nil
+			return egressGrant(drv, n, log, id.SandboxID, eg), nil
 		},
 		Ledger:  windowLedger{drv},
 		Default: def, Hosts: hosts, Decisions: decisions, Log: log,
@@ -191,10 +189,13 @@ func (l windowLedger) Save(ctx context.Context, sandboxID string, w egress.Windo
 
 // egressGrant reads the runtime key's routes on every request (the union
 // of their policies, so a change applies to the next connection) and
-// audits each decision on every session of the runtime.
-func egressGrant(drv *driver.Driver, n *notify.Notifier, log *slog.Logger, sandboxID, key string) egress.Grant {
+// audits each decision on every session of the runtime; its bounds count
+// under the owner token the wrapper was authenticated with.
+func egressGrant(drv *driver.Driver, n *notify.Notifier, log *slog.Logger, sandboxID string, eg driver.EgressGrant) egress.Grant {
+	key := eg.RuntimeKey
 	return egress.Grant{
-		Key: sandboxID,
+		Key:   sandboxID,
+		Owner: eg.OwnerToken,
 		Policy: func() (egresspolicy.Policy, error) {
 			routes, err := drv.EgressRoutes(sandboxID, key)
 			if err != nil {

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,14 +47,14 @@ func BenchmarkEgressDownload(b *testing.B) {
 		}))
 	upstream := r.plain.Listener.Addr().String()
 	legs := []leg{
-		{name: "direct", url: r.plain.URL + "/blob"},
-		{name: "egress", url: r.url(r.plain, "http", "allowed.test"), proxy: r.proxyURL},
-		{name: "forwarder", url: "http://" + startForwarder(b, upstream) + "/blob"},
+		newLeg("direct", r.plain.URL+"/blob", nil),
+		newLeg("egress", r.url(r.plain, "http", "allowed.test"), r.proxyURL),
+		newLeg("forwarder", "http://"+startForwarder(b, upstream)+"/blob", nil),
 	}
 	if inKernel, err := newSockmapForwarder(b); err != nil {
 		b.Logf("no sockmap leg: %v", err)
 	} else {
-		legs = append(legs, leg{name: "sockmap", url: "http://" + inKernel.start(b, upstream) + "/blob"})
+		legs = append(legs, newLeg("sockmap", "http://"+inKernel.start(b, upstream)+"/blob", nil))
 	}
 	for _, c := range []struct {
 		name     string
@@ -79,19 +78,22 @@ func BenchmarkEgressDownload(b *testing.B) {
 	}
 }
 
-// leg is one way to the download: a URL, through an HTTP proxy or not.
+// leg is one way to the download: a URL, through an HTTP proxy or not,
+// and the Go client that takes it.
 type leg struct {
 	name, url string
 	proxy     *url.URL
+	hc        *http.Client
 }
 
-// goClients are the Go client's, direct and through the egress proxy.
-var goClients sync.Map // *url.URL (nil: direct) → *http.Client
+func newLeg(name, u string, proxy *url.URL) leg {
+	return leg{name: name, url: u, proxy: proxy,
+		hc: &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: true}}}
+}
 
 func goDownload(b *testing.B, l leg) time.Duration {
-	hc, _ := goClients.LoadOrStore(l.proxy, &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(l.proxy), DisableKeepAlives: true}})
 	start := time.Now()
-	resp, err := hc.(*http.Client).Get(l.url)
+	resp, err := l.hc.Get(l.url)
 	require.NoError(b, err)
 	n, err := io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()

@@ -32,13 +32,9 @@ var errNotRaw = errors.New("egress: not a connection with a descriptor")
 // (delivered: the byte counts). errNotRaw: src has no descriptor, nothing
 // was copied.
 func copyCounted(dst, src net.Conn, room func(int) int, took func(reserved, n int), delivered func(int)) error {
-	sc, ok := src.(syscall.Conn)
-	if !ok {
-		return errNotRaw
-	}
-	rs, err := sc.SyscallConn()
+	rs, err := rawConn(src)
 	if err != nil {
-		return errNotRaw
+		return err
 	}
 	buf := make([]byte, firstChunk)
 	for {
@@ -55,6 +51,19 @@ func copyCounted(dst, src net.Conn, room func(int) int, took func(reserved, n in
 			buf = make([]byte, 2*len(buf))
 		}
 	}
+}
+
+// rawConn is c's descriptor, to read (or hand on) in Go's poller.
+func rawConn(c net.Conn) (syscall.RawConn, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, errNotRaw
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, errNotRaw
+	}
+	return rc, nil
 }
 
 // readReserved reads src's descriptor into buf once it is ready, waiting in

@@ -71,11 +71,7 @@ func Handoff(dir string, id Identity) func(net.Conn) {
 // handOff offers c to each proxy of dir in turn; offered: one took it, or
 // may hold it, so the wrapper must not write to c.
 func handOff(dir string, line []byte, c net.Conn) (offered bool, err error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false, errHandoff
-	}
-	raw, err := sc.SyscallConn()
+	raw, err := rawConn(c)
 	if err != nil {
 		return false, err
 	}
