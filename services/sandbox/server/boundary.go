@@ -106,6 +106,9 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	}
 	log.Info("sandbox isolation: namespaces", "bwrap", bw, "sandbox_uid", uid, "rlimits", lim.String(),
 		"readonly_paths", iso.ReadOnly, "control_socket", ctlPath)
+	if why := lim.CheckFileTable(boundary.HostFileMax()); why != "" {
+		log.Warn("sandbox rlimits too large for this host", "reason", why)
+	}
 	if ok, why := boundary.CgroupLimits(); !ok {
 		log.Warn("sandbox cgroup limits unavailable", "reason", why)
 	}

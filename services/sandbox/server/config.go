@@ -61,7 +61,7 @@ type Config struct {
 	Bwrap         string // SANDBOX_BWRAP: bubblewrap binary; empty: bwrap on PATH
 	ReadOnlyPaths string // SANDBOX_READONLY_PATHS: host paths bound read-only into sandboxes (installed agents), colon separated
 	SandboxUID    int    // SANDBOX_UID: host uid (and gid) sandboxes run as when the service is root; -1 keeps the service's
-	Rlimits       string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=4096,nproc=1024,as=68719476736
+	Rlimits       string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400
 	Deployment    string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
 	// Egress is the egress proxy's (server/egress.go).
 	Egress EgressConfig
@@ -133,7 +133,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.Bwrap, "SANDBOX_BWRAP", c.Bwrap, "bubblewrap binary; empty: bwrap on PATH")
 	l.String(&c.ReadOnlyPaths, "SANDBOX_READONLY_PATHS", c.ReadOnlyPaths, "host paths bound read-only into every sandbox (installed agent runtimes), colon separated")
 	l.Int(&c.SandboxUID, "SANDBOX_UID", c.SandboxUID, "host uid and gid sandboxes run as when the service runs as root; -1 keeps the service's")
-	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES")
+	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES,fsize=BYTES,cpu=SECONDS")
 	l.String(&c.Deployment, "SANDBOX_DEPLOYMENT", c.Deployment, "deployment id in wrapper markers; empty: derived from the sandbox root")
 	c.Egress.Bind(l)
 }

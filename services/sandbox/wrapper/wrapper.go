@@ -174,7 +174,7 @@ func parse(args []string) (Options, error) {
 		egressLn  = fs.String("egress-listen", "", "loopback address where the runtime reaches the egress proxy (each connection handed to --egress-dir)")
 		egressDir = fs.String("egress-dir", "", "directory of Unix sockets leading to the egress proxy")
 		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it")
-		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=4096,nproc=1024,as=68719476736")
+		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400")
 	)
 	if err := fs.Parse(args); err != nil {
 		return Options{}, err

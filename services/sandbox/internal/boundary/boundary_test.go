@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("BOUNDARY_HELPER") != "" {
 		os.Exit(helper())
 	}
+	if l := os.Getenv("LIMITS_HELPER"); l != "" {
+		os.Exit(limitsHelper(l))
+	}
 	os.Exit(m.Run())
 }
 
@@ -174,7 +177,7 @@ func TestSeccompProgramShape(t *testing.T) {
 }
 
 func TestLimitsRoundTrip(t *testing.T) {
-	l := Limits{OpenFiles: 10, Processes: 20, AddressSpace: 30}
+	l := Limits{OpenFiles: 10, Processes: 20, AddressSpace: 30, FileSize: 40, CPUSeconds: 50}
 	got, err := ParseLimits(l.String())
 	require.NoError(t, err)
 	require.Equal(t, l, got)

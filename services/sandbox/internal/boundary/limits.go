@@ -17,11 +17,16 @@ type Limits struct {
 	OpenFiles    uint64 // RLIMIT_NOFILE
 	Processes    uint64 // RLIMIT_NPROC (counted per user namespace, so per sandbox)
 	AddressSpace uint64 // RLIMIT_AS, bytes
+	FileSize     uint64 // RLIMIT_FSIZE, bytes: the largest file one write may make
+	CPUSeconds   uint64 // RLIMIT_CPU, seconds of CPU per process (SIGKILL past it: soft = hard)
 }
 
 // DefaultLimits leave room for a Node agent (V8 reserves several GiB of
-// address space up front) and a build it runs.
-var DefaultLimits = Limits{OpenFiles: 4096, Processes: 1024, AddressSpace: 64 << 30}
+// address space up front) and a build it runs, and keep what one sandbox
+// can hold of the host's shared tables small: nofile × nproc = 512 Ki open
+// files at most, a fifth of a 24 GiB node's fs.file-max (2.4 Mi); one file
+// at most 4 GiB (the disk quota bounds the sum); 4 h of CPU per process.
+var DefaultLimits = Limits{OpenFiles: 1024, Processes: 512, AddressSpace: 64 << 30, FileSize: 4 << 30, CPUSeconds: 4 * 3600}
 
 var limitNames = []struct {
 	name     string
@@ -31,6 +36,8 @@ var limitNames = []struct {
 	{"nofile", syscall.RLIMIT_NOFILE, func(l *Limits) *uint64 { return &l.OpenFiles }},
 	{"nproc", 6 /* RLIMIT_NPROC */, func(l *Limits) *uint64 { return &l.Processes }},
 	{"as", syscall.RLIMIT_AS, func(l *Limits) *uint64 { return &l.AddressSpace }},
+	{"fsize", syscall.RLIMIT_FSIZE, func(l *Limits) *uint64 { return &l.FileSize }},
+	{"cpu", syscall.RLIMIT_CPU, func(l *Limits) *uint64 { return &l.CPUSeconds }},
 }
 
 // String is the wrapper's --rlimits value, e.g. "nofile=4096,nproc=1024".
@@ -67,7 +74,7 @@ func ParseLimits(s string) (Limits, error) {
 			}
 		}
 		if !found {
-			return Limits{}, fmt.Errorf("rlimit %q: unknown (want nofile, nproc or as)", k)
+			return Limits{}, fmt.Errorf("rlimit %q: unknown (want nofile, nproc, as, fsize or cpu)", k)
 		}
 	}
 	return l, nil
@@ -92,6 +99,33 @@ func (l Limits) Apply() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// FileTableShare is what share of the host's file table (fs.file-max) one
+// sandbox may hold at most, nofile × nproc, before start-up warns.
+const FileTableShare = 4
+
+// CheckFileTable says why l lets one sandbox open too much of the host's
+// file table (fileMax: /proc/sys/fs/file-max), or "" when it does not.
+func (l Limits) CheckFileTable(fileMax uint64) string {
+	if l.OpenFiles == 0 || l.Processes == 0 {
+		return "nofile or nproc is unbounded: one sandbox can exhaust the host's file table"
+	}
+	if fileMax > 0 && l.OpenFiles*l.Processes > fileMax/FileTableShare {
+		return fmt.Sprintf("nofile × nproc = %d exceeds a %dth of the host's fs.file-max (%d): one sandbox can starve the others of open files",
+			l.OpenFiles*l.Processes, FileTableShare, fileMax)
+	}
+	return ""
+}
+
+// HostFileMax reads /proc/sys/fs/file-max (0 when it cannot).
+func HostFileMax() uint64 {
+	b, err := os.ReadFile("/proc/sys/fs/file-max")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return n
 }
 
 // CgroupLimits reports whether per-sandbox memory, pids and CPU limits by

@@ -55,6 +55,10 @@ const (
 	ReasonBytesLimit        = "bytes_limit"        // the sandbox's connections carried the window's allowance
 	ReasonBytesUnavailable  = "bytes_unavailable"  // the sandbox's saved byte window cannot be read now
 	ReasonIdleTimeout       = "idle_timeout"       // closed: nothing moved for the idle bound
+	// ReasonRequestLineTooLong (414) and ReasonHeadersTooLarge (431): the
+	// request head is past its bounds (head.go).
+	ReasonRequestLineTooLong = "request_line_too_long"
+	ReasonHeadersTooLarge    = "headers_too_large"
 )
 
 // decisionReasons are every (decision, reason) pair, shown at zero from the
@@ -65,6 +69,7 @@ var decisionReasons = [][2]string{
 	{Denied, ReasonResolveFailed}, {Denied, ReasonConnectFailed}, {Denied, ReasonNotTLS}, {Denied, ReasonSNIMismatch},
 	{Denied, ReasonConnectionLimit}, {Denied, ReasonBytesLimit}, {Denied, ReasonBytesUnavailable},
 	{Denied, ReasonUnauthenticated}, {Denied, ReasonPolicyUnavailable},
+	{Denied, ReasonRequestLineTooLong}, {Denied, ReasonHeadersTooLarge},
 	{Closed, ReasonBytesLimit}, {Closed, ReasonIdleTimeout},
 }
 
@@ -386,7 +391,7 @@ func (p *Proxy) handle(c net.Conn) {
 	b, refused := p.acquire(g)
 	if refused != "" {
 		m := newMeter(client, &budget{}, 0, nil) // counted for the audit only
-		d, _, _ := readRequest(bufio.NewReader(m))
+		d, _, _, _ := readRequest(newHeadReader(m))
 		p.deny(g, m, d, http.StatusServiceUnavailable, refused)
 		return
 	}
@@ -428,25 +433,29 @@ func (p *Proxy) take(uc *net.UnixConn) (Identity, *net.TCPConn, Grant, error) {
 }
 
 // readRequest reads the runtime's request and names its destination, or
-// says why it has none (req nil: nothing to answer).
-func readRequest(br *bufio.Reader) (d Decision, req *http.Request, reason string) {
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		return Decision{Kind: "http"}, nil, ReasonBadRequest
+// says why it has none (req nil: nothing to answer unless code is set: a
+// head past its bounds).
+func readRequest(br headReader) (d Decision, req *http.Request, code int, reason string) {
+	req, code, reason = br.readHead()
+	if req == nil {
+		return Decision{Kind: "http"}, nil, code, reason
 	}
 	d = Decision{Kind: "http"}
 	if req.Method == http.MethodConnect {
 		d.Kind = "connect"
 	}
 	d.Host, d.Port, reason = target(req)
-	return d, req, reason
+	return d, req, 0, reason
 }
 
 // serve decides m's request and, when allowed, carries it.
 func (p *Proxy) serve(g Grant, m *meter) {
-	br := bufio.NewReader(m)
-	d, req, reason := readRequest(br)
+	br := newHeadReader(m)
+	d, req, code, reason := readRequest(br)
 	if req == nil {
+		if code != 0 {
+			p.deny(g, m, d, code, reason)
+		}
 		return
 	}
 	if reason != "" {
@@ -474,7 +483,7 @@ func (p *Proxy) serve(g Grant, m *meter) {
 	m.alsoClose(up)
 	defer up.Close()
 	if d.Kind == "connect" {
-		p.tunnel(g, m, br, up, d)
+		p.tunnel(g, m, br.Reader, up, d)
 		return
 	}
 	p.forward(g, m, req, up, d)
