@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,6 +27,11 @@ type forwarder struct {
 	dialer  net.Dialer
 	maxIdle int           // idle connections kept per upstream host
 	idleFor time.Duration // an idle connection older than this is closed, not reused
+	// headerWait bounds the wait for an upstream's response head once the
+	// request was sent; bodyIdle bounds each wait for response body bytes.
+	// An upstream that never answers holds neither the caller nor a
+	// descriptor longer than these.
+	headerWait, bodyIdle time.Duration
 
 	mu   sync.Mutex
 	idle map[string][]*upstreamConn // by scheme://host
@@ -34,7 +40,7 @@ type forwarder struct {
 type upstreamConn struct {
 	key  string
 	conn net.Conn
-	head *headLimit // under br: bounds what a response head may read
+	head *headLimit // under br: bounds what a response head may read, and each body read's wait
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	used time.Time // when it last went idle
@@ -46,6 +52,10 @@ func newForwarder() *forwarder {
 		maxIdle: 512,
 		idleFor: 60 * time.Second,
 		idle:    map[string][]*upstreamConn{},
+		// A model may think for minutes before its first byte (a
+		// non-streamed completion); a stream sends at least keep-alives.
+		headerWait: 10 * time.Minute,
+		bodyIdle:   5 * time.Minute,
 	}
 }
 
@@ -58,15 +68,28 @@ var errResponseHead = errors.New("upstream response head too large")
 
 // headLimit passes reads through to the connection; while on, it fails
 // once more than left bytes were read (the response head plus what the
-// bufio.Reader reads ahead of it).
+// bufio.Reader reads ahead of it). While off (the body), each read waits
+// at most idle.
 type headLimit struct {
 	conn net.Conn
 	on   bool
 	left int
+	idle time.Duration
+	// cut is set once the caller went: no read extends the deadline then.
+	cut atomic.Bool
+}
+
+// cancel fails the connection's reads and writes from now on.
+func (l *headLimit) cancel() {
+	l.cut.Store(true)
+	_ = l.conn.SetDeadline(time.Unix(1, 0))
 }
 
 func (l *headLimit) Read(p []byte) (int, error) {
 	if !l.on {
+		if l.idle > 0 && !l.cut.Load() {
+			_ = l.conn.SetReadDeadline(time.Now().Add(l.idle))
+		}
 		return l.conn.Read(p)
 	}
 	if l.left <= 0 {
@@ -103,7 +126,7 @@ func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *htt
 	}
 	// Cancellation of the caller (or a stalled upstream the caller gives up
 	// on) unblocks the body copy by failing the connection.
-	stop := context.AfterFunc(ctx, func() { _ = uc.conn.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, uc.head.cancel)
 	FilterResponse(resp.Header)
 	announceTrailers(w.Header(), resp)
 	h := w.Header()
@@ -139,7 +162,7 @@ func (f *forwarder) roundTrip(ctx context.Context, out *http.Request) (*http.Res
 		if err != nil {
 			return nil, nil, err
 		}
-		resp, err := exchange(ctx, uc, out)
+		resp, err := exchange(ctx, uc, out, f.headerWait)
 		if err == nil {
 			return resp, uc, nil
 		}
@@ -150,7 +173,10 @@ func (f *forwarder) roundTrip(ctx context.Context, out *http.Request) (*http.Res
 	}
 }
 
-func exchange(ctx context.Context, uc *upstreamConn, out *http.Request) (*http.Response, error) {
+func exchange(ctx context.Context, uc *upstreamConn, out *http.Request, headerWait time.Duration) (*http.Response, error) {
+	if headerWait > 0 { // sending the request and waiting for its answer's head
+		_ = uc.conn.SetDeadline(time.Now().Add(headerWait))
+	}
 	stop := context.AfterFunc(ctx, func() { _ = uc.conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if out.Body != nil {
@@ -231,11 +257,11 @@ func (f *forwarder) get(ctx context.Context, u *url.URL) (*upstreamConn, bool, e
 	if err != nil {
 		return nil, false, err
 	}
-	return newUpstreamConn(key, conn), false, nil
+	return newUpstreamConn(key, conn, f.bodyIdle), false, nil
 }
 
-func newUpstreamConn(key string, conn net.Conn) *upstreamConn {
-	head := &headLimit{conn: conn}
+func newUpstreamConn(key string, conn net.Conn, bodyIdle time.Duration) *upstreamConn {
+	head := &headLimit{conn: conn, idle: bodyIdle}
 	return &upstreamConn{key: key, conn: conn, head: head, br: bufio.NewReaderSize(head, readBufferSize), bw: bufio.NewWriterSize(conn, 4<<10)}
 }
 
@@ -379,4 +405,20 @@ func copyBody(w http.ResponseWriter, resp *http.Response, g echoGuard) error {
 			return rerr
 		}
 	}
+}
+
+// callerBodyIdle bounds each wait for the caller's request body bytes: a
+// caller that announces a body and stops sending holds nothing for long.
+const callerBodyIdle = 2 * time.Minute
+
+// idleBody extends the caller connection's read deadline before each read.
+type idleBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	return b.ReadCloser.Read(p)
 }

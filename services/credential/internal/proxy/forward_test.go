@@ -224,7 +224,7 @@ func TestForwardSendsSmallRequestInOneWrite(t *testing.T) {
 	defer client.Close()
 	defer server.Close()
 	cc := &countingConn{Conn: client}
-	uc := newUpstreamConn("", cc)
+	uc := newUpstreamConn("", cc, 0)
 	got := make(chan string, 1)
 	go func() {
 		req, err := http.ReadRequest(bufio.NewReader(server))
@@ -240,7 +240,7 @@ func TestForwardSendsSmallRequestInOneWrite(t *testing.T) {
 	u, _ := url.Parse("http://upstream.test/v1/chat/completions")
 	out := &http.Request{Method: "POST", URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(&onlyReader{strings.NewReader(body)}), ContentLength: int64(len(body))}
-	resp, err := exchange(context.Background(), uc, out)
+	resp, err := exchange(context.Background(), uc, out, 0)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, resp.StatusCode)
 	require.Equal(t, body, <-got)

@@ -156,6 +156,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveGit(w, r, t, res)
 		return
 	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: callerBodyIdle}
+	}
 	out, att := p.outgoing(r, upstream, t, res)
 	start := time.Now()
 	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att))
