@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"agentplane.dev/pkg/grpcclient"
 
@@ -26,7 +27,8 @@ import (
 // Config is the ingest service's configuration.
 type Config struct {
 	config.Common
-	CredentialAddr string // CREDENTIAL_ADDR: the credential service, asked about v2 scope membership
+	CredentialAddr string        // CREDENTIAL_ADDR: the credential service, asked about v2 scope membership
+	TombstoneTTL   time.Duration // INGEST_TOMBSTONE_TTL: how long a deleted runtime session's tombstone stays
 }
 
 // DefaultConfig returns the dev defaults (ports of docs/development.md).
@@ -34,6 +36,7 @@ func DefaultConfig() Config {
 	return Config{
 		Common:         config.DefaultCommon("127.0.0.1:7404", "127.0.0.1:9404"),
 		CredentialAddr: "127.0.0.1:7403",
+		TombstoneTTL:   store.DefaultTombstoneTTL,
 	}
 }
 
@@ -41,12 +44,16 @@ func DefaultConfig() Config {
 func (c *Config) Bind(l *config.Loader) {
 	c.Common.Bind(l)
 	l.String(&c.CredentialAddr, "CREDENTIAL_ADDR", c.CredentialAddr, "credential service gRPC address (v2 scope membership checks); "+config.PeerAddrHelp)
+	l.Duration(&c.TombstoneTTL, "INGEST_TOMBSTONE_TTL", c.TombstoneTTL, "how long a deleted runtime session's tombstone refuses late writes (the longest grant lifetime plus the longest retry)")
 }
 
 // Validate reports every bad setting, naming its variable and flag.
 func (c *Config) Validate() error {
 	errs := []error{c.Common.Validate()}
 	errs = append(errs, config.CheckPeerAddr("CREDENTIAL_ADDR", c.CredentialAddr, true))
+	if c.TombstoneTTL < time.Minute {
+		errs = append(errs, config.ErrorFor("INGEST_TOMBSTONE_TTL", errors.New("must be at least 1m")))
+	}
 	return errors.Join(errs...)
 }
 
@@ -104,7 +111,9 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
-	api := grpcapi.New(store.New(rdb), membership.New(credential), log)
+	st := store.New(rdb)
+	st.TombstoneTTL = cfg.TombstoneTTL
+	api := grpcapi.New(st, membership.New(credential), log)
 	m, err := grpcapi.NewMetrics(srv.Registry())
 	if err != nil {
 		return err

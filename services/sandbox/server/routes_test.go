@@ -2,12 +2,15 @@ package server_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/services/sandbox/internal/provider/process"
 	"agentplane.dev/services/sandbox/server"
 )
 
@@ -52,6 +55,11 @@ func TestWorktreeSessionsShareOneRuntime(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, rel.GetLastMember())
 	require.True(t, rel.GetAbsenceVerified())
+	wsDir := filepath.Join(svc.root, sb, "workspaces", process.WorkspaceName("/repo/a"))
+	require.DirExists(t, wsDir, "the directory's other session keeps its workspace")
+	require.NoError(t, os.WriteFile(filepath.Join(wsDir, "left-by-s1.txt"), []byte("x"), 0o644))
+	logs, _ := filepath.Glob(filepath.Join(svc.root, sb, "logs", "*.log"))
+	require.NotEmpty(t, logs)
 	require.Eventually(t, func() bool {
 		rel, err = svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s2", Reason: "session-delete"})
 		require.NoError(t, err)
@@ -59,6 +67,12 @@ func TestWorktreeSessionsShareOneRuntime(t *testing.T) {
 		return rel.GetAbsenceVerified()
 	}, 60*time.Second, 200*time.Millisecond)
 	require.Empty(t, wrappersOf(t, sb))
+	// Issue 32: the last session's verified release took the directory's
+	// workspace, home and wrapper logs with it.
+	require.NoDirExists(t, wsDir)
+	require.NoDirExists(t, filepath.Join(svc.root, sb, "homes", process.WorkspaceName("/repo/a")))
+	logs, _ = filepath.Glob(filepath.Join(svc.root, sb, "logs", "*.log"))
+	require.Empty(t, logs)
 }
 
 // Under per_session (a wrapper without the worktree capability) each session

@@ -31,6 +31,7 @@ type Config struct {
 	DeleteBackoffBase time.Duration // SESSION_DELETE_BACKOFF_BASE
 	DeleteBackoffMax  time.Duration // SESSION_DELETE_BACKOFF_MAX
 	DeleteLeaseTTL    time.Duration // SESSION_DELETE_LEASE_TTL
+	WipeLocatorTTL    time.Duration // SESSION_WIPE_LOCATOR_TTL: how long a deleted session's wipe locator stays
 	PeerTimeout       time.Duration // SESSION_PEER_TIMEOUT
 	EventCap          int           // SESSION_EVENT_CAP: events kept per session (approximate)
 	WatchPoolSize     int           // SESSION_WATCH_POOL_SIZE: Redis connections for WatchSession readers
@@ -57,6 +58,7 @@ func DefaultConfig() Config {
 		DeleteBackoffBase: time.Second,
 		DeleteBackoffMax:  time.Minute,
 		DeleteLeaseTTL:    30 * time.Second,
+		WipeLocatorTTL:    5 * time.Hour,
 		PeerTimeout:       5 * time.Second,
 		EventCap:          100_000,
 		WatchPoolSize:     1024,
@@ -81,6 +83,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.DeleteBackoffBase, "SESSION_DELETE_BACKOFF_BASE", c.DeleteBackoffBase, "first retry delay of a pending deletion")
 	l.Duration(&c.DeleteBackoffMax, "SESSION_DELETE_BACKOFF_MAX", c.DeleteBackoffMax, "largest retry delay of a pending deletion")
 	l.Duration(&c.DeleteLeaseTTL, "SESSION_DELETE_LEASE_TTL", c.DeleteLeaseTTL, "lease of one deletion attempt")
+	l.Duration(&c.WipeLocatorTTL, "SESSION_WIPE_LOCATOR_TTL", c.WipeLocatorTTL, "how long a deleted session's wipe locator stays (the longest grant lifetime plus the longest retry)")
 	l.Duration(&c.PeerTimeout, "SESSION_PEER_TIMEOUT", c.PeerTimeout, "bound on every call to a peer service")
 	l.Int(&c.EgressMaxRules, "SESSION_EGRESS_MAX_RULES", c.EgressMaxRules, "most rules of one session's egress policy (larger: INVALID_ARGUMENT)")
 	l.Int(&c.EventCap, "SESSION_EVENT_CAP", c.EventCap, "events kept per session (approximate trim)")
@@ -103,11 +106,11 @@ func (c *Config) Validate() error {
 		"SESSION_RECONCILE_INTERVAL": c.ReconcileInterval, "SESSION_DELETE_BACKOFF_BASE": c.DeleteBackoffBase,
 		"SESSION_DELETE_BACKOFF_MAX": c.DeleteBackoffMax, "SESSION_DELETE_LEASE_TTL": c.DeleteLeaseTTL,
 		"SESSION_PEER_TIMEOUT": c.PeerTimeout, "SESSION_WATCH_BLOCK": c.WatchBlock,
-		"SESSION_QUEUED_REDRIVE": c.QueuedRedrive,
+		"SESSION_QUEUED_REDRIVE": c.QueuedRedrive, "SESSION_WIPE_LOCATOR_TTL": c.WipeLocatorTTL,
 	}
 	for _, name := range []string{"SESSION_QUEUED_TIMEOUT", "SESSION_ACCEPTED_TIMEOUT", "SESSION_RETENTION",
 		"SESSION_SWEEP_INTERVAL", "SESSION_RECONCILE_INTERVAL", "SESSION_DELETE_BACKOFF_BASE",
-		"SESSION_DELETE_BACKOFF_MAX", "SESSION_DELETE_LEASE_TTL", "SESSION_PEER_TIMEOUT", "SESSION_WATCH_BLOCK", "SESSION_QUEUED_REDRIVE"} {
+		"SESSION_DELETE_BACKOFF_MAX", "SESSION_DELETE_LEASE_TTL", "SESSION_PEER_TIMEOUT", "SESSION_WATCH_BLOCK", "SESSION_QUEUED_REDRIVE", "SESSION_WIPE_LOCATOR_TTL"} {
 		if positive[name] <= 0 {
 			bad(name, errors.New("must be positive"))
 		}

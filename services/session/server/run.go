@@ -76,6 +76,7 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 		ReconcileInterval: cfg.ReconcileInterval,
 		DeletionBackoff:   session.Backoff{Base: cfg.DeleteBackoffBase, Max: cfg.DeleteBackoffMax},
 		DeletionLeaseTTL:  cfg.DeleteLeaseTTL,
+		WipeLocatorTTL:    cfg.WipeLocatorTTL,
 		PeerTimeout:       cfg.PeerTimeout,
 		WatchBlock:        cfg.WatchBlock,
 		Owner:             cfg.ReplicaID,

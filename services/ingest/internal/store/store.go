@@ -22,8 +22,10 @@
 // and a replayed batch changes nothing. Versions are compared as fixed-width decimal
 // strings because Lua numbers are doubles and would round versions above 2^53.
 //
-// A tombstone (state=deleted) is kept forever so that a late retry from a runtime cannot
-// recreate a deleted history; the stream and the latest hash are unlinked at deletion.
+// A tombstone (state=deleted) is kept for TombstoneTTL (default DefaultTombstoneTTL: the
+// longest grant lifetime plus the longest retry, decision 12) so that a late retry from a
+// runtime cannot recreate a deleted history, and then expires: no runtime holds a handle
+// that could still write. The stream and the latest hash are unlinked at deletion.
 package store
 
 import (
@@ -65,11 +67,18 @@ type Store struct {
 	// TailBlock bounds one blocking read of Tail; between reads Tail notices a tombstone
 	// and a cancelled caller.
 	TailBlock time.Duration
+	// TombstoneTTL is how long a tombstone outlives its deletion.
+	TombstoneTTL time.Duration
 }
+
+// DefaultTombstoneTTL is the longest grant lifetime (4 h) plus the longest retry (1 h,
+// the exhausted wrapper lease's recheck window): after it no handle of the deleted
+// session's runtime can still reach ingest.
+const DefaultTombstoneTTL = 5 * time.Hour
 
 // New returns a store on rdb.
 func New(rdb redis.UniversalClient) *Store {
-	return &Store{rdb: rdb, now: time.Now, TailBlock: time.Second}
+	return &Store{rdb: rdb, now: time.Now, TailBlock: time.Second, TombstoneTTL: DefaultTombstoneTTL}
 }
 
 // The tombstone answer of every script.
@@ -468,13 +477,18 @@ func digits(s string) bool {
 var deleteScript = redis.NewScript(`
 redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'state', 'deleted', 'delete_time', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
 // Delete tombstones a runtime session and unlinks its history; idempotent, and a runtime
 // session never seen is tombstoned too, so a late first ingest cannot create it.
 func (s *Store) Delete(ctx context.Context, id string) error {
-	if err := deleteScript.Run(ctx, s.rdb, keys(id), s.now().UnixNano()).Err(); err != nil {
+	ttl := s.TombstoneTTL
+	if ttl <= 0 {
+		ttl = DefaultTombstoneTTL
+	}
+	if err := deleteScript.Run(ctx, s.rdb, keys(id), s.now().UnixNano(), ttl.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("delete runtime session: %w", err)
 	}
 	return nil

@@ -183,6 +183,23 @@ func TestDeleteTombstones(t *testing.T) {
 	require.ErrorIs(t, err, history.ErrDeleted)
 }
 
+// TestTombstonesExpire (issue 32): a tombstone carries a TTL (decision 12),
+// the longest grant lifetime plus the longest retry, and is gone after it.
+func TestTombstonesExpire(t *testing.T) {
+	s, rdb := newStore(t)
+	ctx := context.Background()
+	require.NoError(t, s.Delete(ctx, "rs"))
+	ttl := rdb.PTTL(ctx, metaKey("rs")).Val()
+	require.Positive(t, ttl, "the tombstone expires")
+	require.LessOrEqual(t, ttl, DefaultTombstoneTTL)
+	require.Greater(t, ttl, DefaultTombstoneTTL-time.Minute)
+
+	s.TombstoneTTL = 20 * time.Millisecond
+	require.NoError(t, s.Delete(ctx, "short"))
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, metaKey("short")).Val() == 0 },
+		30*time.Second, 10*time.Millisecond, "the tombstone is gone after its TTL")
+}
+
 func TestCreateRuntimeSession(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()

@@ -588,7 +588,12 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 			"sandbox", sb.id, "session", sessionID, "runtime_key", key)
 	}
 	if ok {
-		d.dropHome(sb, key)
+		if err := d.dropData(ctx, sb, sessionID, key, dir); err != nil {
+			// Removing the data is part of "verified" (DESIGN.md 3.5): the
+			// route stays released and the next call tries again.
+			d.log.Warn("release: data of the runtime key not removed yet; retried", "sandbox", sb.id, "runtime_key", key, "err", err)
+			return Release{LastMember: true, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+		}
 	}
 	if ok || exhausted {
 		d.forgetRoute(sb, sessionID)
@@ -733,24 +738,50 @@ func (d *Driver) releaseUnrouted(ctx context.Context, sb *sandbox, sessionID, re
 	return rel, nil
 }
 
-// dropHome removes a released runtime key's home once its wrapper is
-// verified absent (the workspace stays warm), unless a route of the key is
-// there again or its wrapper is coming: the check and the removal run under
-// the sandbox's lock, which a preparation takes before it launches.
-func (d *Driver) dropHome(sb *sandbox, key string) {
+// errOtherKeyStopping: another runtime key of the directory is still being
+// stopped, so its workspace cannot be removed yet.
+var errOtherKeyStopping = errors.New("another runtime key of the directory is still stopping")
+
+// dropData removes what a released runtime key leaves once its wrapper is
+// verified absent (DESIGN.md 3.5, "Nothing outlives its session"): the
+// key's home and, when no other session of the sandbox is in the directory
+// and no other runtime key of it runs, the directory's workspace and its
+// wrappers' logs, so the directory's next session gets a fresh clone. Nothing
+// is removed while a route of the key is there again or its wrapper is
+// coming: the checks and the removal run under the sandbox's lock, which a
+// preparation takes before it launches. An error means the data is not
+// gone yet (the release is then not verified).
+func (d *Driver) dropData(ctx context.Context, sb *sandbox, sessionID, key, dir string) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	for id, r := range sb.routes {
 		if r.RuntimeKey == key && (r.State != store.RouteReleased || sb.preparing[id]) {
-			return
+			return nil // the key serves a session again: its data is that session's
 		}
 	}
 	if s := sb.keyAllocations[key]; s != nil && s.Alloc.Live() {
-		return
+		return nil
 	}
-	if err := d.cfg.Provider.Delete(sb.ctx, sb.id, key, provider.DeleteHome); err != nil {
-		d.log.Warn("home not removed; the stale cleanup takes it", "sandbox", sb.id, "runtime_key", key, "err", err)
+	if err := d.cfg.Provider.Delete(ctx, sb.id, key, provider.DeleteHome); err != nil {
+		return err
 	}
+	for id, r := range sb.routes {
+		if id != sessionID && r.Directory == dir && (r.State != store.RouteReleased || sb.preparing[id]) {
+			return nil // a session of the sandbox still lives in the directory: it keeps it
+		}
+	}
+	for k, s := range sb.keyAllocations {
+		if k == key || s.Directory != dir {
+			continue
+		}
+		if s.Alloc.Live() {
+			return nil
+		}
+		if s.Alloc.Phase == allocation.Stopping {
+			return errOtherKeyStopping
+		}
+	}
+	return d.cfg.Provider.Delete(ctx, sb.id, dir, provider.DeleteWorkspace)
 }
 
 func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {

@@ -61,6 +61,11 @@ func (s *Service) reconcile(ctx context.Context, id string) (err error) {
 	ctx, span := tracer.Start(ctx, "session.delete")
 	defer span.End()
 	defer func() { s.metrics.deletionFailed(err) }()
+	if gone, err := s.store.Gone(ctx, id); err != nil || gone {
+		// Already wiped: taking the lease would write the session's fence
+		// token again, a key the wipe removed.
+		return err
+	}
 	lease, err := s.store.DeletionLease(ctx, id, s.cfg.Owner, s.cfg.DeletionLeaseTTL)
 	if errors.Is(err, fence.ErrLeaseHeld) {
 		return &session.DeletionPendingError{RetryAfter: s.cfg.DeletionBackoff.Base, Step: "in_progress"}
@@ -202,7 +207,7 @@ func (d *deletionAttempt) deleteHistory(ctx context.Context) error {
 func (d *deletionAttempt) wipe(ctx context.Context) error {
 	loc := store.WipeLocator{SandboxID: d.in.SandboxID, Directory: d.in.Directory}
 	wctx, wipe := tracer.Start(ctx, "session.delete.wipe")
-	err := d.s.store.Wipe(wctx, d.lease, d.in, loc)
+	err := d.s.store.Wipe(wctx, d.lease, d.in, loc, d.s.cfg.WipeLocatorTTL)
 	wipe.End()
 	if err != nil {
 		return err

@@ -29,6 +29,7 @@ type Config struct {
 	ReconcileInterval time.Duration // deletion reconciler; ≤ 0 disables the loop
 	DeletionBackoff   session.Backoff
 	DeletionLeaseTTL  time.Duration
+	WipeLocatorTTL    time.Duration // ≤ 0: store.DefaultWipeLocatorTTL
 	PeerTimeout       time.Duration // bound on every peer call
 	WatchBlock        time.Duration // XREAD BLOCK per round of a watcher
 	Owner             string        // this replica's name in leases

@@ -64,15 +64,30 @@ return n
 // WipeBatch is how many keys one UNLINK script removes.
 const WipeBatch = 256
 
+// DefaultWipeLocatorTTL is how long a wipe locator stays: the longest grant
+// lifetime (4 h) plus the longest retry (1 h, an exhausted wrapper lease's
+// recheck window). After it no handle the session minted can be presented.
+const DefaultWipeLocatorTTL = 5 * time.Hour
+
+// Gone reports that the session was wiped: neither record nor intent.
+func (s *Store) Gone(ctx context.Context, id string) (bool, error) {
+	n, err := s.rdb.Exists(ctx, key(id, "meta"), key(id, "del")).Result()
+	return n == 0, err
+}
+
 // Wipe removes every key of the session by key only (SCAN with MATCH, then
-// batched, fenced UNLINK; no value is loaded), leaves the wipe locator, and
-// deletes the record and the intent last so the session reads as deleting
+// batched, fenced UNLINK; no value is loaded), leaves the wipe locator with
+// a TTL (ttl ≤ 0: DefaultWipeLocatorTTL), and deletes the record, the intent
+// and the session's fencing token last, so the session reads as deleting
 // until the end. It then drops the session from every index.
-func (s *Store) Wipe(ctx context.Context, l *fence.Lease, in *session.DeletionIntent, loc WipeLocator) error {
+func (s *Store) Wipe(ctx context.Context, l *fence.Lease, in *session.DeletionIntent, loc WipeLocator, ttl time.Duration) error {
 	id := in.SessionID
+	if ttl <= 0 {
+		ttl = DefaultWipeLocatorTTL
+	}
 	if err := l.Guard(ctx, fence.HSet(WipeLocatorKey(id),
 		"sandbox_id", loc.SandboxID, "directory", loc.Directory, "handle_digest", loc.HandleDigest,
-		"deleted_at", in.CreateTime.UnixMilli())); err != nil {
+		"deleted_at", in.CreateTime.UnixMilli()), fence.PExpire(WipeLocatorKey(id), ttl)); err != nil {
 		return err
 	}
 	node, err := s.nodeFor(ctx, key(id, "meta"))
@@ -106,7 +121,10 @@ func (s *Store) Wipe(ctx context.Context, l *fence.Lease, in *session.DeletionIn
 	if err := flush(); err != nil {
 		return err
 	}
-	if err := unlinkGuarded.Run(ctx, s.rdb, Resource(id), l.Token, []string{key(id, "meta"), key(id, "del")}).Err(); err != nil {
+	// The token goes with the last batch, checked before it is unlinked: a
+	// former holder's write then finds no token and fails closed, and a
+	// later grant still starts above Redis TIME (pkg/fence).
+	if err := unlinkGuarded.Run(ctx, s.rdb, Resource(id), l.Token, []string{key(id, "meta"), key(id, "del"), fence.TokenKey(Resource(id))}).Err(); err != nil {
 		return err
 	}
 	member := indexMember(in.SessionCreate, id)

@@ -249,7 +249,7 @@ func TestStateCountsFollowEveryTransition(t *testing.T) {
 	require.Equal(t, map[session.State]int64{session.StateActive: 2, session.StateStopped: 0, session.StateDeleting: 1}, counts())
 	l, err := s.DeletionLease(ctx, "k3", "t", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, s.Wipe(ctx, l, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}))
+	require.NoError(t, s.Wipe(ctx, l, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}, 0))
 	require.Equal(t, map[session.State]int64{session.StateActive: 2, session.StateStopped: 0, session.StateDeleting: 0}, counts())
 }
 

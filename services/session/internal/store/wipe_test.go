@@ -55,7 +55,7 @@ func TestWipeOfAMillionEventsStaysSmall(t *testing.T) {
 	lease, err := s.DeletionLease(ctx, "big", "test", time.Minute)
 	require.NoError(t, err)
 	growth, allocated := measureHeap(func() {
-		require.NoError(t, s.Wipe(ctx, lease, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}))
+		require.NoError(t, s.Wipe(ctx, lease, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}, 0))
 	})
 	t.Logf("wipe of %d events: heap growth %d B, total allocated %d B", wipeEvents, growth, allocated)
 	require.Less(t, growth, int64(64<<20))
@@ -76,6 +76,30 @@ func measureHeap(fn func()) (growth int64, allocated uint64) {
 	return int64(after.HeapAlloc) - int64(before.HeapAlloc), after.TotalAlloc - before.TotalAlloc
 }
 
+// TestWipeLeavesOnlyAnExpiringLocator (issue 32): after the wipe the only
+// key of the session is its wipe locator, with a TTL; the session's fencing
+// token goes too, and a repeated deletion does not write it again.
+func TestWipeLeavesOnlyAnExpiringLocator(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	s := New(rdb, 1000, noDeadline)
+	in := loadSession(t, ctx, s, "w", 10)
+	lease, err := s.DeletionLease(ctx, "w", "test", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, s.Wipe(ctx, lease, in, WipeLocator{SandboxID: "sbx", Directory: "/w"}, time.Hour))
+	require.NoError(t, lease.Release(ctx))
+	keys, err := rdb.Keys(ctx, "*{ses/w}*").Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{WipeLocatorKey("w")}, keys)
+	ttl := rdb.PTTL(ctx, WipeLocatorKey("w")).Val()
+	require.Positive(t, ttl)
+	require.LessOrEqual(t, ttl, time.Hour)
+	gone, err := s.Gone(ctx, "w")
+	require.NoError(t, err)
+	require.True(t, gone)
+}
+
 func TestWipeIsFenced(t *testing.T) {
 	rs := redistest.Start(t)
 	rdb := rs.Client(t)
@@ -87,7 +111,7 @@ func TestWipeIsFenced(t *testing.T) {
 	require.NoError(t, old.Release(ctx))
 	_, err = s.DeletionLease(ctx, "f", "b", time.Minute)
 	require.NoError(t, err)
-	require.Error(t, s.Wipe(ctx, old, in, WipeLocator{}), "a deposed reconciler cannot wipe")
+	require.Error(t, s.Wipe(ctx, old, in, WipeLocator{}, 0), "a deposed reconciler cannot wipe")
 	require.EqualValues(t, 1, rdb.Exists(ctx, key("f", "meta")).Val())
 }
 

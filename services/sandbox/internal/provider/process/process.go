@@ -682,7 +682,7 @@ func (p *Provider) Delete(_ context.Context, sandboxID, workspace string, reason
 	case provider.DeleteWorkspace:
 		return p.removeWorkspace(sandboxID, WorkspaceName(workspace))
 	case provider.DeleteHome:
-		if err := os.RemoveAll(p.HomeDir(sandboxID, workspace)); err != nil {
+		if err := removeTree(p.HomeDir(sandboxID, workspace)); err != nil {
 			return fmt.Errorf("process provider: delete home: %w", err)
 		}
 		return nil
@@ -695,11 +695,42 @@ func (p *Provider) Delete(_ context.Context, sandboxID, workspace string, reason
 	return fmt.Errorf("process provider: unknown delete reason %d", reason)
 }
 
+// removeWorkspace removes a workspace, the home of the same name and the
+// logs of the wrappers that served it (logs/<name>.<instance>.log).
 func (p *Provider) removeWorkspace(sandboxID, name string) error {
 	for _, d := range []string{"workspaces", "homes"} {
-		if err := os.RemoveAll(filepath.Join(p.SandboxDir(sandboxID), d, name)); err != nil {
+		if err := removeTree(filepath.Join(p.SandboxDir(sandboxID), d, name)); err != nil {
 			return fmt.Errorf("process provider: delete workspace: %w", err)
 		}
 	}
+	logs, err := filepath.Glob(filepath.Join(p.SandboxDir(sandboxID), "logs", name+".*.log"))
+	if err != nil {
+		return fmt.Errorf("process provider: delete logs: %w", err)
+	}
+	for _, l := range logs {
+		if err := os.Remove(l); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("process provider: delete logs: %w", err)
+		}
+	}
 	return nil
+}
+
+// removeTree removes dir and everything in it. What ran inside may have
+// taken its own permissions away (chmod 000 on a directory); once it is
+// gone the service owns the tree (or is root), so directories are opened
+// up and the removal tried again.
+func removeTree(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	// WalkDir visits a directory before it reads it, so opening it there
+	// lets the walk go on into it.
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, _ error) error {
+		if d != nil && d.IsDir() {
+			_ = os.Chmod(path, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
 }
