@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 // The test binary doubles as a wrapper: with HELPER_MODE set it behaves as
@@ -24,6 +25,14 @@ func TestMain(m *testing.M) {
 		// What a runtime leaves behind: a background child, one in its own
 		// session, a double fork reparented to init, one without environment.
 		_ = exec.Command("/bin/sh", "-c", "sleep 600 & setsid sleep 600 & (sleep 600 &) ; env -i sleep 600 &").Run()
+		_ = os.WriteFile("ready", nil, 0o644)
+		time.Sleep(time.Hour)
+	case "nodump":
+		// A runtime that hides itself: non-dumpable, its /proc files are
+		// handed to a root its user namespace does not map; a background
+		// child does the same after its exec.
+		_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+		_ = exec.Command("/bin/sh", "-c", "sleep 600 &").Run()
 		_ = os.WriteFile("ready", nil, 0o644)
 		time.Sleep(time.Hour)
 	case "ignore-term":

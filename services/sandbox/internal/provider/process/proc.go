@@ -19,29 +19,57 @@ import (
 // keep directories that a live wrapper serves.
 const EnvWorkspace = "AGENTPLANE_WORKSPACE_NAME"
 
-// procInfo is one live process as the host's /proc shows it.
+// procInfo is one live process as the /proc of the service shows it. Every
+// field but vars comes from the world-readable stat and status files, which
+// no process can make unreadable (a non-dumpable process hands its other
+// files to root, DESIGN.md 3.3 "Discovery no sandbox can blind").
 type procInfo struct {
 	pid, ppid, pgid int
 	start           uint64 // start time in clock ticks: tells a reused pid apart
-	pidNS           string // readlink of ns/pid, e.g. "pid:[4026531836]"
-	vars            map[string]string
+	depth           int    // PID namespaces below the /proc's one it runs in (NSpid entries - 1)
+	// Anchor candidates only (processes at the service's own depth): their
+	// environment and PID namespace, or why they could not be read.
+	vars   map[string]string
+	pidNS  string
+	envErr error
 }
 
-// scanAll lists every live (non-zombie) process with its parent, process
-// group, PID namespace and environment. Any failure to look (the listing, or
-// a file of a process that exists but cannot be read, unless the process is
-// provably not ours) is an error: the caller reports inspection_failed,
-// never absent.
-func scanAll(procRoot string, self identity) (map[int]*procInfo, string, error) {
+// procTable is one scan of /proc: every live (non-zombie) process, and
+// where the service itself is.
+type procTable struct {
+	procs     map[int]*procInfo
+	self      int    // this process's pid
+	selfDepth int    // its depth: anchors run at this depth
+	selfNS    string // readlink of its ns/pid
+}
+
+// scanAll lists every live process with its parent, process group, start
+// time and PID namespace depth, and reads the environment of the anchor
+// candidates only: the processes at the service's own depth other than
+// itself. Nothing inside a sandbox runs at that depth, so nothing inside a
+// sandbox can make a candidate unreadable; a candidate that cannot be read
+// is recorded (envErr), and units decides whether it concerns the sandbox
+// asked about. A failed listing, or a stat or status file of a live process
+// that cannot be read (both are world-readable), is an error: the caller
+// reports inspection_failed, never absent.
+func scanAll(procRoot string) (*procTable, error) {
+	selfLink, err := os.Readlink(filepath.Join(procRoot, "self"))
+	if err != nil {
+		return nil, fmt.Errorf("read own pid: %w", err)
+	}
+	self, err := strconv.Atoi(selfLink)
+	if err != nil {
+		return nil, fmt.Errorf("read own pid: %q", selfLink)
+	}
 	selfNS, err := os.Readlink(filepath.Join(procRoot, "self", "ns", "pid"))
 	if err != nil {
-		return nil, "", fmt.Errorf("read own pid namespace: %w", err)
+		return nil, fmt.Errorf("read own pid namespace: %w", err)
 	}
 	ents, err := os.ReadDir(procRoot)
 	if err != nil {
-		return nil, "", fmt.Errorf("list %s: %w", procRoot, err)
+		return nil, fmt.Errorf("list %s: %w", procRoot, err)
 	}
-	out := map[int]*procInfo{}
+	t := &procTable{procs: map[int]*procInfo{}, self: self, selfNS: selfNS, selfDepth: -1}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
@@ -53,40 +81,60 @@ func scanAll(procRoot string, self identity) (map[int]*procInfo, string, error) 
 			continue
 		}
 		if err != nil {
-			return nil, "", fmt.Errorf("read stat of pid %d: %w", pid, err)
+			return nil, fmt.Errorf("read stat of pid %d: %w", pid, err)
 		}
 		if st.state == 'Z' || st.state == 'X' {
 			continue // exited; only its exit status is left
 		}
-		env, err := os.ReadFile(filepath.Join(dir, "environ"))
-		var ns string
-		if err == nil {
-			ns, err = os.Readlink(filepath.Join(dir, "ns", "pid"))
-		}
+		depth, err := readDepth(filepath.Join(dir, "status"))
 		if vanished(err) {
-			// Exiting: parts of its /proc entry are gone already. Keep
-			// what stat said (a namespace's init that ends its namespace
-			// is in this state until its last process is gone).
-			out[pid] = &procInfo{pid: pid, ppid: st.ppid, pgid: st.pgid, start: st.start}
 			continue
 		}
 		if err != nil {
-			foreign, ferr := provablyForeign(filepath.Join(dir, "status"), self)
-			if vanished(ferr) || ferr == nil && foreign {
-				continue
-			}
-			return nil, "", fmt.Errorf("inspect pid %d: %w", pid, err)
+			return nil, fmt.Errorf("read status of pid %d: %w", pid, err)
 		}
-		out[pid] = &procInfo{pid: pid, ppid: st.ppid, pgid: st.pgid, start: st.start, pidNS: ns, vars: parseEnviron(env)}
+		t.procs[pid] = &procInfo{pid: pid, ppid: st.ppid, pgid: st.pgid, start: st.start, depth: depth}
+		if pid == self {
+			t.selfDepth = depth
+		}
 	}
-	return out, selfNS, nil
+	if t.selfDepth < 0 {
+		return nil, fmt.Errorf("own pid %d is not in %s", self, procRoot)
+	}
+	for _, p := range t.procs {
+		if p.depth == t.selfDepth && p.pid != self {
+			readCandidate(filepath.Join(procRoot, strconv.Itoa(p.pid)), p)
+		}
+	}
+	return t, nil
+}
+
+// readCandidate reads an anchor candidate's environment, and the PID
+// namespace of one that carries a sandbox marker (markers count only in the
+// service's own namespace). A candidate that exits meanwhile keeps no
+// environment: it is no anchor any more.
+func readCandidate(dir string, p *procInfo) {
+	env, err := os.ReadFile(filepath.Join(dir, "environ"))
+	if err == nil {
+		p.vars = parseEnviron(env)
+		if _, marked := p.vars[provider.EnvSandbox]; marked {
+			p.pidNS, err = os.Readlink(filepath.Join(dir, "ns", "pid"))
+		}
+	}
+	switch {
+	case vanished(err):
+		p.vars, p.pidNS = nil, ""
+	case err != nil:
+		p.vars, p.pidNS, p.envErr = nil, "", err
+	}
 }
 
 // unit is one launched wrapper with everything that belongs to it: the
 // anchor (the marked process in the service's own PID namespace: the
 // wrapper itself without isolation, its bubblewrap with it) and every
-// process of the PID namespaces it created, whatever their environment,
-// process group or session.
+// process descending from it in the PID namespaces it created (the agent's
+// nested sandbox too), whatever their environment, process group or
+// session.
 type unit struct {
 	anchor  *procInfo
 	orphan  bool        // the anchor is a namespace's init whose bubblewrap is gone
@@ -108,7 +156,8 @@ func (s scope) ours(vars map[string]string, sandboxID string) bool {
 // can reach: it ties the namespace to its wrapper even when the wrapper's
 // bubblewrap is gone (killed, or exited while the init still ends what was
 // left), without trusting any environment inside. The init is named by pid
-// and start time, so a reused pid or namespace inode never matches.
+// and start time, so a reused pid never matches. (Records written before
+// discovery went by the process tree also carry a pid_ns, now ignored.)
 type nsRecord struct {
 	RuntimeKey  string `json:"runtime_key"`
 	Instance    string `json:"instance"`
@@ -118,88 +167,101 @@ type nsRecord struct {
 	AnchorStart uint64 `json:"anchor_start"`
 	InitPID     int    `json:"init_pid"`
 	InitStart   uint64 `json:"init_start"`
-	PidNS       string `json:"pid_ns"`
 }
 
 // units finds the sandbox's wrappers. Markers are trusted only on processes
 // in the service's own PID namespace (code inside a sandbox can rewrite its
 // own environ, but cannot create a process out there). A process inside a
-// sandbox's namespace belongs to the unit whose anchor is the parent of the
-// namespace's init, or whose record names that init: a namespace whose
+// sandbox belongs to the unit of the first anchor among its ancestors, or
+// to the orphaned namespace whose record names its init: a namespace whose
 // bubblewrap already died still counts until its last process is gone.
-func units(procs map[int]*procInfo, selfNS string, sc scope, sandboxID string, records []nsRecord) []*unit {
+//
+// It fails only for what concerns this sandbox, or could: an anchor
+// candidate that cannot be read while a record of this sandbox names it,
+// or that is a child of this service (launched by it, for a sandbox it
+// cannot tell). Any other unreadable process (another service, whatever a
+// sandbox does to its own processes) is not this sandbox's wrapper.
+func units(t *procTable, sc scope, sandboxID string, records []nsRecord) ([]*unit, error) {
+	procs := t.procs
+	same := func(p *procInfo, pid int, start uint64) bool { return p != nil && p.pid == pid && p.start == start }
+	for _, r := range records {
+		if a := procs[r.AnchorPID]; same(a, r.AnchorPID, r.AnchorStart) && a.envErr != nil {
+			return nil, fmt.Errorf("inspect pid %d (recorded wrapper of this sandbox): %w", a.pid, a.envErr)
+		}
+	}
 	byAnchor := map[int]*unit{}
 	var out []*unit
 	for _, p := range procs {
-		if p.pidNS == selfNS && sc.ours(p.vars, sandboxID) {
+		if p.depth != t.selfDepth || p.pid == t.self {
+			continue
+		}
+		if p.envErr != nil && p.ppid == t.self {
+			return nil, fmt.Errorf("inspect pid %d (a child of this service): %w", p.pid, p.envErr)
+		}
+		if p.pidNS == t.selfNS && sc.ours(p.vars, sandboxID) {
 			u := &unit{anchor: p}
 			byAnchor[p.pid] = u
 			out = append(out, u)
 		}
 	}
-	byNS := map[string][]*procInfo{}
-	for _, p := range procs {
-		if p.pidNS != selfNS && p.pidNS != "" {
-			byNS[p.pidNS] = append(byNS[p.pidNS], p)
-		}
-	}
-	owner := map[string]*unit{}
+	// Orphaned namespaces: the kernel ends every process of a namespace
+	// before its init becomes a zombie, so while the init lives, the
+	// namespace may.
+	byInit := map[int]*unit{}
 	for _, r := range records {
-		// The kernel ends every process of a namespace before its init
-		// becomes a zombie: while the init lives, the namespace may.
 		init := procs[r.InitPID]
-		if init == nil || init.start != r.InitStart || r.PidNS == "" || r.PidNS == selfNS {
+		if !same(init, r.InitPID, r.InitStart) || init.depth <= t.selfDepth {
 			continue
 		}
-		if a := procs[r.AnchorPID]; a != nil && a.start == r.AnchorStart && byAnchor[a.pid] != nil {
-			owner[r.PidNS] = byAnchor[a.pid]
-			continue
+		if a := procs[r.AnchorPID]; same(a, r.AnchorPID, r.AnchorStart) && byAnchor[a.pid] != nil {
+			continue // its bubblewrap lives: the tree below it is found from there
 		}
-		if _, ok := byNS[r.PidNS]; !ok {
-			byNS[r.PidNS] = []*procInfo{init} // the init alone, mid-exit
-		}
-		u := &unit{anchor: &procInfo{pid: init.pid, ppid: init.ppid, start: init.start, pidNS: r.PidNS, vars: map[string]string{
+		u := &unit{anchor: &procInfo{pid: init.pid, ppid: init.ppid, start: init.start, depth: init.depth, vars: map[string]string{
 			provider.EnvRuntimeKey: r.RuntimeKey, provider.EnvInstance: r.Instance,
 			provider.EnvGeneration: strconv.FormatUint(r.Generation, 10), EnvWorkspace: r.Workspace,
 		}}, orphan: true}
-		owner[init.pidNS] = u
+		byInit[init.pid] = u
 		out = append(out, u)
 	}
-	// Namespaces whose init's parent is an anchor, then namespaces nested in
-	// those, to a fixed point (nesting needs capabilities a sandbox does not
-	// have, so one round is the norm).
-	for changed := true; changed; {
-		changed = false
-		for ns, ps := range byNS {
-			if owner[ns] != nil {
-				continue
-			}
-			for _, p := range ps {
-				parent := procs[p.ppid]
-				if parent == nil || parent.pidNS == ns {
-					continue
-				}
-				if u := byAnchor[parent.pid]; u != nil && parent.pidNS == selfNS {
-					owner[ns], changed = u, true
-				} else if u := owner[parent.pidNS]; u != nil && parent.pidNS != selfNS {
-					owner[ns], changed = u, true
-				}
-			}
+	// Every process below the service's depth, by ancestry. A process's
+	// parent is in its own PID namespace or (a namespace's init) in the one
+	// above, and an orphan is reparented within its namespace, so the walk
+	// up from any process inside a sandbox passes its namespace's init and
+	// ends at the bubblewrap that created it.
+	owner := map[int]*unit{}
+	var ownerOf func(p *procInfo, hops int) *unit
+	ownerOf = func(p *procInfo, hops int) *unit {
+		if u, ok := owner[p.pid]; ok {
+			return u
 		}
+		var u *unit
+		parent := procs[p.ppid]
+		switch {
+		case byInit[p.pid] != nil:
+			u = byInit[p.pid]
+		case parent == nil || hops > len(procs) || parent.depth > p.depth:
+		case parent.depth == t.selfDepth:
+			u = byAnchor[parent.pid]
+		case parent.depth > t.selfDepth:
+			u = ownerOf(parent, hops+1)
+		}
+		owner[p.pid] = u
+		return u
 	}
-	for ns, ps := range byNS {
-		u := owner[ns]
+	for _, p := range procs {
+		if p.depth <= t.selfDepth {
+			continue
+		}
+		u := ownerOf(p, 0)
 		if u == nil {
 			continue
 		}
-		for _, p := range ps {
-			if parent := procs[p.ppid]; parent == nil || parent.pidNS != ns {
-				u.inits = append(u.inits, p)
-			}
-			u.members = append(u.members, p)
+		if parent := procs[p.ppid]; parent == nil || parent.depth < p.depth {
+			u.inits = append(u.inits, p)
 		}
+		u.members = append(u.members, p)
 	}
-	return out
+	return out, nil
 }
 
 // vanished reports an error that means the process exited while we looked.
@@ -258,62 +320,20 @@ func readStat(path string) (statFields, error) {
 	return st, nil
 }
 
-// identity is what a process launched by this service inherits from it.
-type identity struct {
-	uid    uint64
-	capPrm uint64
-}
-
-// selfIdentity reads this process's uid and permitted capabilities. If they
-// cannot be read, nothing is provably foreign.
-func selfIdentity() identity {
-	id, err := readIdentity("/proc/self/status")
-	if err != nil {
-		return identity{uid: uint64(os.Geteuid()), capPrm: ^uint64(0)}
-	}
-	return id
-}
-
-// provablyForeign reports whether a process whose environ we cannot read
-// cannot be a wrapper of ours: it holds capabilities we do not have, or
-// (when we are not root) runs as another user. Our wrappers inherit our uid
-// and at most our capabilities, so such a process carries no markers of
-// ours. Every other unreadable process is an inspection failure.
-func provablyForeign(statusPath string, self identity) (bool, error) {
-	id, err := readIdentity(statusPath)
-	if err != nil {
-		return false, err
-	}
-	if id.capPrm&^self.capPrm != 0 {
-		return true, nil
-	}
-	return self.uid != 0 && id.uid != self.uid, nil
-}
-
-func readIdentity(path string) (identity, error) {
+// readDepth reads how many PID namespaces below the /proc's one a process
+// runs: its NSpid line in status lists its pid in each namespace from the
+// /proc's down to its own.
+func readDepth(path string) (int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return identity{}, err
+		return 0, err
 	}
-	var id identity
-	var haveUID, haveCap bool
 	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		switch {
-		case k == "Uid" && len(f) >= 2: // effective uid
-			id.uid, err = strconv.ParseUint(f[1], 10, 32)
-			haveUID = err == nil
-		case k == "CapPrm" && len(f) == 1:
-			id.capPrm, err = strconv.ParseUint(f[0], 16, 64)
-			haveCap = err == nil
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			if n := len(strings.Fields(v)); n > 0 {
+				return n - 1, nil
+			}
 		}
 	}
-	if !haveUID || !haveCap {
-		return identity{}, fmt.Errorf("malformed %s", path)
-	}
-	return id, nil
+	return 0, fmt.Errorf("malformed %s: no NSpid", path)
 }

@@ -13,9 +13,11 @@
 // the same name as its workspace), the session under per_session. A home
 // goes with its runtime key (DeleteHome, once the key's wrapper is verified
 // absent after its last route's release); a workspace stays warm. Discovery never
-// trusts memory of what it started: it reads /proc/<pid>/environ of every
-// process, so it finds wrappers of a previous incarnation of the service
-// (after kill -9) as well as its own.
+// trusts memory of what it started: it reads the markers of the processes in
+// the service's own PID namespace (/proc/<pid>/environ) and finds what runs
+// inside each sandbox by the process tree below them (proc.go), so it finds
+// wrappers of a previous incarnation of the service (after kill -9) as well
+// as its own.
 package process
 
 import (
@@ -85,7 +87,6 @@ var (
 // Provider is the process provider.
 type Provider struct {
 	cfg     Config
-	self    identity
 	scope   scope
 	reapers sync.WaitGroup
 }
@@ -118,7 +119,7 @@ func New(cfg Config) (*Provider, error) {
 	if err := os.MkdirAll(cfg.Root, 0o755); err != nil {
 		return nil, provider.SetupError("create root", err)
 	}
-	return &Provider{cfg: cfg, self: selfIdentity(), scope: scope{deployment: cfg.Deployment, root: cfg.Root}}, nil
+	return &Provider{cfg: cfg, scope: scope{deployment: cfg.Deployment, root: cfg.Root}}, nil
 }
 
 // SandboxDir is the directory of a sandbox.
@@ -392,11 +393,11 @@ func (p *Provider) units(sandboxID string) ([]*unit, error) {
 	if err != nil {
 		return nil, err
 	}
-	procs, selfNS, err := scanAll(p.cfg.ProcRoot, p.self)
+	t, err := scanAll(p.cfg.ProcRoot)
 	if err != nil {
 		return nil, err
 	}
-	return units(procs, selfNS, p.scope, sandboxID, records), nil
+	return units(t, p.scope, sandboxID, records)
 }
 
 func (p *Provider) runDir(sandboxID string) string {
@@ -440,12 +441,11 @@ func (p *Provider) records(sandboxID string) ([]nsRecord, error) {
 func (p *Provider) recordNamespace(m provider.Markers, workspace string, anchorPID, initPID int) string {
 	anchor, err1 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(anchorPID), "stat"))
 	init, err2 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "stat"))
-	ns, err3 := os.Readlink(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "ns", "pid"))
-	if err1 != nil || err2 != nil || err3 != nil {
+	if err1 != nil || err2 != nil {
 		return ""
 	}
 	b, _ := json.Marshal(nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
-		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start, PidNS: ns})
+		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start})
 	if err := os.MkdirAll(p.runDir(m.SandboxID), 0o700); err != nil {
 		return ""
 	}

@@ -2,6 +2,8 @@ package process
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,33 +176,50 @@ func TestUnmarkedWrapperIsFound(t *testing.T) {
 	<-done
 }
 
-// fakeProc builds a /proc-like tree: pid → environ (nil: no environ file,
-// i.e. the process vanished) and state.
-func fakeProc(t *testing.T, procs map[int][2]string) string {
+// fp is one process of a fake /proc: its parent, how many PID namespaces
+// below the /proc's it runs, its environment ("": no environ file, as for a
+// process that vanished mid-scan; unreadable: reading fails, as for a
+// non-dumpable process) and its state.
+type fp struct {
+	ppid, depth int
+	env, state  string
+}
+
+const unreadable = "<unreadable>"
+
+// fakeSelf is the pid of the service in every fake /proc.
+const fakeSelf = 1000
+
+// fakeProc builds a /proc-like tree of procs plus the service itself
+// (fakeSelf, at depth 0, its own environ unreadable: it is non-dumpable).
+func fakeProc(t *testing.T, procs map[int]fp) string {
+	t.Helper()
 	root := t.TempDir()
+	procs[fakeSelf] = fp{ppid: 1, env: unreadable}
 	for pid, p := range procs {
 		dir := filepath.Join(root, strconv.Itoa(pid))
-		require.NoError(t, os.MkdirAll(dir, 0o755))
-		if p[0] == "<dir>" {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "ns"), 0o755))
+		switch p.env {
+		case unreadable:
 			require.NoError(t, os.Mkdir(filepath.Join(dir, "environ"), 0o755)) // reading fails with EISDIR
-		} else if p[0] != "" {
-			require.NoError(t, os.WriteFile(filepath.Join(dir, "environ"), []byte(p[0]), 0o644))
+		case "":
+		default:
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "environ"), []byte(p.env), 0o644))
 		}
-		state := p[1]
-		if state == "foreign" {
+		state := p.state
+		if state == "" {
 			state = "S"
 		}
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), []byte(strconv.Itoa(pid)+" (x y) "+state+" 1 "+strconv.Itoa(pid)+" 0"), 0o644))
-		require.NoError(t, os.MkdirAll(filepath.Join(dir, "ns"), 0o755))
-		require.NoError(t, os.Symlink("pid:[1]", filepath.Join(dir, "ns", "pid")))
-		status := "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t0000000000000000\n"
-		if p[1] == "foreign" { // holds a capability nobody has
-			status = "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t8000000000000000\n"
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"),
+			[]byte(fmt.Sprintf("%d (x) y) %s %d %d 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 %d 0", pid, state, p.ppid, pid, 500+pid)), 0o644))
+		nspid := strconv.Itoa(pid)
+		for i := 0; i < p.depth; i++ {
+			nspid += "\t" + strconv.Itoa(i+2)
 		}
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "status"), []byte("Name:\tx\nPPid:\t"+strconv.Itoa(p.ppid)+"\nNSpid:\t"+nspid+"\n"), 0o644))
+		require.NoError(t, os.Symlink(fmt.Sprintf("pid:[%d]", 1+p.depth), filepath.Join(dir, "ns", "pid")))
 	}
-	require.NoError(t, os.MkdirAll(filepath.Join(root, "self", "ns"), 0o755))
-	require.NoError(t, os.Symlink("pid:[1]", filepath.Join(root, "self", "ns", "pid")))
+	require.NoError(t, os.Symlink(strconv.Itoa(fakeSelf), filepath.Join(root, "self")))
 	return root
 }
 
@@ -208,36 +227,91 @@ func markersEnv(sb, key, inst string) string {
 	return provider.EnvDeployment + "=d\x00" + provider.EnvSandboxRoot + "=/r\x00" + provider.EnvSandbox + "=" + sb + "\x00" + provider.EnvRuntimeKey + "=" + key + "\x00" + provider.EnvInstance + "=" + inst + "\x00" + provider.EnvGeneration + "=1\x00"
 }
 
-func TestInspectionFailureIsNeverAbsence(t *testing.T) {
+// Discovery by anchor and tree (DESIGN.md 3.3 "Discovery no sandbox can
+// blind"), over fake /proc trees: markers count only at the service's own
+// depth, everything below an anchor is its unit's, and an unreadable
+// process fails discovery only for the sandbox it concerns.
+func TestDiscoveryByAnchorAndTree(t *testing.T) {
 	ctx := context.Background()
+	anchorA := markersEnv("sb", "k", "i")
 	cases := map[string]struct {
-		proc string
-		want provider.DiscoverKind
+		procs   map[int]fp
+		records []nsRecord
+		want    provider.DiscoverKind
+		members int // processes inside the sandbox's namespaces, when present
 	}{
-		"unreadable environ": {fakeProc(t, map[int][2]string{10: {markersEnv("sb", "k", "i"), "S"}, 11: {"<dir>", "S"}}), provider.InspectionFailed},
-		"failed listing":     {filepath.Join(t.TempDir(), "missing"), provider.InspectionFailed},
-		"vanished process":   {fakeProc(t, map[int][2]string{11: {"", "S"}}), provider.Absent},
-		"unreadable foreign": {fakeProc(t, map[int][2]string{11: {"<dir>", "foreign"}}), provider.Absent},
-		"zombie is gone":     {fakeProc(t, map[int][2]string{12: {markersEnv("sb", "k", "i"), "Z"}}), provider.Absent},
-		"live marked":        {fakeProc(t, map[int][2]string{13: {markersEnv("sb", "k", "i"), "S"}}), provider.Present},
-		"substring key":      {fakeProc(t, map[int][2]string{14: {markersEnv("sb", "k2", "i"), "S"}, 15: {markersEnv("sb2", "k", "i"), "S"}}), provider.Absent},
+		"live marked": {procs: map[int]fp{13: {ppid: 1, env: anchorA}}, want: provider.Present},
+		"nested sandbox is the anchor's": {procs: map[int]fp{
+			13: {ppid: 1, env: anchorA}, 20: {ppid: 13, depth: 1}, 21: {ppid: 20, depth: 1}, // bwrap init, the wrapper
+			22: {ppid: 21, depth: 1}, 23: {ppid: 22, depth: 2}, 24: {ppid: 23, depth: 2}, // inner bwrap, its init, the agent
+			25: {ppid: 24, depth: 2, env: unreadable}, // a non-dumpable process of the agent
+		}, want: provider.Present, members: 6},
+		"another sandbox's non-dumpable process": {procs: map[int]fp{
+			13: {ppid: 1, env: anchorA}, 30: {ppid: 1, env: markersEnv("sb2", "k", "i")},
+			31: {ppid: 30, depth: 1, env: unreadable}, 32: {ppid: 31, depth: 1, env: unreadable},
+		}, want: provider.Present},
+		"the service and other services are unreadable": {procs: map[int]fp{
+			13: {ppid: 1, env: anchorA}, 40: {ppid: 1, env: unreadable},
+		}, want: provider.Present},
+		"unreadable recorded wrapper": {procs: map[int]fp{13: {ppid: 1, env: unreadable}, 20: {ppid: 13, depth: 1}},
+			records: []nsRecord{{RuntimeKey: "k", AnchorPID: 13, AnchorStart: 513, InitPID: 20, InitStart: 520}},
+			want:    provider.InspectionFailed},
+		"unreadable child of the service": {procs: map[int]fp{13: {ppid: fakeSelf, env: unreadable}}, want: provider.InspectionFailed},
+		"recorded wrapper, pid reused":     {procs: map[int]fp{13: {ppid: 1, env: unreadable}}, records: []nsRecord{{RuntimeKey: "k", AnchorPID: 13, AnchorStart: 1}}, want: provider.Absent},
+		"markers inside a sandbox are not trusted": {procs: map[int]fp{
+			30: {ppid: 1, env: markersEnv("sb2", "k", "i")}, 31: {ppid: 30, depth: 1, env: anchorA},
+		}, want: provider.Absent},
+		"orphaned namespace by its record": {procs: map[int]fp{
+			20: {ppid: 1, depth: 1}, 21: {ppid: 20, depth: 1}, 22: {ppid: 21, depth: 2, env: unreadable},
+		}, records: []nsRecord{{RuntimeKey: "k", Instance: "i", Generation: 1, AnchorPID: 13, AnchorStart: 513, InitPID: 20, InitStart: 520}},
+			want: provider.Present, members: 3},
+		"vanished process":  {procs: map[int]fp{11: {ppid: 1}}, want: provider.Absent},
+		"zombie is gone":    {procs: map[int]fp{12: {ppid: 1, env: anchorA, state: "Z"}}, want: provider.Absent},
+		"substring key":     {procs: map[int]fp{14: {ppid: 1, env: markersEnv("sb", "k2", "i")}, 15: {ppid: 1, env: markersEnv("sb2", "k", "i")}}, want: provider.Absent},
+		"unreadable status": {procs: map[int]fp{13: {ppid: 1, env: anchorA}, 50: {ppid: 1, state: "<no status>"}}, want: provider.InspectionFailed},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			p, err := New(Config{Root: t.TempDir(), ProcRoot: c.proc, Deployment: "d", Sleep: func(context.Context, time.Duration) error { return nil }})
+			root := fakeProc(t, c.procs)
+			for pid, p := range c.procs {
+				if p.state == "<no status>" {
+					status := filepath.Join(root, strconv.Itoa(pid), "status")
+					require.NoError(t, os.Remove(status))
+					require.NoError(t, os.Mkdir(status, 0o755))
+				}
+			}
+			p, err := New(Config{Root: t.TempDir(), ProcRoot: root, Deployment: "d", Sleep: func(context.Context, time.Duration) error { return nil }})
 			require.NoError(t, err)
 			p.scope.root = "/r"
+			for i, r := range c.records {
+				require.NoError(t, os.MkdirAll(p.runDir("sb"), 0o700))
+				b, err := json.Marshal(r)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(p.runDir("sb"), fmt.Sprintf("r%d.json", i)), b, 0o600))
+			}
 			d := p.Discover(ctx, "sb", "k")
 			require.Equal(t, c.want, d.Kind, "%v", d.Err)
-			if c.want == provider.InspectionFailed {
+			switch c.want {
+			case provider.InspectionFailed:
 				require.Error(t, d.Err)
 				require.Equal(t, provider.StopInspectionFailed, p.Stop(ctx, provider.StopTarget{SandboxID: "sb", RuntimeKey: "k"}).Kind)
 				require.Equal(t, provider.InspectionFailed, p.DiscoverSandbox(ctx, "sb").Kind)
 				_, err := p.LiveWorkspaces(ctx, "sb")
 				require.Error(t, err)
+			case provider.Present:
+				require.Len(t, d.Observed, 1)
+				require.Equal(t, "i", d.Observed[0].InstanceID)
+				us, err := p.units("sb")
+				require.NoError(t, err)
+				require.Len(t, us[0].members, c.members)
 			}
 		})
 	}
+	t.Run("failed listing", func(t *testing.T) {
+		p, err := New(Config{Root: t.TempDir(), ProcRoot: filepath.Join(t.TempDir(), "missing"), Deployment: "d"})
+		require.NoError(t, err)
+		require.Equal(t, provider.InspectionFailed, p.Discover(ctx, "sb", "k").Kind)
+	})
 }
 
 func TestDeleteWorkspaceAndRecovery(t *testing.T) {
@@ -492,10 +566,11 @@ func TestOrphanedNamespaceIsFoundByItsRecord(t *testing.T) {
 	// its bubblewrap. Read through a second provider (a new incarnation).
 	p2, err := New(Config{Root: p.cfg.Root, Isolation: p.cfg.Isolation})
 	require.NoError(t, err)
-	procs, selfNS, err := scanAll("/proc", p2.self)
+	table, err := scanAll("/proc")
 	require.NoError(t, err)
-	delete(procs, o.PID) // as if bubblewrap were gone
-	us := units(procs, selfNS, p2.scope, sb, recs)
+	delete(table.procs, o.PID) // as if bubblewrap were gone
+	us, err := units(table, p2.scope, sb, recs)
+	require.NoError(t, err)
 	require.Len(t, us, 1)
 	require.True(t, us[0].orphan)
 	require.Equal(t, "i", observed(us[0]).InstanceID)
