@@ -257,7 +257,7 @@ func TestDiscoveryByAnchorAndTree(t *testing.T) {
 			records: []nsRecord{{RuntimeKey: "k", AnchorPID: 13, AnchorStart: 513, InitPID: 20, InitStart: 520}},
 			want:    provider.InspectionFailed},
 		"unreadable child of the service": {procs: map[int]fp{13: {ppid: fakeSelf, env: unreadable}}, want: provider.InspectionFailed},
-		"recorded wrapper, pid reused":     {procs: map[int]fp{13: {ppid: 1, env: unreadable}}, records: []nsRecord{{RuntimeKey: "k", AnchorPID: 13, AnchorStart: 1}}, want: provider.Absent},
+		"recorded wrapper, pid reused":    {procs: map[int]fp{13: {ppid: 1, env: unreadable}}, records: []nsRecord{{RuntimeKey: "k", AnchorPID: 13, AnchorStart: 1}}, want: provider.Absent},
 		"markers inside a sandbox are not trusted": {procs: map[int]fp{
 			30: {ppid: 1, env: markersEnv("sb2", "k", "i")}, 31: {ppid: 30, depth: 1, env: anchorA},
 		}, want: provider.Absent},
