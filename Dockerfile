@@ -2,7 +2,7 @@
 #
 # agentplane container image: ONE image holding the all-in-one `agentplane` binary
 # (module cmd/agentplane) and `agentplane-wrapper` (services/sandbox/cmd/agentplane-wrapper).
-# Each workload of the Helm chart runs one subcommand: `agentplane session|sandbox|credential|ingest`.
+# Each workload of the Helm chart runs one subcommand: `agentplane serve session|sandbox|credential|ingest`.
 #
 # Why one image and not one per service:
 #   - the four services share the same base, the same dependencies and the same pkg/ code, so

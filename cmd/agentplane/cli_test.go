@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	"agentplane.dev/pkg/gittest"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -71,6 +72,9 @@ func TestCLI(t *testing.T) {
 		{"bad_input", cliBadInputIsOneLineAndExit2},
 		{"session_verbs", cliSessionVerbs},
 		{"agent_flag", cliAgentFlag},
+		{"run_timeout_before_create", cliRunTimeoutBeforeTheSessionIsCreated},
+		{"git_token", cliGitTokenClonesTheRepository},
+		{"changes_push_egress", cliChangesPushEgress},
 	} {
 		t.Run(tc.name, tc.test)
 	}
@@ -139,11 +143,17 @@ type cliResult struct {
 // the suite, and returns its output and exit code.
 func agentplane(t *testing.T, args ...string) cliResult {
 	t.Helper()
+	return agentplaneEnv(t, nil, args...)
+}
+
+// agentplaneEnv is agentplane with extra environment variables.
+func agentplaneEnv(t *testing.T, env []string, args ...string) cliResult {
+	t.Helper()
 	bin, addr := suiteForCLI(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = cliEnv(addr)
+	cmd.Env = cliEnv(addr, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -387,15 +397,98 @@ func cliRunTimeoutGivesUp(t *testing.T) {
 	require.Regexp(t, `^agentplane run: no outcome within --timeout 2s; the turn goes on in session ses-[0-9a-f]+\n$`, r.stderr)
 }
 
-// --agent: refused in one line while the API has no agent field; passed
-// through (agent.profile) once it has one (issue 17), whatever the server
-// then says of the profile.
+// --agent sets agent.profile; an agent that is not installed is refused
+// once ("agent unavailable" said once) with the hint to run `make agents`.
 func cliAgentFlag(t *testing.T) {
-	r := agentplane(t, "session", "create", "--dir", t.TempDir(), "--agent", "scripted")
-	if (&sessionv1.CreateSessionRequest{}).ProtoReflect().Descriptor().Fields().ByName("agent") == nil {
-		require.Equal(t, 2, r.code)
-		require.Equal(t, "agentplane session create: --agent: this server does not support choosing an agent yet\n", r.stderr)
-		return
+	r := agentplane(t, "session", "create", "--dir", t.TempDir(), "--agent", "scripted", "--output", "json")
+	require.Equal(t, 0, r.code)
+	s := &sessionv1.Session{}
+	require.NoError(t, protojson.Unmarshal([]byte(r.stdout), s))
+	require.Equal(t, "scripted", s.GetAgent().GetProfile())
+
+	r = agentplane(t, "run", "--dir", t.TempDir(), "--agent", "opencode", "hi")
+	require.Equal(t, 2, r.code)
+	require.Equal(t, 1, strings.Count(r.stderr, "agent unavailable"), "said once: %q", r.stderr)
+	require.Contains(t, r.stderr, "`make agents`")
+	require.Contains(t, r.stderr, "[AGENT_UNAVAILABLE]")
+}
+
+// --timeout shorter than the first call: the service was reachable, so the
+// message says the deadline passed, not that the service cannot be reached.
+func cliRunTimeoutBeforeTheSessionIsCreated(t *testing.T) {
+	r := agentplane(t, "run", "--timeout", "1ms", "--dir", t.TempDir(), "hi")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "agentplane run: --timeout 1ms passed before the session was created\n", r.stderr)
+}
+
+// --git-token-file and AGENTPLANE_GIT_TOKEN give --repo its token: the
+// worktree is cloned (the runtime lists the repository's files) and the
+// token is printed nowhere.
+func cliGitTokenClonesTheRepository(t *testing.T) {
+	token := fmt.Sprintf("ghs_cli_%d", time.Now().UnixNano())
+	g := gittest.Start(t, token)
+	g.CreateRepo(t, "org/cli.git", map[string]string{"README.md": "hello\n", "CLONED_FROM_GIT": "x\n"})
+	tokenFile := filepath.Join(t.TempDir(), "git-token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(token+"\n"), 0o600))
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"file", []string{"--git-token-file", tokenFile}, nil},
+		{"environment", nil, []string{"AGENTPLANE_GIT_TOKEN=" + token}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-" + tc.name + "-" + cliSuite.org, "hello repo"}, tc.args...)
+			r := agentplaneEnv(t, tc.env, args...)
+			require.Equal(t, 0, r.code)
+			require.Contains(t, r.stdout, "CLONED_FROM_GIT", "the runtime lists the cloned files")
+			require.NotContains(t, r.stdout+r.stderr, token)
+		})
 	}
-	require.NotContains(t, r.stderr, "does not support choosing an agent", "the field exists: --agent must set it")
+	// Without a token nothing is cloned (the old CLI's case).
+	r := agentplane(t, "run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-none-"+cliSuite.org, "hello repo")
+	require.NotContains(t, r.stdout, "CLONED_FROM_GIT")
+}
+
+// session changes, push and egress on one session with a repository.
+func cliChangesPushEgress(t *testing.T) {
+	token := fmt.Sprintf("ghs_cli_%d", time.Now().UnixNano())
+	g := gittest.Start(t, token)
+	bare := g.CreateRepo(t, "org/push.git", map[string]string{"README.md": "hello\n"})
+	r := agentplaneEnv(t, []string{"AGENTPLANE_GIT_TOKEN=" + token}, "session", "create", "--output", "json",
+		"--repo", g.RepoURL("org/push.git"), "--dir", "/work/cli-push-"+cliSuite.org)
+	require.Equal(t, 0, r.code)
+	s := &sessionv1.Session{}
+	require.NoError(t, protojson.Unmarshal([]byte(r.stdout), s))
+	id := s.GetSessionId()
+	r = agentplane(t, "session", "send", id, "write: NOTES.md notes from the cli", "--message-id", "m-notes")
+	require.Equal(t, 0, r.code)
+
+	require.Eventually(t, func() bool {
+		r = agentplane(t, "session", "changes", id)
+		return r.code == 0 && strings.Contains(r.stdout, "NOTES.md")
+	}, time.Minute, 500*time.Millisecond, "the change appears")
+	require.Regexp(t, `(?m)^added\s+NOTES\.md$`, r.stdout)
+	require.Contains(t, r.stdout, "+notes from the cli", "the diff")
+
+	r = agentplane(t, "session", "push", id, "--branch", "agent/cli", "--message", "notes from the CLI")
+	require.Equal(t, 0, r.code)
+	require.Regexp(t, `^committed and pushed [0-9a-f]{12} to refs/heads/agent/cli\n$`, r.stdout)
+	require.Equal(t, "notes from the CLI\n", gittest.Run(t, bare, "log", "-1", "--format=%s", "agent/cli"))
+
+	r = agentplane(t, "session", "egress", id, "--allow", "registry.npmjs.org,example.com:8080|8443")
+	require.Equal(t, 0, r.code)
+	require.Regexp(t, `^egress policy version \d+: registry\.npmjs\.org,example\.com:8080\|8443\n$`, r.stdout)
+	got, err := sessionsClient(t).GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: id})
+	require.NoError(t, err)
+	require.Len(t, got.GetSession().GetEgress().GetAllow(), 2, "the policy is stored")
+
+	r = agentplane(t, "session", "egress", id, "--allow", "*")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--allow")
+	r = agentplane(t, "session", "changes", "ses-nope")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "[SESSION_NOT_FOUND]")
 }

@@ -94,9 +94,17 @@ func metricsColumn(addr string) string {
 // docs/development.md, against --redis or a private redis-server it starts
 // and stops itself.
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseDev(args)
+	if err != nil {
+		return err
+	}
+	return o.run(ctx, stdout, stderr)
+}
+
+// parseDev parses dev's flags (the flag package prints on os.Stderr).
+func parseDev(args []string) (devOptions, error) {
 	var o devOptions
 	fs := flag.NewFlagSet("agentplane dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL to use; empty starts a private redis-server (or, where none is installed, an in-memory Redis)")
 	fs.StringVar(&o.sandboxRoot, "sandbox-root", "", "directory of the process provider's sandboxes; empty: a new temporary directory")
 	fs.StringVar(&o.redisURLFile, "redis-file", "", "file holding the Redis URL (when it carries a password)")
@@ -115,8 +123,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.keyFile, "provider-key-file", "", "file holding the provider API key; dev creates a session with it as the static credential (the key goes only to the credential service)")
 	fs.StringVar(&o.worktree, "worktree", "/work/dev-agent", "worktree directory of the session dev creates")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return o, err
 	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return o, nil
+}
+
+func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if o.agentsDir == "" {
 		if st, err := os.Stat("agents"); err == nil && st.IsDir() {
 			o.agentsDir, _ = filepath.Abs("agents")

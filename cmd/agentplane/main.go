@@ -23,19 +23,20 @@ import (
 const usage = `agentplane runs cloud coding-agent sessions.
 
 Usage:
-  agentplane run [flags] "prompt" create a session, send the prompt, follow the turn (agentplane run -h)
-  agentplane session create|get|list|send|watch|stop|delete ...
-                                  sessions for people, on the SessionService (agentplane session get -h)
-  agentplane dev [flags]          all four services in one process (see agentplane dev -h)
-  agentplane session [flags]      the session service (public SessionService)
-  agentplane sandbox [flags]      the sandbox service (process provider)
-  agentplane credential [flags]   the credential service and its HTTP proxy
-  agentplane ingest [flags]       the ingest service
-  agentplane wrapper [flags]      the in-sandbox wrapper (launched by the sandbox service)
-  agentplane runtime scripted     the built-in scripted agent runtime (launched by the wrapper)
+  agentplane run [flags] "prompt"   create a session, send the prompt, follow the turn (agentplane run -h)
+  agentplane session <verb> ...     sessions for people: create, get, list, send, watch, changes, push,
+                                    egress, stop, delete (agentplane session -h)
+  agentplane dev [flags]            all four services in one process (agentplane dev -h)
+  agentplane serve <service> [flags]
+                                    run one service: session, sandbox, credential or ingest
+                                    (agentplane serve <service> -h lists its flags); the image's
+                                    workloads run these (agentplane sandbox|credential|ingest work too)
+  agentplane wrapper [flags]        the in-sandbox wrapper (launched by the sandbox service)
+  agentplane runtime scripted       the built-in scripted agent runtime (launched by the wrapper)
+  agentplane --version              the version this binary was built from
 
-Every service flag can also be set with an AGENTPLANE_* environment variable;
-run "agentplane <service> -h" to list them.
+Every service flag can also be set with an AGENTPLANE_* environment variable.
+Exit codes: 0 done (and for -h), 1 failed, 2 a usage error or a refused request, 130 interrupted.
 `
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -45,8 +46,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, versionLine())
+		return 0
+	}
 	if cli.Handles(args) {
 		return cli.Main(args, stdout, stderr)
+	}
+	if code, ok := wrapperHelp(args, stdout); ok {
+		return code
 	}
 	if code, ok := wrapper.Subcommand(args); ok {
 		return code
@@ -56,9 +68,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "runtime":
 		fmt.Fprintln(stderr, "usage: agentplane runtime scripted")
 		return 2
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
+	case "serve":
+		if len(rest) == 0 || !isService(rest[0]) {
+			return serveUsage(rest, stdout, stderr)
+		}
+		cmd, rest = rest[0], rest[1:]
+	case "dev", "sandbox", "credential", "ingest":
+	default:
+		fmt.Fprintf(stderr, "agentplane: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	if code, done := helpOrBadFlags(cmd, rest, stdout, stderr); done {
+		return code
 	}
 
 	switch cmd {
@@ -85,22 +106,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = serve(rest, credential.LoadConfig, func(c credential.Config) error { return credential.Run(ctx, c) })
 	case "ingest":
 		err = serve(rest, ingest.LoadConfig, func(c ingest.Config) error { return ingest.Run(ctx, c) })
-	default:
-		fmt.Fprintf(stderr, "agentplane: unknown command %q\n\n%s", cmd, usage)
-		return 2
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "agentplane %s: %v\n", cmd, err)
 		return 1
 	}
 	return 0
-}
-
-// serve loads one service's configuration (failing fast on a bad value) and runs it.
-func serve[C any](args []string, load func([]string, func(string) (string, bool)) (C, error), runService func(C) error) error {
-	cfg, err := load(args, os.LookupEnv)
-	if err != nil {
-		return err
-	}
-	return runService(cfg)
 }

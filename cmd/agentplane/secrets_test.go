@@ -48,7 +48,11 @@ func TestMain(m *testing.M) {
 		_ = json.NewEncoder(os.Stdout).Encode(readProc(pid))
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if versionBuild.bin != "" {
+		_ = os.RemoveAll(filepath.Dir(versionBuild.bin))
+	}
+	os.Exit(code)
 }
 
 // readProc reads /proc/<pid>/environ and some bytes of the first readable mapping of

@@ -1,10 +1,9 @@
 // Package cli is the command line for people: `agentplane run` and
-// `agentplane session create|get|list|send|watch|stop|delete`, built on the
-// Go client (agentplane.dev/client).
+// `agentplane session <verb>`, built on the Go client (agentplane.dev/client).
 //
-// Exit codes: 0 done (a run's turn succeeded), 1 a run's turn failed or was
-// cancelled by someone else, 2 bad input or an error (one line on stderr),
-// 130 interrupted (Ctrl-C).
+// Exit codes: 0 done (a run's turn succeeded; help asked for with -h), 1 a
+// run's turn failed or was cancelled by someone else, 2 bad input or an
+// error (one line on stderr), 130 interrupted (Ctrl-C).
 package cli
 
 import (
@@ -14,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,34 +32,58 @@ const (
 	exitInterrupted = 130
 )
 
-// Verbs of `agentplane session`; anything else after "session" runs the
-// session service.
-var sessionVerbs = []string{"create", "get", "list", "send", "watch", "stop", "delete"}
-
-// Handles reports whether args (after the binary name) are a CLI command.
-func Handles(args []string) bool {
-	switch {
-	case len(args) == 0:
-		return false
-	case args[0] == "run":
-		return true
-	case args[0] == "session" && len(args) > 1:
-		for _, v := range sessionVerbs {
-			if args[1] == v {
-				return true
-			}
-		}
-	}
-	return false
+// sessionVerbs are the verbs of `agentplane session`, with their one-line
+// help, in the order `agentplane session -h` lists them.
+var sessionVerbs = []struct{ name, args, help string }{
+	{"create", "[flags]", "create a session (--dir, --repo, --agent, --egress, --git-token-file)"},
+	{"get", "ID", "show a session"},
+	{"list", "[--org O] [--user U]", "list sessions"},
+	{"send", `ID "text"`, "send a message (its turn runs in the background)"},
+	{"watch", "ID [--from CURSOR]", "follow a session's events until Ctrl-C"},
+	{"changes", "ID", "show the worktree's changed files and diff"},
+	{"push", "ID --branch B [--message M]", "commit the worktree's changes and push them to a branch"},
+	{"egress", "ID --allow host[:port],...", "replace the session's egress allowlist"},
+	{"stop", "ID", "stop a session's work"},
+	{"delete", "ID [--timeout D]", "delete a session (waits through a pending cleanup)"},
 }
 
-// Main runs a CLI command (args start with "run" or "session <verb>") and
-// returns the exit code.
+// sessionUsage lists the verbs of `agentplane session`.
+func sessionUsage() string {
+	var b strings.Builder
+	b.WriteString("usage: agentplane session <verb> [flags] [arguments]\n\nverbs:\n")
+	for _, v := range sessionVerbs {
+		fmt.Fprintf(&b, "  %-8s %-30s %s\n", v.name, v.args, v.help)
+	}
+	b.WriteString("\nagentplane session <verb> -h lists a verb's flags. The session service itself is\n`agentplane serve session`.\n")
+	return b.String()
+}
+
+// Handles reports whether args (after the binary name) are a CLI command:
+// `run` or `session` (with any verb, a wrong one included: it is a usage
+// error, never the session service).
+func Handles(args []string) bool {
+	return len(args) > 0 && (args[0] == "run" || args[0] == "session")
+}
+
+// Main runs a CLI command (args start with "run" or "session") and returns
+// the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	e := &env{stdout: stdout, stderr: stderr, lookup: os.LookupEnv}
 	if args[0] == "run" {
 		e.name = "agentplane run"
 		return e.run(args[1:])
+	}
+	if len(args) < 2 {
+		fmt.Fprint(stderr, sessionUsage())
+		return exitUsage
+	}
+	switch verb := args[1]; {
+	case verb == "-h" || verb == "--help" || verb == "-help" || verb == "help":
+		fmt.Fprint(stdout, sessionUsage())
+		return exitOK
+	case !slices.ContainsFunc(sessionVerbs, func(v struct{ name, args, help string }) bool { return v.name == verb }):
+		fmt.Fprintf(stderr, "agentplane session: unknown verb %q (agentplane session -h lists the verbs)\n", verb)
+		return exitUsage
 	}
 	e.name = "agentplane session " + args[1]
 	return e.session(args[1], args[2:])
@@ -170,9 +194,14 @@ func (e *env) describe(err error) string {
 	}
 	info := apierr.Info(err)
 	if info == nil {
-		if st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded {
+		// A deadline that passed while no connection could be made says so
+		// in its message ("... last connection error: ...").
+		if st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded && strings.Contains(st.Message(), "connection error") {
 			return fmt.Sprintf("cannot reach the session service at %s (is `agentplane dev` running? --addr or AGENTPLANE_ADDR sets the address): %s",
 				e.addr, transportCause(st.Message()))
+		}
+		if st.Code() == codes.DeadlineExceeded {
+			return "the deadline passed before the session service at " + e.addr + " answered"
 		}
 		return fmt.Sprintf("%s: %s", st.Code(), oneLineText(st.Message()))
 	}
@@ -186,6 +215,9 @@ func (e *env) describe(err error) string {
 	}
 	if step := info.GetMetadata()["pending_step"]; step != "" {
 		msg += " (pending: " + step + ")"
+	}
+	if info.GetReason() == "AGENT_UNAVAILABLE" {
+		msg += "; `make agents` installs the pinned opencode and kilo (agentplane dev finds them in ./agents, or give it --agents-dir)"
 	}
 	return fmt.Sprintf("%s [%s]", oneLineText(msg), info.GetReason())
 }

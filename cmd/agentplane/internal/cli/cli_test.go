@@ -2,8 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -186,26 +187,38 @@ func TestSettled(t *testing.T) {
 	}
 }
 
-func TestAgentFlagNeedsTheAPIField(t *testing.T) {
-	req := &sessionv1.CreateSessionRequest{}
-	require.NoError(t, setAgent(req, ""))
-	err := setAgent(req, "claude")
-	if req.ProtoReflect().Descriptor().Fields().ByName("agent") == nil {
-		require.ErrorIs(t, err, errNoAgent)
-		return
-	}
-	require.NoError(t, err) // once the API has the field (issue 17)
-}
-
 func TestHandles(t *testing.T) {
 	require.True(t, Handles([]string{"run", "x"}))
 	for _, v := range sessionVerbs {
-		require.True(t, Handles([]string{"session", v}))
+		require.True(t, Handles([]string{"session", v.name}))
 	}
-	require.False(t, Handles([]string{"session"}), "the session service")
-	require.False(t, Handles([]string{"session", "--grpc-addr", ":1"}), "the session service with flags")
+	require.True(t, Handles([]string{"session"}), "a usage error, never the session service")
+	require.True(t, Handles([]string{"session", "--grpc-addr", ":1"}), "a usage error, never the session service")
+	require.True(t, Handles([]string{"session", "frob"}))
 	require.False(t, Handles([]string{"dev"}))
-	require.False(t, slices.Contains(sessionVerbs, "-h"))
+	require.False(t, Handles([]string{"serve", "session"}))
+}
+
+func TestGitTokenFromTheFileThenTheEnvironment(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "tok")
+	require.NoError(t, os.WriteFile(file, []byte("ghs_from_file\n"), 0o600))
+	e, _, _ := testEnv(map[string]string{"AGENTPLANE_GIT_TOKEN": "ghs_from_env"})
+	o := &sessionOptions{dir: "/repo", gitTokenFile: file, gitUser: "bot"}
+	req, err := o.request(e)
+	require.NoError(t, err)
+	require.Equal(t, "ghs_from_file", req.GetGitCredential().GetToken(), "the file wins over the environment")
+	require.Equal(t, "bot", req.GetGitCredential().GetUsername())
+	o.gitTokenFile, o.gitUser = "", ""
+	req, err = o.request(e)
+	require.NoError(t, err)
+	require.Equal(t, "ghs_from_env", req.GetGitCredential().GetToken())
+	e, _, _ = testEnv(nil)
+	req, err = o.request(e)
+	require.NoError(t, err)
+	require.Nil(t, req.GetGitCredential(), "no token: no git credential")
+	o.gitTokenFile = filepath.Join(t.TempDir(), "missing")
+	_, err = o.request(e)
+	require.ErrorContains(t, err, "--git-token-file")
 }
 
 var elapsedRE = regexp.MustCompile(`\(?\d+\.\ds\)?`)

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"agentplane.dev/pkg/egresspolicy"
 	"context"
 	"errors"
 	"flag"
@@ -13,9 +12,9 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/protobuf/reflect/protoreflect"
-
 	"agentplane.dev/client"
+	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/egresspolicy"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
@@ -23,6 +22,7 @@ import (
 // sessionOptions are the flags that describe a new session.
 type sessionOptions struct {
 	dir, repo, agent, user, org, sandbox, id, egress string
+	gitTokenFile, gitUser                            string
 }
 
 func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
@@ -31,20 +31,18 @@ func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
 	user := e.env("AGENTPLANE_USER", e.env("USER", "dev"))
 	fs.StringVar(&o.dir, "dir", wd, "worktree directory of the session")
 	fs.StringVar(&o.repo, "repo", "", "repository URL of the worktree (worktree.repo_url)")
-	fs.StringVar(&o.agent, "agent", "", "agent profile to run (needs a server that supports choosing one)")
+	fs.StringVar(&o.agent, "agent", "", "agent profile to run (scripted, opencode, kilo, ...; default: the server's)")
 	fs.StringVar(&o.user, "user", user, "owning user id (env AGENTPLANE_USER, else $USER)")
 	fs.StringVar(&o.org, "org", e.env("AGENTPLANE_ORG", "dev"), "owning organization id (env AGENTPLANE_ORG)")
 	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox to run in (default: one per org and user)")
 	fs.StringVar(&o.egress, "egress", "", "egress allowlist of the session: host patterns with optional ports and private address ranges, comma separated (registry.npmjs.org,*.pypi.org:443,example.com:80|8080,10.0.0.0/8); default: deny (besides the deployment's default)")
+	fs.StringVar(&o.gitTokenFile, "git-token-file", "", "file holding the token for --repo's HTTPS git access (env AGENTPLANE_GIT_TOKEN holds the token itself); it goes to the credential service, never into the sandbox")
+	fs.StringVar(&o.gitUser, "git-username", "", "user name sent with the git token (default: x-access-token)")
 	if withID {
 		fs.StringVar(&o.id, "id", "", "session id to use (default: a new one); repeating a create with it is idempotent")
 	}
 	return o
 }
-
-// errNoAgent: the API this binary was built with has no way to choose an
-// agent.
-var errNoAgent = errors.New("--agent: this server does not support choosing an agent yet")
 
 // request builds the CreateSession request. The backing credential comes
 // from AGENTPLANE_CREDENTIAL (never a flag: argv is visible to every user of
@@ -70,40 +68,55 @@ func (o *sessionOptions) request(e *env) (*sessionv1.CreateSessionRequest, error
 		Worktree:   &sessionv1.Worktree{Directory: filepath.Clean(dir), RepoUrl: o.repo},
 		Credential: &sessionv1.CredentialInput{Class: class, Secret: secret},
 	}
-	if err := setAgent(req, o.agent); err != nil {
-		return nil, err
+	if o.agent != "" {
+		req.Agent = &sessionv1.Agent{Profile: o.agent}
 	}
 	if o.egress != "" {
-		p, err := egresspolicy.ParseList(o.egress, egresspolicy.MaxRulesCeiling)
-		if err != nil {
+		if req.Egress, err = egressPolicy(o.egress); err != nil {
 			return nil, fmt.Errorf("--egress: %w", err)
 		}
-		req.Egress = &sessionv1.EgressPolicy{PrivateNetworks: p.PrivateNetworks}
-		for _, r := range p.Allow {
-			req.Egress.Allow = append(req.Egress.Allow, &sessionv1.EgressRule{Host: r.Host, Ports: r.Ports})
-		}
+	}
+	tok, err := o.gitToken(e)
+	if err != nil {
+		return nil, err
+	}
+	if tok != "" {
+		req.GitCredential = &sessionv1.GitCredentialInput{Token: tok, Username: o.gitUser}
 	}
 	return req, nil
 }
 
-// setAgent sets agent.profile in req when the API has that field (issue
-// 17 adds it); it is looked up by name so this binary needs no change once
-// the field exists.
-func setAgent(req *sessionv1.CreateSessionRequest, profile string) error {
-	if profile == "" {
-		return nil
+// gitToken is the git token from --git-token-file, else AGENTPLANE_GIT_TOKEN
+// (never a flag's value: argv is visible to every user of the machine).
+func (o *sessionOptions) gitToken(e *env) (string, error) {
+	if o.gitTokenFile != "" {
+		tok, err := config.ReadSecretFile(o.gitTokenFile)
+		if err != nil {
+			return "", fmt.Errorf("--git-token-file: %w", err)
+		}
+		return tok, nil
 	}
-	m := req.ProtoReflect()
-	agent := m.Descriptor().Fields().ByName("agent")
-	if agent == nil || agent.Message() == nil {
-		return errNoAgent
+	if o.gitUser != "" && e.env("AGENTPLANE_GIT_TOKEN", "") == "" {
+		return "", errors.New("--git-username needs a token (--git-token-file or AGENTPLANE_GIT_TOKEN)")
 	}
-	field := agent.Message().Fields().ByName("profile")
-	if field == nil || field.Kind() != protoreflect.StringKind {
-		return errNoAgent
+	return e.env("AGENTPLANE_GIT_TOKEN", ""), nil
+}
+
+// egressPolicy parses an allowlist ("" is the empty policy).
+func egressPolicy(list string) (*sessionv1.EgressPolicy, error) {
+	out := &sessionv1.EgressPolicy{}
+	if list == "" {
+		return out, nil
 	}
-	m.Mutable(agent).Message().Set(field, protoreflect.ValueOfString(profile))
-	return nil
+	p, err := egresspolicy.ParseList(list, egresspolicy.MaxRulesCeiling)
+	if err != nil {
+		return nil, err
+	}
+	out.PrivateNetworks = p.PrivateNetworks
+	for _, r := range p.Allow {
+		out.Allow = append(out.Allow, &sessionv1.EgressRule{Host: r.Host, Ports: r.Ports})
+	}
+	return out, nil
 }
 
 // run is `agentplane run`: create a session, send the prompt, follow the
@@ -150,12 +163,22 @@ func (e *env) run(args []string) int {
 		}
 	}()
 
+	timedOut := func(before string) bool {
+		if *timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			fmt.Fprintf(e.stderr, "%s: --timeout %s passed before %s\n", e.name, *timeout, before)
+			return true
+		}
+		return false
+	}
 	cctx, cancelC := context.WithTimeout(ctx, callTimeout)
 	sess, err := c.CreateSession(cctx, req)
 	cancelC()
 	if err != nil {
 		if it.happened() {
 			return exitInterrupted
+		}
+		if timedOut("the session was created") {
+			return exitFailed
 		}
 		return e.fail(err)
 	}
@@ -167,6 +190,9 @@ func (e *env) run(args []string) int {
 		if it.happened() {
 			e.stopAfterInterrupt(c, sid) // the message may have been stored
 			return exitInterrupted
+		}
+		if timedOut("the message was sent to session " + sid) {
+			return exitFailed
 		}
 		return e.fail(err)
 	}

@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -37,6 +40,12 @@ func (e *env) session(verb string, args []string) int {
 		return e.sessionWatch(args)
 	case "delete":
 		return e.sessionDelete(args)
+	case "changes":
+		return e.sessionChanges(args)
+	case "push":
+		return e.sessionPush(args)
+	case "egress":
+		return e.sessionEgress(args)
 	}
 	return e.fail(fmt.Errorf("unknown verb %q", verb))
 }
@@ -253,4 +262,129 @@ func when(t *timestamppb.Timestamp) string {
 		return "-"
 	}
 	return t.AsTime().Local().Format(time.DateTime)
+}
+
+// sessionChanges shows the worktree's change set: one line per file, then
+// the diff.
+func (e *env) sessionChanges(args []string) int {
+	fs := e.flags("[flags] ID")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		resp, err := c.Raw().GetWorktreeChanges(ctx, &sessionv1.GetWorktreeChangesRequest{SessionId: pos[0]})
+		if err != nil {
+			return err
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, resp)
+			return nil
+		}
+		ch := resp.GetChanges()
+		if len(ch.GetFiles()) == 0 {
+			fmt.Fprintf(e.stdout, "no changes (HEAD %s)\n", short(ch.GetHeadCommit()))
+			return nil
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		for _, f := range ch.GetFiles() {
+			fmt.Fprintf(tw, "%s\t%s\n", enumName(f.GetKind().String(), "FILE_CHANGE_KIND_"), f.GetPath())
+		}
+		_ = tw.Flush()
+		if d := ch.GetDiff(); d != "" {
+			fmt.Fprintf(e.stdout, "\n%s", d)
+			if !strings.HasSuffix(d, "\n") {
+				fmt.Fprintln(e.stdout)
+			}
+		}
+		if ch.GetDiffTruncated() {
+			fmt.Fprintln(e.stdout, "(diff cut at the server's bound)")
+		}
+		return nil
+	})
+}
+
+// sessionPush commits the worktree's changes and pushes them to a branch.
+func (e *env) sessionPush(args []string) int {
+	fs := e.flags("[flags] ID")
+	branch := fs.String("branch", "", "branch to push to, without refs/heads/ (required)")
+	message := fs.String("message", "changes from an agentplane session", "commit message of the changes")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	if *branch == "" {
+		return e.fail(errors.New("--branch is required (agentplane session push -h)"))
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		resp, err := c.Raw().PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: pos[0], Branch: *branch, CommitMessage: *message})
+		if err != nil {
+			return err
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, resp)
+			return nil
+		}
+		what := "pushed HEAD (no changes to commit)"
+		if resp.GetCommitted() {
+			what = "committed and pushed"
+		}
+		fmt.Fprintf(e.stdout, "%s %s to %s\n", what, short(resp.GetCommitId()), resp.GetRef())
+		return nil
+	})
+}
+
+// sessionEgress replaces the session's egress allowlist.
+func (e *env) sessionEgress(args []string) int {
+	fs := e.flags("[flags] ID")
+	allow := fs.String("allow", "", "the new allowlist: host patterns with optional ports and private address ranges, comma separated (as create's --egress); empty: only the deployment's default")
+	version := fs.Uint64("expected-version", 0, "replace only if this is the policy's current version (0: whatever is current)")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	policy, err := egressPolicy(*allow)
+	if err != nil {
+		return e.fail(fmt.Errorf("--allow: %w", err))
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		resp, err := c.Raw().UpdateEgressPolicy(ctx, &sessionv1.UpdateEgressPolicyRequest{SessionId: pos[0], Egress: policy, ExpectedVersion: *version})
+		if err != nil {
+			return err
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, resp)
+			return nil
+		}
+		var rules []string
+		for _, r := range resp.GetEgress().GetAllow() {
+			rules = append(rules, ruleText(r))
+		}
+		rules = append(rules, resp.GetEgress().GetPrivateNetworks()...)
+		if len(rules) == 0 {
+			rules = []string{"(only the deployment's default)"}
+		}
+		fmt.Fprintf(e.stdout, "egress policy version %d: %s\n", resp.GetVersion(), strings.Join(rules, ","))
+		return nil
+	})
+}
+
+// ruleText writes a rule as --allow takes it (host, or host:port|port).
+func ruleText(r *sessionv1.EgressRule) string {
+	if len(r.GetPorts()) == 0 {
+		return r.GetHost()
+	}
+	ports := make([]string, len(r.GetPorts()))
+	for i, p := range r.GetPorts() {
+		ports[i] = strconv.FormatUint(uint64(p), 10)
+	}
+	return r.GetHost() + ":" + strings.Join(ports, "|")
+}
+
+// short is a commit id's first 12 characters.
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }

@@ -1,6 +1,6 @@
 {{/*
 Pod template shared by the four services. Call with (dict "root" $ "component" "session").
-Every service is the same image and binary; the first argument picks the subcommand.
+Every service is the same image and binary; `agentplane serve <component>` runs it.
 */}}
 {{- define "agentplane.podTemplate" -}}
 {{- $root := .root -}}
@@ -70,7 +70,7 @@ spec:
     - name: {{ $component }}
       image: {{ include "agentplane.image" $root | quote }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-      args: [{{ $component | quote }}]
+      args: ["serve", {{ $component | quote }}]
       ports:
         - name: grpc
           containerPort: {{ $c.ports.grpc }}

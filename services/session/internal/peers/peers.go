@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/pkg/gitrepo"
@@ -99,7 +100,9 @@ func (p Sandbox) CheckAgent(ctx context.Context, a session.Agent) (session.Agent
 	resp, err := p.C.CheckAgent(ctx, &sandboxv1.CheckAgentRequest{Agent: agentProto(a)})
 	if err != nil {
 		if apierr.Reason(err) == "AGENT_UNAVAILABLE" {
-			return session.Agent{}, fmt.Errorf("%w: %s", session.ErrAgentUnavailable, status.Convert(err).Message())
+			// The sandbox's message starts with the same words: say them once.
+			msg := strings.TrimPrefix(status.Convert(err).Message(), session.ErrAgentUnavailable.Error()+": ")
+			return session.Agent{}, fmt.Errorf("%w: %s", session.ErrAgentUnavailable, msg)
 		}
 		return session.Agent{}, fmt.Errorf("%w: sandbox: %w", session.ErrPeerUnavailable, err)
 	}
