@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"agentplane.dev/services/sandbox/internal/boundary"
+	"agentplane.dev/services/sandbox/internal/cgroup"
 	"agentplane.dev/services/sandbox/internal/relay"
 )
 
@@ -35,6 +36,7 @@ type boundarySetup struct {
 	proxy        *socketRelay // to the credential proxy
 	otlp         *socketRelay // to the OTLP collector (otlprelay.go)
 	wrapperFlags []string
+	cgroups      *cgroup.Manager // nil: no cgroup limits (reported at start-up)
 }
 
 func (b *boundarySetup) close() {
@@ -109,9 +111,7 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	if why := lim.CheckFileTable(boundary.HostFileMax()); why != "" {
 		log.Warn("sandbox rlimits too large for this host", "reason", why)
 	}
-	if ok, why := boundary.CgroupLimits(); !ok {
-		log.Warn("sandbox cgroup limits unavailable", "reason", why)
-	}
+	b.cgroups = detectCgroups(cfg, log)
 	return b, nil
 }
 
@@ -148,7 +148,30 @@ func ProbeIsolation(ctx context.Context, c Config) (uid string, err error) {
 
 // CgroupLimits says whether per-sandbox cgroup limits are available here,
 // and why not.
-func CgroupLimits() (bool, string) { return boundary.CgroupLimits() }
+func CgroupLimits() (bool, string) {
+	m, why := cgroup.Detect(cgroupRoot)
+	return m != nil, why
+}
+
+// cgroupRoot is where the host's cgroup hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// detectCgroups finds where sandboxes' cgroups go, and reports at start-up
+// the limits this host cannot enforce.
+func detectCgroups(cfg Config, log *slog.Logger) *cgroup.Manager {
+	if cfg.Cgroups == "off" {
+		log.Warn("SANDBOX_CGROUPS=off: memory, CPU and process limits per sandbox are not enforced (rlimits are)")
+		return nil
+	}
+	m, why := cgroup.Detect(cgroupRoot)
+	if m == nil {
+		log.Warn("sandbox cgroup limits unavailable: memory, CPU and process limits per sandbox are not enforced (rlimits are)", "reason", why)
+		return nil
+	}
+	l := cfg.cgroupLimits()
+	log.Info("sandbox cgroup limits", "cgroup_version", int(m.Version()), "memory_bytes", l.MemoryBytes, "cpu_millis", l.CPUMillis, "pids", l.Pids)
+	return m
+}
 
 // socketName is a replica's socket file name: short (sun_path is small)
 // and distinct per replica sharing the root.

@@ -20,6 +20,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/capacity"
+	"agentplane.dev/services/sandbox/internal/cgroup"
 )
 
 // Config is the sandbox service's configuration.
@@ -61,6 +62,12 @@ type Config struct {
 	Bwrap         string // SANDBOX_BWRAP: bubblewrap binary; empty: bwrap on PATH
 	ReadOnlyPaths string // SANDBOX_READONLY_PATHS: host paths bound read-only into sandboxes (installed agents), colon separated
 	SandboxUID    int    // SANDBOX_UID: host uid (and gid) sandboxes run as when the service is root; -1 keeps the service's
+	// Cgroup limits per sandbox (internal/cgroup): SANDBOX_CGROUPS is auto
+	// (where the host lets this service create groups) or off.
+	Cgroups     string
+	MemoryLimit ByteSize // SANDBOX_MEMORY_LIMIT: memory per sandbox
+	CPULimit    int      // SANDBOX_CPU_LIMIT: CPU per sandbox in thousandths of a core
+	PidsLimit   int      // SANDBOX_PIDS_LIMIT: processes and threads per sandbox
 	Rlimits       string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400
 	Deployment    string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
 	// Egress is the egress proxy's (server/egress.go).
@@ -93,6 +100,10 @@ func DefaultConfig() Config {
 		Isolation:         boundary.ModeNamespaces,
 		SandboxUID:        65534, // nobody
 		Rlimits:           boundary.DefaultLimits.String(),
+		Cgroups:           "auto",
+		MemoryLimit:       ByteSize(cgroup.DefaultLimits.MemoryBytes),
+		CPULimit:          int(cgroup.DefaultLimits.CPUMillis),
+		PidsLimit:         int(cgroup.DefaultLimits.Pids),
 		Egress:            DefaultEgressConfig(),
 	}
 }
@@ -133,6 +144,11 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.Bwrap, "SANDBOX_BWRAP", c.Bwrap, "bubblewrap binary; empty: bwrap on PATH")
 	l.String(&c.ReadOnlyPaths, "SANDBOX_READONLY_PATHS", c.ReadOnlyPaths, "host paths bound read-only into every sandbox (installed agent runtimes), colon separated")
 	l.Int(&c.SandboxUID, "SANDBOX_UID", c.SandboxUID, "host uid and gid sandboxes run as when the service runs as root; -1 keeps the service's")
+	l.String(&c.Cgroups, "SANDBOX_CGROUPS", c.Cgroups, "cgroup limits per sandbox: auto (where the host allows) or off")
+	mem := c.MemoryLimit
+	l.Var(&c.MemoryLimit, "SANDBOX_MEMORY_LIMIT", &mem, "memory per sandbox (bytes, or with KiB/MiB/GiB); over it the sandbox stops with memory_limit")
+	l.Int(&c.CPULimit, "SANDBOX_CPU_LIMIT", c.CPULimit, "CPU per sandbox in thousandths of a core (1000: one core)")
+	l.Int(&c.PidsLimit, "SANDBOX_PIDS_LIMIT", c.PidsLimit, "processes and threads per sandbox")
 	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES,fsize=BYTES,cpu=SECONDS")
 	l.String(&c.Deployment, "SANDBOX_DEPLOYMENT", c.Deployment, "deployment id in wrapper markers; empty: derived from the sandbox root")
 	c.Egress.Bind(l)
@@ -207,6 +223,12 @@ func (c *Config) Validate() error {
 	}
 	if c.SandboxUID < -1 {
 		bad("SANDBOX_UID", errors.New("want a uid, or -1"))
+	}
+	if c.CPULimit < 0 || c.PidsLimit < 0 {
+		bad("SANDBOX_CPU_LIMIT", errors.New("SANDBOX_CPU_LIMIT and SANDBOX_PIDS_LIMIT must not be negative (0: unset)"))
+	}
+	if c.Cgroups != "auto" && c.Cgroups != "off" {
+		bad("SANDBOX_CGROUPS", errors.New("want auto or off"))
 	}
 	if _, err := boundary.ParseLimits(c.Rlimits); err != nil {
 		bad("SANDBOX_RLIMITS", err)
@@ -312,4 +334,9 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// cgroupLimits are the cgroup limits of every sandbox.
+func (c *Config) cgroupLimits() cgroup.Limits {
+	return cgroup.Limits{MemoryBytes: uint64(c.MemoryLimit), CPUMillis: uint64(c.CPULimit), Pids: uint64(c.PidsLimit)}
 }

@@ -27,6 +27,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
 	"agentplane.dev/services/sandbox/internal/notify"
+	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/provider/process"
 	"agentplane.dev/services/sandbox/internal/reconciler"
 )
@@ -73,7 +74,8 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	defer egr.close()
 	wrapperCmd = append(append(wrapperCmd, bnd.wrapperFlags...), egr.wrapperFlags...)
 	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
-		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv)})
+		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv),
+		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits()})
 	if err != nil {
 		return err
 	}
@@ -111,7 +113,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		return err
 	}
 
-	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv) })
+	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv, prov) })
 	if bnd.controlLn != nil {
 		// The same server on the control socket (after every service is
 		// registered); its GracefulStop ends both.
@@ -206,11 +208,12 @@ func (c *Config) wrapperReach(bnd *boundarySetup, grpcLn net.Listener) (control 
 // last act is releasing its sandboxes and writing their state, so another
 // replica takes them over at once. Then the notifier drains, bounded, what
 // is still queued (turn outcomes above all).
-func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notify.Notifier, rec *reconciler.Reconciler, drv *driver.Driver) {
+func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notify.Notifier, rec *reconciler.Reconciler, drv *driver.Driver, prov provider.Limiter) {
 	var loops sync.WaitGroup
 	loops.Go(func() { notifier.Run(ctx) })
 	loops.Go(func() { _ = rec.Run(ctx) })
 	loops.Go(func() { drv.Run(ctx) })
+	loops.Go(func() { enforceLimits(ctx, prov, drv, log) })
 	loops.Wait()
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.NotifyDrain)
 	defer cancel()

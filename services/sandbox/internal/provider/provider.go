@@ -242,3 +242,22 @@ func SetupError(op string, err error) error {
 func DestroysSandbox(err error) bool {
 	return err != nil && (IsENOSPCEvidence(err, "") || errors.Is(err, ErrFilesystemSetup))
 }
+
+// Limit reasons: a runtime key stopped for a limit of its sandbox
+// (DESIGN.md 3.3 "Limits per sandbox"); its routes are lost, and a turn in
+// flight fails, with the reason.
+const (
+	ReasonMemoryLimit = "memory_limit" // the kernel's OOM killer acted in the sandbox's cgroup
+	ReasonDiskQuota   = "disk_quota"   // the sandbox's workspace and home passed its disk quota
+)
+
+// Breach is a runtime key over one of its limits.
+type Breach struct {
+	SandboxID, RuntimeKey, Reason string
+}
+
+// Limiter is implemented by providers that enforce limits per sandbox;
+// OverLimit lists the keys that passed one since the last call.
+type Limiter interface {
+	OverLimit() []Breach
+}

@@ -78,7 +78,7 @@ func (a *NotifyAPI) NotifyRouteLost(ctx context.Context, r *sessionv1.NotifyRout
 	if err := validateRoute(r.GetRoute()); err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	err := a.svc.RouteLost(ctx, r.GetRoute().GetSessionId(), notice(r.GetRoute()))
+	err := a.svc.RouteLost(ctx, r.GetRoute().GetSessionId(), notice(r.GetRoute()), r.GetReason())
 	return &sessionv1.NotifyRouteLostResponse{}, a.fail(ctx, err)
 }
 

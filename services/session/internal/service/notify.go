@@ -63,9 +63,9 @@ func (s *Service) RouteFailed(ctx context.Context, id string, n session.Notice, 
 }
 
 // RouteLost fails accepted work and prepares again when work is queued.
-func (s *Service) RouteLost(ctx context.Context, id string, n session.Notice) error {
+func (s *Service) RouteLost(ctx context.Context, id string, n session.Notice, reason string) error {
 	again := false
-	_, err := s.notify(ctx, id, n, store.Load{}, func(a *session.Aggregate) { again = a.Lost(n, s.now()) })
+	_, err := s.notify(ctx, id, n, store.Load{}, func(a *session.Aggregate) { again = a.Lost(n, reason, s.now()) })
 	if again {
 		s.kick(id)
 	}

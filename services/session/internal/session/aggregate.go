@@ -292,10 +292,15 @@ func (a *Aggregate) Failed(n Notice, reason string, now time.Time) {
 	a.setRoute(v, now)
 }
 
-// Lost records a lost route: accepted work fails; the caller prepares again
-// when work is still queued (the returned bool).
-func (a *Aggregate) Lost(n Notice, now time.Time) (reprepare bool) {
-	a.failWhere(isAccepted, MessageFailed, ReasonRouteLost, now)
+// Lost records a lost route: accepted work fails (with the sandbox's limit
+// when one stopped it: the session is told which); the caller prepares
+// again when work is still queued (the returned bool).
+func (a *Aggregate) Lost(n Notice, reason string, now time.Time) (reprepare bool) {
+	msg := ReasonRouteLost
+	if reason == ReasonMemoryLimit || reason == ReasonDiskQuota {
+		msg = reason
+	}
+	a.failWhere(isAccepted, MessageFailed, msg, now)
 	v := a.Session.Route
 	v.State, v.Step, v.FenceToken = RouteUnknown, "", n.FenceToken
 	a.setRoute(v, now)

@@ -128,7 +128,7 @@ func TestEveryRuntimeSessionIDIsRecordedForDeletion(t *testing.T) {
 	a := agg()
 	n := Notice{FenceToken: 1}
 	a.Ready(n, "rs_1", "w1", t0)
-	a.Lost(n, t0)
+	a.Lost(n, "heartbeat_lost", t0)
 	a.SawRuntimeSession("rs_2", t0)
 	a.Ready(n, "rs_2", "w2", t0)
 	a.Ready(n, "rs_2", "w2", t0)

@@ -66,6 +66,10 @@ const (
 	ReasonRouteFailed        = "route_failed"
 	ReasonRouteLost          = "route_lost"
 	ReasonTurnFailed         = "turn_failed"
+	// A sandbox's limit stopped its runtime in the turn (DESIGN.md 3.3
+	// "Limits per sandbox"): as the sandbox service names it.
+	ReasonMemoryLimit = "memory_limit"
+	ReasonDiskQuota   = "disk_quota"
 )
 
 // RouteView is what the session knows of its route.

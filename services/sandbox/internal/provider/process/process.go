@@ -43,6 +43,7 @@ import (
 
 	"agentplane.dev/pkg/pause"
 	"agentplane.dev/services/sandbox/internal/boundary"
+	"agentplane.dev/services/sandbox/internal/cgroup"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
@@ -68,6 +69,10 @@ type Config struct {
 	// Isolation runs each wrapper behind the boundary (DESIGN.md 3.3); nil
 	// is SANDBOX_ISOLATION=none.
 	Isolation *boundary.Config
+	// Cgroups puts each isolated runtime key in its own cgroup with
+	// CgroupLimits (limits.go); nil: no cgroup limits on this host.
+	Cgroups      *cgroup.Manager
+	CgroupLimits cgroup.Limits
 }
 
 // DeploymentOf is the default deployment id of a sandbox root.
@@ -89,6 +94,7 @@ type Provider struct {
 	cfg     Config
 	scope   scope
 	reapers sync.WaitGroup
+	groups  groups // limits.go
 }
 
 var (
@@ -218,6 +224,15 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 		_ = logf.Close()
 		return provider.Observed{}, fmt.Errorf("process provider: start wrapper: %w", err)
 	}
+	group, err := p.enterGroup(m, cmd.Process.Pid, extra)
+	if err != nil {
+		// Nothing untrusted ran yet: bubblewrap waits on its block fd.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		extra.close()
+		_ = logf.Close()
+		return provider.Observed{}, err
+	}
 	p.reapers.Add(1)
 	go func() {
 		defer p.reapers.Done()
@@ -239,6 +254,7 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 				_ = os.Remove(record)
 			}
 		}
+		p.leaveGroup(group)
 	}()
 	p.cfg.Logger.Info("wrapper launched", "sandbox", m.SandboxID, "runtime_key", m.RuntimeKey,
 		"instance", m.InstanceID, "generation", m.Generation, "pid", cmd.Process.Pid)
@@ -252,6 +268,13 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 type launchFiles struct {
 	boundary     *boundary.Files
 	infoW, infoR *os.File
+	// blockW, when set, holds bubblewrap before it runs the wrapper
+	// (--block-fd) until the sandbox is in its cgroup; blockR is the end
+	// bubblewrap inherits.
+	blockW, blockR *os.File
+	// info is bubblewrap's child pid once read (enterGroup reads it first).
+	info    int
+	infoErr bool
 }
 
 // started closes the parent's copies a child inherited.
@@ -261,12 +284,34 @@ func (f *launchFiles) started() {
 	}
 	f.boundary.Close()
 	_ = f.infoW.Close()
+	if f.blockR != nil {
+		_ = f.blockR.Close()
+	}
 }
 
 func (f *launchFiles) close() {
 	if f != nil {
 		_ = f.infoR.Close()
+		if f.blockW != nil {
+			_ = f.blockW.Close()
+		}
 	}
+}
+
+// childPID reads bubblewrap's info once: the host pid of the namespace's
+// init, or 0 if bubblewrap said nothing.
+func (f *launchFiles) childPID() int {
+	if f.info == 0 && !f.infoErr {
+		var info struct {
+			ChildPID int `json:"child-pid"`
+		}
+		if err := json.NewDecoder(io.LimitReader(f.infoR, 4096)).Decode(&info); err != nil || info.ChildPID <= 0 {
+			f.infoErr = true
+		} else {
+			f.info = info.ChildPID
+		}
+	}
+	return f.info
 }
 
 // namespaceInit reads bubblewrap's info and returns a pidfd and the host
@@ -277,17 +322,15 @@ func (f *launchFiles) namespaceInit() (int, int) {
 		return -1, 0
 	}
 	defer f.infoR.Close()
-	var info struct {
-		ChildPID int `json:"child-pid"`
-	}
-	if err := json.NewDecoder(io.LimitReader(f.infoR, 4096)).Decode(&info); err != nil || info.ChildPID <= 0 {
+	pid := f.childPID()
+	if pid <= 0 {
 		return -1, 0
 	}
-	fd, err := unix.PidfdOpen(info.ChildPID, 0)
+	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return -1, 0
 	}
-	return fd, info.ChildPID
+	return fd, pid
 }
 
 // waitExit blocks until the process of a pidfd has exited (a pidfd polls
@@ -329,12 +372,23 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, e
 	}
 	firstFD := 3 + len(spec.ExtraFiles)
 	inherited := bf.List()
-	args := append([]string{"--info-fd", strconv.Itoa(firstFD + len(inherited))}, iso.Args(mount, bf, firstFD)...)
-	args = append(args, spec.Path)
+	lf := &launchFiles{boundary: bf, infoW: infoW, infoR: infoR}
+	args := []string{"--info-fd", strconv.Itoa(firstFD + len(inherited))}
+	extra := []*os.File{infoW}
+	if p.cfg.Cgroups != nil {
+		if lf.blockR, lf.blockW, err = os.Pipe(); err != nil {
+			lf.started()
+			lf.close()
+			return nil, nil, fmt.Errorf("process provider: %w", err)
+		}
+		args = append(args, "--block-fd", strconv.Itoa(firstFD+len(inherited)+1))
+		extra = append(extra, lf.blockR)
+	}
+	args = append(append(args, iso.Args(mount, bf, firstFD)...), spec.Path)
 	cmd := exec.Command(iso.Bwrap, append(args, spec.Args...)...)
-	cmd.ExtraFiles = append(append(append([]*os.File{}, spec.ExtraFiles...), inherited...), infoW)
+	cmd.ExtraFiles = append(append(append([]*os.File{}, spec.ExtraFiles...), inherited...), extra...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: iso.Credential()}
-	return cmd, &launchFiles{boundary: bf, infoW: infoW, infoR: infoR}, nil
+	return cmd, lf, nil
 }
 
 func (p *Provider) credential() *syscall.Credential {

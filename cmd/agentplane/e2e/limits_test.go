@@ -1,0 +1,59 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	sandbox "agentplane.dev/services/sandbox/server"
+)
+
+// messageFailure waits for messageID to end and returns its failure
+// reason ("" when it succeeded).
+func (s *suite) messageFailure(t *testing.T, sessionID, messageID string) string {
+	t.Helper()
+	var reason string
+	require.Eventually(t, func() bool {
+		m, err := s.ses.GetMessage(context.Background(), &sessionv1.GetMessageRequest{SessionId: sessionID, MessageId: messageID})
+		require.NoError(t, err)
+		reason = m.GetMessage().GetFailureReason()
+		st := m.GetMessage().GetState()
+		return st == sessionv1.MessageState_MESSAGE_STATE_FAILED || st == sessionv1.MessageState_MESSAGE_STATE_COMPLETED
+	}, 90*time.Second, 100*time.Millisecond, "message %s ends", messageID)
+	return reason
+}
+
+// TestSandboxMemoryHogStopsWithMemoryLimit (issue 31: one process touched
+// 2 GiB, no limit held): a runtime's command that holds more than the
+// sandbox's memory limit is ended by the kernel inside the sandbox's
+// cgroup, the sandbox's runtime key is stopped, and the turn in flight
+// fails with memory_limit. The next message gets a new runtime.
+func TestSandboxMemoryHogStopsWithMemoryLimit(t *testing.T) {
+	if ok, why := sandbox.CgroupLimits(); !ok {
+		t.Fatalf("this test needs cgroup limits (cgroup v2 delegated, or v1 as root): %s", why)
+	}
+	s := startSuiteWith(t, nil, func(c *sandbox.Config) { c.MemoryLimit = 192 << 20 })
+	sess := s.create(t, "sbx-mem", "/work/e2e-repo", newSecret())
+	id := sess.GetSessionId()
+	s.turn(t, id, "m1", "hello")
+
+	// The scripted runtime keeps a command's whole output in memory: 400 MB of it.
+	_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: id, MessageId: "m2",
+		Content: "run: head -c 400000000 /dev/zero"})
+	require.NoError(t, err)
+	got := s.messageFailure(t, id, "m2")
+	if got != "memory_limit" {
+		for _, l := range strings.Split(s.logs.String(), "\n") {
+			if strings.Contains(l, "cgroup") || strings.Contains(l, "limit") || strings.Contains(l, "isolation") {
+				t.Log(l)
+			}
+		}
+	}
+	require.Equal(t, "memory_limit", got)
+
+	s.turn(t, id, "m3", "hello again") // a new runtime serves the session
+}
