@@ -9,6 +9,7 @@ package boundary
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
@@ -31,6 +32,64 @@ var refused = []string{
 	"keyctl", "add_key", "request_key",
 	"open_by_handle_at", "name_to_handle_at", "acct", "quotactl", "swapon", "swapoff",
 	"iopl", "ioperm", "syslog", "lookup_dcookie", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+	// Reached without a capability, and kernel surface a coding agent does
+	// not need (Docker's default profile refuses them too): io_uring runs
+	// operations that no seccomp filter sees, memfd_secret hides memory
+	// from the kernel's own views, kcmp compares other processes' kernel
+	// objects, move_pages and migrate_pages move other processes' pages.
+	"io_uring_setup", "io_uring_enter", "io_uring_register", "memfd_secret", "kcmp", "move_pages", "migrate_pages",
+	"fanotify_init", "quotactl_fd", "vhangup",
+}
+
+// refusedObsolete are refused where the architecture still has them
+// (x86-64 does; newer ones never had them).
+var refusedObsolete = []string{"uselib", "ustat", "sysfs", "_sysctl", "nfsservctl"}
+
+// Socket families a sandbox may open (an allowlist, stricter than Docker's
+// refusal of AF_VSOCK and OpenShell's of AF_PACKET, AF_BLUETOOTH and
+// AF_VSOCK): Unix, IPv4, IPv6 and netlink for NETLINK_ROUTE only, which
+// getifaddrs needs (Node's os.networkInterfaces, glibc's AI_ADDRCONFIG)
+// and which shows only the sandbox's own network namespace. Every other
+// family (vsock to the host's hypervisor, the other netlink protocols,
+// AF_ALG, AF_PACKET, AF_KEY, the rarely used protocol families with a
+// history of kernel bugs) gets EPERM.
+var allowedFamilies = []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
+// allowedPersonas are the personality() arguments a sandbox may pass
+// (Docker's default profile's): the default persona, PER_LINUX32,
+// UNAME26, both, and 0xffffffff, which only queries. Any other flag
+// (READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, ...) gets EPERM.
+var allowedPersonas = []uint64{0, perLinux32, uname26, perLinux32 | uname26, 0xffffffff}
+
+const (
+	perLinux32 = 0x0008  // <linux/personality.h>
+	uname26    = 0x20000 // <linux/personality.h>
+)
+
+// conditioned are the system calls refused for some arguments only. Each
+// condition compares all 64 bits of an argument while the kernel reads a
+// 32-bit int: every rule is written so that set high bits refuse (a value
+// is refused unless it equals an allowed one), never so that they let a
+// refused value through.
+func conditioned() []seccomp.NameWithConditions {
+	notIn := func(arg uint32, values []uint64) seccomp.ArgumentConditions {
+		var c seccomp.ArgumentConditions
+		for _, v := range values {
+			c = append(c, seccomp.Condition{Argument: arg, Operation: seccomp.NotEqual, Value: v})
+		}
+		return c
+	}
+	netlinkNotRoute := seccomp.ArgumentConditions{
+		{Argument: 0, Operation: seccomp.Equal, Value: unix.AF_NETLINK},
+		{Argument: 2, Operation: seccomp.NotEqual, Value: unix.NETLINK_ROUTE},
+	}
+	return []seccomp.NameWithConditions{
+		{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: unix.CLONE_NEWUSER}}},
+		{Name: "socket", Conditions: notIn(0, allowedFamilies)},
+		{Name: "socket", Conditions: netlinkNotRoute},
+		{Name: "socketpair", Conditions: notIn(0, allowedFamilies)},
+		{Name: "personality", Conditions: notIn(0, allowedPersonas)},
+	}
 }
 
 // SeccompProgram returns the filter as bubblewrap's --seccomp reads it: an
@@ -48,14 +107,17 @@ func SeccompProgram() ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("seccomp: no clone3 on %s", info.Name)
 	}
+	names := slices.Clone(refused)
+	for _, n := range refusedObsolete {
+		if _, ok := info.SyscallNames[n]; ok {
+			names = append(names, n)
+		}
+	}
 	policy := seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
 		Syscalls: []seccomp.SyscallGroup{
-			{Action: seccomp.ActionErrno, Names: refused},
-			{Action: seccomp.ActionErrno, NamesWithCondtions: []seccomp.NameWithConditions{{
-				Name:       "clone",
-				Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: unix.CLONE_NEWUSER}},
-			}}},
+			{Action: seccomp.ActionErrno, Names: names},
+			{Action: seccomp.ActionErrno, NamesWithCondtions: conditioned()},
 		},
 	}
 	body, err := policy.Assemble()
