@@ -188,45 +188,16 @@ func matches(pattern, host string) bool {
 }
 
 // AllowsAddress says whether a name of p may lead to ip: a public address
-// always; a private, loopback, link-local, metadata, unspecified or
-// multicast one only when PrivateNetworks covers it.
+// always; one Restricted refuses (private, loopback, link-local, metadata,
+// unspecified, multicast, reserved, or an IPv6 form of one) only when
+// PrivateNetworks covers it.
 func (p Policy) AllowsAddress(ip netip.Addr) bool {
-	ip = ip.Unmap()
+	ip = ip.WithZone("").Unmap()
 	if !Restricted(ip) {
 		return true
 	}
 	for _, n := range p.PrivateNetworks {
 		if pre, err := parseNetwork(n); err == nil && pre.Contains(ip) {
-			return true
-		}
-	}
-	return false
-}
-
-// restrictedNets are addresses no name leads to by default besides the
-// private, loopback and link-local ranges netip knows: carrier-grade NAT,
-// IETF protocol assignments, benchmarking, the documentation ranges, IPv6
-// unique-local (netip's IsPrivate has it) and the cloud metadata
-// addresses (169.254.169.254 is link-local; fd00:ec2::254 is ULA).
-var restrictedNets = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"),
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("64:ff9b::/96"),
-}
-
-// Restricted says whether ip is an address egress refuses unless a
-// policy names it.
-func Restricted(ip netip.Addr) bool {
-	ip = ip.Unmap()
-	if !ip.IsValid() || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
-		ip.IsInterfaceLocalMulticast() || ip.IsMulticast() || ip.IsUnspecified() {
-		return true
-	}
-	for _, n := range restrictedNets {
-		if n.Contains(ip) {
 			return true
 		}
 	}
