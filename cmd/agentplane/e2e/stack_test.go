@@ -121,7 +121,8 @@ func newStack(t testing.TB, o stackOptions) *stack {
 		}
 	}
 	st.set(svcCredential, "PROXY_ADDR", st.addr["proxy"], "INGEST_ADDR", st.addr[svcIngest], "PROVIDER_UPSTREAM", provider.URL,
-		"CREDENTIAL_KEY", base64.StdEncoding.EncodeToString(key), "ATTESTATION_KEY", base64.StdEncoding.EncodeToString(st.attKey))
+		"CREDENTIAL_KEY", base64.StdEncoding.EncodeToString(key), "ATTESTATION_KEY", base64.StdEncoding.EncodeToString(st.attKey),
+		"PROXY_GIT_PRIVATE_NETWORKS", "127.0.0.1") // the tests' git http-backend is on loopback
 	st.set(svcIngest, "CREDENTIAL_ADDR", st.addr[svcCredential])
 	st.set(svcSandbox, "SESSION_ADDR", st.addr[svcSession], "CREDENTIAL_ADDR", st.addr[svcCredential],
 		"SANDBOX_PROXY_URL", "http://"+st.addr["proxy"], "SANDBOX_ROOT", st.root, "WRAPPER_BIN", wrapperBin)

@@ -74,10 +74,11 @@ func TestKeysFromFiles(t *testing.T) {
 // fast with the setting's name.
 func TestLoadConfigProxyAllowlists(t *testing.T) {
 	for name, bad := range map[string]string{
-		"AGENTPLANE_PROXY_PROVIDER_METHODS": "GET,TRACE",
-		"AGENTPLANE_PROXY_BACKEND_METHODS":  "get",
-		"AGENTPLANE_PROXY_PROVIDER_HEADERS": "Accept,Authorization",
-		"AGENTPLANE_PROXY_BACKEND_HEADERS":  "X-Forwarded-*",
+		"AGENTPLANE_PROXY_PROVIDER_METHODS":     "GET,TRACE",
+		"AGENTPLANE_PROXY_BACKEND_METHODS":      "get",
+		"AGENTPLANE_PROXY_PROVIDER_HEADERS":     "Accept,Authorization",
+		"AGENTPLANE_PROXY_BACKEND_HEADERS":      "X-Forwarded-*",
+		"AGENTPLANE_PROXY_GIT_PRIVATE_NETWORKS": "git.internal",
 	} {
 		env := map[string]string{"AGENTPLANE_REDIS_URL": "redis://127.0.0.1:1", name: bad}
 		_, err := LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
@@ -97,4 +98,13 @@ func TestLoadConfigProxyAllowlists(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"GET", "OPTIONS"}, backend.Methods)
 	require.Equal(t, []string{"Accept", "X-Custom-*"}, backend.Headers)
+	nets, err := cfg.gitNetworks()
+	require.NoError(t, err)
+	require.Empty(t, nets, "the git route dials no private address by default")
+	cfg, err = LoadConfig([]string{"-redis-url", "redis://127.0.0.1:1", "-proxy-git-private-networks", "10.0.0.0/8, 127.0.0.1"},
+		func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	nets, err = cfg.gitNetworks()
+	require.NoError(t, err)
+	require.Equal(t, []string{"10.0.0.0/8", "127.0.0.1"}, nets)
 }

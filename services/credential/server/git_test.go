@@ -1,11 +1,14 @@
 package server
 
 import (
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -114,4 +117,34 @@ func gitThrough(t *testing.T, dir, handle string, args ...string) {
 	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "git %v: %s", args, out)
+}
+
+// TestProxyGitRouteRefusesPrivateAddresses: without
+// PROXY_GIT_PRIVATE_NETWORKS (the default) the git route dials no
+// private, loopback or link-local address, whatever form the session's
+// repository URL names it in (a name that resolves to one, an IPv4 or
+// IPv6 literal): each is refused with 403 and git_address_denied, and
+// nothing reaches the git server.
+func TestProxyGitRouteRefusesPrivateAddresses(t *testing.T) {
+	h := startHarness(t, func(c *Config) { c.GitNetworks = "" })
+	token := "ghs_gitroute-token-2"
+	a := gittest.Start(t, token)
+	a.CreateRepo(t, "org/app.git", map[string]string{"README.md": "app\n"})
+	hostPort := strings.TrimPrefix(a.URL, "http://")
+	_, port, err := net.SplitHostPort(hostPort)
+	require.NoError(t, err)
+	for i, host := range []string{hostPort, "localhost:" + port, "[::ffff:127.0.0.1]:" + port} {
+		sandbox := fmt.Sprintf("sbx-gitaddr%d", i)
+		handle := h.mintGit(t, sandbox, "/w/app", "s-gitaddr"+strconv.Itoa(i), "http://"+host+"/org/app.git", token)
+		resp := h.do(t, "GET", "/s/"+sandbox+"/git/"+host+"/org/app.git/info/refs?service=git-upload-pack", handle, nil, nil)
+		body, _ := io.ReadAll(resp.Body)
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, "%s: %s", host, body)
+		require.Contains(t, string(body), "private, loopback, link-local or reserved address", host)
+	}
+	require.Empty(t, a.Log(), "nothing reached the git server")
+	resp, err := h.http.Get(h.metrics)
+	require.NoError(t, err)
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(metrics), `agentplane_credential_proxy_denials_total{reason="git_address_denied"} 3`)
 }

@@ -139,7 +139,7 @@ func listen(t testing.TB) net.Listener {
 	return l
 }
 
-func startHarness(t testing.TB) *harness {
+func startHarness(t testing.TB, opts ...func(*Config)) *harness {
 	h := &harness{up: newUpstream(t), ingest: &fakeIngest{}, rdb: redistest.Start(t)}
 	il := listen(t)
 	gs := grpc.NewServer()
@@ -160,6 +160,12 @@ func startHarness(t testing.TB) *harness {
 	cfg.BackendUpstream = h.up.srv.URL + "/backend"
 	cfg.IngestAddr = il.Addr().String()
 	cfg.OverlapWindow = time.Minute
+	// The tests' git http-backend listens on loopback, which the git
+	// route's address policy refuses unless named (never by default).
+	cfg.GitNetworks = "127.0.0.1"
+	for _, o := range opts {
+		o(&cfg)
+	}
 
 	h.cfg = cfg
 	h.client, h.proxyURL, h.metrics = startService(t, cfg)

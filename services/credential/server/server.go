@@ -20,6 +20,7 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 
 	"agentplane.dev/pkg/config"
+	"agentplane.dev/pkg/egresspolicy"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	"agentplane.dev/pkg/grpcserver"
@@ -44,6 +45,7 @@ type Config struct {
 	ProviderHeaders  string        // PROXY_PROVIDER_HEADERS: request headers the provider route forwards
 	BackendMethods   string        // PROXY_BACKEND_METHODS: methods the backend route forwards
 	BackendHeaders   string        // PROXY_BACKEND_HEADERS: request headers the backend route forwards
+	GitNetworks      string        // PROXY_GIT_PRIVATE_NETWORKS: networks the git route may dial although the address policy refuses them; empty (the default): none
 	OverlapWindow    time.Duration // OVERLAP_WINDOW: how long a rotated-out handle still resolves
 	GrantTTL         time.Duration // GRANT_TTL: lifetime of a grant
 	ReissueBelow     time.Duration // GRANT_REISSUE_BELOW: re-issue on delivery when less remains
@@ -82,6 +84,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.ProviderHeaders, "PROXY_PROVIDER_HEADERS", c.ProviderHeaders, "comma-separated request headers the provider/* route forwards (a trailing * matches a prefix); others are dropped")
 	l.String(&c.BackendMethods, "PROXY_BACKEND_METHODS", c.BackendMethods, "comma-separated methods the backend/* route forwards (others: 405); TRACE and CONNECT are never allowed")
 	l.String(&c.BackendHeaders, "PROXY_BACKEND_HEADERS", c.BackendHeaders, "comma-separated request headers the backend/* route forwards (a trailing * matches a prefix); others are dropped")
+	l.String(&c.GitNetworks, "PROXY_GIT_PRIVATE_NETWORKS", c.GitNetworks, "comma-separated CIDRs or addresses the git/* route may dial although they are private, loopback, link-local or reserved (an in-house git server); empty: none, every such address and its IPv6 forms is refused")
 	l.Duration(&c.OverlapWindow, "OVERLAP_WINDOW", c.OverlapWindow, "how long a rotated-out handle still resolves")
 	l.Duration(&c.GrantTTL, "GRANT_TTL", c.GrantTTL, "lifetime of a handle grant")
 	l.Duration(&c.ReissueBelow, "GRANT_REISSUE_BELOW", c.ReissueBelow, "re-issue a grant on delivery when less than this remains")
@@ -121,6 +124,9 @@ func (c *Config) Validate() error {
 		bad("PROXY_RESOLVE_BUDGET", errors.New("must not be negative"))
 	}
 	if _, _, err := c.policies(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.gitNetworks(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.OverlapWindow < 0 {
@@ -164,6 +170,21 @@ func (c *Config) policies() (provider, backend proxy.RoutePolicy, err error) {
 	parse("PROXY_BACKEND_METHODS", c.BackendMethods, proxy.ParseMethods, &backend.Methods)
 	parse("PROXY_BACKEND_HEADERS", c.BackendHeaders, proxy.ParseHeaders, &backend.Headers)
 	return provider, backend, errors.Join(errs...)
+}
+
+// gitNetworks parses PROXY_GIT_PRIVATE_NETWORKS (egress's
+// private_networks syntax).
+func (c *Config) gitNetworks() ([]string, error) {
+	var nets []string
+	for n := range strings.SplitSeq(c.GitNetworks, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			nets = append(nets, n)
+		}
+	}
+	if probs := (egresspolicy.Policy{PrivateNetworks: nets}).Validate(0); len(probs) > 0 {
+		return nil, config.ErrorFor("PROXY_GIT_PRIVATE_NETWORKS", fmt.Errorf("%s: %s", probs[0].Field, probs[0].Description))
+	}
+	return nets, nil
 }
 
 func parseAttestationKey(s string) ([]byte, error) {
@@ -268,8 +289,9 @@ func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *gr
 	provider, _ := parseUpstream(cfg.ProviderUpstream)
 	backend, _ := parseUpstream(cfg.BackendUpstream)
 	providerPolicy, backendPolicy, _ := cfg.policies()
+	gitNetworks, _ := cfg.gitNetworks()
 	px, err = proxy.New(proxy.Config{
-		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend, Git: svc,
+		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend, Git: svc, GitPrivateNetworks: gitNetworks,
 		Provider: providerPolicy, Backend: backendPolicy,
 		Ingest: ingest, AttestationKey: attKey,
 		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,

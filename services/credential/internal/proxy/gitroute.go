@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/pkg/gitrepo"
 	"agentplane.dev/services/credential/internal/grants"
 )
@@ -147,7 +148,7 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 		out.Body = nil
 	}
 	start := time.Now()
-	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(acc.Token), basic))
+	err = p.gitFwd.forward(r.Context(), w, out, newEchoGuard(string(acc.Token), basic))
 	p.metrics.upstream.WithLabelValues(string(RouteGit)).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
@@ -160,6 +161,10 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 		return
 	case errors.Is(err, errEncoded):
 		p.deny(w, "response_encoded", http.StatusBadGateway, "upstream response refused")
+		return
+	case errors.As(err, new(*egresspolicy.AddressError)):
+		p.deny(w, "git_address_denied", http.StatusForbidden,
+			"the repository's host resolves to a private, loopback, link-local or reserved address the git route does not dial")
 		return
 	}
 	if r.Context().Err() == nil {

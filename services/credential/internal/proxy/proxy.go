@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/pkg/expiring"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	"agentplane.dev/pkg/storeerr"
@@ -43,6 +44,12 @@ type Config struct {
 	Provider, Backend RoutePolicy
 	Ingest            ingestv1.IngestServiceClient
 	Git               GitCredentials // nil: the git route answers 404
+	// GitPrivateNetworks are networks (CIDRs or addresses) the git route
+	// may dial although the address policy refuses them (an in-house git
+	// server, the tests' loopback git http-backend); nil, the default:
+	// none, every private, loopback, link-local or reserved address and
+	// its IPv6 forms are refused at dial time (egresspolicy.Restricted).
+	GitPrivateNetworks []string
 	AttestationKey    []byte
 	Registerer        prometheus.Registerer // proxy denial metrics; nil: not registered
 	// ResolveBudget bounds retrying a resolution while the store is
@@ -58,6 +65,7 @@ type Proxy struct {
 	cfg     Config
 	routes  map[Route]*RoutePolicy // provider, backend (compiled)
 	fwd     *forwarder
+	gitFwd  *forwarder // dials only what the address policy allows
 	metrics *metrics
 
 	registered  sync.Map     // runtime session ids created in ingest by this process
@@ -93,7 +101,10 @@ func New(cfg Config) (*Proxy, error) {
 	git := GitPolicy.compile(GitPolicy)
 	att := expiring.New[*grants.Resolved, string](expiring.Options{
 		TTL: attestationReuse, SweepEvery: attestationReuse, Max: maxAttestations, FutureExpired: true})
-	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), att: att,
+	gitFwd := newForwarder()
+	gitAddrs := egresspolicy.Policy{PrivateNetworks: cfg.GitPrivateNetworks}
+	gitFwd.dialer.Control = egresspolicy.DialControl(gitAddrs.AllowsAddress)
+	return &Proxy{cfg: cfg, metrics: m, fwd: newForwarder(), gitFwd: gitFwd, att: att,
 		routes: map[Route]*RoutePolicy{RouteProvider: &provider, RouteBackend: &backend, RouteGit: &git}}, nil
 }
 
@@ -339,4 +350,4 @@ func (p *Proxy) outgoing(r *http.Request, upstream *url.URL, t Target, res *gran
 }
 
 // Close drops idle upstream connections (after the HTTP server stopped).
-func (p *Proxy) Close() { p.fwd.closeIdle() }
+func (p *Proxy) Close() { p.fwd.closeIdle(); p.gitFwd.closeIdle() }
