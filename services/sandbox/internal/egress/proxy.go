@@ -617,15 +617,14 @@ func (p *Proxy) tunnel(g Grant, m *meter, br *bufio.Reader, up net.Conn, d Decis
 	p.finish(g, m, d)
 }
 
-// forward sends one plain-HTTP request upstream in origin form, without the
-// proxy's hop-by-hop headers and asking the upstream to close, then copies
-// the response back as it comes: the connection serves this one request,
-// so the response needs no rewriting and streams at copy speed.
+// forward sends one plain-HTTP request upstream in origin form, without
+// hop-by-hop headers (those Connection names too) and asking the upstream
+// to close, then copies the response back as it comes: the connection
+// serves this one request, so the response needs no rewriting and streams
+// at copy speed.
 func (p *Proxy) forward(g Grant, m *meter, req *http.Request, up net.Conn, d Decision) {
 	defer p.finish(g, m, d)
-	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Upgrade"} {
-		req.Header.Del(h)
-	}
+	dropHopByHop(req.Header)
 	req.Close = true
 	_ = m.SetDeadline(time.Time{})
 	if err := req.Write(up); err != nil {
