@@ -2,7 +2,6 @@ package worktree
 
 import (
 	"context"
-	"os/exec"
 	"strings"
 )
 
@@ -24,9 +23,7 @@ func ValidBranch(ctx context.Context, name string) bool {
 	if name == "" || len(name) > 200 || strings.HasPrefix(name, "-") {
 		return false
 	}
-	cmd := exec.CommandContext(ctx, "git", "check-ref-format", "--branch", name)
-	cmd.Env = gitEnv()
-	return cmd.Run() == nil
+	return gitCmd(ctx, "", gitEnv(), "check-ref-format", "--branch", name).Run() == nil
 }
 
 // Push commits every change of the worktree (as the agentplane identity)
