@@ -50,8 +50,8 @@ type Config struct {
 	// none, every private, loopback, link-local or reserved address and
 	// its IPv6 forms are refused at dial time (egresspolicy.Restricted).
 	GitPrivateNetworks []string
-	AttestationKey    []byte
-	Registerer        prometheus.Registerer // proxy denial metrics; nil: not registered
+	AttestationKey     []byte
+	Registerer         prometheus.Registerer // proxy denial metrics; nil: not registered
 	// ResolveBudget bounds retrying a resolution while the store is
 	// unavailable (a Redis failover), within the request's own deadline;
 	// 0: no retry.
