@@ -41,19 +41,33 @@ proto-lint: $(BUF)
 	$(BUF) format -d --exit-code
 	$(BUF) breaking --against proto/baseline.binpb
 
+# The loops below run every module whatever fails before it, and end with
+# the list of what failed (non-zero exit when anything did): one flaky
+# module must not hide the others' results.
+FAILED_REPORT = if [ -n "$$failed" ]; then echo; echo "FAILED:$$failed"; exit 1; fi
+
 vet:
-	@for m in $(MODULES); do echo "go vet $$m"; (cd $$m && go vet ./...) || exit 1; done
+	@failed=""; for m in $(MODULES); do echo "go vet $$m"; (cd $$m && go vet ./...) || failed="$$failed $$m"; done; \
+	  $(FAILED_REPORT)
 
 golangci: $(BIN)/golangci-lint
-	@for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(BIN)/golangci-lint run --allow-parallel-runners ./...) || exit 1; done
-	cd deploy/helm && GOWORK=off $(BIN)/golangci-lint run --allow-parallel-runners ./...
+	@failed=""; for m in $(MODULES) $(CURDIR)/deploy/helm; do echo "golangci-lint $$m"; \
+	  if [ "$$m" = "$(CURDIR)/deploy/helm" ]; then g=off; else g=; fi; \
+	  (cd $$m && GOWORK=$$g $(BIN)/golangci-lint run --allow-parallel-runners ./...) || failed="$$failed $$m"; done; \
+	  $(FAILED_REPORT)
 
 lint: proto-lint vet golangci
 
 test-go:
-	@for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test $(GOTEST_FLAGS) ./...) || exit 1; done
+	@failed=""; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test $(GOTEST_FLAGS) ./...) || failed="$$failed $$m"; done; \
+	  $(FAILED_REPORT)
 
-test: test-go helm-check
+# helm-check runs even when test-go failed (make -k would also run it; this
+# keeps plain `make test` reporting both).
+test:
+	@failed=""; $(MAKE) --no-print-directory test-go || failed="$$failed test-go"; \
+	  $(MAKE) --no-print-directory helm-check || failed="$$failed helm-check"; \
+	  $(FAILED_REPORT)
 
 # The store and fence suites again on a real Redis Cluster (3 masters + 3 replicas) and a real
 # Sentinel group (pkg/redistest; `make test` runs them on one redis-server).
@@ -62,13 +76,14 @@ REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ servi
 # The failover e2e tests: real services on a Sentinel group / Cluster while its master fails over.
 REDIS_FAILOVER_E2E = ^(TestSentinelFailover(Acks|KeepsSandboxes)|TestClusterFailoverKill)$$
 test-redis-topologies:
-	@for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
+	@failed=""; for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
 	  m=$${s%%:*}; p=$${s#*:}; echo "== AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//,/ }"; \
-	  (cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//,/ }) || exit 1; done; done
-	@echo "== go test pkg ./replication/ (WAIT on a replica pair and a Cluster)"
-	cd pkg && go test $(GOTEST_FLAGS) ./replication/
-	@echo "== go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)'"
-	cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/
+	  (cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//,/ }) || failed="$$failed $$topo:$$s"; done; done; \
+	  echo "== go test pkg ./replication/ (WAIT on a replica pair and a Cluster)"; \
+	  (cd pkg && go test $(GOTEST_FLAGS) ./replication/) || failed="$$failed pkg:./replication/"; \
+	  echo "== go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)'"; \
+	  (cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/) || failed="$$failed failover-e2e"; \
+	  $(FAILED_REPORT)
 
 helm-check:
 	bash deploy/helm/check.sh

@@ -48,6 +48,7 @@ type Client struct {
 	conn  *grpc.ClientConn // nil when built by New
 	retry RetryPolicy
 	hook  func(Retry)
+	clock clock
 }
 
 type settings struct {
@@ -144,7 +145,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", target, err)
 	}
-	return &Client{rpc: sessionv1.NewSessionServiceClient(conn), conn: conn, retry: s.retry, hook: s.hook}, nil
+	return &Client{rpc: sessionv1.NewSessionServiceClient(conn), conn: conn, retry: s.retry, hook: s.hook, clock: wallClock}, nil
 }
 
 // New returns a client over a connection the caller dialled (and closes).
@@ -154,7 +155,7 @@ func New(conn grpc.ClientConnInterface, opts ...Option) (*Client, error) {
 	if err := s.retry.validate(); err != nil {
 		return nil, err
 	}
-	return &Client{rpc: sessionv1.NewSessionServiceClient(conn), retry: s.retry, hook: s.hook}, nil
+	return &Client{rpc: sessionv1.NewSessionServiceClient(conn), retry: s.retry, hook: s.hook, clock: wallClock}, nil
 }
 
 // Close closes the connection Dial opened.

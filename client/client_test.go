@@ -264,27 +264,46 @@ func TestRetriesAreBounded(t *testing.T) {
 // Retries stop at the context's deadline: no attempt starts after it, and
 // a RetryInfo delay that would end after it is not waited for at all.
 func TestRetriesStopAtTheDeadline(t *testing.T) {
+	// The waits run on a controlled clock: each one moves it forward by its
+	// delay at once, so the rule (a wait that would end past the deadline is
+	// not taken, no attempt starts after it) shows as a count of attempts,
+	// whatever the load of the machine.
 	f := newFake()
-	f.always["GetSession"] = unavailable(20 * time.Millisecond)
+	f.always["GetSession"] = unavailable(10 * time.Minute) // RetryInfo: no jitter
 	c := startFake(t, f, WithRetryPolicy(RetryPolicy{MaxAttempts: 1_000_000, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
-	deadline, _ := ctx.Deadline()
-	_, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
-	// The server's last error when the next wait would pass the deadline;
-	// DeadlineExceeded when the last attempt started in time and the
-	// deadline cut it (an attempt takes a round trip, longer on a loaded
-	// machine: CI saw this once).
-	code := status.Code(err)
-	require.True(t, code == codes.Unavailable || code == codes.DeadlineExceeded, "%v", err)
-	n := f.count("GetSession")
-	require.Greater(t, n, 1, "it retried")
-	require.Less(t, n, 1_000_000, "the deadline, not the attempts, ended it")
-	f.mu.Lock()
-	for _, at := range f.started {
-		require.True(t, at.Before(deadline), "an attempt started after the deadline")
+	now := time.Now()
+	var mu sync.Mutex
+	var waited []time.Duration
+	c.clock = clock{
+		now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		sleep: func(_ context.Context, d time.Duration) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			now = now.Add(d)
+			waited = append(waited, d)
+			return true
+		},
 	}
-	f.mu.Unlock()
+	for _, left := range []time.Duration{time.Hour, 65 * time.Minute, 69*time.Minute + 59*time.Second} {
+		f.mu.Lock()
+		f.calls = map[string][]proto.Message{}
+		f.mu.Unlock()
+		mu.Lock()
+		start := now
+		waited = nil
+		mu.Unlock()
+		ctx, cancel := context.WithDeadline(t.Context(), start.Add(left))
+		_, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
+		cancel()
+		require.Equal(t, codes.Unavailable, status.Code(err), "the server's last error: %v", err)
+		// Attempts at 0, 10, ..., 60 minutes; the wait after the one at 60
+		// would end past the deadline.
+		require.Equal(t, 7, f.count("GetSession"), "deadline %v after the start", left)
+		mu.Lock()
+		require.Len(t, waited, 6)
+		require.False(t, now.After(start.Add(left)), "the last attempt started by the deadline")
+		mu.Unlock()
+	}
 
 	// A delay longer than the time left: one attempt, no wait.
 	f2 := newFake()
@@ -293,7 +312,7 @@ func TestRetriesStopAtTheDeadline(t *testing.T) {
 	c2 := startFake(t, f2, WithRetryHook(h.hook))
 	ctx2, cancel2 := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel2()
-	_, err = c2.GetSession(ctx2, &sessionv1.GetSessionRequest{SessionId: "s1"})
+	_, err := c2.GetSession(ctx2, &sessionv1.GetSessionRequest{SessionId: "s1"})
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.Equal(t, 1, f2.count("GetSession"))
 	require.Empty(t, h.all(), "no wait was started")

@@ -54,9 +54,9 @@ func (c *Client) Watch(ctx context.Context, sessionID, from string) iter.Seq2[*s
 			}
 			failures++
 			if failures == 1 {
-				brokenSince = time.Now()
+				brokenSince = c.clock.now()
 			}
-			if time.Since(brokenSince) > c.retry.WatchReconnectWindow {
+			if c.clock.now().Sub(brokenSince) > c.retry.WatchReconnectWindow {
 				yield(nil, err)
 				return
 			}
