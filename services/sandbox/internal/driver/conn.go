@@ -55,9 +55,15 @@ func (d *Driver) Hello(ctx context.Context, h Hello) (HelloResult, error) {
 	_ = d.cfg.Wrappers.StartupVerified(ctx, sb.id, c.RuntimeKey, c.Instance)
 	for _, id := range resumed {
 		sb.mu.Lock()
-		rsid := sb.routes[id].RuntimeSessionID
+		r := sb.routes[id] // nil when a ReleaseRoute took it since sb.mu was released
+		rsid := ""
+		if r != nil {
+			rsid = r.RuntimeSessionID
+		}
 		sb.mu.Unlock()
-		d.cfg.Notifier.Ready(d.ref(sb, id), rsid, c.Instance)
+		if r != nil {
+			d.cfg.Notifier.Ready(d.ref(sb, id), rsid, c.Instance)
+		}
 	}
 	d.resendHandle(sb, c, resumed)
 	if len(prepare) > 0 || retire {

@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/services/sandbox/internal/lease"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/store"
 )
 
 // exhaustedWrappers: every runtime key's lease is exhausted and had its
@@ -43,4 +45,42 @@ func TestReleaseRouteWiresTheExhaustedLeaseRule(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, rel.ExhaustedFinal, "only a deletion may use the exception")
 	require.False(t, rel.AbsenceVerified)
+}
+
+// Issue 33 item 8: Deliver read the route's state after releasing sb.mu,
+// while the driver changes it under sb.mu (here: a preparation and its
+// readiness flipping); -race reports the unsynchronized read.
+func TestDeliverReadsTheRouteUnderTheLock(t *testing.T) {
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
+	d := newTestDriver(t, prov, wr, nil)
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+	_, err := d.Prepare(ctx, RouteSpec{SessionID: "s1", SandboxID: "sbx-deliver", Directory: "/repo", CredentialClass: "static"})
+	require.NoError(t, err)
+	<-prov.launched
+	d.mu.Lock()
+	sb := d.sandboxes["sbx-deliver"]
+	d.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 2000 {
+			sb.mu.Lock()
+			if r := sb.routes["s1"]; r != nil {
+				if i%2 == 0 {
+					r.State = store.RoutePreparing
+				} else {
+					r.State = store.RouteReady
+				}
+			}
+			sb.mu.Unlock()
+		}
+	}()
+	for range 200 {
+		_, _, err := d.Deliver(ctx, "sbx-deliver", "s1", nil)
+		require.NoError(t, err)
+	}
+	<-done
 }

@@ -153,3 +153,56 @@ func TestRotateHandlePushesTheNewHandleToTheWrapper(t *testing.T) {
 	require.Len(t, creds.rotations, 1, "nothing was rotated for a wrapper that is not connected")
 	creds.mu.Unlock()
 }
+
+// releasingWrappers runs onStartup (once armed) where Hello reports the
+// startup verified: after it released sb.mu, before it reads the resumed
+// routes again.
+type releasingWrappers struct {
+	*heldWrappers
+	onStartup func()
+}
+
+func (w *releasingWrappers) StartupVerified(context.Context, string, string, string) error {
+	if w.onStartup != nil {
+		w.onStartup()
+	}
+	return nil
+}
+
+// Issue 33 item 11: a reconnecting wrapper's Hello read a resumed route
+// again after releasing sb.mu; a ReleaseRoute that removed it meanwhile
+// made that read a nil dereference.
+func TestHelloSurvivesARouteReleasedMeanwhile(t *testing.T) {
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &releasingWrappers{heldWrappers: &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}}
+	d := newTestDriver(t, prov, wr, nil)
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+	const sbx = "sbx-hello-release"
+	_, err := d.Prepare(ctx, RouteSpec{SessionID: "s1", SandboxID: sbx, Directory: "/repo", CredentialClass: "static"})
+	require.NoError(t, err)
+	w := <-prov.launched
+	res, err := d.Hello(ctx, w.hello(t, sbx, "worktree"))
+	require.NoError(t, err)
+	require.NotNil(t, res.Conn, "shutdown: %v", res.Shutdown)
+	p := nextFrame[PrepareRoute](t, res.Conn)
+	d.Frame(res.Conn, RouteReady{SessionID: "s1", RuntimeSessionID: p.RuntimeSessionID})
+	require.Eventually(t, func() bool {
+		r, _, err := d.Route(ctx, sbx, "s1")
+		return err == nil && r.State == store.RouteReady
+	}, 10*time.Second, 5*time.Millisecond)
+
+	d.mu.Lock()
+	sb := d.sandboxes[sbx]
+	d.mu.Unlock()
+	wr.onStartup = func() { // what a ReleaseRoute's removal does, at the worst moment
+		sb.mu.Lock()
+		delete(sb.routes, "s1")
+		sb.mu.Unlock()
+	}
+	h := w.hello(t, sbx, "worktree")
+	h.Routes = []ActiveRoute{{SessionID: "s1", RuntimeSessionID: p.RuntimeSessionID}}
+	again, err := d.Hello(ctx, h)
+	require.NoError(t, err)
+	require.NotNil(t, again.Conn, "shutdown: %v", again.Shutdown)
+}

@@ -432,10 +432,10 @@ func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs 
 		sb.mu.Unlock()
 		return false, store.Route{}, ErrRouteNotFound
 	}
-	view := *r
+	view := *r // r changes under sb.mu: read only the copy from here on
 	c := sb.conns[r.RuntimeKey]
 	sb.mu.Unlock()
-	if r.State != store.RouteReady || c == nil {
+	if view.State != store.RouteReady || c == nil {
 		return false, view, nil
 	}
 	l, err := d.cfg.Wrappers.Lease(ctx, sb.id, view.RuntimeKey)

@@ -110,6 +110,13 @@ func (b *budget) spent() bool {
 
 // idle: no connection is open and the window ended, so the budget holds
 // nothing a new one would not.
+// hold counts one more open connection.
+func (b *budget) hold() {
+	b.mu.Lock()
+	b.open++
+	b.mu.Unlock()
+}
+
 func (b *budget) idle() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()

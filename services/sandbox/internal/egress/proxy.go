@@ -271,21 +271,31 @@ func (p *Proxy) acquire(g Grant) (*budget, string) {
 		p.cfg.Log.Warn("egress connection refused: the sandbox's byte window cannot be read", "sandbox", g.Key, "err", err)
 		return nil, ReasonBytesUnavailable
 	}
+	// b counts this connection already (budget took it under p.mu, so no
+	// sweep saw it idle); a refusal gives it back.
+	refused := ""
 	if b.spent() {
-		return nil, ReasonBytesLimit
+		refused = ReasonBytesLimit
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if p.cfg.Limits.MaxConns > 0 && b.open >= p.cfg.Limits.MaxConns {
-		return nil, ReasonConnectionLimit
+	if refused == "" && p.cfg.Limits.MaxConns > 0 && b.open > p.cfg.Limits.MaxConns {
+		refused = ReasonConnectionLimit
 	}
-	b.open++
+	if refused != "" {
+		b.open--
+		return nil, refused
+	}
 	return b, ""
 }
 
-// budget is g's sandbox's budget: the one in memory when it was made under
-// g's ownership, else a new one that goes on from the Ledger's window.
-// Budgets that hold nothing any more go first.
+// budget is g's sandbox's budget, with one more connection counted open
+// on it: the one in memory when it was made under g's ownership, else a
+// new one that goes on from the Ledger's window. Budgets that hold
+// nothing any more go first. The count is taken under p.mu, with the
+// lookup: a budget found or made here is never swept as idle before its
+// connection counts (two budgets for one sandbox would each grant the
+// whole allowance).
 func (p *Proxy) budget(g Grant) (*budget, error) {
 	p.mu.Lock()
 	for k, b := range p.budgets {
@@ -293,12 +303,13 @@ func (p *Proxy) budget(g Grant) (*budget, error) {
 			delete(p.budgets, k)
 		}
 	}
-	b := p.budgets[g.Key]
-	p.mu.Unlock()
-	if b != nil && b.owner == g.Owner {
+	if b := p.budgets[g.Key]; b != nil && b.owner == g.Owner {
+		b.hold()
+		p.mu.Unlock()
 		return b, nil
 	}
-	b = &budget{max: p.cfg.Limits.MaxBytes, window: p.cfg.Limits.BytesWindow, now: p.cfg.Now, owner: g.Owner, key: g.Key}
+	p.mu.Unlock()
+	b := &budget{max: p.cfg.Limits.MaxBytes, window: p.cfg.Limits.BytesWindow, now: p.cfg.Now, owner: g.Owner, key: g.Key}
 	if p.cfg.Ledger != nil && b.max > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
 		w, err := p.cfg.Ledger.Load(ctx, g.Key)
@@ -311,9 +322,11 @@ func (p *Proxy) budget(g Grant) (*budget, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cur := p.budgets[g.Key]; cur != nil && cur.owner == g.Owner {
-		return cur, nil // another connection loaded it meanwhile
+		b = cur // another connection loaded it meanwhile
+	} else {
+		p.budgets[g.Key] = b
 	}
-	p.budgets[g.Key] = b
+	b.hold()
 	return b, nil
 }
 

@@ -297,6 +297,9 @@ func readProgress(r io.Reader, progress Progress) string {
 		if enospc == "" && strings.Contains(strings.ToLower(line), "no space left on device") {
 			enospc = line
 		}
+		if len(line) > 512 {
+			line = line[:512] + "…"
+		}
 		tail = append(tail, line)
 		if len(tail) > 20 {
 			tail = tail[1:]
@@ -305,14 +308,26 @@ func readProgress(r io.Reader, progress Progress) string {
 	if enospc != "" {
 		tail = append(tail, enospc)
 	}
+	// Whatever ended the scan, git's stderr is read to its end: a pipe
+	// left full would block git until the clone's timeout.
+	_, _ = io.Copy(io.Discard, r)
 	return strings.Join(tail, "\n")
 }
 
-// splitCR splits on \n and on the \r git uses to redraw a progress line.
+// maxLine bounds one line of git's stderr: a longer one comes in pieces
+// (a remote's message or a hook's output has no bound), so the scanner
+// never stops at a line over its buffer.
+const maxLine = 4 << 10
+
+// splitCR splits on \n and on the \r git uses to redraw a progress line,
+// and cuts a line at maxLine.
 func splitCR(data []byte, atEOF bool) (int, []byte, error) {
 	for i, b := range data {
 		if b == '\n' || b == '\r' {
 			return i + 1, data[:i], nil
+		}
+		if i+1 == maxLine {
+			return maxLine, data[:maxLine], nil
 		}
 	}
 	if atEOF && len(data) > 0 {

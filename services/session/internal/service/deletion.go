@@ -82,10 +82,14 @@ func (s *Service) reconcile(ctx context.Context, id string) (err error) {
 		return err
 	}
 	if in == nil {
-		if _, err := s.store.Get(ctx, id); err == nil {
+		switch _, err := s.store.Get(ctx, id); {
+		case err == nil:
 			return errors.New("session has no deletion intent")
+		case errors.Is(err, session.ErrSessionNotFound):
+			return nil // already wiped
+		default:
+			return err // a store error says nothing about the deletion
 		}
-		return nil // already wiped
 	}
 	d := &deletionAttempt{s: s, id: id, lease: lease, in: in}
 	if err := d.step(ctx, &in.RouteReleased, d.releaseRoute); err != nil {
