@@ -37,6 +37,7 @@ type boundarySetup struct {
 	otlp         *socketRelay // to the OTLP collector (otlprelay.go)
 	wrapperFlags []string
 	cgroups      *cgroup.Manager // nil: no cgroup limits (reported at start-up)
+	bounds       relay.Bounds    // of every socket handed into sandboxes
 }
 
 func (b *boundarySetup) close() {
@@ -65,7 +66,10 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	if err := iso.Probe(ctx, cfg.SandboxRoot, wrapperBin); err != nil {
 		return nil, fmt.Errorf("SANDBOX_ISOLATION=namespaces: %w (set SANDBOX_ISOLATION=none to run without a boundary)", err)
 	}
-	b := &boundarySetup{iso: iso}
+	b := &boundarySetup{iso: iso, bounds: cfg.socketBounds()}
+	if why := fdBudget(b.bounds.PerPeer); why != "" {
+		log.Warn("sandbox socket bounds too large for this service's open-file limit", "reason", why)
+	}
 	name := socketName(cfg.ReplicaID)
 	for _, d := range []string{"control", "proxy"} {
 		if err := os.MkdirAll(filepath.Join(socketDir, d), 0o755); err != nil {
@@ -79,6 +83,7 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	if b.controlLn, err = relay.Listen(ctlPath); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
+	b.controlLn = relay.Bound(b.controlLn, b.bounds)
 	inner := boundary.InnerSocketDir
 	b.controlAddr = "unix://" + inner + "/control/" + name
 	b.wrapperFlags = []string{"--control-dir", inner + "/control", "--contained", "--rlimits", lim.String()}
@@ -89,13 +94,13 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 			return nil, err
 		}
 		var d net.Dialer
-		if b.proxy, err = serveRelay(filepath.Join(socketDir, "proxy", name), func() (net.Conn, error) { return d.Dial("tcp", target) }); err != nil {
+		if b.proxy, err = serveRelay(filepath.Join(socketDir, "proxy", name), b.bounds, func() (net.Conn, error) { return d.Dial("tcp", target) }); err != nil {
 			b.close()
 			return nil, fmt.Errorf("proxy socket: %w", err)
 		}
 		b.wrapperFlags = append(b.wrapperFlags, "--proxy-listen", sandboxProxyAddr, "--proxy-dir", inner+"/proxy")
 	}
-	if b.otlp, err = serveOTLPRelay(socketDir, name, os.LookupEnv); err != nil {
+	if b.otlp, err = serveOTLPRelay(socketDir, name, os.LookupEnv, b.bounds); err != nil {
 		b.close()
 		return nil, err
 	}

@@ -136,7 +136,7 @@ func TestHostileRuntimeIsContained(t *testing.T) {
 		require.Contains(t, rep[fmt.Sprintf("signal %d", pid)], "no such process")
 	}
 	require.Contains(t, rep["raise rlimit nofile"], "operation not permitted")
-	require.Equal(t, "4096/4096", rep["rlimit nofile"], "the default SANDBOX_RLIMITS hold")
+	require.Equal(t, "1024/1024", rep["rlimit nofile"], "the default SANDBOX_RLIMITS hold")
 	if os.Geteuid() == 0 {
 		require.Equal(t, "65534", rep["uid"], "a root service runs sandboxes as nobody")
 	}

@@ -68,8 +68,14 @@ type Config struct {
 	MemoryLimit ByteSize // SANDBOX_MEMORY_LIMIT: memory per sandbox
 	CPULimit    int      // SANDBOX_CPU_LIMIT: CPU per sandbox in thousandths of a core
 	PidsLimit   int      // SANDBOX_PIDS_LIMIT: processes and threads per sandbox
-	Rlimits       string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400
-	Deployment    string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
+	// SocketConns (SANDBOX_SOCKET_CONNS) bounds each sandbox's open
+	// connections to every socket handed into it (control, credential proxy,
+	// egress, OTLP); SocketIdle (SANDBOX_SOCKET_IDLE) closes one that read
+	// nothing this long.
+	SocketConns int
+	SocketIdle  time.Duration
+	Rlimits     string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400
+	Deployment  string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
 	// Egress is the egress proxy's (server/egress.go).
 	Egress EgressConfig
 
@@ -101,6 +107,8 @@ func DefaultConfig() Config {
 		SandboxUID:        65534, // nobody
 		Rlimits:           boundary.DefaultLimits.String(),
 		Cgroups:           "auto",
+		SocketConns:       32,
+		SocketIdle:        5 * time.Minute,
 		MemoryLimit:       ByteSize(cgroup.DefaultLimits.MemoryBytes),
 		CPULimit:          int(cgroup.DefaultLimits.CPUMillis),
 		PidsLimit:         int(cgroup.DefaultLimits.Pids),
@@ -149,6 +157,8 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Var(&c.MemoryLimit, "SANDBOX_MEMORY_LIMIT", &mem, "memory per sandbox (bytes, or with KiB/MiB/GiB); over it the sandbox stops with memory_limit")
 	l.Int(&c.CPULimit, "SANDBOX_CPU_LIMIT", c.CPULimit, "CPU per sandbox in thousandths of a core (1000: one core)")
 	l.Int(&c.PidsLimit, "SANDBOX_PIDS_LIMIT", c.PidsLimit, "processes and threads per sandbox")
+	l.Int(&c.SocketConns, "SANDBOX_SOCKET_CONNS", c.SocketConns, "open connections of one sandbox to each socket handed into it")
+	l.Duration(&c.SocketIdle, "SANDBOX_SOCKET_IDLE", c.SocketIdle, "close a sandbox's connection to a handed-in socket that read nothing this long")
 	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES,fsize=BYTES,cpu=SECONDS")
 	l.String(&c.Deployment, "SANDBOX_DEPLOYMENT", c.Deployment, "deployment id in wrapper markers; empty: derived from the sandbox root")
 	c.Egress.Bind(l)
@@ -226,6 +236,12 @@ func (c *Config) Validate() error {
 	}
 	if c.CPULimit < 0 || c.PidsLimit < 0 {
 		bad("SANDBOX_CPU_LIMIT", errors.New("SANDBOX_CPU_LIMIT and SANDBOX_PIDS_LIMIT must not be negative (0: unset)"))
+	}
+	if c.SocketConns <= 0 {
+		bad("SANDBOX_SOCKET_CONNS", errors.New("must be positive"))
+	}
+	if c.SocketIdle < 2*c.Timers.DeadAfter {
+		bad("SANDBOX_SOCKET_IDLE", errors.New("must be at least twice SANDBOX_DEAD_AFTER: a wrapper's stream reads heartbeats no more often"))
 	}
 	if c.Cgroups != "auto" && c.Cgroups != "off" {
 		bad("SANDBOX_CGROUPS", errors.New("want auto or off"))

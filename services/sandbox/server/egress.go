@@ -128,7 +128,7 @@ func listenEgress(b *boundarySetup, replica string) (*egressSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress socket: %w", err)
 	}
-	e.ln = ln
+	e.ln = relay.Bound(ln, b.bounds)
 	e.wrapperFlags = []string{"--egress-listen", sandboxEgressAddr, "--egress-dir", boundary.InnerSocketDir + "/egress"}
 	return e, nil
 }

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+
+	"agentplane.dev/services/sandbox/internal/relay"
 )
 
 // otlpTarget is where the sandbox service carries a wrapper's OTLP export
@@ -52,13 +54,13 @@ func otlpTarget(lookup func(string) (string, bool)) (network, addr string, ok bo
 
 // serveOTLPRelay binds the OTLP socket of this replica under socketDir and
 // carries it to the collector; nil when no endpoint is set.
-func serveOTLPRelay(socketDir, name string, lookup func(string) (string, bool)) (*socketRelay, error) {
+func serveOTLPRelay(socketDir, name string, lookup func(string) (string, bool), bounds relay.Bounds) (*socketRelay, error) {
 	network, addr, ok, err := otlpTarget(lookup)
 	if err != nil || !ok {
 		return nil, err
 	}
 	var d net.Dialer
-	r, err := serveRelay(filepath.Join(socketDir, "otlp", name), func() (net.Conn, error) { return d.Dial(network, addr) })
+	r, err := serveRelay(filepath.Join(socketDir, "otlp", name), bounds, func() (net.Conn, error) { return d.Dial(network, addr) })
 	if err != nil {
 		return nil, fmt.Errorf("OTLP socket: %w", err)
 	}

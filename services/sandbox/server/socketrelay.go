@@ -17,7 +17,7 @@ type socketRelay struct {
 }
 
 // serveRelay listens at path and joins each connection to one from dial.
-func serveRelay(path string, dial func() (net.Conn, error)) (*socketRelay, error) {
+func serveRelay(path string, bounds relay.Bounds, dial func() (net.Conn, error)) (*socketRelay, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -25,6 +25,7 @@ func serveRelay(path string, dial func() (net.Conn, error)) (*socketRelay, error
 	if err != nil {
 		return nil, err
 	}
+	ln = relay.Bound(ln, bounds)
 	r := &socketRelay{ln: ln, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)

@@ -381,9 +381,12 @@ func (p *Proxy) release(b *budget) {
 // closes the connection, so each connection is decided on the policy
 // current when it was opened).
 func (p *Proxy) handle(c net.Conn) {
+	defer c.Close() // a bounded listener's connection frees its peer's slot (relay.Bound)
+	if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = w.NetConn()
+	}
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		_ = c.Close()
 		return
 	}
 	id, client, g, err := p.take(uc)

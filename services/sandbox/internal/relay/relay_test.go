@@ -13,7 +13,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if path := os.Getenv("RELAY_FLOOD"); path != "" {
+		os.Exit(flood(path))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // loopback → Unix socket → TCP upstream, as the wrapper and the sandbox
 // service chain them, with a real HTTP server at the end.
