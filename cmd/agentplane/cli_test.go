@@ -27,8 +27,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	"agentplane.dev/pkg/gittest"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/gittest"
 )
 
 // CLI tests (issue 23): the built agentplane binary against a real suite,
@@ -94,10 +94,8 @@ func startCLISuite(t *testing.T) error {
 	}
 	cliSuite.dir = dir
 	cliSuite.bin = filepath.Join(dir, "agentplane")
-	build := exec.Command("go", "build", "-o", cliSuite.bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build agentplane: %w", err)
+	if err := buildBinaries(dir); err != nil {
+		return err
 	}
 	base := freePortBase(t)
 	cliSuite.addr = fmt.Sprintf("127.0.0.1:%d", base)

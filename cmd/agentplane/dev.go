@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"agentplane.dev/cmd/agentplane/internal/cli"
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 
 	"github.com/alicebob/miniredis/v2"
@@ -46,6 +50,10 @@ type devOptions struct {
 	worktree                string
 	metricsPortBase         int // -1: portBase+2000; 0: no metrics listeners
 	sandboxIsolation        string
+	redisPort               int  // 0: portBase+5
+	fakeModel               bool // serve internal/fakemodel as the provider
+	wrapperBin              string
+	idleStop                time.Duration // 0: the sandbox service's setting
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,
@@ -67,8 +75,14 @@ func devPorts(base, metricsBase int, ses, sbx, cred, ing *config.Common, proxy *
 // checkPorts validates --port-base and --metrics-port-base and resolves
 // the metrics default (port base + 2000).
 func (o *devOptions) checkPorts() error {
-	if o.portBase < 1 || o.portBase+4 > 65535 {
-		return fmt.Errorf("--port-base %d: the ports base..base+4 must lie in 1..65535", o.portBase)
+	if o.portBase < 1 || o.portBase+6 > 65535 {
+		return fmt.Errorf("--port-base %d: the ports base..base+6 must lie in 1..65535", o.portBase)
+	}
+	if o.redisPort == 0 {
+		o.redisPort = o.portBase + 5
+	}
+	if o.redisPort < 1 || o.redisPort > 65535 {
+		return fmt.Errorf("--redis-port %d: must lie in 1..65535", o.redisPort)
 	}
 	if o.metricsPortBase == -1 {
 		o.metricsPortBase = o.portBase + 2000
@@ -76,8 +90,8 @@ func (o *devOptions) checkPorts() error {
 	if o.metricsPortBase != 0 && (o.metricsPortBase < 1 || o.metricsPortBase+3 > 65535) {
 		return fmt.Errorf("--metrics-port-base %d: the ports base..base+3 must lie in 1..65535 (0: no metrics)", o.metricsPortBase)
 	}
-	if m := o.metricsPortBase; m != 0 && m+3 >= o.portBase && m <= o.portBase+4 {
-		return fmt.Errorf("--metrics-port-base %d overlaps the service ports %d..%d", m, o.portBase, o.portBase+4)
+	if m := o.metricsPortBase; m != 0 && m+3 >= o.portBase && m <= o.portBase+6 {
+		return fmt.Errorf("--metrics-port-base %d overlaps the service ports %d..%d", m, o.portBase, o.portBase+6)
 	}
 	return nil
 }
@@ -106,20 +120,24 @@ func parseDev(args []string) (devOptions, error) {
 	var o devOptions
 	fs := flag.NewFlagSet("agentplane dev", flag.ContinueOnError)
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL to use; empty starts a private redis-server (or, where none is installed, an in-memory Redis)")
+	fs.IntVar(&o.redisPort, "redis-port", 0, "port of the private redis-server; 0: port base + 5")
 	fs.StringVar(&o.sandboxRoot, "sandbox-root", "", "directory of the process provider's sandboxes; empty: a new temporary directory")
 	fs.StringVar(&o.redisURLFile, "redis-file", "", "file holding the Redis URL (when it carries a password)")
 	fs.StringVar(&o.internalToken, "internal-token", "", "service-to-service bearer token; empty disables the check (prefer --internal-token-file)")
 	fs.StringVar(&o.internalTokenFile, "internal-token-file", "", "file holding the service-to-service bearer token")
-	fs.DurationVar(&o.drainDelay, "drain-delay", 500*time.Millisecond, "time between NOT_SERVING and stopping on SIGTERM")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "bound on the graceful stop of each service")
-	fs.StringVar(&o.logFormat, "log-format", "text", "json or text")
-	fs.StringVar(&o.sandboxIsolation, "sandbox-isolation", "", "namespaces or none; empty: namespaces when this host allows them, else none with a warning")
+	fs.DurationVar(&o.drainDelay, "drain-delay", envDuration("AGENTPLANE_DRAIN_DELAY", 500*time.Millisecond), "time between NOT_SERVING and stopping on SIGTERM (env AGENTPLANE_DRAIN_DELAY)")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", envDuration("AGENTPLANE_SHUTDOWN_TIMEOUT", 5*time.Second), "bound on the graceful stop of each service (env AGENTPLANE_SHUTDOWN_TIMEOUT)")
+	fs.StringVar(&o.logFormat, "log-format", envOr("AGENTPLANE_LOG_FORMAT", "text"), "json or text (env AGENTPLANE_LOG_FORMAT)")
+	fs.StringVar(&o.sandboxIsolation, "sandbox-isolation", os.Getenv("AGENTPLANE_SANDBOX_ISOLATION"), "namespaces or none (env AGENTPLANE_SANDBOX_ISOLATION); empty: namespaces when this host allows them, else none with a warning")
+	fs.StringVar(&o.wrapperBin, "wrapper-bin", os.Getenv("AGENTPLANE_WRAPPER_BIN"), "the wrapper binary sandboxes start (env AGENTPLANE_WRAPPER_BIN); empty: agentplane-wrapper next to this binary or on PATH, else built from this checkout, as the image ships it")
+	fs.DurationVar(&o.idleStop, "idle-stop", 0, "stop a sandbox's wrapper after this long without activity (AGENTPLANE_SANDBOX_IDLE_STOP); 0: the sandbox service's setting")
 	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports; 7401 gives the documented ports")
 	fs.IntVar(&o.metricsPortBase, "metrics-port-base", -1, "first of the four /metrics ports (session, sandbox, credential, ingest); -1: port base + 2000; 0: no metrics")
-	fs.StringVar(&o.agent, "agent", "", "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
+	fs.StringVar(&o.agent, "agent", os.Getenv("AGENTPLANE_AGENT_DEFAULT"), "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
 	fs.StringVar(&o.agentsDir, "agents-dir", os.Getenv("AGENTPLANE_AGENTS_DIR"), "directory of the pinned agents (make agents installs into agents/); empty: ./agents when it exists")
-	fs.StringVar(&o.model, "model", "default", "model the ACP agents ask the provider for")
-	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an OpenAI-compatible provider behind the proxy's provider/ route; the agent's requests go to <url>/v1/chat/completions")
+	fs.StringVar(&o.model, "model", envOr("AGENTPLANE_AGENT_MODEL", "default"), "model the ACP agents ask the provider for (env AGENTPLANE_AGENT_MODEL)")
+	fs.BoolVar(&o.fakeModel, "fake-model", true, "without --provider-url: serve the project's fake OpenAI-compatible model on port base + 6 as the provider, so the agents run offline (false: no provider)")
+	fs.StringVar(&o.providerURL, "provider-url", os.Getenv("AGENTPLANE_PROVIDER_UPSTREAM"), "(env AGENTPLANE_PROVIDER_UPSTREAM) base URL of an OpenAI-compatible provider behind the proxy's provider/ route; the agent's requests go to <url>/v1/chat/completions")
 	fs.StringVar(&o.keyFile, "provider-key-file", "", "file holding the provider API key; dev creates a session with it as the static credential (the key goes only to the credential service)")
 	fs.StringVar(&o.worktree, "worktree", "/work/dev-agent", "worktree directory of the session dev creates")
 	if err := fs.Parse(args); err != nil {
@@ -128,7 +146,27 @@ func parseDev(args []string) (devOptions, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if o.providerURL != "" {
+		o.fakeModel = false
+	}
 	return o, nil
+}
+
+// envOr is the environment variable name, or def when it is unset or empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// envDuration is the environment variable name as a duration, or def when
+// it is unset or not a duration (the service's own loader reports that).
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
 }
 
 func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
@@ -168,24 +206,31 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 		o.sandboxRoot = filepath.Join(scratch, "sandboxes")
 	}
 
-	redisURL, redisWhat, stopRedis, err := devRedis(o.redisURL, filepath.Join(scratch, "redis"), stderr)
+	redisURL, redisWhat, stopRedis, err := devRedis(o.redisURL, o.redisPort, filepath.Join(scratch, "redis"), stderr)
 	if err != nil {
 		return err
 	}
+	// Redis stops last, after every service and sandbox process: they use
+	// it up to their last act.
 	defer stopRedis()
 
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
+	ses, sbx, cred, ing, err := devConfigs(redisURL)
+	if err != nil {
+		return err
+	}
 	common := func(c *config.Common) {
 		c.RedisURL = redisURL
-		c.InternalToken = o.internalToken
+		if o.internalToken != "" {
+			c.InternalToken = o.internalToken
+		}
 		c.DrainDelay = o.drainDelay
 		c.ShutdownTimeout = o.shutdownTimeout
 		c.LogFormat = o.logFormat
 	}
-	ses, sbx, cred, ing := session.DefaultConfig(), sandbox.DefaultConfig(), credential.DefaultConfig(), ingest.DefaultConfig()
 	common(&ses.Common)
 	common(&sbx.Common)
 	common(&cred.Common)
@@ -195,15 +240,31 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	sbx.SessionAddr, sbx.CredentialAddr = ses.GRPCAddr, cred.GRPCAddr
 	sbx.ProxyURL = "http://" + cred.ProxyAddr
 	sbx.SandboxRoot = o.sandboxRoot
-	sbx.WrapperBin = self
+	if sbx.WrapperBin, err = devWrapper(o.wrapperBin, self, filepath.Join(scratch, "build"), stderr); err != nil {
+		return err
+	}
+	if o.idleStop > 0 {
+		sbx.Timers.IdleStop = o.idleStop
+	}
 	cred.IngestAddr = ing.GRPCAddr
 	ing.CredentialAddr = cred.GRPCAddr
 	sbx.AgentsDir, sbx.AgentModel = o.agentsDir, o.model
 	if o.agent != "" {
 		sbx.AgentDefault = o.agent
 	}
+	providerWhat := "none (--provider-url gives one)"
 	if o.providerURL != "" {
 		cred.ProviderUpstream = o.providerURL
+		providerWhat = o.providerURL
+	}
+	if o.fakeModel {
+		stopModel, url, err := startFakeModel(fmt.Sprintf("127.0.0.1:%d", o.portBase+6))
+		if err != nil {
+			return err
+		}
+		defer stopModel()
+		cred.ProviderUpstream = url
+		providerWhat = "the fake model at " + url + " (offline; --provider-url gives a real one)"
 	}
 	for _, v := range []interface{ Validate() error }{&ses, &sbx, &cred, &ing} {
 		if err := v.Validate(); err != nil {
@@ -215,8 +276,17 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "agentplane dev: WARNING: %s\n", isolation)
 	}
 
+	credWhat, err := devHandOver(ses.GRPCAddr, providerKey, ses.InternalToken)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cli.DevStatePath(portOf(ses.GRPCAddr)))
+
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "agentplane dev (pid %d): Redis %s\n", os.Getpid(), redisWhat)
+	fmt.Fprintf(tw, "provider: %s\n", providerWhat)
+	fmt.Fprintf(tw, "credential: %s\n", credWhat)
+	fmt.Fprintf(tw, "wrapper: %s\n", sbx.WrapperBin)
 
 	fmt.Fprintln(tw, "SERVICE\tgRPC\tMETRICS\tNOTES")
 	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, metricsColumn(ses.MetricsAddr))
@@ -306,15 +376,24 @@ func named(service string, err error) error {
 
 // devRedis returns the Redis URL to use and a function that stops whatever
 // was started for it.
-func devRedis(url, dir string, stderr io.Writer) (string, string, func(), error) {
+func devRedis(url string, port int, dir string, stderr io.Writer) (string, string, func(), error) {
 	if url != "" {
 		return url, redact(url), func() {}, nil
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	// A port already taken would be answered by whatever holds it.
+	if l, err := net.Listen("tcp", addr); err != nil {
+		return "", "", nil, fmt.Errorf("--redis-port %d: %w", port, err)
+	} else {
+		_ = l.Close()
 	}
 	if _, err := exec.LookPath(redistest.Binary); err == nil {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return "", "", nil, err
 		}
-		srv, err := redistest.New(dir)
+		// Its own process group: a terminal's Ctrl-C reaches dev, which
+		// stops it last, not the server directly.
+		srv, err := redistest.New(dir, redistest.WithPort(port), redistest.WithOwnProcessGroup())
 		if err != nil {
 			return "", "", nil, fmt.Errorf("start private redis-server: %w", err)
 		}
@@ -322,7 +401,7 @@ func devRedis(url, dir string, stderr io.Writer) (string, string, func(), error)
 	}
 	fmt.Fprintln(stderr, "WARNING: redis-server is not installed; using an embedded in-memory Redis (dev only: no persistence, partial Lua and stream support). Install redis-server or pass --redis.")
 	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
+	if err := mr.StartAddr(addr); err != nil {
 		return "", "", nil, errors.Join(errors.New("start embedded Redis"), err)
 	}
 	u := "redis://" + mr.Addr()
@@ -436,4 +515,84 @@ func devIsolation(sbx *sandbox.Config, want, scratch string) string {
 		uid = "this process's"
 	}
 	return "isolation: namespaces (bubblewrap), sandboxes as uid " + uid
+}
+
+// devConfigs loads the four services' configurations from the environment,
+// so every AGENTPLANE_* setting dev does not set itself (addresses, ports,
+// Redis, the sandbox root, the peers) applies as it would to the service.
+func devConfigs(redisURL string) (session.Config, sandbox.Config, credential.Config, ingest.Config, error) {
+	lookup := func(k string) (string, bool) {
+		switch k {
+		case "AGENTPLANE_REDIS_URL":
+			return redisURL, true
+		case "AGENTPLANE_REDIS_URL_FILE":
+			return "", false
+		}
+		return os.LookupEnv(k)
+	}
+	ses, err1 := session.LoadConfig(nil, lookup)
+	sbx, err2 := sandbox.LoadConfig(nil, lookup)
+	cred, err3 := credential.LoadConfig(nil, lookup)
+	ing, err4 := ingest.LoadConfig(nil, lookup)
+	return ses, sbx, cred, ing, errors.Join(err1, err2, err3, err4)
+}
+
+// devWrapper picks the wrapper binary: the one asked for, else
+// agentplane-wrapper next to this binary or on PATH (the image's), else one
+// built from this checkout into dir; this binary's own `wrapper` only when
+// none can be had (it starts slower: it links all four services).
+func devWrapper(asked, self, dir string, stderr io.Writer) (string, error) {
+	if asked != "" {
+		return filepath.Abs(asked)
+	}
+	const name = "agentplane-wrapper"
+	if p := filepath.Join(filepath.Dir(self), name); isExecutable(p) {
+		return p, nil
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return filepath.Abs(p)
+	}
+	out := filepath.Join(dir, name)
+	build := exec.Command("go", "build", "-o", out, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper")
+	if msg, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(stderr, "agentplane dev: WARNING: cannot build %s (%v: %s); sandboxes start this binary's wrapper, which starts slower\n",
+			name, err, strings.TrimSpace(string(msg)))
+		return self, nil
+	}
+	return out, nil
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// startFakeModel serves internal/fakemodel on addr.
+func startFakeModel(addr string) (stop func(), url string, err error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("fake model on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: fakemodel.New(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return func() { _ = srv.Close() }, "http://" + addr, nil
+}
+
+// devHandOver writes the state file `agentplane run` reads (the provider key
+// and the internal token, when dev has them) and says which credential run
+// will use.
+func devHandOver(sessionAddr, providerKey, internalToken string) (string, error) {
+	path, err := cli.WriteDevState(portOf(sessionAddr), cli.DevState{PID: os.Getpid(), Credential: providerKey, InternalToken: internalToken})
+	if err != nil {
+		return "", fmt.Errorf("dev state file: %w", err)
+	}
+	if providerKey != "" {
+		return "`agentplane run` and `session create` use the key of --provider-key-file (handed over in " + path + ", mode 0600; AGENTPLANE_CREDENTIAL overrides it)", nil
+	}
+	return "`agentplane run` and `session create` use a placeholder key (--provider-key-file or AGENTPLANE_CREDENTIAL gives a real one)", nil
+}
+
+func portOf(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return port
 }

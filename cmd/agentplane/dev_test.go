@@ -47,7 +47,7 @@ func freePortBase(t *testing.T) int {
 	for base := 21000 + rand.IntN(20000); ; base = 21000 + rand.IntN(20000) {
 		var held []net.Listener
 		ok := true
-		for _, off := range []int{0, 1, 2, 3, 4, 2000, 2001, 2002, 2003} {
+		for _, off := range []int{0, 1, 2, 3, 4, 5, 6, 2000, 2001, 2002, 2003} {
 			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+off))
 			if err != nil {
 				ok = false
@@ -194,14 +194,29 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	require.Zero(t, strings.Count(logs.String(), "not sent at shutdown"), "notifications left unsent (log above)")
 }
 
-// buildAgentplane builds this binary into a temporary directory.
+// buildAgentplane builds this binary into a temporary directory, with
+// agentplane-wrapper next to it (where dev finds the wrapper, as the
+// image has it).
 func buildAgentplane(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "agentplane")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build agentplane")
-	return bin
+	dir := t.TempDir()
+	require.NoError(t, buildBinaries(dir), "build agentplane")
+	return filepath.Join(dir, "agentplane")
+}
+
+// buildBinaries builds agentplane and agentplane-wrapper into dir.
+func buildBinaries(dir string) error {
+	for _, b := range []struct{ out, pkg string }{
+		{"agentplane", "."},
+		{"agentplane-wrapper", "agentplane.dev/services/sandbox/cmd/agentplane-wrapper"},
+	} {
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build %s: %w", b.out, err)
+		}
+	}
+	return nil
 }
 
 func waitServing(t *testing.T, conn *grpc.ClientConn, addr string) {
@@ -261,6 +276,7 @@ func TestDevMetricsPortBase(t *testing.T) {
 	o := devOptions{portBase: 7401, metricsPortBase: -1}
 	require.NoError(t, o.checkPorts())
 	require.Equal(t, 9401, o.metricsPortBase, "default: port base + 2000")
+	require.Equal(t, 7406, o.redisPort, "the private Redis: port base + 5")
 
 	var ses, sbx, cred, ing config.Common
 	var proxy string
@@ -276,7 +292,9 @@ func TestDevMetricsPortBase(t *testing.T) {
 	for _, bad := range []devOptions{
 		{portBase: 7401, metricsPortBase: 65534},
 		{portBase: 7401, metricsPortBase: -5},
-		{portBase: 7401, metricsPortBase: 7399}, // overlaps 7401..7405
+		{portBase: 7401, metricsPortBase: 7399}, // overlaps 7401..7407
+		{portBase: 7401, metricsPortBase: 7405}, // overlaps the Redis and fake model ports
+		{portBase: 7401, metricsPortBase: -1, redisPort: 70000},
 		{portBase: 0, metricsPortBase: -1},
 	} {
 		require.Error(t, bad.checkPorts(), "%+v", bad)

@@ -53,7 +53,17 @@ type config struct {
 	unix     bool
 	args     []string
 	sentinel *sentinelConf
+	port     int  // 0: a free port the kernel picks
+	ownGroup bool // the server in a process group of its own
 }
+
+// WithPort makes the server listen on port instead of a free one.
+func WithPort(port int) Option { return func(c *config) { c.port = port } }
+
+// WithOwnProcessGroup starts the server in a process group of its own, so a
+// terminal's Ctrl-C (SIGINT to the foreground group) does not reach it and
+// its owner decides when it stops (agentplane dev stops it last).
+func WithOwnProcessGroup() Option { return func(c *config) { c.ownGroup = true } }
 
 // sentinelConf makes the server a sentinel monitoring master.
 type sentinelConf struct{ name, addr string }
@@ -138,6 +148,13 @@ func New(dir string, opts ...Option) (*Server, error) {
 			}
 			s.sock = filepath.Join(short, "r.sock")
 		}
+		if err := s.start(); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	if s.cfg.port != 0 {
+		s.port = s.cfg.port
 		if err := s.start(); err != nil {
 			return nil, err
 		}
@@ -321,7 +338,7 @@ func (s *Server) start() error {
 	}
 	cmd := exec.Command(Binary, args...)
 	// Kill redis with us if the test binary dies without running cleanups.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: s.cfg.ownGroup}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -169,6 +169,8 @@ func (e *env) dial(extra ...client.Option) (*client.Client, error) {
 	opts := extra
 	if tok, ok := e.lookup("AGENTPLANE_INTERNAL_TOKEN"); ok && tok != "" {
 		opts = append(opts, client.WithToken(tok))
+	} else if st, ok := readDevState(e.addr); ok && st.InternalToken != "" {
+		opts = append(opts, client.WithToken(st.InternalToken))
 	}
 	if e.tls {
 		opts = append(opts, client.WithTLS(nil))

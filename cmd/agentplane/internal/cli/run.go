@@ -44,18 +44,25 @@ func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
 	return o
 }
 
+// PlaceholderCredential is the backing credential of new sessions when
+// neither AGENTPLANE_CREDENTIAL nor agentplane dev gives one: the scripted
+// runtime and dev's fake model are content with it.
+const PlaceholderCredential = "sk-agentplane-dev-placeholder"
+
 // request builds the CreateSession request. The backing credential comes
 // from AGENTPLANE_CREDENTIAL (never a flag: argv is visible to every user of
-// the machine); without it, a placeholder that the scripted runtime of
-// `agentplane dev` is content with.
+// the machine), else from the state file of the agentplane dev at --addr
+// (its --provider-key-file), else a placeholder.
 func (o *sessionOptions) request(e *env) (*sessionv1.CreateSessionRequest, error) {
 	dir, err := filepath.Abs(o.dir)
 	if err != nil {
 		return nil, fmt.Errorf("--dir: %w", err)
 	}
-	secret := "sk-agentplane-dev-placeholder"
+	secret := PlaceholderCredential
 	if v, ok := e.lookup("AGENTPLANE_CREDENTIAL"); ok && v != "" {
 		secret = v
+	} else if st, ok := readDevState(e.addr); ok && st.Credential != "" {
+		secret = st.Credential // agentplane dev's --provider-key-file
 	}
 	class := sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC
 	if v, _ := e.lookup("AGENTPLANE_CREDENTIAL_CLASS"); v == "delegated" {

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"agentplane.dev/cmd/agentplane/internal/cli"
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
+	"agentplane.dev/pkg/logging/logtest"
+)
+
+// TestDevCtrlCInATerminal (issue 36): a terminal's Ctrl-C sends SIGINT to
+// its whole foreground process group. `agentplane dev` runs as that group
+// (Setpgid, as a shell would), with a wrapper and a runtime working on a
+// turn; after SIGINT to the group dev exits 0 with no error line (its
+// private redis-server, in a group of its own, stops after every service),
+// and no process of the group, no redis-server and nothing under the
+// sandbox root is left. On the way: the private Redis and the fake model
+// take ports of --port-base's range, the banner names the provider, the
+// credential `run` will use and the wrapper binary (agentplane-wrapper, the
+// image's), AGENTPLANE_SANDBOX_IDLE_STOP applies, and the scripted
+// runtime's provider call is answered (no 404).
+func TestDevCtrlCInATerminal(t *testing.T) {
+	bin := buildAgentplane(t)
+	root := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(root), 0o711))
+	require.NoError(t, os.Chmod(root, 0o755))
+	base := freePortBase(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", base)
+	cmd := exec.Command(bin, "dev", "--port-base", strconv.Itoa(base), "--sandbox-root", root, "--drain-delay", "100ms")
+	cmd.Env = append(os.Environ(), "AGENTPLANE_SANDBOX_IDLE_STOP=2s")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out logtest.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	waitServing(t, conn, addr)
+	banner := out.String()
+	t.Logf("banner:\n%s", banner)
+	require.Contains(t, banner, fmt.Sprintf("private redis-server at redis://127.0.0.1:%d", base+5), "Redis on port base + 5")
+	require.Contains(t, banner, fmt.Sprintf("provider: the fake model at http://127.0.0.1:%d", base+6))
+	require.Contains(t, banner, "credential: `agentplane run` and `session create` use a placeholder key")
+	require.Contains(t, banner, "wrapper: "+filepath.Join(filepath.Dir(bin), "agentplane-wrapper"))
+
+	runEnv := append(os.Environ(), "AGENTPLANE_ADDR="+addr, "AGENTPLANE_ORG=ctrlc-"+strconv.Itoa(pgid))
+	first := exec.Command(bin, "run", "--output", "json", "--dir", "/work/ctrlc", "hello")
+	first.Env = runEnv
+	got, err := first.CombinedOutput()
+	require.NoError(t, err, "%s", got)
+	require.Contains(t, string(got), `"toolName":"provider"`)
+	require.Contains(t, string(got), `"status":200`, "the provider call is answered by the fake model")
+	require.NotContains(t, string(got), `"status":404`)
+
+	procs := sandboxprocs.Under(root)
+	require.NotEmpty(t, procs)
+	wrappers := 0
+	for _, pid := range procs {
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && filepath.Base(exe) == "agentplane-wrapper" {
+			wrappers++
+		}
+	}
+	require.Positive(t, wrappers, "sandboxes run agentplane-wrapper")
+	require.Eventually(t, func() bool { return len(sandboxprocs.Under(root)) == 0 }, time.Minute, 100*time.Millisecond,
+		"AGENTPLANE_SANDBOX_IDLE_STOP=2s stops the idle wrapper")
+
+	// A turn in progress when Ctrl-C comes.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	slow := exec.CommandContext(ctx, bin, "run", "--dir", "/work/ctrlc", "slow: hold on")
+	slow.Env = runEnv
+	require.NoError(t, slow.Start())
+	defer func() { cancel(); _ = slow.Wait() }()
+	require.Eventually(t, func() bool { return len(sandboxprocs.Under(root)) >= 2 }, time.Minute, 50*time.Millisecond, "a wrapper and a runtime work")
+
+	require.NoError(t, syscall.Kill(-pgid, syscall.SIGINT), "Ctrl-C: SIGINT to the whole group")
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "dev exits 0 after Ctrl-C\n%s", out.String())
+	case <-time.After(time.Minute): // a bound against hanging, not the measure (docs/benchmarks.md has that)
+		t.Fatalf("agentplane dev did not exit after Ctrl-C\n%s", out.String())
+	}
+	logs := out.String()
+	t.Logf("output:\n%s", logs)
+	for _, bad := range []string{"connection refused", "level=ERROR", "not sent at shutdown", "processes still running"} {
+		require.Zero(t, strings.Count(logs, bad), "%q in dev's output", bad)
+	}
+	require.True(t, strings.HasSuffix(logs, "agentplane dev: stopped\n"), "the last line says dev stopped")
+	require.Empty(t, groupMembers(t, pgid), "no process of dev's group is left")
+	require.Empty(t, redisServers(t, strconv.Itoa(base+5)), "the private redis-server is stopped")
+	require.Empty(t, sandboxprocs.Under(root), "no wrapper or runtime is left")
+	_, err = os.Stat(cli.DevStatePath(strconv.Itoa(base)))
+	require.ErrorIs(t, err, os.ErrNotExist, "dev's state file is removed")
+}
+
+// groupMembers lists the live processes of process group pgid, from /proc.
+func groupMembers(t *testing.T, pgid int) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var pids []string
+	for _, e := range entries {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces): state ppid pgrp ...
+		rest := string(stat[strings.LastIndexByte(string(stat), ')')+2:])
+		f := strings.Fields(rest)
+		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
