@@ -280,7 +280,7 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(cli.DevStatePath(portOf(ses.GRPCAddr)))
+	defer func() { _ = os.Remove(cli.DevStatePath(portOf(ses.GRPCAddr))) }()
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "agentplane dev (pid %d): Redis %s\n", os.Getpid(), redisWhat)
