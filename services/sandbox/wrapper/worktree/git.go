@@ -13,11 +13,13 @@ import (
 )
 
 // gitEnv is the whole environment of every git command: no inherited
-// variable, no secret, no prompt, no system or user configuration.
+// variable, no secret, no prompt, no system or user configuration or
+// attributes.
 func gitEnv(extra ...string) []string {
 	env := []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent", "LC_ALL=C",
 		"GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=", "SSH_ASKPASS=", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_ATTR_NOSYSTEM=1",
 	}
 	return append(env, extra...)
 }
