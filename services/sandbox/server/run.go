@@ -227,6 +227,7 @@ func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notif
 func registerServices(srv *grpcserver.Server, cfg Config, drv *driver.Driver, notifier *notify.Notifier, egr *egressSetup,
 	recMetrics *reconciler.Metrics, admissions *prometheus.CounterVec, log *slog.Logger) error {
 	registerMetrics(srv.Registry(), drv)
+	registerNotifyMetrics(srv.Registry(), notifier)
 	if err := registerObservability(srv.Registry(), recMetrics, admissions); err != nil {
 		return err
 	}
@@ -250,6 +251,15 @@ func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
 		func() float64 { return float64(d.Metrics.Takeovers.Load()) })
 	counter("sandbox_capacity_rejections_total", "Cold workspaces refused by capacity admission (CAPACITY_REJECTED).",
 		func() float64 { return float64(d.Metrics.CapacityRejections.Load()) })
+}
+
+func registerNotifyMetrics(reg *prometheus.Registry, n *notify.Notifier) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandbox_notification_queue_depth",
+		Help: "Notifications to the session service queued (bounded: see docs/sandbox.md)."},
+		func() float64 { return float64(n.Depth()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandbox_notifications_dropped_total",
+		Help: "Notifications to the session service dropped: by the queue's bound, not retryable, or failing past the give-up time."},
+		func() float64 { return float64(n.Dropped()) }))
 }
 
 // coldAdmission runs capacity admission for the process provider: a

@@ -5,6 +5,8 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +36,7 @@ type sessionService struct {
 	fail      map[string][]codes.Code // session id → codes of its next calls
 	attempts  []string                // every call, in arrival order
 	delivered []string                // calls answered OK, in arrival order
+	events    map[string][]string     // session id → ids of its delivered events
 }
 
 func (s *sessionService) receive(kind string, r *sessionv1.RouteRef) error {
@@ -76,7 +79,25 @@ func (s *sessionService) NotifyRouteLost(_ context.Context, r *sessionv1.NotifyR
 }
 
 func (s *sessionService) NotifyRuntimeEvents(_ context.Context, r *sessionv1.NotifyRuntimeEventsRequest) (*sessionv1.NotifyRuntimeEventsResponse, error) {
-	return &sessionv1.NotifyRuntimeEventsResponse{}, s.receive("events", r.GetRoute())
+	err := s.receive("events", r.GetRoute())
+	if err == nil {
+		s.mu.Lock()
+		if s.events == nil {
+			s.events = map[string][]string{}
+		}
+		for _, e := range r.GetEvents() {
+			s.events[r.GetRoute().GetSessionId()] = append(s.events[r.GetRoute().GetSessionId()], e.GetEventId())
+		}
+		s.mu.Unlock()
+	}
+	return &sessionv1.NotifyRuntimeEventsResponse{}, err
+}
+
+// eventIDs is the ids of the events delivered for a session, in order.
+func (s *sessionService) eventIDs(session string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.events[session]...)
 }
 
 func (s *sessionService) NotifyTurnOutcome(_ context.Context, r *sessionv1.NotifyTurnOutcomeRequest) (*sessionv1.NotifyTurnOutcomeResponse, error) {
@@ -137,22 +158,89 @@ func TestSendsInOrderRaised(t *testing.T) {
 	n.Flush()
 
 	attempts, delivered := svc.calls()
-	want := []string{"progress s1", "ready s1", "events s1", "outcome s1", "reconnecting s1", "lost s1", "failed s2"}
-	require.Equal(t, want, delivered)
-	require.Equal(t, want, attempts)
+	want := []string{"progress s1", "ready s1", "events s1", "outcome s1", "reconnecting s1", "lost s1"}
+	require.Equal(t, want, only(delivered, "s1"), "a session's notifications in the order raised")
+	require.Equal(t, want, only(attempts, "s1"))
+	require.Equal(t, []string{"failed s2"}, only(delivered, "s2"))
 }
 
-func TestRetriesUnavailableAndLaterNotificationsWait(t *testing.T) {
+func TestRetriesUnavailableAndTheSessionsNextWait(t *testing.T) {
 	svc := &sessionService{fail: map[string][]codes.Code{"s1": {codes.Unavailable, codes.Unavailable}}}
 	n := startNotifier(t, svc, 0)
 
 	n.Ready(ref("s1"), "rs1", "w1")
+	n.Lost(ref("s1"), "wrapper gone")
 	n.Lost(ref("s2"), "wrapper gone")
 	n.Flush()
 
 	attempts, delivered := svc.calls()
-	require.Equal(t, []string{"ready s1", "ready s1", "ready s1", "lost s2"}, attempts)
-	require.Equal(t, []string{"ready s1", "lost s2"}, delivered)
+	require.Equal(t, []string{"ready s1", "ready s1", "ready s1", "lost s1"}, only(attempts, "s1"), "s1's next waits for its first")
+	require.ElementsMatch(t, []string{"ready s1", "lost s1", "lost s2"}, delivered)
+	require.Equal(t, []string{"ready s1", "lost s1"}, only(delivered, "s1"))
+}
+
+// only is the calls of one session, in order.
+func only(calls []string, session string) []string {
+	var out []string
+	for _, c := range calls {
+		if strings.HasSuffix(c, " "+session) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Issue 33 item 3: one session's notification that keeps failing held the
+// single worker, and every other session's notifications waited behind
+// it. Here s1's progress fails Unavailable throughout while another session
+// raises 20,000 event batches: they are all delivered, in order, while s1's
+// is still being retried.
+func TestAFailingSessionDoesNotHoldTheOthers(t *testing.T) {
+	svc := unavailable()
+	n := startNotifier(t, svc, 0)
+	n.Progress(ref("s1"), driver.ProgressStep{})
+	for i := range 20000 {
+		n.Events(ref("s2"), []driver.RuntimeEvent{{ID: strconv.Itoa(i)}})
+	}
+	// The bound only stops a hung test: old code sent nothing of s2 while
+	// s1 was retried for giveUp (5 minutes).
+	require.Eventually(t, func() bool { return len(svc.eventIDs("s2")) == 20000 }, 2*time.Minute, 10*time.Millisecond)
+	ids := svc.eventIDs("s2")
+	for i, id := range ids {
+		require.Equal(t, strconv.Itoa(i), id, "s2's events in the order raised")
+	}
+	_, delivered := svc.calls()
+	require.Empty(t, only(delivered, "s1"), "s1 is still being retried")
+	require.Equal(t, 1, n.Depth(), "only s1's notification is left")
+	require.Zero(t, n.Dropped())
+}
+
+// Internal and Unknown are not retried for giveUp: a few attempts, then
+// dropped and counted.
+func TestInternalIsNotEndlesslyRetried(t *testing.T) {
+	svc := &sessionService{fail: map[string][]codes.Code{"s1": {codes.Internal, codes.Internal, codes.Internal, codes.Internal}}}
+	n := startNotifier(t, svc, 0)
+	n.Progress(ref("s1"), driver.ProgressStep{})
+	n.Flush()
+	attempts, delivered := svc.calls()
+	require.Equal(t, []string{"progress s1", "progress s1", "progress s1"}, attempts)
+	require.Empty(t, delivered)
+	require.Equal(t, uint64(1), n.Dropped())
+}
+
+// The bound: past MaxLaneItems queued for one session, its progress is
+// dropped and counted, while its route states are still queued.
+func TestTheQueueIsBounded(t *testing.T) {
+	n := New(nil, slog.New(slog.DiscardHandler), 0) // not running: everything stays queued
+	for range MaxLaneItems + 10 {
+		n.Progress(ref("s1"), driver.ProgressStep{})
+	}
+	require.Equal(t, MaxLaneItems, n.Depth())
+	require.Equal(t, uint64(10), n.Dropped())
+	n.Lost(ref("s1"), "wrapper gone")
+	require.Equal(t, MaxLaneItems+1, n.Depth(), "a route state is never dropped by the bound")
+	require.Zero(t, n.Drain(context.Background()))
+	require.Zero(t, n.Depth())
 }
 
 func TestDropsNonRetryableAndSendsTheNext(t *testing.T) {
@@ -164,7 +252,7 @@ func TestDropsNonRetryableAndSendsTheNext(t *testing.T) {
 	n.Flush()
 
 	attempts, delivered := svc.calls()
-	require.Equal(t, []string{"failed s1", "progress s2"}, attempts, "InvalidArgument is not retried")
+	require.ElementsMatch(t, []string{"failed s1", "progress s2"}, attempts, "InvalidArgument is not retried")
 	require.Equal(t, []string{"progress s2"}, delivered)
 }
 
@@ -179,13 +267,13 @@ func TestGivesUpAfterGiveUp(t *testing.T) {
 	n.Flush()
 
 	attempts, delivered := svc.calls()
-	require.Equal(t, []string{"ready s1", "outcome s2"}, attempts)
+	require.ElementsMatch(t, []string{"ready s1", "outcome s2"}, attempts)
 	require.Equal(t, []string{"outcome s2"}, delivered)
 }
 
 func TestNilClientOnlyLogs(t *testing.T) {
 	var logs bytes.Buffer
-	n := New(nil, slog.New(slog.NewTextHandler(&logs, nil)), 0)
+	n := New(nil, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), 0)
 	run(t, n)
 
 	n.Ready(ref("s1"), "rs1", "w1")
@@ -209,7 +297,7 @@ func TestFlushWaitsForNotificationsRaisedBeforeRun(t *testing.T) {
 	// Notifications raised before Run starts are queued, not lost: Flush
 	// returns once Run has sent them.
 	var logs bytes.Buffer
-	n := New(nil, slog.New(slog.NewTextHandler(&logs, nil)), 0)
+	n := New(nil, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), 0)
 	n.Ready(ref("s1"), "rs1", "w1")
 	run(t, n)
 	n.Flush()
@@ -235,17 +323,14 @@ func TestStopsRetryingWhenRunEnds(t *testing.T) {
 	stop := run(t, n)
 
 	n.Ready(ref("s1"), "rs1", "w1")
-	n.Lost(ref("s2"), "wrapper gone")
+	n.Lost(ref("s1"), "wrapper gone")
 	require.Eventually(t, func() bool { attempts, _ := svc.calls(); return len(attempts) > 0 }, 10*time.Second, time.Millisecond)
 	stop()
 
 	attempts, delivered := svc.calls()
 	require.Empty(t, delivered)
-	require.NotContains(t, attempts, "lost s2", "nothing is sent after Run's context ended")
-	n.mu.Lock()
-	queued := len(n.queue)
-	n.mu.Unlock()
-	require.Equal(t, 2, queued, "both notifications wait for Drain")
+	require.NotContains(t, attempts, "lost s1", "the session's next waits for its first")
+	require.Equal(t, 2, n.Depth(), "both notifications wait for Drain")
 }
 
 func TestDrainSendsWhatRunLeftInOrder(t *testing.T) {
