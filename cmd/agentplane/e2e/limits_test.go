@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -56,4 +57,40 @@ func TestSandboxMemoryHogStopsWithMemoryLimit(t *testing.T) {
 	require.Equal(t, "memory_limit", got)
 
 	s.turn(t, id, "m3", "hello again") // a new runtime serves the session
+}
+
+// TestSandboxDiskQuota (issue 31: one sandbox filled the shared root and
+// other tenants' worktrees failed capacity_rejected): sandbox A writes past
+// its disk quota; its runtime is stopped and its route then fails with
+// disk_quota, while sandbox B's new worktree is admitted and its turn runs.
+func TestSandboxDiskQuota(t *testing.T) {
+	s := startSuiteWith(t, nil, func(c *sandbox.Config) { c.DiskQuota = 64 << 20 })
+	a := s.create(t, "sbx-disk-a", "/work/e2e-repo", newSecret()).GetSessionId()
+	s.turn(t, a, "m1", "hello")
+	s.turn(t, a, "m2", "run: dd if=/dev/zero of=filler bs=1M count=100")
+
+	// The quota is sampled: once it sees A over, A's runtime is stopped and
+	// its route is no longer ready.
+	require.Eventually(t, func() bool {
+		return s.routeView(t, a).GetState() != sessionv1.RouteState_ROUTE_STATE_READY
+	}, 90*time.Second, 100*time.Millisecond, "A's runtime is stopped for its quota")
+	ctx := context.Background()
+	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: a, MessageId: "m3", Content: "hello"})
+	require.NoError(t, err)
+	ok := assert.Eventually(t, func() bool {
+		return s.routeView(t, a).GetFailureReason() == "disk_quota"
+	}, 90*time.Second, 100*time.Millisecond, "A's route fails with disk_quota")
+	if !ok {
+		t.Log(s.routeView(t, a))
+		for _, l := range strings.Split(s.logs.String(), "\n") {
+			if strings.Contains(l, "quota") || strings.Contains(l, "limit") || strings.Contains(l, "admission") || strings.Contains(l, "route") {
+				t.Log(l)
+			}
+		}
+		t.FailNow()
+	}
+	require.NotEmpty(t, s.messageFailure(t, a, "m3"), "A's next message fails")
+
+	b := s.create(t, "sbx-disk-b", "/work/e2e-repo", newSecret()).GetSessionId()
+	s.turn(t, b, "m1", "hello from another tenant")
 }

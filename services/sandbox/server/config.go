@@ -72,6 +72,9 @@ type Config struct {
 	// connections to every socket handed into it (control, credential proxy,
 	// egress, OTLP); SocketIdle (SANDBOX_SOCKET_IDLE) closes one that read
 	// nothing this long.
+	// DiskQuota (SANDBOX_DISK_QUOTA) is each sandbox's disk (workspaces
+	// and homes); 0: none.
+	DiskQuota   ByteSize
 	SocketConns int
 	SocketIdle  time.Duration
 	Rlimits     string // SANDBOX_RLIMITS: per-sandbox rlimits, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400
@@ -108,6 +111,7 @@ func DefaultConfig() Config {
 		Rlimits:           boundary.DefaultLimits.String(),
 		Cgroups:           "auto",
 		SocketConns:       32,
+		DiskQuota:         4 << 30,
 		SocketIdle:        5 * time.Minute,
 		MemoryLimit:       ByteSize(cgroup.DefaultLimits.MemoryBytes),
 		CPULimit:          int(cgroup.DefaultLimits.CPUMillis),
@@ -157,6 +161,8 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Var(&c.MemoryLimit, "SANDBOX_MEMORY_LIMIT", &mem, "memory per sandbox (bytes, or with KiB/MiB/GiB); over it the sandbox stops with memory_limit")
 	l.Int(&c.CPULimit, "SANDBOX_CPU_LIMIT", c.CPULimit, "CPU per sandbox in thousandths of a core (1000: one core)")
 	l.Int(&c.PidsLimit, "SANDBOX_PIDS_LIMIT", c.PidsLimit, "processes and threads per sandbox")
+	quota := c.DiskQuota
+	l.Var(&c.DiskQuota, "SANDBOX_DISK_QUOTA", &quota, "disk per sandbox, workspaces and homes (bytes, or with KiB/MiB/GiB); 0: none")
 	l.Int(&c.SocketConns, "SANDBOX_SOCKET_CONNS", c.SocketConns, "open connections of one sandbox to each socket handed into it")
 	l.Duration(&c.SocketIdle, "SANDBOX_SOCKET_IDLE", c.SocketIdle, "close a sandbox's connection to a handed-in socket that read nothing this long")
 	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES,fsize=BYTES,cpu=SECONDS")

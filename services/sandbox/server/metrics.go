@@ -29,6 +29,8 @@ func admissionResult(warm bool, cleaned int, err error) string {
 		return "admitted"
 	case errors.Is(err, provider.ErrCapacityRejected):
 		return "rejected"
+	case errors.Is(err, provider.ErrDiskQuota):
+		return "disk_quota"
 	case errors.Is(err, provider.ErrENOSPC):
 		return "enospc"
 	case errors.Is(err, provider.ErrCapacityUnmeasurable):

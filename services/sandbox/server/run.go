@@ -75,7 +75,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	wrapperCmd = append(append(wrapperCmd, bnd.wrapperFlags...), egr.wrapperFlags...)
 	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv),
-		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits()})
+		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits(), DiskQuota: uint64(cfg.DiskQuota)})
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credclient.New(credClient),
 		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(ls.GRPC), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: proxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
-		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{
+		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{Reserved: prov.Reserved,
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
 	})
 	drvRef.Store(drv)
@@ -273,6 +273,10 @@ type coldAdmission struct {
 func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string) error {
 	_, err := os.Stat(a.prov.WorkspaceDir(sandboxID, directory))
 	warm := err == nil
+	if err := a.prov.CheckQuota(sandboxID); err != nil {
+		a.results.WithLabelValues(admissionResult(false, 0, err)).Inc()
+		return err
+	}
 	rep, err := a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), warm)
 	a.results.WithLabelValues(admissionResult(warm, rep.Cleaned, err)).Inc()
 	return err

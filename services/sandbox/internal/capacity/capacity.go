@@ -40,8 +40,12 @@ type Disk interface {
 type Config struct {
 	ThresholdBytes uint64        // default 2 GiB
 	StaleAge       time.Duration // default 20 min
-	Now            func() time.Time
-	Logger         *slog.Logger
+	// Reserved is the disk the other live sandboxes of the node may still
+	// write within their quotas (nil: none): admission counts it as used,
+	// so one sandbox filling its quota never takes another's admission.
+	Reserved func(exceptSandboxID string) uint64
+	Now      func() time.Time
+	Logger   *slog.Logger
 }
 
 // Defaults of DESIGN.md 3.4.
@@ -110,8 +114,12 @@ func (a *Admission) measure(ctx context.Context, sandboxID string, rep *Report) 
 	c := a.disk.Capacity(ctx, sandboxID)
 	switch c.Kind {
 	case provider.CapacityMeasured:
-		rep.AvailableBytes = c.AvailableBytes
-		return c.AvailableBytes, nil
+		avail := c.AvailableBytes
+		if a.cfg.Reserved != nil {
+			avail -= min(avail, a.cfg.Reserved(sandboxID))
+		}
+		rep.AvailableBytes = avail
+		return avail, nil
 	case provider.CapacityENOSPC:
 		return 0, fmt.Errorf("%w: %w", provider.ErrENOSPC, c.Err)
 	default:

@@ -259,3 +259,22 @@ func TestStaleCleanupCoversHomes(t *testing.T) {
 	require.DirExists(t, f.p.HomeDir(f.sb, "ses-live"), "a live wrapper's home stays")
 	require.DirExists(t, f.p.WorkspaceDir(f.sb, "/shared"), "a live wrapper's workspace stays")
 }
+
+// TestReservedQuotaCountsAsUsed (issue 31): the disk other live sandboxes
+// may still write within their quotas counts as used, so free space that
+// one sandbox could take back is not handed to a new workspace; without
+// reservations the same free space admits.
+func TestReservedQuotaCountsAsUsed(t *testing.T) {
+	f := newFixture(t, "")
+	free := New(f.p, Config{ThresholdBytes: 32 * mib, Now: func() time.Time { return f.now }})
+	_, err := free.Admit(context.Background(), f.sb, process.WorkspaceName("/new"), false)
+	require.NoError(t, err)
+
+	reserved := New(f.p, Config{ThresholdBytes: 32 * mib, Now: func() time.Time { return f.now },
+		Reserved: func(except string) uint64 {
+			require.Equal(t, f.sb, except, "a sandbox's own quota is not reserved against it")
+			return 1 << 40
+		}})
+	_, err = reserved.Admit(context.Background(), f.sb, process.WorkspaceName("/new"), false)
+	require.ErrorIs(t, err, provider.ErrCapacityRejected)
+}

@@ -251,6 +251,9 @@ func (d *Driver) ensureFailed(ctx context.Context, sb *sandbox, sessionID, key s
 	case errors.Is(err, provider.ErrCapacityRejected):
 		d.failRoute(sb, sessionID, "capacity_rejected", true)
 		return 0
+	case errors.Is(err, provider.ErrDiskQuota):
+		d.failRoute(sb, sessionID, provider.ReasonDiskQuota, false)
+		return 0
 	case provider.DestroysSandbox(err):
 		// The launch could not prepare the workspace (ENOSPC, an unwritable
 		// tree): the route fails with a reason and the sandbox recovers
@@ -300,6 +303,9 @@ func (d *Driver) ensured(sb *sandbox, sessionID, key, dir string, dec reconciler
 // unmeasurable capacity destroys nothing.
 func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
 	switch {
+	case errors.Is(err, provider.ErrDiskQuota):
+		d.log.Warn("sandbox over its disk quota", "sandbox", sb.id, "session", sessionID, "err", err)
+		d.failRoute(sb, sessionID, provider.ReasonDiskQuota, false)
 	case errors.Is(err, provider.ErrCapacityRejected):
 		d.Metrics.CapacityRejections.Add(1)
 		d.log.Warn("capacity rejected", "sandbox", sb.id, "session", sessionID, "err", err)

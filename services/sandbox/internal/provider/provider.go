@@ -185,6 +185,9 @@ var (
 	ErrCapacityUnmeasurable = errors.New("provider: capacity unmeasurable")
 	ErrENOSPC               = errors.New("provider: no space left on device")
 	ErrFilesystemSetup      = errors.New("provider: filesystem preparation failed")
+	// ErrDiskQuota: the sandbox's workspaces and homes use its whole disk
+	// quota; its routes fail with disk_quota, other sandboxes are not touched.
+	ErrDiskQuota = errors.New("provider: disk quota exceeded")
 )
 
 // CapacityRejectedError is CAPACITY_REJECTED: free space stayed below the

@@ -73,6 +73,9 @@ type Config struct {
 	// CgroupLimits (limits.go); nil: no cgroup limits on this host.
 	Cgroups      *cgroup.Manager
 	CgroupLimits cgroup.Limits
+	// DiskQuota bounds each sandbox's directory (workspaces, homes, logs);
+	// 0: none (limits.go).
+	DiskQuota uint64
 }
 
 // DeploymentOf is the default deployment id of a sandbox root.
