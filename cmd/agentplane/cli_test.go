@@ -184,8 +184,9 @@ func cliRunHelloPrintsTheReply(t *testing.T) {
 	require.Equal(t, 0, r.code)
 	require.Regexp(t, headerRE, r.stdout)
 	require.Contains(t, r.stdout, "Scripted reply to: hello\n", "the streamed reply, then its newline")
-	require.Contains(t, r.stdout, "→ list_files", "a tool call on a line")
-	require.Contains(t, r.stdout, "← list_files", "its result on a line")
+	require.Contains(t, r.stdout, "→ list_files . · done\n", "a tool call on one line: name, input, status")
+	require.Contains(t, r.stdout, "→ provider provider/v1/chat/completions · done (HTTP 200)\n", "the provider call answered by dev's fake model")
+	require.NotContains(t, r.stdout, "←", "a call and its result are one line")
 	require.Regexp(t, `(?m)^preparing: [a-z_]+ — .+ \(\d+\.\ds\)$`, r.stdout, "preparation steps with the elapsed time")
 	require.Regexp(t, `(?m)^✓ succeeded — answered \d+ characters \(\d+\.\ds\)$`, r.stdout, "the outcome and its summary")
 	require.NotContains(t, r.stdout, "\x1b", "no escape codes when stdout is not a terminal")
@@ -249,7 +250,7 @@ func cliRunInterruptCancelsTheMessage(t *testing.T) {
 		if m := headerRE.FindStringSubmatch(sc.Text()); m != nil {
 			sessionID = m[1]
 		}
-		if strings.HasPrefix(sc.Text(), "← list_files") && !signalled { // the turn waits for an abort now
+		if strings.HasPrefix(sc.Text(), "→ list_files") && !signalled { // the turn waits for an abort now
 			require.NoError(t, cmd.Process.Signal(os.Interrupt))
 			signalled = true
 		}

@@ -92,8 +92,11 @@ func TestDevCtrlCInATerminal(t *testing.T) {
 	require.Eventually(t, func() bool { return len(sandboxprocs.Under(root)) >= 2 }, time.Minute, 50*time.Millisecond, "a wrapper and a runtime work")
 
 	require.NoError(t, syscall.Kill(-pgid, syscall.SIGINT), "Ctrl-C: SIGINT to the whole group")
+	sent := time.Now()
 	select {
 	case err := <-exited:
+		// Reported, not asserted (docs/benchmarks.md records it).
+		t.Logf("dev exited %s after Ctrl-C", time.Since(sent).Round(time.Millisecond))
 		require.NoError(t, err, "dev exits 0 after Ctrl-C\n%s", out.String())
 	case <-time.After(time.Minute): // a bound against hanging, not the measure (docs/benchmarks.md has that)
 		t.Fatalf("agentplane dev did not exit after Ctrl-C\n%s", out.String())

@@ -15,7 +15,6 @@ import (
 	"github.com/charmbracelet/x/term"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -69,6 +68,9 @@ type human struct {
 	streamed bool   // reply deltas were shown for the current message
 	stop     chan struct{}
 	done     sync.WaitGroup
+	// Tool calls still running, by toolKey, in the order they began.
+	tools     map[string]*toolCall
+	toolOrder []string
 
 	dim, bold, ok, bad, warn lipgloss.Style
 }
@@ -188,6 +190,7 @@ func (h *human) Close() {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.flushTools()
 	h.clearProgress()
 	h.endText()
 }
@@ -262,14 +265,13 @@ func (h *human) runtime(e *runtimev1.RuntimeEvent) {
 			return
 		}
 		h.line(e.GetText())
-	case runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_CALL:
-		h.line(h.dim.Render("→ " + e.GetToolName() + oneLine(e.GetText(), e.GetData())))
-	case runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT:
-		h.line(h.dim.Render("← " + e.GetToolName() + oneLine(e.GetText(), e.GetData())))
+	case runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_CALL, runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT:
+		h.tool(e)
 	}
 }
 
 func (h *human) outcome(o *runtimev1.TurnOutcome) {
+	h.flushTools()
 	summary := o.GetSummary()
 	if summary != "" {
 		summary = " — " + summary
@@ -282,28 +284,6 @@ func (h *human) outcome(o *runtimev1.TurnOutcome) {
 	default:
 		h.line(h.warn.Render("■ cancelled") + summary + h.dim.Render(" ("+h.elapsed()+")"))
 	}
-}
-
-// oneLine renders a tool call's text and data on one line, cut to 200
-// characters.
-func oneLine(text string, data *structpb.Struct) string {
-	var parts []string
-	if text != "" {
-		parts = append(parts, text)
-	}
-	if len(data.GetFields()) > 0 {
-		b, err := json.Marshal(data.AsMap())
-		if err == nil {
-			parts = append(parts, string(b))
-		}
-	}
-	s := strings.Join(parts, " ")
-	s = strings.Join(strings.Fields(s), " ")
-	s = ansi.Truncate(s, 200, "…")
-	if s == "" {
-		return ""
-	}
-	return " " + s
 }
 
 // enumName is an enum value's name without its prefix, in lower case.
