@@ -321,10 +321,13 @@ func runLoadScript(ctx context.Context, tx redis.Cmdable, id string, load Load, 
 		}
 		return p
 	}
-	cmd, err := run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.EvalSha(ctx, on(p), keys, args...) })
+	// EVALSHA_RO: the script only reads, so the replication hook
+	// (pkg/replication) does not pay a marker write and a WAIT for it, and a
+	// read serves while the replicas cannot confirm writes.
+	cmd, err := run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.EvalShaRO(ctx, on(p), keys, args...) })
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// First use on this server (or after a restart): send the body once.
-		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.Eval(ctx, on(p), keys, args...) })
+		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return loadScript.EvalRO(ctx, on(p), keys, args...) })
 	}
 	if errors.Is(err, redis.Nil) {
 		return nil, session.ErrSessionNotFound
