@@ -8,9 +8,11 @@ package control
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -76,6 +78,17 @@ type Stream struct {
 	outbox []*sandboxv1.ConnectRequest // frames waiting for a stream
 	sent   []*sandboxv1.ConnectRequest // the last keptOutcomes outcome frames sent; see replaySent
 	wake   chan struct{}
+	// dropped counts the frames Emit dropped past maxOutbox.
+	dropped atomic.Uint64
+}
+
+// Dropped is how many frames were dropped because the outbox was full.
+func (s *Stream) Dropped() uint64 { return s.dropped.Load() }
+
+// droppable: progress and runtime events are a stream the service can
+// miss; the other frames are what it acts on.
+func droppable(f *sandboxv1.ConnectRequest) bool {
+	return f.GetProgress() != nil || f.GetRuntimeEvents() != nil
 }
 
 // New is a stream for w; Run connects it.
@@ -92,13 +105,34 @@ func New(cfg Config, w Wrapper) *Stream {
 	return &Stream{cfg: cfg, w: w, log: cfg.Logger, wake: make(chan struct{}, 1)}
 }
 
-// Emit queues a frame for the service (kept across reconnects).
+// Emit queues a frame for the service (kept across reconnects). Past
+// maxOutbox queued, a progress or events frame is dropped; any other frame
+// (a turn outcome, a route state, a worktree result) takes the place of the
+// oldest progress or events frame queued, so an outcome is not what is
+// lost (its loss would surface only through the session's 125-minute
+// backstop). Every drop is counted (Dropped) and logged, once per 1,000.
 func (s *Stream) Emit(f *sandboxv1.ConnectRequest) {
 	s.mu.Lock()
-	if len(s.outbox) < maxOutbox {
+	lost := (*sandboxv1.ConnectRequest)(nil)
+	if len(s.outbox) >= maxOutbox {
+		lost = f
+		if !droppable(f) {
+			if i := slices.IndexFunc(s.outbox, droppable); i >= 0 {
+				lost = s.outbox[i]
+				s.outbox = slices.Delete(s.outbox, i, i+1)
+			}
+		}
+	}
+	if lost != f {
 		s.outbox = append(s.outbox, f)
 	}
 	s.mu.Unlock()
+	if lost != nil {
+		if n := s.dropped.Add(1); n%1000 == 1 {
+			s.log.Warn("control frames dropped: the outbox is full", "frame", fmt.Sprintf("%T", lost.GetFrame()),
+				"dropped", n, "outbox", maxOutbox)
+		}
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
