@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"agentplane.dev/cmd/agentplane/internal/cli"
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	"agentplane.dev/pkg/logging/logtest"
 )
@@ -133,4 +135,57 @@ func groupMembers(t *testing.T, pgid int) []string {
 		}
 	}
 	return pids
+}
+
+// TestRunUsesDevsProviderKey (issue 36): with --provider-key-file, dev's
+// banner says `agentplane run` uses that key, and run's session does: the
+// provider (a fake model of the test's own) sees it on the scripted
+// runtime's call. The key is printed nowhere.
+func TestRunUsesDevsProviderKey(t *testing.T) {
+	bin := buildAgentplane(t)
+	model := fakemodel.New()
+	up := httptest.NewServer(model)
+	defer up.Close()
+	key := fmt.Sprintf("sk-dev-key-%d", time.Now().UnixNano())
+	keyFile := filepath.Join(t.TempDir(), "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte(key+"\n"), 0o600))
+	root := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(root), 0o711))
+	require.NoError(t, os.Chmod(root, 0o755))
+	base := freePortBase(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", base)
+	cmd := exec.Command(bin, "dev", "--port-base", strconv.Itoa(base), "--sandbox-root", root, "--drain-delay", "100ms",
+		"--provider-url", up.URL, "--provider-key-file", keyFile)
+	var out logtest.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+		}
+		require.NotContains(t, out.String(), key, "the key is in no output of dev")
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	waitServing(t, conn, addr)
+	require.Contains(t, out.String(), "credential: `agentplane run` and `session create` use the key of --provider-key-file")
+	require.Contains(t, out.String(), "provider: "+up.URL)
+
+	run := exec.Command(bin, "run", "--dir", "/work/devkey", "hello")
+	run.Env = append(os.Environ(), "AGENTPLANE_ADDR="+addr, "AGENTPLANE_ORG=devkey-"+strconv.Itoa(cmd.Process.Pid), "AGENTPLANE_CREDENTIAL=")
+	got, err := run.CombinedOutput()
+	require.NoError(t, err, "%s", got)
+	require.NotContains(t, string(got), key)
+	require.Contains(t, string(got), "→ provider provider/v1/chat/completions · done (HTTP 200)")
+	var auth []string
+	for _, r := range model.Requests() {
+		auth = append(auth, r.Authorization)
+	}
+	require.Contains(t, auth, "Bearer "+key, "run's session carries dev's key to the provider")
 }
