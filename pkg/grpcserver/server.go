@@ -167,14 +167,19 @@ func New(opts Options) (*Server, error) {
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 
+	// Recovery first; then the method check of restricted listeners
+	// (ServeRestricted), before logging and auth: on such a socket nothing
+	// else runs for a method it does not serve, token or not.
 	unary := []grpc.UnaryServerInterceptor{
 		recovery.UnaryServerInterceptor(recoveryOpt),
+		restrictUnary,
 		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(opts.Logger), logOpts...), notProbe),
 		s.metrics.UnaryServerInterceptor(),
 		s.forgetMalformed,
 	}
 	stream := []grpc.StreamServerInterceptor{
 		recovery.StreamServerInterceptor(recoveryOpt),
+		restrictStream,
 		selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(opts.Logger), logOpts...), notProbe),
 		s.metrics.StreamServerInterceptor(),
 	}

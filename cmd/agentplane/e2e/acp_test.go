@@ -479,7 +479,7 @@ func TestAgentHandleRotation(t *testing.T) {
 		require.Len(t, pids, 1)
 		seen := len(s.model.Requests())
 
-		rot, err := s.sbx.RotateHandle(context.Background(), &sandboxv1.RotateHandleRequest{SessionId: sess.GetSessionId(), SandboxId: sess.GetSandboxId()})
+		rot, err := s.sbx.RotateHandle(context.Background(), &sandboxv1.RotateHandleRequest{SessionId: sess.GetSessionId(), SandboxId: sess.GetSandboxId(), Tenant: e2eTenant})
 		require.NoError(t, err)
 		require.Equal(t, []string{sess.GetSessionId()}, rot.GetSessionIds())
 

@@ -93,7 +93,7 @@ func TestProxyIngestAgainstRealIngest(t *testing.T) {
 		return ref
 	}
 	member := func(s string) *credentialv1.Member {
-		return &credentialv1.Member{SessionId: s, RuntimeSessionId: "rs-" + s, UserId: "u"}
+		return &credentialv1.Member{SessionId: s, RuntimeSessionId: "rs-" + s, UserId: "u", OrgId: "o"}
 	}
 	for _, s := range []string{"s1", "s2", "s3"} {
 		dir := "/w/repo"

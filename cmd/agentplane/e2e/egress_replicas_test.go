@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,9 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 )
 
 // sockets lists the sockets of one way out of the sandbox root (egress,
@@ -78,8 +75,7 @@ func startEgressReplicas(t *testing.T, name string, kv ...string) *egressReplica
 	// sandbox-c owns the sandbox before the session exists (an Abort of an
 	// unknown message makes the replica asked take it).
 	sandboxID := name + "-" + st.run
-	_, err := c.client.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: sandboxID, SessionId: "warm", MessageId: "warm"})
-	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+	warm(t, c.client, sandboxID)
 	require.Equal(t, c.name, c.owner(sandboxID))
 	return &egressReplicas{e: e, st: st, a: a, c: c, sockA: sockA, sandboxID: sandboxID}
 }
@@ -115,10 +111,7 @@ func TestEgressReachesTheOwnerAmongReplicas(t *testing.T) {
 		"the sandbox moves to sandbox-a")
 	before := sockets(t, st.root, "egress")
 	c.start()
-	require.Eventually(t, func() bool {
-		_, err := c.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
-		return err == nil
-	}, 60*time.Second, 50*time.Millisecond, "sandbox-c-2 answers")
+	require.Eventually(t, func() bool { return serving(c.conn) }, 60*time.Second, 50*time.Millisecond, "sandbox-c-2 answers")
 	socks := sockets(t, st.root, "egress")
 	sockC2 := newSocket(t, before, socks)
 	require.Equal(t, []string{sockC2, sockA[0]}, socks, "sandbox-c's stale socket is gone and sandbox-c-2's is tried first")

@@ -110,7 +110,7 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	put, err := cred.PutBackingCredential(bg, &credentialv1.PutBackingCredentialRequest{SessionId: "s-rev", CredentialClass: static, Secret: newSecret()})
 	require.NoError(t, err)
 	sc := &credentialv1.Scope{SandboxId: "sbx-rev-" + s.run, Directory: "/w/rev"}
-	minted, err := cred.MintHandle(bg, &credentialv1.MintHandleRequest{Scope: sc, Member: &credentialv1.Member{SessionId: "s-rev", RuntimeSessionId: "rs-rev", UserId: "u"},
+	minted, err := cred.MintHandle(bg, &credentialv1.MintHandleRequest{Scope: sc, Member: &credentialv1.Member{SessionId: "s-rev", RuntimeSessionId: "rs-rev", UserId: "u", OrgId: "o"},
 		CredentialRef: put.GetCredentialRef(), CredentialClass: static, Contract: credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, FenceToken: 7, AllocationId: "a"})
 	require.NoError(t, err)
 	proxyCall := func() int {

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"agentplane.dev/pkg/apierr"
@@ -73,6 +75,7 @@ func (b *balancer) proxy(c net.Conn) {
 type sandboxReplica struct {
 	*proc
 	addr   string
+	conn   grpc.ClientConnInterface
 	client sandboxv1.SandboxServiceClient
 }
 
@@ -88,18 +91,35 @@ func (st *stack) startSandboxReplica(name, addr, controlAddr string, kv ...strin
 		"SANDBOX_OWNER_TTL", replicaOwnerTTL.String(), "SANDBOX_HEARTBEAT", "200ms",
 		"SANDBOX_DEAD_AFTER", "3s", "SANDBOX_RECONNECT_WINDOW", "60s", "LOG_FORMAT", "text",
 	}, kv...)...)}
-	r.client = sandboxv1.NewSandboxServiceClient(st.dial(addr))
-	require.Eventually(t, func() bool {
-		_, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
-		return err == nil
-	}, 60*time.Second, 50*time.Millisecond, "replica %s never answered", name)
+	r.conn = st.dial(addr)
+	r.client = sandboxv1.NewSandboxServiceClient(r.conn)
+	require.Eventually(t, func() bool { return serving(r.conn) }, 60*time.Second, 50*time.Millisecond, "replica %s never answered", name)
 	return r
+}
+
+// e2eTenant is the tenant of the suites' sessions (o-e2e/u-e2e).
+var e2eTenant = &sandboxv1.Tenant{OrgId: "o-e2e", UserId: "u-e2e"}
+
+// warm makes the replica c reaches own sandboxID before any session exists:
+// the sandbox is claimed for e2eTenant, and an Abort of an unknown message
+// makes the replica asked take it.
+func warm(t *testing.T, c sandboxv1.SandboxServiceClient, sandboxID string) {
+	_, err := c.ClaimSandbox(context.Background(), &sandboxv1.ClaimSandboxRequest{SandboxId: sandboxID, Tenant: e2eTenant})
+	require.NoError(t, err)
+	_, err = c.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: sandboxID, SessionId: "warm", MessageId: "warm", Tenant: e2eTenant})
+	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+}
+
+// serving reports whether the server on conn answers health SERVING.
+func serving(conn grpc.ClientConnInterface) bool {
+	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	return err == nil && h.GetStatus() == healthpb.HealthCheckResponse_SERVING
 }
 
 func (r *sandboxReplica) owner(sandboxID string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := r.client.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sandboxID})
+	st, err := r.client.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sandboxID, Tenant: e2eTenant})
 	if err != nil {
 		return ""
 	}
@@ -165,8 +185,7 @@ func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
 		if i >= 2 {
 			r = b
 		}
-		_, err := r.client.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: fmt.Sprintf("sbx-lb%d-%s", i, run), SessionId: "warm", MessageId: "warm"})
-		require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+		warm(t, r.client, fmt.Sprintf("sbx-lb%d-%s", i, run))
 		require.Equal(t, r.name, r.owner(fmt.Sprintf("sbx-lb%d-%s", i, run)))
 	}
 
@@ -177,7 +196,7 @@ func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
 		var resp *sessionv1.CreateSessionResponse
 		require.Eventually(t, func() bool {
 			resp, err = ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-				UserId: "u-lb", OrgId: "o-lb", SandboxId: sandboxID,
+				UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID,
 				Worktree:   &sessionv1.Worktree{Directory: fmt.Sprintf("/work/lb-%d", i)},
 				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 			})

@@ -73,6 +73,7 @@ type stackOptions struct {
 	root                string       // sandbox root; "": a new directory
 	redisURL            string       // the services' Redis; "": a private redis-server
 	minReplicas         int          // every service's REDIS_MIN_REPLICAS
+	noToken             bool         // no internal token (agentplane dev's default)
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {
@@ -109,6 +110,10 @@ func newStack(t testing.TB, o stackOptions) *stack {
 	_, _ = rand.Read(st.attKey)
 
 	st.env = map[string]map[string]string{}
+	tok := token
+	if o.noToken {
+		tok = ""
+	}
 	for _, svc := range allServices {
 		metrics := ""
 		if o.metrics {
@@ -116,7 +121,7 @@ func newStack(t testing.TB, o stackOptions) *stack {
 			st.metricsURL[svc] = "http://" + metrics + "/metrics"
 		}
 		st.env[svc] = map[string]string{
-			"REDIS_URL": o.redisURL, "REDIS_MIN_REPLICAS": strconv.Itoa(o.minReplicas), "INTERNAL_TOKEN": token, "DRAIN_DELAY": "0s", "METRICS_ADDR": metrics,
+			"REDIS_URL": o.redisURL, "REDIS_MIN_REPLICAS": strconv.Itoa(o.minReplicas), "INTERNAL_TOKEN": tok, "DRAIN_DELAY": "0s", "METRICS_ADDR": metrics,
 			"LOG_LEVEL": o.logLevel, "LOG_FORMAT": o.logFormat, "GRPC_ADDR": st.addr[svc],
 		}
 	}

@@ -244,7 +244,7 @@ func (h *harness) put(t testing.TB, session, secret string, class credentialv1.C
 }
 
 func member(session string) *credentialv1.Member {
-	return &credentialv1.Member{SessionId: session, RuntimeSessionId: "rs-" + session, UserId: "user-" + session, OrgId: "org"}
+	return &credentialv1.Member{SessionId: session, RuntimeSessionId: "rs-" + session, UserId: "user", OrgId: "org"}
 }
 
 func (h *harness) mint(t testing.TB, sandbox, dir, session, secret string, contract credentialv1.RuntimeContract, fence uint64) minted {

@@ -72,7 +72,7 @@ func TestProxyProviderHeaders(t *testing.T) {
 				require.Empty(t, got.Header.Values("X-Forwarded-For"))
 				c, err := attestation.Verify(h.attKey, got.Header.Get(attestation.Header), time.Now())
 				require.NoError(t, err)
-				require.Equal(t, "user-s1", c.UserID)
+				require.Equal(t, "user", c.UserID)
 				require.Equal(t, "sbx-a", c.SandboxID)
 				require.Equal(t, "/w/repo", c.Directory)
 				require.NotEmpty(t, c.SecretDigest)

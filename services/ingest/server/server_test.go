@@ -96,7 +96,7 @@ func TestRunServesAndDrains(t *testing.T) {
 
 	callCtx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer tok")
 	client := ingestv1.NewIngestServiceClient(conn)
-	scope := &ingestv1.ScopeMetadata{Version: &ingestv1.ScopeMetadata_V2{V2: &ingestv1.ScopeV2{SandboxId: "sbx", Directory: "/w", ResolvingRuntimeSessionId: "rs-a"}}}
+	scope := &ingestv1.ScopeMetadata{Version: &ingestv1.ScopeMetadata_V2{V2: &ingestv1.ScopeV2{SandboxId: "sbx", Directory: "/w", ResolvingRuntimeSessionId: "rs-a", OrgId: "o1", UserId: "u1"}}}
 	res, err := client.Ingest(callCtx, &ingestv1.IngestRequest{RuntimeSessionId: "rs-a", Scope: scope, Items: []*ingestv1.Item{
 		{ItemId: "m1", Type: ingestv1.ItemType_ITEM_TYPE_MESSAGE, Version: 1, Payload: []byte(`{"text":"hello"}`)},
 	}})

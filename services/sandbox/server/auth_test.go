@@ -41,7 +41,7 @@ func TestInternalTokenAndValidation(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"route.session_id", "route.directory", "route.credential_class"}, fields)
 
-	_, err = svc.client.Deliver(ctx, &sandboxv1.DeliverRequest{SandboxId: sb, SessionId: "nobody",
+	_, err = svc.client.Deliver(ctx, &sandboxv1.DeliverRequest{Tenant: testTenant, SandboxId: sb, SessionId: "nobody",
 		Messages: []*sandboxv1.DeliveryMessage{{MessageId: "m1", Content: "x"}}})
 	require.Equal(t, codes.NotFound, status.Code(err))
 	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err))

@@ -193,7 +193,7 @@ func stillRunning(snap map[int]string) []int {
 }
 
 func leaseOf(t *testing.T, svc *service, sandbox string) sandboxv1.LeaseState {
-	st, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sandbox})
+	st, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{Tenant: testTenant, SandboxId: sandbox})
 	require.NoError(t, err)
 	for _, k := range st.GetSandbox().GetRuntimeKeys() {
 		return k.GetLeaseState()
@@ -214,7 +214,7 @@ func TestNoProcessOutlivesItsRuntimeKey(t *testing.T) {
 	}{
 		"release": {act: func(t *testing.T, svc *service, sb string) {
 			require.Eventually(t, func() bool {
-				rel, err := svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+				rel, err := svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{Tenant: testTenant, SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
 				require.NoError(t, err)
 				return rel.GetAbsenceVerified()
 			}, 60*time.Second, 100*time.Millisecond)
@@ -319,7 +319,7 @@ func TestTwoDeploymentsSameSandboxIDDoNotTouch(t *testing.T) {
 
 	// Deployment 2 releases its session: only its wrapper goes.
 	require.Eventually(t, func() bool {
-		rel, err := svc2.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+		rel, err := svc2.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{Tenant: testTenant, SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
 		require.NoError(t, err)
 		return rel.GetAbsenceVerified()
 	}, 60*time.Second, 100*time.Millisecond)

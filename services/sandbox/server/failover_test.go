@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/logging/logtest"
@@ -73,14 +74,14 @@ func startReplica(t *testing.T, name, addr, peers, root, notifyAddr string) *rep
 	t.Cleanup(func() { _ = conn.Close() })
 	r.client = sandboxv1.NewSandboxServiceClient(conn)
 	require.Eventually(t, func() bool {
-		_, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: "probe"})
-		return err == nil
+		h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+		return err == nil && h.GetStatus() == healthpb.HealthCheckResponse_SERVING
 	}, 30*time.Second, 50*time.Millisecond, "replica %s never answered", name)
 	return r
 }
 
 func (r *replica) owner(t *testing.T, sb string) (string, uint64) {
-	st, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sb})
+	st, err := r.client.Status(context.Background(), &sandboxv1.StatusRequest{Tenant: testTenant, SandboxId: sb})
 	if err != nil {
 		return "", 0
 	}

@@ -297,6 +297,9 @@ func route(sandbox, session, dir string) *sandboxv1.PrepareRequest {
 	}}
 }
 
+// testTenant is the tenant of every route the tests prepare (route).
+var testTenant = &sandboxv1.Tenant{OrgId: "o1", UserId: "u1"}
+
 // proc is one process as /proc shows it.
 type proc struct {
 	PID, PPID int
@@ -416,7 +419,7 @@ func waitReady(t *testing.T, svc *service, n *fakeNotify, from int, req *sandbox
 
 func deliver(t *testing.T, svc *service, sandbox, session, id, content string) sandboxv1.DeliveryResult {
 	t.Helper()
-	resp, err := svc.client.Deliver(context.Background(), &sandboxv1.DeliverRequest{SandboxId: sandbox, SessionId: session,
+	resp, err := svc.client.Deliver(context.Background(), &sandboxv1.DeliverRequest{Tenant: testTenant, SandboxId: sandbox, SessionId: session,
 		Messages: []*sandboxv1.DeliveryMessage{{MessageId: id, Content: content}}})
 	require.NoError(t, err)
 	return resp.GetResult()

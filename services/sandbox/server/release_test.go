@@ -41,13 +41,13 @@ func TestReleaseWithoutARouteRecordFailsClosed(t *testing.T) {
 			// (discovery only sees its own root's wrappers, issue 16).
 			second := startService(t, n.addr, func(c *server.Config) { c.SandboxRoot = first.root })
 
-			rel, err := second.client.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+			rel, err := second.client.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{Tenant: testTenant, SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
 			require.NoError(t, err)
 			if rel.GetAbsenceVerified() {
 				require.Empty(t, pidsOf(wrappersOf(t, sb)), "absence verified while the session's wrapper runs")
 			}
 			require.Eventually(t, func() bool {
-				rel, err = second.client.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+				rel, err = second.client.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{Tenant: testTenant, SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
 				require.NoError(t, err)
 				return rel.GetAbsenceVerified()
 			}, 60*time.Second, 100*time.Millisecond, "the release stops the wrapper and then verifies absence")

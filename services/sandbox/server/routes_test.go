@@ -30,7 +30,7 @@ func TestWorktreeSessionsShareOneRuntime(t *testing.T) {
 	require.Len(t, ws, 1)
 	require.Len(t, runtimesOf(t, instancesOf(ws)), 1, "one runtime process for the directory")
 
-	sc, err := svc.client.GetScope(context.Background(), &sandboxv1.GetScopeRequest{SandboxId: sb, Directory: "/repo/a"})
+	sc, err := svc.client.GetScope(context.Background(), &sandboxv1.GetScopeRequest{Tenant: testTenant, SandboxId: sb, Directory: "/repo/a"})
 	require.NoError(t, err)
 	require.Equal(t, sandboxv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE, sc.GetScope().GetContract())
 	require.Len(t, sc.GetScope().GetMembers(), 2)
@@ -51,7 +51,7 @@ func TestWorktreeSessionsShareOneRuntime(t *testing.T) {
 	require.Equal(t, r1.Instance, p.GetRoute().GetWrapperInstance())
 
 	// Releasing one member keeps the runtime; releasing the last stops it.
-	rel, err := svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
+	rel, err := svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{Tenant: testTenant, SandboxId: sb, SessionId: "s1", Reason: "session-delete"})
 	require.NoError(t, err)
 	require.False(t, rel.GetLastMember())
 	require.True(t, rel.GetAbsenceVerified())
@@ -61,7 +61,7 @@ func TestWorktreeSessionsShareOneRuntime(t *testing.T) {
 	logs, _ := filepath.Glob(filepath.Join(svc.root, sb, "logs", "*.log"))
 	require.NotEmpty(t, logs)
 	require.Eventually(t, func() bool {
-		rel, err = svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: "s2", Reason: "session-delete"})
+		rel, err = svc.client.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{Tenant: testTenant, SandboxId: sb, SessionId: "s2", Reason: "session-delete"})
 		require.NoError(t, err)
 		require.True(t, rel.GetLastMember())
 		return rel.GetAbsenceVerified()
@@ -98,7 +98,7 @@ func TestPerSessionSessionsGetOwnRuntimes(t *testing.T) {
 	require.Equal(t, map[string]bool{"s1": true, "s2": true}, keys)
 	require.Eventually(t, func() bool { return len(runtimesOf(t, instancesOf(wrappersOf(t, sb)))) == 2 }, 30*time.Second, 50*time.Millisecond)
 
-	sc, err := svc.client.GetScope(context.Background(), &sandboxv1.GetScopeRequest{SandboxId: sb, Directory: "/repo/b"})
+	sc, err := svc.client.GetScope(context.Background(), &sandboxv1.GetScopeRequest{Tenant: testTenant, SandboxId: sb, Directory: "/repo/b"})
 	require.NoError(t, err)
 	require.Equal(t, sandboxv1.RuntimeContract_RUNTIME_CONTRACT_PER_SESSION, sc.GetScope().GetContract())
 }

@@ -26,6 +26,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/credclient"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
+	"agentplane.dev/services/sandbox/internal/tenancy"
 	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/provider/process"
@@ -109,15 +110,17 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return err
 	}
-	if err := registerServices(srv, cfg, drv, notifier, egr, recMetrics, admissions, log); err != nil {
+	if err := registerServices(srv, cfg, rdb, drv, notifier, egr, recMetrics, admissions, log); err != nil {
 		return err
 	}
 
 	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv, prov) })
 	if bnd.controlLn != nil {
 		// The same server on the control socket (after every service is
-		// registered); its GracefulStop ends both.
-		go func() { _ = srv.GRPC().Serve(bnd.controlLn) }()
+		// registered; its GracefulStop ends both), but every sandbox holds
+		// that socket: there it serves the wrapper's stream and health only,
+		// with or without an internal token (DESIGN.md 3.3).
+		go func() { _ = srv.ServeRestricted(bnd.controlLn, grpcapi.ControlSocketServes) }()
 	}
 	err = srv.Serve(ctx)
 	if errors.Is(err, context.Canceled) {
@@ -224,7 +227,7 @@ func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notif
 
 // registerServices puts the metrics, the egress proxy and the two gRPC
 // services on srv.
-func registerServices(srv *grpcserver.Server, cfg Config, drv *driver.Driver, notifier *notify.Notifier, egr *egressSetup,
+func registerServices(srv *grpcserver.Server, cfg Config, rdb redis.UniversalClient, drv *driver.Driver, notifier *notify.Notifier, egr *egressSetup,
 	recMetrics *reconciler.Metrics, admissions *prometheus.CounterVec, log *slog.Logger) error {
 	registerMetrics(srv.Registry(), drv)
 	registerNotifyMetrics(srv.Registry(), notifier)
@@ -234,7 +237,7 @@ func registerServices(srv *grpcserver.Server, cfg Config, drv *driver.Driver, no
 	if err := egr.serve(cfg.Egress, drv, notifier, srv.Registry(), log.With("component", "egress")); err != nil {
 		return err
 	}
-	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{Driver: drv, Log: log})
+	sandboxv1.RegisterSandboxServiceServer(srv, &grpcapi.Sandbox{Driver: drv, Tenants: tenancy.Binder{Redis: rdb}, Log: log})
 	sandboxv1.RegisterWrapperControlServiceServer(srv, &grpcapi.Wrapper{Driver: drv, Log: log})
 	return nil
 }

@@ -67,7 +67,7 @@ func TestShutdownSendsQueuedNotifications(t *testing.T) {
 	// The session service comes back only once this replica stopped
 	// serving, when its notifier's loop is ending or has ended.
 	require.Eventually(t, func() bool {
-		_, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sb})
+		_, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{Tenant: testTenant, SandboxId: sb})
 		return err != nil
 	}, 30*time.Second, 5*time.Millisecond)
 	n.refuse.Store(false)

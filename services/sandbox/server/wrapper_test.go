@@ -63,7 +63,7 @@ func TestHelloRejectedAndCredentialNeverExposed(t *testing.T) {
 	svc := startService(t, n.addr, nil)
 	sb := uniqueSandbox(t)
 	waitReady(t, svc, n, 0, route(sb, "s1", "/repo/h"))
-	st, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{SandboxId: sb})
+	st, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{Tenant: testTenant, SandboxId: sb})
 	require.NoError(t, err)
 	alloc := st.GetSandbox().GetAllocationId()
 	require.NotEmpty(t, alloc)

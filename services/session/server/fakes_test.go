@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -55,11 +56,24 @@ type fakeSandbox struct {
 	aborts    map[string]int
 	releases  map[string]int
 	released  map[string]bool // absence verified for the session
+	tenants   map[string]string // sandbox → "org/user" that claimed it
 }
 
 func newFakeSandbox() *fakeSandbox {
 	return &fakeSandbox{prepares: map[string]int{}, delivered: map[string][]string{},
-		aborts: map[string]int{}, releases: map[string]int{}, released: map[string]bool{}}
+		aborts: map[string]int{}, releases: map[string]int{}, released: map[string]bool{}, tenants: map[string]string{}}
+}
+
+// ClaimSandbox binds like the sandbox service: the first tenant keeps it.
+func (f *fakeSandbox) ClaimSandbox(_ context.Context, r *sandboxv1.ClaimSandboxRequest) (*sandboxv1.ClaimSandboxResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := r.GetTenant().GetOrgId() + "/" + r.GetTenant().GetUserId()
+	if old, ok := f.tenants[r.GetSandboxId()]; ok && old != t {
+		return nil, apierr.Error(codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH", "the sandbox does not belong to this tenant")
+	}
+	f.tenants[r.GetSandboxId()] = t
+	return &sandboxv1.ClaimSandboxResponse{}, nil
 }
 
 func (f *fakeSandbox) Prepare(_ context.Context, r *sandboxv1.PrepareRequest) (*sandboxv1.PrepareResponse, error) {

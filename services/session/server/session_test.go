@@ -17,6 +17,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/services/session/internal/session"
 )
 
 func TestMain(m *testing.M) {
@@ -587,4 +588,38 @@ func TestConcurrentSendsAreDeliveredOnceInOrder(t *testing.T) {
 		e.waitState("s1", id, sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
 	}
 	require.Equal(t, want, e.sandbox.deliveredTo("s1"), "each message delivered once, in queue order")
+}
+
+// A session may name only a sandbox of its own tenant: another tenant's
+// (bound at its CreateSession), and another tenant's default sandbox id,
+// which anyone can compute, are refused at CreateSession with nothing
+// stored, the same answer either way.
+func TestCreateSessionRefusesAnotherTenantsSandbox(t *testing.T) {
+	e := newEnv(t)
+	alice := e.create("s-alice", "alice", "/work/repo") // org1/alice's default sandbox
+	create := func(id, sandbox string) error {
+		_, err := e.api.CreateSession(e.ctx, &sessionv1.CreateSessionRequest{
+			SessionId: id, UserId: "mallory", OrgId: "orgEvil", SandboxId: sandbox,
+			Worktree:   &sessionv1.Worktree{Directory: "/work/repo"},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-evil"},
+		})
+		return err
+	}
+	requireStatus(t, create("s-m1", alice.GetSandboxId()), codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
+	requireStatus(t, create("s-m2", session.SandboxFor("org1", "bob")), codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
+	for _, id := range []string{"s-m1", "s-m2"} {
+		_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: id})
+		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+		_, ok := e.creds.secret("cref-" + id)
+		require.False(t, ok, "no credential stored for %s", id)
+	}
+
+	// A sandbox id of its own choosing is the first claimant's.
+	require.NoError(t, create("s-m3", "team-room"))
+	_, err := e.api.CreateSession(e.ctx, &sessionv1.CreateSessionRequest{
+		SessionId: "s-a2", UserId: "alice", OrgId: "org1", SandboxId: "team-room",
+		Worktree:   &sessionv1.Worktree{Directory: "/work/repo"},
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-a"},
+	})
+	requireStatus(t, err, codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
 }

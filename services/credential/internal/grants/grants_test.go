@@ -94,7 +94,7 @@ func (e *env) put(t *testing.T, session string, class scope.Class, secret string
 func (e *env) join(t *testing.T, n int, fence uint64, secret string) scope.Join {
 	s := fmt.Sprintf("ses-%d", n)
 	return scope.Join{
-		Member: scope.Member{SessionID: s, RuntimeSessionID: "rs-" + s, UserID: "user-" + s, CredentialRef: e.put(t, s, scope.Static, secret)},
+		Member: scope.Member{SessionID: s, RuntimeSessionID: "rs-" + s, UserID: "user", CredentialRef: e.put(t, s, scope.Static, secret)},
 		Class:  scope.Static, Contract: scope.Worktree, Fence: fence, AllocationID: "alloc-1",
 	}
 }

@@ -37,6 +37,7 @@ const (
 	ReasonHandleInvalid         = "HANDLE_INVALID"
 	ReasonHandleSandboxMismatch = "HANDLE_SANDBOX_MISMATCH"
 	ReasonInternal              = "INTERNAL"
+	ReasonTenantMismatch        = "SANDBOX_TENANT_MISMATCH"
 )
 
 // Server implements credentialv1.CredentialServiceServer.
@@ -75,6 +76,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return apierr.Error(codes.Aborted, ReasonScopeBusy, "the scope kept changing; retry", apierr.RetryAfter(100*time.Millisecond))
 	case errors.Is(err, grants.ErrMalformedHandle), errors.Is(err, scope.ErrUnknownHandle), errors.Is(err, scope.ErrNoLiveMember):
 		return apierr.Error(codes.Unauthenticated, ReasonHandleInvalid, "handle invalid, expired, revoked or without a live member")
+	case errors.Is(err, scope.ErrTenantMismatch):
+		return apierr.Error(codes.PermissionDenied, ReasonTenantMismatch, "the scope belongs to another tenant")
 	case errors.Is(err, scope.ErrSandboxMismatch):
 		return apierr.Error(codes.PermissionDenied, ReasonHandleSandboxMismatch, "handle belongs to another sandbox")
 	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
@@ -348,12 +351,20 @@ func (s *Server) CheckScopeMember(ctx context.Context, req *credentialv1.CheckSc
 	var v violations
 	sc := v.scope(req.GetScope())
 	v.id("runtime_session_id", req.GetRuntimeSessionId())
+	if req.GetOrgId() != "" || req.GetUserId() != "" {
+		v.id("org_id", req.GetOrgId())
+		v.id("user_id", req.GetUserId())
+	}
 	if err := v.err(); err != nil {
 		return nil, err
 	}
 	m, live, err := s.svc.CheckMember(ctx, sc, req.GetRuntimeSessionId())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
+	}
+	if live && req.GetOrgId() != "" && (m.OrgID != req.GetOrgId() || m.UserID != req.GetUserId()) {
+		// A member of another tenant is nobody the caller may reach.
+		return &credentialv1.CheckScopeMemberResponse{}, nil
 	}
 	return &credentialv1.CheckScopeMemberResponse{Live: live, SessionId: m.SessionID}, nil
 }

@@ -184,6 +184,7 @@ func scopeMetadata(res *grants.Resolved, rsid string) (*ingestv1.ScopeMetadata, 
 	return &ingestv1.ScopeMetadata{Version: &ingestv1.ScopeMetadata_V2{V2: &ingestv1.ScopeV2{
 		SandboxId: res.Grant.Scope.SandboxID, Directory: res.Grant.Scope.Directory,
 		ResolvingRuntimeSessionId: res.Member.RuntimeSessionID,
+		OrgId:                     res.Member.OrgID, UserId: res.Member.UserID,
 	}}}, true
 }
 

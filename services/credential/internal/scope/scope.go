@@ -25,6 +25,9 @@ var (
 	ErrUnknownHandle     = errors.New("handle unknown, expired or retired")
 	ErrSandboxMismatch   = errors.New("handle belongs to another sandbox")
 	ErrNoLiveMember      = errors.New("no live member to resolve the handle through")
+	// ErrTenantMismatch: the joining member's tenant (org, user) is not the
+	// tenant of the scope's members; one scope's handle never serves two.
+	ErrTenantMismatch = errors.New("scope belongs to another tenant")
 )
 
 // MaxAccepted is the most live worktree entries a scope holds.
@@ -150,6 +153,18 @@ func (s *State) checkClass(c Class) error {
 	return nil
 }
 
+// checkTenant refuses a member whose tenant differs from any live member's
+// (the sandbox service binds a sandbox to one tenant; this holds the
+// credential side to it too).
+func (s *State) checkTenant(m Member) error {
+	for _, o := range s.Members {
+		if o.SessionID != m.SessionID && (o.OrgID != m.OrgID || o.UserID != m.UserID) {
+			return ErrTenantMismatch
+		}
+	}
+	return nil
+}
+
 func (s *State) upsertMember(m Member) {
 	for i := range s.Members {
 		if s.Members[i].SessionID == m.SessionID {
@@ -237,6 +252,9 @@ func (s *State) retireEntries() int {
 // Calling it again with the same fence returns the same handle.
 func (s *State) Mint(j Join, cand Candidate, now time.Time, p Policy) (Result, error) {
 	s.prune(now)
+	if err := s.checkTenant(j.Member); err != nil {
+		return Result{}, err
+	}
 	if err := s.checkClass(j.Class); err != nil {
 		return Result{}, err
 	}
@@ -286,6 +304,9 @@ func (s *State) Mint(j Join, cand Candidate, now time.Time, p Policy) (Result, e
 // Adopt gives a compatible sibling the accepted canonical handle.
 func (s *State) Adopt(j Join, now time.Time, p Policy) (Result, error) {
 	s.prune(now)
+	if err := s.checkTenant(j.Member); err != nil {
+		return Result{}, err
+	}
 	if err := s.checkClass(j.Class); err != nil {
 		return Result{}, err
 	}

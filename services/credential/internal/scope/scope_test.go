@@ -84,6 +84,26 @@ func TestClassMixed(t *testing.T) {
 	require.Len(t, st.Members, 1)
 }
 
+// A scope's handle serves one tenant: a member of another org, or another
+// user of the same org, neither mints nor adopts, and nothing changes.
+func TestTenantMismatch(t *testing.T) {
+	st := &State{Scope: sc}
+	_, err := st.Mint(join(1, 10), cand(), t0, policy)
+	require.NoError(t, err)
+	before := fmt.Sprintf("%+v", *st)
+	for _, other := range []struct{ org, user string }{{"evil", "u"}, {"", "mallory"}} {
+		j := join(2, 10)
+		j.Member.OrgID, j.Member.UserID = other.org, other.user
+		_, err = st.Adopt(j, t0, policy)
+		require.ErrorIs(t, err, ErrTenantMismatch)
+		_, err = st.Mint(j, cand(), t0, policy)
+		require.ErrorIs(t, err, ErrTenantMismatch)
+	}
+	require.Equal(t, before, fmt.Sprintf("%+v", *st))
+	_, err = st.Adopt(join(2, 10), t0, policy)
+	require.NoError(t, err, "the same tenant still joins")
+}
+
 func TestContractDowngradeRefusedPerSessionKeepsWorking(t *testing.T) {
 	st := &State{Scope: sc}
 	ps := join(1, 10)

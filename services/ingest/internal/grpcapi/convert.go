@@ -52,9 +52,14 @@ func scopeFromProto(pb *ingestv1.ScopeMetadata) (scope.Metadata, []history.Viola
 		vs := history.ValidateRef("scope.v2.sandbox_id", v.V2.GetSandboxId(), ident.ID)
 		vs = append(vs, history.ValidateRef("scope.v2.directory", v.V2.GetDirectory(), ident.Directory)...)
 		vs = append(vs, history.ValidateRuntimeSessionID("scope.v2.resolving_runtime_session_id", v.V2.GetResolvingRuntimeSessionId())...)
+		// The tenant is required: without it the check could not hold a
+		// scope to one tenant.
+		vs = append(vs, history.ValidateRef("scope.v2.org_id", v.V2.GetOrgId(), ident.ID)...)
+		vs = append(vs, history.ValidateRef("scope.v2.user_id", v.V2.GetUserId(), ident.ID)...)
 		return scope.Metadata{V2: &scope.V2{
 			SandboxID: v.V2.GetSandboxId(), Directory: v.V2.GetDirectory(),
 			ResolvingRuntimeSessionID: v.V2.GetResolvingRuntimeSessionId(),
+			Tenant:                    scope.Tenant{Org: v.V2.GetOrgId(), User: v.V2.GetUserId()},
 		}}, vs
 	default:
 		return scope.Metadata{}, nil

@@ -59,7 +59,9 @@ func (f *fakeCredential) CheckScopeMember(ctx context.Context, req *credentialv1
 	if f.failing {
 		return nil, context.DeadlineExceeded
 	}
-	live := f.live[[3]string{req.GetScope().GetSandboxId(), req.GetScope().GetDirectory(), req.GetRuntimeSessionId()}]
+	// Every live member is tenant o1/u1's.
+	live := f.live[[3]string{req.GetScope().GetSandboxId(), req.GetScope().GetDirectory(), req.GetRuntimeSessionId()}] &&
+		req.GetOrgId() == "o1" && req.GetUserId() == "u1"
 	return &credentialv1.CheckScopeMemberResponse{Live: live}, nil
 }
 

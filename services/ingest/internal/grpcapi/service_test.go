@@ -260,7 +260,7 @@ func v1(id string) *ingestv1.ScopeMetadata {
 
 func v2(sandbox, dir, resolving string) *ingestv1.ScopeMetadata {
 	return &ingestv1.ScopeMetadata{Version: &ingestv1.ScopeMetadata_V2{V2: &ingestv1.ScopeV2{
-		SandboxId: sandbox, Directory: dir, ResolvingRuntimeSessionId: resolving,
+		SandboxId: sandbox, Directory: dir, ResolvingRuntimeSessionId: resolving, OrgId: "o1", UserId: "u1",
 	}}}
 }
 

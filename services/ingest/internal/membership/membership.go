@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
+	"agentplane.dev/services/ingest/internal/scope"
 )
 
 // Client is a scope.MemberChecker backed by CredentialService.CheckScopeMember.
@@ -21,10 +22,10 @@ func New(conn grpc.ClientConnInterface) *Client {
 }
 
 // IsLiveMember implements scope.MemberChecker.
-func (c *Client) IsLiveMember(ctx context.Context, sandboxID, directory, runtimeSessionID string) (bool, error) {
+func (c *Client) IsLiveMember(ctx context.Context, sandboxID, directory, runtimeSessionID string, t scope.Tenant) (bool, error) {
 	resp, err := c.credential.CheckScopeMember(ctx, &credentialv1.CheckScopeMemberRequest{
 		Scope:            &credentialv1.Scope{SandboxId: sandboxID, Directory: directory},
-		RuntimeSessionId: runtimeSessionID,
+		RuntimeSessionId: runtimeSessionID, OrgId: t.Org, UserId: t.User,
 	})
 	if err != nil {
 		return false, err

@@ -4,8 +4,8 @@
 //     admitted. Internal auth already ran in the server's interceptors.
 //   - V1 (per-session handle): only the caller's own runtime session.
 //   - V2 (adopted worktree handle): any live member root of the worktree scope, provided the
-//     member the handle resolved through is live too. A deleted member's root and another
-//     scope's are refused.
+//     member the handle resolved through is live too, each of the resolving member's tenant.
+//     A deleted member's root, another scope's and another tenant's are refused.
 package scope
 
 import (
@@ -36,12 +36,19 @@ type V2 struct {
 	SandboxID                 string
 	Directory                 string
 	ResolvingRuntimeSessionID string
+	// The resolving member's tenant: every member checked must have it.
+	Tenant Tenant
+}
+
+// Tenant is an (org, user); a sandbox, and each of its scopes, has one.
+type Tenant struct {
+	Org, User string
 }
 
 // MemberChecker answers whether runtimeSessionID is a live member root of the scope
-// (sandboxID, directory). The credential service owns the answer.
+// (sandboxID, directory) whose tenant is t. The credential service owns the answer.
 type MemberChecker interface {
-	IsLiveMember(ctx context.Context, sandboxID, directory, runtimeSessionID string) (bool, error)
+	IsLiveMember(ctx context.Context, sandboxID, directory, runtimeSessionID string, t Tenant) (bool, error)
 }
 
 // Admitter applies the rules above.
@@ -62,7 +69,7 @@ func (a Admitter) Admit(ctx context.Context, md Metadata, target string) error {
 		// The resolving member first: a handle that resolved through a member that has
 		// since left must not keep reaching its siblings.
 		for _, id := range uniq(md.V2.ResolvingRuntimeSessionID, target) {
-			live, err := a.Members.IsLiveMember(ctx, md.V2.SandboxID, md.V2.Directory, id)
+			live, err := a.Members.IsLiveMember(ctx, md.V2.SandboxID, md.V2.Directory, id, md.V2.Tenant)
 			if err != nil {
 				return fmt.Errorf("%w: %w", ErrUnavailable, err)
 			}

@@ -8,22 +8,33 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// members is a MemberChecker over a fixed set of live (sandbox, directory, runtime session).
+// members is a MemberChecker over a fixed set of live (sandbox, directory, runtime session),
+// every one of tenant alice (org o1) but "m", mallory's (org o2).
 type members struct {
 	live  map[[3]string]bool
 	err   error
 	asked []string
 }
 
-func (m *members) IsLiveMember(_ context.Context, sandbox, dir, rs string) (bool, error) {
+var alice, mallory = Tenant{Org: "o1", User: "alice"}, Tenant{Org: "o2", User: "mallory"}
+
+func (m *members) IsLiveMember(_ context.Context, sandbox, dir, rs string, t Tenant) (bool, error) {
 	m.asked = append(m.asked, rs)
-	return m.live[[3]string{sandbox, dir, rs}], m.err
+	owner := alice
+	if rs == "m" {
+		owner = mallory
+	}
+	return m.live[[3]string{sandbox, dir, rs}] && t == owner, m.err
 }
 
 func TestAdmit(t *testing.T) {
-	live := map[[3]string]bool{{"sbx", "/w", "a"}: true, {"sbx", "/w", "b"}: true, {"sbx", "/x", "c"}: true}
+	live := map[[3]string]bool{{"sbx", "/w", "a"}: true, {"sbx", "/w", "b"}: true, {"sbx", "/x", "c"}: true, {"sbx", "/w", "m"}: true}
 	v2 := func(sandbox, dir, resolving string) Metadata {
-		return Metadata{V2: &V2{SandboxID: sandbox, Directory: dir, ResolvingRuntimeSessionID: resolving}}
+		t := alice
+		if resolving == "m" {
+			t = mallory
+		}
+		return Metadata{V2: &V2{SandboxID: sandbox, Directory: dir, ResolvingRuntimeSessionID: resolving, Tenant: t}}
 	}
 	tests := []struct {
 		name   string
@@ -41,6 +52,8 @@ func TestAdmit(t *testing.T) {
 		{"v2 other sandbox", v2("sbx2", "/w", "a"), "b", ErrMismatch, []string{"a"}},
 		{"v2 resolving member gone", v2("sbx", "/w", "gone"), "b", ErrMismatch, []string{"gone"}},
 		{"v2 deleted member's root", v2("sbx", "/w", "a"), "gone", ErrMismatch, []string{"a", "gone"}},
+		{"v2 another tenant's member", v2("sbx", "/w", "a"), "m", ErrMismatch, []string{"a", "m"}},
+		{"v2 from another tenant's member", v2("sbx", "/w", "m"), "a", ErrMismatch, []string{"m", "a"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,7 +71,7 @@ func TestAdmit(t *testing.T) {
 
 func TestAdmitUnavailableIsNeverAdmission(t *testing.T) {
 	m := &members{live: map[[3]string]bool{{"sbx", "/w", "a"}: true}, err: errors.New("connection refused")}
-	err := Admitter{Members: m}.Admit(context.Background(), Metadata{V2: &V2{SandboxID: "sbx", Directory: "/w", ResolvingRuntimeSessionID: "a"}}, "a")
+	err := Admitter{Members: m}.Admit(context.Background(), Metadata{V2: &V2{SandboxID: "sbx", Directory: "/w", ResolvingRuntimeSessionID: "a", Tenant: alice}}, "a")
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.NotErrorIs(t, err, ErrMismatch)
 }

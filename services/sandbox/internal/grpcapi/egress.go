@@ -30,8 +30,12 @@ func (s *Sandbox) UpdateEgressPolicy(ctx context.Context, req *sandboxv1.UpdateE
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetVersion() > 0, "version", "a positive version")
 	p := checkEgress(&v, "egress", req.GetEgress())
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if len(v) > 0 {
 		return nil, apierr.Error(codes.InvalidArgument, ReasonInvalidEgress, "invalid egress policy", v...)
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
+		return nil, err
 	}
 	applied, err := s.Driver.UpdateEgress(ctx, req.GetSandboxId(), req.GetSessionId(), p, req.GetVersion())
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 func TestUpdateEgressPolicyRefusesBadInput(t *testing.T) {
 	s := &Sandbox{}
 	_, err := s.UpdateEgressPolicy(context.Background(), &sandboxv1.UpdateEgressPolicyRequest{
-		SessionId: "s1", SandboxId: "sb1", Version: 0,
+		SessionId: "s1", SandboxId: "sb1", Version: 0, Tenant: &sandboxv1.Tenant{OrgId: "o1", UserId: "u1"},
 		Egress: &sandboxv1.EgressPolicy{Allow: []*sandboxv1.EgressRule{{Host: "*."}, {Host: "ok.example", Ports: []uint32{0}}}},
 	})
 	require.Equal(t, codes.InvalidArgument, status.Code(err))

@@ -16,6 +16,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/tenancy"
 )
 
 // Reasons returned by the sandbox service (docs/errors.md).
@@ -33,6 +34,7 @@ const (
 	ReasonWorktreeUnavail   = "WORKTREE_UNAVAILABLE"
 	ReasonNotWorktree       = "SCOPE_NOT_WORKTREE"
 	ReasonInvalidEgress     = "INVALID_EGRESS_POLICY"
+	ReasonTenantMismatch    = "SANDBOX_TENANT_MISMATCH"
 )
 
 // toStatus is the service's one error translator. A store outage is
@@ -46,6 +48,9 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, tenancy.ErrMismatch):
+		// Never says whether the sandbox exists: a sandbox id is no secret.
+		return apierr.Error(codes.PermissionDenied, ReasonTenantMismatch, "the sandbox does not belong to this tenant")
 	case errors.Is(err, driver.ErrRouteNotFound):
 		return apierr.Error(codes.NotFound, ReasonRouteNotFound, "no route for this session in this sandbox")
 	case errors.Is(err, driver.ErrWorktreeUnavailable):

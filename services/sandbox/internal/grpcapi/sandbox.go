@@ -13,14 +13,16 @@ import (
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/route"
 	"agentplane.dev/services/sandbox/internal/store"
+	"agentplane.dev/services/sandbox/internal/tenancy"
 	"agentplane.dev/services/sandbox/internal/wrapperconn"
 )
 
 // Sandbox serves SandboxService.
 type Sandbox struct {
 	sandboxv1.UnimplementedSandboxServiceServer
-	Driver *driver.Driver
-	Log    *slog.Logger // internal errors are logged here (toStatus)
+	Driver  *driver.Driver
+	Tenants Tenants      // every call that names a sandbox checks its tenant first
+	Log     *slog.Logger // internal errors are logged here (toStatus)
 }
 
 var classNames = map[sandboxv1.CredentialClass]string{
@@ -43,8 +45,14 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 	v.check(len(r.GetGitCredentialRef()) <= 512, "route.git_credential_ref", "at most 512 bytes")
 	v.check(len(r.GetRepoRef()) <= 255, "route.repo_ref", "at most 255 bytes")
 	egress := checkEgress(&v, "route.egress", r.GetEgress())
+	v.check(validID(r.GetOrgId()), "route.org_id", idRule)
+	v.check(validID(r.GetUserId()), "route.user_id", idRule)
 	if err := v.err("invalid route"); err != nil {
 		return nil, err
+	}
+	// The route's tenant creates the sandbox or must be the one it has.
+	if err := s.Tenants.Claim(ctx, r.GetSandboxId(), tenancy.Tenant{Org: r.GetOrgId(), User: r.GetUserId()}); err != nil {
+		return nil, toStatus(ctx, s.Log, err)
 	}
 	view, err := s.Driver.Prepare(ctx, driver.RouteSpec{
 		SessionID: r.GetSessionId(), SandboxID: r.GetSandboxId(), Directory: r.GetDirectory(), RepoURL: r.GetRepoUrl(),
@@ -71,7 +79,11 @@ func (s *Sandbox) Deliver(ctx context.Context, req *sandboxv1.DeliverRequest) (*
 		v.check(len(m.GetContent()) <= 1<<20, "messages.content", "at most 1 MiB")
 		msgs = append(msgs, driver.Message{ID: m.GetMessageId(), Content: m.GetContent()})
 	}
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid delivery"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	sent, view, err := s.Driver.Deliver(ctx, req.GetSandboxId(), req.GetSessionId(), msgs)
@@ -90,7 +102,11 @@ func (s *Sandbox) Status(ctx context.Context, req *sandboxv1.StatusRequest) (*sa
 	var v violations
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetSessionId() == "" || validID(req.GetSessionId()), "session_id", idRule)
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid status request"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	st, err := s.Driver.Status(ctx, req.GetSandboxId(), req.GetSessionId())
@@ -123,7 +139,11 @@ func (s *Sandbox) Abort(ctx context.Context, req *sandboxv1.AbortRequest) (*sand
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetMessageId() == "" || validID(req.GetMessageId()), "message_id", idRule)
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid abort"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	sent, err := s.Driver.Abort(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetMessageId())
@@ -139,7 +159,11 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(len(req.GetReason()) <= 64, "reason", "at most 64 bytes")
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid release"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	reason := req.GetReason()
@@ -169,7 +193,11 @@ func (s *Sandbox) GetScope(ctx context.Context, req *sandboxv1.GetScopeRequest) 
 	var v violations
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(validDirectory(req.GetDirectory()), "directory", "an absolute normalized path")
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid scope request"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	sc, err := s.Driver.Scope(ctx, req.GetSandboxId(), req.GetDirectory())

@@ -14,7 +14,11 @@ func (s *Sandbox) WorktreeChanges(ctx context.Context, req *sandboxv1.WorktreeCh
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid worktree request"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	ch, err := s.Driver.WorktreeChanges(ctx, req.GetSandboxId(), req.GetSessionId())
@@ -31,7 +35,11 @@ func (s *Sandbox) PushWorktree(ctx context.Context, req *sandboxv1.PushWorktreeR
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
 	v.check(req.GetBranch() != "" && len(req.GetBranch()) <= 200, "branch", "1 to 200 bytes")
 	v.check(req.GetCommitMessage() != "" && len(req.GetCommitMessage()) <= 64<<10, "commit_message", "1 byte to 64 KiB")
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid push request"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	p, err := s.Driver.PushWorktree(ctx, req.GetSandboxId(), req.GetSessionId(), req.GetBranch(), req.GetCommitMessage())
@@ -47,7 +55,11 @@ func (s *Sandbox) RotateHandle(ctx context.Context, req *sandboxv1.RotateHandleR
 	var v violations
 	v.check(validID(req.GetSessionId()), "session_id", idRule)
 	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	t := checkTenant(&v, "tenant", req.GetTenant())
 	if err := v.err("invalid rotation request"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
 		return nil, err
 	}
 	r, err := s.Driver.RotateHandle(ctx, req.GetSandboxId(), req.GetSessionId())

@@ -16,6 +16,13 @@ import (
 // with their launch credential in Hello.
 const ConnectMethod = "/agentplane.sandbox.v1.WrapperControlService/Connect"
 
+// ControlSocketServes is what the control socket, handed into every
+// sandbox, serves: the wrapper's stream and health. Everything else
+// (SandboxService, reflection) stays on the service's own port.
+func ControlSocketServes(fullMethod string) bool {
+	return fullMethod == ConnectMethod || fullMethod == "/grpc.health.v1.Health/Check" || fullMethod == "/grpc.health.v1.Health/Watch"
+}
+
 // Wrapper serves WrapperControlService.
 type Wrapper struct {
 	sandboxv1.UnimplementedWrapperControlServiceServer

@@ -11,6 +11,7 @@
 //	sbx:{sbx/id}:slots     hash: runtime key → KeyAllocation JSON (allocation state)
 //	sbx:{sbx/id}:wrapper-leases  hash: runtime key → wrapper lease (internal/leasestore)
 //	sbx:{sbx/id}:egress    string: EgressWindow JSON, expiring when the window ends
+//	sbx:{sbx/id}:tenant    string: the tenant the sandbox belongs to (internal/tenancy; set once, never fenced, never changed)
 //	sbx:index          set of sandbox ids with state (scanned for takeover; not fenced)
 package store
 
@@ -262,4 +263,47 @@ func putJSON(ctx context.Context, w Writer, key, field string, v any) error {
 		return err
 	}
 	return w.Guard(ctx, fence.HSet(key, field, b))
+}
+
+// ClaimTenant records tenant as the sandbox's tenant unless one is recorded
+// already, and returns the recorded one: one script, so of two tenants racing
+// to claim a sandbox exactly one wins. Not fenced: the binding is not the
+// owner's state, any replica may record it, and nothing ever changes it.
+func ClaimTenant(ctx context.Context, rdb redis.Scripter, sandboxID, tenant string) (string, error) {
+	return claimTenant.Run(ctx, rdb, []string{Key(sandboxID, "tenant")}, tenant).Text()
+}
+
+var claimTenant = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]`)
+
+// LoadTenant reads the sandbox's recorded tenant ("" when none is).
+func LoadTenant(ctx context.Context, rdb redis.UniversalClient, sandboxID string) (string, error) {
+	v, err := rdb.Get(ctx, Key(sandboxID, "tenant")).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
+}
+
+// RouteTenants returns the (org, user) of every stored route of the sandbox
+// that names one, whether or not the route parses otherwise: the tenants
+// of a sandbox recorded before sandboxes had one.
+func RouteTenants(ctx context.Context, rdb redis.UniversalClient, sandboxID string) ([][2]string, error) {
+	m, err := rdb.HGetAll(ctx, Key(sandboxID, "routes")).Result()
+	if err != nil {
+		return nil, err
+	}
+	var out [][2]string
+	for _, v := range m {
+		var r struct {
+			OrgID  string `json:"org_id"`
+			UserID string `json:"user_id"`
+		}
+		if json.Unmarshal([]byte(v), &r) == nil && (r.OrgID != "" || r.UserID != "") {
+			out = append(out, [2]string{r.OrgID, r.UserID})
+		}
+	}
+	return out, nil
 }

@@ -26,6 +26,7 @@ const (
 	ReasonDeletionPendingCleanup = "DELETION_PENDING_CLEANUP"
 	ReasonPeerUnavailable        = "PEER_UNAVAILABLE"
 	ReasonAgentUnavailable       = "AGENT_UNAVAILABLE"
+	ReasonSandboxTenantMismatch  = "SANDBOX_TENANT_MISMATCH"
 	ReasonSessionBusy            = "SESSION_BUSY"
 	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
@@ -98,6 +99,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, session.ErrAgentUnavailable):
 		return apierr.Error(codes.InvalidArgument, ReasonAgentUnavailable, err.Error(),
 			apierr.FieldViolation("agent.profile", "not an agent profile the sandbox service has installed"))
+	case errors.Is(err, session.ErrSandboxTenantMismatch):
+		// Never says whether the sandbox exists: a sandbox id is no secret.
+		return apierr.Error(codes.PermissionDenied, ReasonSandboxTenantMismatch, "the sandbox does not belong to this tenant",
+			apierr.FieldViolation("sandbox_id", "a sandbox of another tenant"))
 	case errors.Is(err, session.ErrPeerUnavailable):
 		log.WarnContext(ctx, "peer unavailable", "error", err)
 		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")

@@ -32,6 +32,10 @@ func SandboxRouter(conns *grpcclient.Conns) *grpcclient.OwnerRouter {
 	return grpcclient.NewOwnerRouter(conns, ReasonSandboxOwnedElsewhere, SandboxKey)
 }
 
+// ReasonSandboxTenantMismatch is the sandbox service's answer to a call
+// naming a sandbox of another tenant (docs/errors.md).
+const ReasonSandboxTenantMismatch = "SANDBOX_TENANT_MISMATCH"
+
 // ReasonSandboxOwnedElsewhere is the sandbox service's answer from a
 // replica that does not own the sandbox (docs/errors.md).
 const ReasonSandboxOwnedElsewhere = "SANDBOX_OWNED_ELSEWHERE"
@@ -68,6 +72,12 @@ func routeSpec(s *session.Session) *sandboxv1.RouteSpec {
 	}
 }
 
+// tenant is the session's tenant as every SandboxService call names it:
+// from the session's stored owner, never from anything a runtime sent.
+func tenant(s *session.Session) *sandboxv1.Tenant {
+	return &sandboxv1.Tenant{OrgId: s.OrgID, UserId: s.UserID}
+}
+
 func egressProto(p egresspolicy.Policy) *sandboxv1.EgressPolicy {
 	if p.Empty() {
 		return nil
@@ -82,7 +92,7 @@ func egressProto(p egresspolicy.Policy) *sandboxv1.EgressPolicy {
 // UpdateEgress sends the session's egress policy to its sandbox.
 func (p Sandbox) UpdateEgress(ctx context.Context, s *session.Session) error {
 	_, err := p.C.UpdateEgressPolicy(ctx, &sandboxv1.UpdateEgressPolicyRequest{
-		SessionId: s.ID, SandboxId: s.SandboxID, Egress: egressProto(s.Egress), Version: s.EgressVersion})
+		SessionId: s.ID, SandboxId: s.SandboxID, Egress: egressProto(s.Egress), Version: s.EgressVersion, Tenant: tenant(s)})
 	return err
 }
 
@@ -130,6 +140,19 @@ func routeView(v *sandboxv1.RouteView) session.RouteView {
 	return out
 }
 
+// ClaimSandbox binds the sandbox to the tenant or refuses it
+// (session.ErrSandboxTenantMismatch); any other failure is a peer outage.
+func (p Sandbox) ClaimSandbox(ctx context.Context, sandboxID string, t session.Tenant) error {
+	_, err := p.C.ClaimSandbox(ctx, &sandboxv1.ClaimSandboxRequest{SandboxId: sandboxID, Tenant: &sandboxv1.Tenant{OrgId: t.Org, UserId: t.User}})
+	switch {
+	case err == nil:
+		return nil
+	case apierr.Reason(err) == ReasonSandboxTenantMismatch:
+		return session.ErrSandboxTenantMismatch
+	}
+	return fmt.Errorf("%w: sandbox: %w", session.ErrPeerUnavailable, err)
+}
+
 func (p Sandbox) Prepare(ctx context.Context, s *session.Session) (session.RouteView, error) {
 	resp, err := p.C.Prepare(ctx, &sandboxv1.PrepareRequest{Route: routeSpec(s)})
 	if err != nil {
@@ -139,7 +162,7 @@ func (p Sandbox) Prepare(ctx context.Context, s *session.Session) (session.Route
 }
 
 func (p Sandbox) Deliver(ctx context.Context, s *session.Session, msgs []*session.Message) (bool, session.RouteView, error) {
-	req := &sandboxv1.DeliverRequest{SessionId: s.ID, SandboxId: s.SandboxID}
+	req := &sandboxv1.DeliverRequest{SessionId: s.ID, SandboxId: s.SandboxID, Tenant: tenant(s)}
 	for _, m := range msgs {
 		req.Messages = append(req.Messages, &sandboxv1.DeliveryMessage{MessageId: m.ID, Content: m.Content})
 	}
@@ -157,13 +180,17 @@ func (p Sandbox) Deliver(ctx context.Context, s *session.Session, msgs []*sessio
 }
 
 func (p Sandbox) Abort(ctx context.Context, s *session.Session, messageID string) error {
-	_, err := p.C.Abort(ctx, &sandboxv1.AbortRequest{SessionId: s.ID, SandboxId: s.SandboxID, MessageId: messageID})
+	_, err := p.C.Abort(ctx, &sandboxv1.AbortRequest{SessionId: s.ID, SandboxId: s.SandboxID, MessageId: messageID, Tenant: tenant(s)})
 	return err
 }
 
-func (p Sandbox) ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason string) (service.Release, error) {
-	resp, err := p.C.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SessionId: sessionID, SandboxId: sandboxID, Reason: reason})
+func (p Sandbox) ReleaseRoute(ctx context.Context, r service.RouteRef, reason string) (service.Release, error) {
+	resp, err := p.C.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SessionId: r.SessionID, SandboxId: r.SandboxID, Reason: reason,
+		Tenant: &sandboxv1.Tenant{OrgId: r.Tenant.Org, UserId: r.Tenant.User}})
 	if err != nil {
+		if apierr.Reason(err) == ReasonSandboxTenantMismatch {
+			return service.Release{}, session.ErrSandboxTenantMismatch
+		}
 		return service.Release{}, err
 	}
 	return service.Release{
@@ -174,7 +201,7 @@ func (p Sandbox) ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason 
 }
 
 func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*gitrepo.Changes, error) {
-	resp, err := p.C.WorktreeChanges(ctx, &sandboxv1.WorktreeChangesRequest{SessionId: s.ID, SandboxId: s.SandboxID})
+	resp, err := p.C.WorktreeChanges(ctx, &sandboxv1.WorktreeChangesRequest{SessionId: s.ID, SandboxId: s.SandboxID, Tenant: tenant(s)})
 	if err != nil {
 		return nil, worktreeErr(err)
 	}
@@ -194,7 +221,7 @@ func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*gitr
 }
 
 func (p Sandbox) PushWorktree(ctx context.Context, s *session.Session, branch, message string) (service.Pushed, error) {
-	resp, err := p.C.PushWorktree(ctx, &sandboxv1.PushWorktreeRequest{SessionId: s.ID, SandboxId: s.SandboxID, Branch: branch, CommitMessage: message})
+	resp, err := p.C.PushWorktree(ctx, &sandboxv1.PushWorktreeRequest{SessionId: s.ID, SandboxId: s.SandboxID, Branch: branch, CommitMessage: message, Tenant: tenant(s)})
 	if err != nil {
 		return service.Pushed{}, worktreeErr(err)
 	}

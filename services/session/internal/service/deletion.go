@@ -144,10 +144,16 @@ func (d *deletionAttempt) postpone(ctx context.Context, step string, peerAsked t
 func (d *deletionAttempt) releaseRoute(ctx context.Context) error {
 	sctx, step := tracer.Start(ctx, "session.delete.release_route")
 	pctx, cancel := d.s.peerCtx(sctx)
-	rel, err := d.s.sandbox.ReleaseRoute(pctx, d.in.SessionID, d.in.SandboxID, "session-delete")
+	rel, err := d.s.sandbox.ReleaseRoute(pctx, RouteRef{SessionID: d.in.SessionID, SandboxID: d.in.SandboxID,
+		Tenant: session.Tenant{Org: d.in.OrgID, User: d.in.UserID}}, "session-delete")
 	cancel()
 	step.End()
 	switch {
+	case errors.Is(err, session.ErrSandboxTenantMismatch):
+		// The sandbox is another tenant's: since CreateSession claims it,
+		// only a session stored before tenancy can be here, and no route
+		// of it may be driven there any more (decision 53).
+		d.s.log.WarnContext(ctx, "deletion: the session's sandbox belongs to another tenant; nothing released", "session_id", d.id)
 	case err != nil:
 		// Could not ask: never read as absence.
 		return d.postpone(ctx, "release_route", 0, err)

@@ -18,7 +18,10 @@ type Sandbox interface {
 	// Abort sends a best-effort abort of the running turn.
 	Abort(ctx context.Context, s *session.Session, messageID string) error
 	// ReleaseRoute removes the session from its runtime key.
-	ReleaseRoute(ctx context.Context, sessionID, sandboxID, reason string) (Release, error)
+	ReleaseRoute(ctx context.Context, r RouteRef, reason string) (Release, error)
+	// ClaimSandbox binds the sandbox to the tenant unless it is bound, and
+	// refuses one bound to another tenant (session.ErrSandboxTenantMismatch).
+	ClaimSandbox(ctx context.Context, sandboxID string, t session.Tenant) error
 	// CheckAgent resolves an agent profile (session.ErrAgentUnavailable
 	// when the sandbox service has no such installed profile).
 	CheckAgent(ctx context.Context, a session.Agent) (session.Agent, error)
@@ -30,6 +33,12 @@ type Sandbox interface {
 	// to the sandbox service; once it returns, the sandbox's egress proxy
 	// applies it to every new connection.
 	UpdateEgress(ctx context.Context, s *session.Session) error
+}
+
+// RouteRef names a session's route and the tenant it belongs to.
+type RouteRef struct {
+	SessionID, SandboxID string
+	Tenant               session.Tenant
 }
 
 // Pushed is what PushWorktree pushed.

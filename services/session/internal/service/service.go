@@ -197,6 +197,9 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		}
 		return old, nil
 	}
+	if err := s.claimSandbox(ctx, in.SandboxID, session.Tenant{Org: in.OrgID, User: in.UserID}); err != nil {
+		return nil, err
+	}
 	if in.Agent.Profile != "" || in.Agent.Model != "" {
 		// The sandbox service owns the profiles; an unknown or uninstalled
 		// one is refused before anything is stored.
@@ -243,6 +246,18 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		s.metrics.created()
 	}
 	return stored, err
+}
+
+// claimSandbox binds the session's sandbox to its tenant, or refuses a
+// sandbox of another tenant, before anything of the session is stored
+// (DESIGN.md 3.3 "Tenancy").
+func (s *Service) claimSandbox(ctx context.Context, sandboxID string, t session.Tenant) error {
+	if session.OthersDefaultSandbox(sandboxID, t) {
+		return session.ErrSandboxTenantMismatch
+	}
+	pctx, cancel := s.peerCtx(ctx)
+	defer cancel()
+	return s.sandbox.ClaimSandbox(pctx, sandboxID, t)
 }
 
 // sameAgent compares the agent of a stored session with a repeated

@@ -18,6 +18,9 @@ var (
 	// ErrAgentUnavailable: the sandbox service has no such (installed)
 	// agent profile, or the model name is unusable.
 	ErrAgentUnavailable = errors.New("agent unavailable")
+	// ErrSandboxTenantMismatch: the session names a sandbox that belongs
+	// to another tenant (or whether it exists is not said).
+	ErrSandboxTenantMismatch = errors.New("the sandbox belongs to another tenant")
 )
 
 // Violation is one bad field of a request.

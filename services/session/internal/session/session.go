@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -171,4 +172,24 @@ func Digest(s string) string {
 func SandboxFor(orgID, userID string) string {
 	sum := sha256.Sum256([]byte(orgID + "\x00" + userID))
 	return "sbx-" + hex.EncodeToString(sum[:8])
+}
+
+// Tenant is who a session, and the sandbox it runs in, belongs to.
+type Tenant struct {
+	Org, User string
+}
+
+// OthersDefaultSandbox reports whether sandboxID has the shape of a default
+// sandbox ("sbx-" and 16 lower-case hex digits) but is not the tenant's own:
+// anyone can compute another tenant's default id, so naming one first must
+// not take it from its tenant.
+func OthersDefaultSandbox(sandboxID string, t Tenant) bool {
+	rest, ok := strings.CutPrefix(sandboxID, "sbx-")
+	if !ok || len(rest) != 16 || strings.ToLower(rest) != rest {
+		return false
+	}
+	if _, err := hex.DecodeString(rest); err != nil {
+		return false
+	}
+	return sandboxID != SandboxFor(t.Org, t.User)
 }

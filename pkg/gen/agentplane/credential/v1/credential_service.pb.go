@@ -1087,8 +1087,13 @@ type CheckScopeMemberRequest struct {
 	Scope *Scope `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
 	// The runtime session id to check.
 	RuntimeSessionId string `protobuf:"bytes,2,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Optional tenant of the caller (the resolving member's org and user):
+	// when set, a member of another tenant is not live. Added.
+	OrgId string `protobuf:"bytes,3,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// Optional user of the caller's tenant (with org_id). Added.
+	UserId        string `protobuf:"bytes,4,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckScopeMemberRequest) Reset() {
@@ -1131,6 +1136,20 @@ func (x *CheckScopeMemberRequest) GetScope() *Scope {
 func (x *CheckScopeMemberRequest) GetRuntimeSessionId() string {
 	if x != nil {
 		return x.RuntimeSessionId
+	}
+	return ""
+}
+
+func (x *CheckScopeMemberRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *CheckScopeMemberRequest) GetUserId() string {
+	if x != nil {
+		return x.UserId
 	}
 	return ""
 }
@@ -1263,10 +1282,12 @@ const file_agentplane_credential_v1_credential_service_proto_rawDesc = "" +
 	"\vfence_token\x18\x03 \x01(\x04R\n" +
 	"fenceToken\">\n" +
 	"\x13RetireScopeResponse\x12'\n" +
-	"\x0fretired_handles\x18\x01 \x01(\x05R\x0eretiredHandles\"~\n" +
+	"\x0fretired_handles\x18\x01 \x01(\x05R\x0eretiredHandles\"\xae\x01\n" +
 	"\x17CheckScopeMemberRequest\x125\n" +
 	"\x05scope\x18\x01 \x01(\v2\x1f.agentplane.credential.v1.ScopeR\x05scope\x12,\n" +
-	"\x12runtime_session_id\x18\x02 \x01(\tR\x10runtimeSessionId\"M\n" +
+	"\x12runtime_session_id\x18\x02 \x01(\tR\x10runtimeSessionId\x12\x15\n" +
+	"\x06org_id\x18\x03 \x01(\tR\x05orgId\x12\x17\n" +
+	"\auser_id\x18\x04 \x01(\tR\x06userId\"M\n" +
 	"\x18CheckScopeMemberResponse\x12\x12\n" +
 	"\x04live\x18\x01 \x01(\bR\x04live\x12\x1d\n" +
 	"\n" +

@@ -247,8 +247,13 @@ type ScopeV2 struct {
 	Directory string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
 	// Runtime session id of the member the handle resolved through.
 	ResolvingRuntimeSessionId string `protobuf:"bytes,3,opt,name=resolving_runtime_session_id,json=resolvingRuntimeSessionId,proto3" json:"resolving_runtime_session_id,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// Tenant of the member the handle resolved through: the target must be a
+	// member of the same tenant. Added.
+	OrgId string `protobuf:"bytes,4,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// User of that tenant. Added.
+	UserId        string `protobuf:"bytes,5,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScopeV2) Reset() {
@@ -298,6 +303,20 @@ func (x *ScopeV2) GetDirectory() string {
 func (x *ScopeV2) GetResolvingRuntimeSessionId() string {
 	if x != nil {
 		return x.ResolvingRuntimeSessionId
+	}
+	return ""
+}
+
+func (x *ScopeV2) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *ScopeV2) GetUserId() string {
+	if x != nil {
+		return x.UserId
 	}
 	return ""
 }
@@ -485,12 +504,14 @@ const file_agentplane_ingest_v1_ingest_proto_rawDesc = "" +
 	"\apayload\x18\x05 \x01(\fR\apayload\x12.\n" +
 	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"7\n" +
 	"\aScopeV1\x12,\n" +
-	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\"\x87\x01\n" +
+	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\"\xb7\x01\n" +
 	"\aScopeV2\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1c\n" +
 	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x12?\n" +
-	"\x1cresolving_runtime_session_id\x18\x03 \x01(\tR\x19resolvingRuntimeSessionId\"|\n" +
+	"\x1cresolving_runtime_session_id\x18\x03 \x01(\tR\x19resolvingRuntimeSessionId\x12\x15\n" +
+	"\x06org_id\x18\x04 \x01(\tR\x05orgId\x12\x17\n" +
+	"\auser_id\x18\x05 \x01(\tR\x06userId\"|\n" +
 	"\rScopeMetadata\x12/\n" +
 	"\x02v1\x18\x01 \x01(\v2\x1d.agentplane.ingest.v1.ScopeV1H\x00R\x02v1\x12/\n" +
 	"\x02v2\x18\x02 \x01(\v2\x1d.agentplane.ingest.v1.ScopeV2H\x00R\x02v2B\t\n" +

@@ -330,7 +330,65 @@ func (LeaseState) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
-// RouteSpec is what the session service asks the sandbox to prepare.
+// Tenant is the (org, user) a sandbox belongs to. The session service fills
+// it from the session's stored owner; a runtime never supplies it. Added.
+type Tenant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The organization.
+	OrgId string `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// The user.
+	UserId        string `protobuf:"bytes,2,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tenant) Reset() {
+	*x = Tenant{}
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenant) ProtoMessage() {}
+
+func (x *Tenant) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
+func (*Tenant) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Tenant) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *Tenant) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+// RouteSpec is what the session service asks the sandbox to prepare. Its
+// user_id and org_id are the route's tenant: the sandbox is bound to it on
+// first use and a route of another tenant is refused.
 type RouteSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session id.
@@ -369,7 +427,7 @@ type RouteSpec struct {
 
 func (x *RouteSpec) Reset() {
 	*x = RouteSpec{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -381,7 +439,7 @@ func (x *RouteSpec) String() string {
 func (*RouteSpec) ProtoMessage() {}
 
 func (x *RouteSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -394,7 +452,7 @@ func (x *RouteSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteSpec.ProtoReflect.Descriptor instead.
 func (*RouteSpec) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *RouteSpec) GetSessionId() string {
@@ -508,7 +566,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +578,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +591,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *EgressPolicy) GetAllow() []*EgressRule {
@@ -563,7 +621,7 @@ type EgressRule struct {
 
 func (x *EgressRule) Reset() {
 	*x = EgressRule{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +633,7 @@ func (x *EgressRule) String() string {
 func (*EgressRule) ProtoMessage() {}
 
 func (x *EgressRule) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +646,7 @@ func (x *EgressRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
 func (*EgressRule) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EgressRule) GetHost() string {
@@ -621,7 +679,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +691,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +704,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Agent) GetProfile() string {
@@ -704,7 +762,7 @@ type RouteView struct {
 
 func (x *RouteView) Reset() {
 	*x = RouteView{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +774,7 @@ func (x *RouteView) String() string {
 func (*RouteView) ProtoMessage() {}
 
 func (x *RouteView) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +787,7 @@ func (x *RouteView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteView.ProtoReflect.Descriptor instead.
 func (*RouteView) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RouteView) GetSessionId() string {
@@ -837,7 +895,7 @@ type RuntimeKeyStatus struct {
 
 func (x *RuntimeKeyStatus) Reset() {
 	*x = RuntimeKeyStatus{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +907,7 @@ func (x *RuntimeKeyStatus) String() string {
 func (*RuntimeKeyStatus) ProtoMessage() {}
 
 func (x *RuntimeKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +920,7 @@ func (x *RuntimeKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeKeyStatus.ProtoReflect.Descriptor instead.
 func (*RuntimeKeyStatus) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RuntimeKeyStatus) GetRuntimeKey() string {
@@ -928,7 +986,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +998,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1011,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SandboxStatus) GetSandboxId() string {
@@ -1017,7 +1075,7 @@ type WorktreeScope struct {
 
 func (x *WorktreeScope) Reset() {
 	*x = WorktreeScope{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1087,7 @@ func (x *WorktreeScope) String() string {
 func (*WorktreeScope) ProtoMessage() {}
 
 func (x *WorktreeScope) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1100,7 @@ func (x *WorktreeScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeScope.ProtoReflect.Descriptor instead.
 func (*WorktreeScope) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WorktreeScope) GetSandboxId() string {
@@ -1093,7 +1151,7 @@ type ScopeMember struct {
 
 func (x *ScopeMember) Reset() {
 	*x = ScopeMember{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1163,7 @@ func (x *ScopeMember) String() string {
 func (*ScopeMember) ProtoMessage() {}
 
 func (x *ScopeMember) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1176,7 @@ func (x *ScopeMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScopeMember.ProtoReflect.Descriptor instead.
 func (*ScopeMember) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ScopeMember) GetSessionId() string {
@@ -1148,7 +1206,7 @@ type DeliveryMessage struct {
 
 func (x *DeliveryMessage) Reset() {
 	*x = DeliveryMessage{}
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1218,7 @@ func (x *DeliveryMessage) String() string {
 func (*DeliveryMessage) ProtoMessage() {}
 
 func (x *DeliveryMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1231,7 @@ func (x *DeliveryMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryMessage.ProtoReflect.Descriptor instead.
 func (*DeliveryMessage) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeliveryMessage) GetMessageId() string {
@@ -1194,7 +1252,10 @@ var File_agentplane_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x04\n" +
+	"#agentplane/sandbox/v1/sandbox.proto\x12\x15agentplane.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n" +
+	"\x06Tenant\x12\x15\n" +
+	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x17\n" +
+	"\auser_id\x18\x02 \x01(\tR\x06userId\"\xac\x04\n" +
 	"\tRouteSpec\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1322,40 +1383,41 @@ func file_agentplane_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agentplane_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_agentplane_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_agentplane_sandbox_v1_sandbox_proto_goTypes = []any{
 	(RuntimeContract)(0),          // 0: agentplane.sandbox.v1.RuntimeContract
 	(CredentialClass)(0),          // 1: agentplane.sandbox.v1.CredentialClass
 	(RouteState)(0),               // 2: agentplane.sandbox.v1.RouteState
 	(AllocationState)(0),          // 3: agentplane.sandbox.v1.AllocationState
 	(LeaseState)(0),               // 4: agentplane.sandbox.v1.LeaseState
-	(*RouteSpec)(nil),             // 5: agentplane.sandbox.v1.RouteSpec
-	(*EgressPolicy)(nil),          // 6: agentplane.sandbox.v1.EgressPolicy
-	(*EgressRule)(nil),            // 7: agentplane.sandbox.v1.EgressRule
-	(*Agent)(nil),                 // 8: agentplane.sandbox.v1.Agent
-	(*RouteView)(nil),             // 9: agentplane.sandbox.v1.RouteView
-	(*RuntimeKeyStatus)(nil),      // 10: agentplane.sandbox.v1.RuntimeKeyStatus
-	(*SandboxStatus)(nil),         // 11: agentplane.sandbox.v1.SandboxStatus
-	(*WorktreeScope)(nil),         // 12: agentplane.sandbox.v1.WorktreeScope
-	(*ScopeMember)(nil),           // 13: agentplane.sandbox.v1.ScopeMember
-	(*DeliveryMessage)(nil),       // 14: agentplane.sandbox.v1.DeliveryMessage
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*Tenant)(nil),                // 5: agentplane.sandbox.v1.Tenant
+	(*RouteSpec)(nil),             // 6: agentplane.sandbox.v1.RouteSpec
+	(*EgressPolicy)(nil),          // 7: agentplane.sandbox.v1.EgressPolicy
+	(*EgressRule)(nil),            // 8: agentplane.sandbox.v1.EgressRule
+	(*Agent)(nil),                 // 9: agentplane.sandbox.v1.Agent
+	(*RouteView)(nil),             // 10: agentplane.sandbox.v1.RouteView
+	(*RuntimeKeyStatus)(nil),      // 11: agentplane.sandbox.v1.RuntimeKeyStatus
+	(*SandboxStatus)(nil),         // 12: agentplane.sandbox.v1.SandboxStatus
+	(*WorktreeScope)(nil),         // 13: agentplane.sandbox.v1.WorktreeScope
+	(*ScopeMember)(nil),           // 14: agentplane.sandbox.v1.ScopeMember
+	(*DeliveryMessage)(nil),       // 15: agentplane.sandbox.v1.DeliveryMessage
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	1,  // 0: agentplane.sandbox.v1.RouteSpec.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
-	8,  // 1: agentplane.sandbox.v1.RouteSpec.agent:type_name -> agentplane.sandbox.v1.Agent
-	6,  // 2: agentplane.sandbox.v1.RouteSpec.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
-	7,  // 3: agentplane.sandbox.v1.EgressPolicy.allow:type_name -> agentplane.sandbox.v1.EgressRule
+	9,  // 1: agentplane.sandbox.v1.RouteSpec.agent:type_name -> agentplane.sandbox.v1.Agent
+	7,  // 2: agentplane.sandbox.v1.RouteSpec.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
+	8,  // 3: agentplane.sandbox.v1.EgressPolicy.allow:type_name -> agentplane.sandbox.v1.EgressRule
 	2,  // 4: agentplane.sandbox.v1.RouteView.state:type_name -> agentplane.sandbox.v1.RouteState
 	0,  // 5: agentplane.sandbox.v1.RouteView.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	15, // 6: agentplane.sandbox.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
-	8,  // 7: agentplane.sandbox.v1.RouteView.agent:type_name -> agentplane.sandbox.v1.Agent
+	16, // 6: agentplane.sandbox.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	9,  // 7: agentplane.sandbox.v1.RouteView.agent:type_name -> agentplane.sandbox.v1.Agent
 	4,  // 8: agentplane.sandbox.v1.RuntimeKeyStatus.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
 	3,  // 9: agentplane.sandbox.v1.SandboxStatus.allocation_state:type_name -> agentplane.sandbox.v1.AllocationState
-	10, // 10: agentplane.sandbox.v1.SandboxStatus.runtime_keys:type_name -> agentplane.sandbox.v1.RuntimeKeyStatus
+	11, // 10: agentplane.sandbox.v1.SandboxStatus.runtime_keys:type_name -> agentplane.sandbox.v1.RuntimeKeyStatus
 	0,  // 11: agentplane.sandbox.v1.WorktreeScope.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
 	1,  // 12: agentplane.sandbox.v1.WorktreeScope.credential_class:type_name -> agentplane.sandbox.v1.CredentialClass
-	13, // 13: agentplane.sandbox.v1.WorktreeScope.members:type_name -> agentplane.sandbox.v1.ScopeMember
+	14, // 13: agentplane.sandbox.v1.WorktreeScope.members:type_name -> agentplane.sandbox.v1.ScopeMember
 	14, // [14:14] is the sub-list for method output_type
 	14, // [14:14] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
@@ -1374,7 +1436,7 @@ func file_agentplane_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -77,6 +77,98 @@ func (DeliveryResult) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
 }
 
+// ClaimSandboxRequest names a sandbox and the tenant claiming it.
+type ClaimSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The claiming tenant.
+	Tenant        *Tenant `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimSandboxRequest) Reset() {
+	*x = ClaimSandboxRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimSandboxRequest) ProtoMessage() {}
+
+func (x *ClaimSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ClaimSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClaimSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ClaimSandboxRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+// ClaimSandboxResponse confirms the sandbox belongs to the tenant.
+type ClaimSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimSandboxResponse) Reset() {
+	*x = ClaimSandboxResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimSandboxResponse) ProtoMessage() {}
+
+func (x *ClaimSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ClaimSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+}
+
 // UpdateEgressPolicyRequest carries a session's new egress policy.
 type UpdateEgressPolicyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -87,14 +179,18 @@ type UpdateEgressPolicyRequest struct {
 	// The policy.
 	Egress *EgressPolicy `protobuf:"bytes,3,opt,name=egress,proto3" json:"egress,omitempty"`
 	// Its version (the session's egress_version).
-	Version       uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	Version uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateEgressPolicyRequest) Reset() {
 	*x = UpdateEgressPolicyRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -106,7 +202,7 @@ func (x *UpdateEgressPolicyRequest) String() string {
 func (*UpdateEgressPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -119,7 +215,7 @@ func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *UpdateEgressPolicyRequest) GetSessionId() string {
@@ -150,6 +246,13 @@ func (x *UpdateEgressPolicyRequest) GetVersion() uint64 {
 	return 0
 }
 
+func (x *UpdateEgressPolicyRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // UpdateEgressPolicyResponse reports whether the route took the policy.
 type UpdateEgressPolicyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -162,7 +265,7 @@ type UpdateEgressPolicyResponse struct {
 
 func (x *UpdateEgressPolicyResponse) Reset() {
 	*x = UpdateEgressPolicyResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -174,7 +277,7 @@ func (x *UpdateEgressPolicyResponse) String() string {
 func (*UpdateEgressPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -187,7 +290,7 @@ func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *UpdateEgressPolicyResponse) GetApplied() bool {
@@ -208,7 +311,7 @@ type CheckAgentRequest struct {
 
 func (x *CheckAgentRequest) Reset() {
 	*x = CheckAgentRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +323,7 @@ func (x *CheckAgentRequest) String() string {
 func (*CheckAgentRequest) ProtoMessage() {}
 
 func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +336,7 @@ func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentRequest.ProtoReflect.Descriptor instead.
 func (*CheckAgentRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CheckAgentRequest) GetAgent() *Agent {
@@ -256,7 +359,7 @@ type CheckAgentResponse struct {
 
 func (x *CheckAgentResponse) Reset() {
 	*x = CheckAgentResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -268,7 +371,7 @@ func (x *CheckAgentResponse) String() string {
 func (*CheckAgentResponse) ProtoMessage() {}
 
 func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -281,7 +384,7 @@ func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentResponse.ProtoReflect.Descriptor instead.
 func (*CheckAgentResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckAgentResponse) GetAgent() *Agent {
@@ -309,7 +412,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +424,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +437,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PrepareRequest) GetRoute() *RouteSpec {
@@ -355,7 +458,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +470,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +483,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PrepareResponse) GetRoute() *RouteView {
@@ -398,14 +501,18 @@ type DeliverRequest struct {
 	// The sandbox id.
 	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Messages in queue order.
-	Messages      []*DeliveryMessage `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
+	Messages []*DeliveryMessage `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeliverRequest) Reset() {
 	*x = DeliverRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +524,7 @@ func (x *DeliverRequest) String() string {
 func (*DeliverRequest) ProtoMessage() {}
 
 func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +537,7 @@ func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
 func (*DeliverRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeliverRequest) GetSessionId() string {
@@ -454,6 +561,13 @@ func (x *DeliverRequest) GetMessages() []*DeliveryMessage {
 	return nil
 }
 
+func (x *DeliverRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // DeliverResponse says whether the messages were written.
 type DeliverResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -467,7 +581,7 @@ type DeliverResponse struct {
 
 func (x *DeliverResponse) Reset() {
 	*x = DeliverResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +593,7 @@ func (x *DeliverResponse) String() string {
 func (*DeliverResponse) ProtoMessage() {}
 
 func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +606,7 @@ func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
 func (*DeliverResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeliverResponse) GetResult() DeliveryResult {
@@ -515,14 +629,18 @@ type StatusRequest struct {
 	// The sandbox id.
 	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Optional session whose route to include.
-	SessionId     string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +652,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +665,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatusRequest) GetSandboxId() string {
@@ -564,6 +682,13 @@ func (x *StatusRequest) GetSessionId() string {
 	return ""
 }
 
+func (x *StatusRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // StatusResponse describes the sandbox.
 type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -577,7 +702,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +714,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +727,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StatusResponse) GetSandbox() *SandboxStatus {
@@ -627,14 +752,18 @@ type AbortRequest struct {
 	// The sandbox id.
 	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Optional message whose turn to abort; empty aborts the current turn.
-	MessageId     string `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	MessageId string `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +775,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +788,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AbortRequest) GetSessionId() string {
@@ -683,6 +812,13 @@ func (x *AbortRequest) GetMessageId() string {
 	return ""
 }
 
+func (x *AbortRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // AbortResponse says whether the abort was sent.
 type AbortResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -694,7 +830,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +842,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +855,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AbortResponse) GetSent() bool {
@@ -737,14 +873,18 @@ type ReleaseRouteRequest struct {
 	// The sandbox id.
 	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Lower snake reason (session-delete, session-stop, ...).
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRouteRequest) Reset() {
 	*x = ReleaseRouteRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +896,7 @@ func (x *ReleaseRouteRequest) String() string {
 func (*ReleaseRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +909,7 @@ func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReleaseRouteRequest) GetSessionId() string {
@@ -793,6 +933,13 @@ func (x *ReleaseRouteRequest) GetReason() string {
 	return ""
 }
 
+func (x *ReleaseRouteRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // ReleaseRouteResponse reports the release.
 type ReleaseRouteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -811,7 +958,7 @@ type ReleaseRouteResponse struct {
 
 func (x *ReleaseRouteResponse) Reset() {
 	*x = ReleaseRouteResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +970,7 @@ func (x *ReleaseRouteResponse) String() string {
 func (*ReleaseRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +983,7 @@ func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRouteResponse) GetLastMember() bool {
@@ -873,14 +1020,18 @@ type GetScopeRequest struct {
 	// The sandbox id.
 	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// The directory.
-	Directory     string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	Directory string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetScopeRequest) Reset() {
 	*x = GetScopeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1043,7 @@ func (x *GetScopeRequest) String() string {
 func (*GetScopeRequest) ProtoMessage() {}
 
 func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1056,7 @@ func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeRequest.ProtoReflect.Descriptor instead.
 func (*GetScopeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetScopeRequest) GetSandboxId() string {
@@ -922,6 +1073,13 @@ func (x *GetScopeRequest) GetDirectory() string {
 	return ""
 }
 
+func (x *GetScopeRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // GetScopeResponse returns the scope.
 type GetScopeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -933,7 +1091,7 @@ type GetScopeResponse struct {
 
 func (x *GetScopeResponse) Reset() {
 	*x = GetScopeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1103,7 @@ func (x *GetScopeResponse) String() string {
 func (*GetScopeResponse) ProtoMessage() {}
 
 func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1116,7 @@ func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeResponse.ProtoReflect.Descriptor instead.
 func (*GetScopeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetScopeResponse) GetScope() *WorktreeScope {
@@ -974,14 +1132,18 @@ type WorktreeChangesRequest struct {
 	// The session id.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The sandbox id.
-	SandboxId     string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorktreeChangesRequest) Reset() {
 	*x = WorktreeChangesRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1155,7 @@ func (x *WorktreeChangesRequest) String() string {
 func (*WorktreeChangesRequest) ProtoMessage() {}
 
 func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1168,7 @@ func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WorktreeChangesRequest) GetSessionId() string {
@@ -1023,6 +1185,13 @@ func (x *WorktreeChangesRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *WorktreeChangesRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // WorktreeChangesResponse returns the change set.
 type WorktreeChangesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1034,7 +1203,7 @@ type WorktreeChangesResponse struct {
 
 func (x *WorktreeChangesResponse) Reset() {
 	*x = WorktreeChangesResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1215,7 @@ func (x *WorktreeChangesResponse) String() string {
 func (*WorktreeChangesResponse) ProtoMessage() {}
 
 func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1228,7 @@ func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -1080,13 +1249,17 @@ type PushWorktreeRequest struct {
 	Branch string `protobuf:"bytes,3,opt,name=branch,proto3" json:"branch,omitempty"`
 	// Commit message.
 	CommitMessage string `protobuf:"bytes,4,opt,name=commit_message,json=commitMessage,proto3" json:"commit_message,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1271,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1284,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1142,20 +1315,31 @@ func (x *PushWorktreeRequest) GetCommitMessage() string {
 	return ""
 }
 
+func (x *PushWorktreeRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // RotateHandleRequest names the route whose worktree handle to rotate.
 type RotateHandleRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session id.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The sandbox id.
-	SandboxId     string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it. Added.
+	Tenant        *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RotateHandleRequest) Reset() {
 	*x = RotateHandleRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1351,7 @@ func (x *RotateHandleRequest) String() string {
 func (*RotateHandleRequest) ProtoMessage() {}
 
 func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1364,7 @@ func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleRequest.ProtoReflect.Descriptor instead.
 func (*RotateHandleRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RotateHandleRequest) GetSessionId() string {
@@ -1197,6 +1381,13 @@ func (x *RotateHandleRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *RotateHandleRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
 // RotateHandleResponse reports the rotation (never the handle).
 type RotateHandleResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1211,7 +1402,7 @@ type RotateHandleResponse struct {
 
 func (x *RotateHandleResponse) Reset() {
 	*x = RotateHandleResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1414,7 @@ func (x *RotateHandleResponse) String() string {
 func (*RotateHandleResponse) ProtoMessage() {}
 
 func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1427,7 @@ func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleResponse.ProtoReflect.Descriptor instead.
 func (*RotateHandleResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RotateHandleResponse) GetSessionIds() []string {
@@ -1268,7 +1459,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1471,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1484,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1321,14 +1512,20 @@ var File_agentplane_sandbox_v1_sandbox_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n" +
+	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
+	"\x13ClaimSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x02 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x16\n" +
+	"\x14ClaimSandboxResponse\"\xe7\x01\n" +
 	"\x19UpdateEgressPolicyRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12;\n" +
 	"\x06egress\x18\x03 \x01(\v2#.agentplane.sandbox.v1.EgressPolicyR\x06egress\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"6\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\x125\n" +
+	"\x06tenant\x18\x05 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"6\n" +
 	"\x1aUpdateEgressPolicyResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\"G\n" +
 	"\x11CheckAgentRequest\x122\n" +
@@ -1339,39 +1536,43 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0ePrepareRequest\x126\n" +
 	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteSpecR\x05route\"I\n" +
 	"\x0fPrepareResponse\x126\n" +
-	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"\x92\x01\n" +
+	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"\xc9\x01\n" +
 	"\x0eDeliverRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12B\n" +
-	"\bmessages\x18\x03 \x03(\v2&.agentplane.sandbox.v1.DeliveryMessageR\bmessages\"\x88\x01\n" +
+	"\bmessages\x18\x03 \x03(\v2&.agentplane.sandbox.v1.DeliveryMessageR\bmessages\x125\n" +
+	"\x06tenant\x18\x04 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x88\x01\n" +
 	"\x0fDeliverResponse\x12=\n" +
 	"\x06result\x18\x01 \x01(\x0e2%.agentplane.sandbox.v1.DeliveryResultR\x06result\x126\n" +
-	"\x05route\x18\x02 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"M\n" +
+	"\x05route\x18\x02 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"\x84\x01\n" +
 	"\rStatusRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\x88\x01\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x88\x01\n" +
 	"\x0eStatusResponse\x12>\n" +
 	"\asandbox\x18\x01 \x01(\v2$.agentplane.sandbox.v1.SandboxStatusR\asandbox\x126\n" +
-	"\x05route\x18\x02 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"k\n" +
+	"\x05route\x18\x02 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"\xa2\x01\n" +
 	"\fAbortRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
-	"message_id\x18\x03 \x01(\tR\tmessageId\"#\n" +
+	"message_id\x18\x03 \x01(\tR\tmessageId\x125\n" +
+	"\x06tenant\x18\x04 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"#\n" +
 	"\rAbortResponse\x12\x12\n" +
-	"\x04sent\x18\x01 \x01(\bR\x04sent\"k\n" +
+	"\x04sent\x18\x01 \x01(\bR\x04sent\"\xa2\x01\n" +
 	"\x13ReleaseRouteRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe2\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x125\n" +
+	"\x06tenant\x18\x04 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\xe2\x01\n" +
 	"\x14ReleaseRouteResponse\x12\x1f\n" +
 	"\vlast_member\x18\x01 \x01(\bR\n" +
 	"lastMember\x12)\n" +
@@ -1379,32 +1580,36 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\vlease_state\x18\x03 \x01(\x0e2!.agentplane.sandbox.v1.LeaseStateR\n" +
 	"leaseState\x12:\n" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter\"N\n" +
+	"retryAfter\"\x85\x01\n" +
 	"\x0fGetScopeRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1c\n" +
-	"\tdirectory\x18\x02 \x01(\tR\tdirectory\"N\n" +
+	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"N\n" +
 	"\x10GetScopeResponse\x12:\n" +
-	"\x05scope\x18\x01 \x01(\v2$.agentplane.sandbox.v1.WorktreeScopeR\x05scope\"V\n" +
+	"\x05scope\x18\x01 \x01(\v2$.agentplane.sandbox.v1.WorktreeScopeR\x05scope\"\x8d\x01\n" +
 	"\x16WorktreeChangesRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"[\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"[\n" +
 	"\x17WorktreeChangesResponse\x12@\n" +
-	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"\x92\x01\n" +
+	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"\xc9\x01\n" +
 	"\x13PushWorktreeRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06branch\x18\x03 \x01(\tR\x06branch\x12%\n" +
-	"\x0ecommit_message\x18\x04 \x01(\tR\rcommitMessage\"S\n" +
+	"\x0ecommit_message\x18\x04 \x01(\tR\rcommitMessage\x125\n" +
+	"\x06tenant\x18\x05 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x8a\x01\n" +
 	"\x13RotateHandleRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"\x85\x01\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x85\x01\n" +
 	"\x14RotateHandleResponse\x12\x1f\n" +
 	"\vsession_ids\x18\x01 \x03(\tR\n" +
 	"sessionIds\x12L\n" +
@@ -1416,7 +1621,7 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xd7\b\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xc0\t\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
@@ -1429,7 +1634,8 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0fWorktreeChanges\x12-.agentplane.sandbox.v1.WorktreeChangesRequest\x1a..agentplane.sandbox.v1.WorktreeChangesResponse\x12g\n" +
 	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponse\x12g\n" +
 	"\fRotateHandle\x12*.agentplane.sandbox.v1.RotateHandleRequest\x1a+.agentplane.sandbox.v1.RotateHandleResponse\x12y\n" +
-	"\x12UpdateEgressPolicy\x120.agentplane.sandbox.v1.UpdateEgressPolicyRequest\x1a1.agentplane.sandbox.v1.UpdateEgressPolicyResponseB\xde\x01\n" +
+	"\x12UpdateEgressPolicy\x120.agentplane.sandbox.v1.UpdateEgressPolicyRequest\x1a1.agentplane.sandbox.v1.UpdateEgressPolicyResponse\x12g\n" +
+	"\fClaimSandbox\x12*.agentplane.sandbox.v1.ClaimSandboxRequest\x1a+.agentplane.sandbox.v1.ClaimSandboxResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -1445,86 +1651,101 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
 	(DeliveryResult)(0),                // 0: agentplane.sandbox.v1.DeliveryResult
-	(*UpdateEgressPolicyRequest)(nil),  // 1: agentplane.sandbox.v1.UpdateEgressPolicyRequest
-	(*UpdateEgressPolicyResponse)(nil), // 2: agentplane.sandbox.v1.UpdateEgressPolicyResponse
-	(*CheckAgentRequest)(nil),          // 3: agentplane.sandbox.v1.CheckAgentRequest
-	(*CheckAgentResponse)(nil),         // 4: agentplane.sandbox.v1.CheckAgentResponse
-	(*PrepareRequest)(nil),             // 5: agentplane.sandbox.v1.PrepareRequest
-	(*PrepareResponse)(nil),            // 6: agentplane.sandbox.v1.PrepareResponse
-	(*DeliverRequest)(nil),             // 7: agentplane.sandbox.v1.DeliverRequest
-	(*DeliverResponse)(nil),            // 8: agentplane.sandbox.v1.DeliverResponse
-	(*StatusRequest)(nil),              // 9: agentplane.sandbox.v1.StatusRequest
-	(*StatusResponse)(nil),             // 10: agentplane.sandbox.v1.StatusResponse
-	(*AbortRequest)(nil),               // 11: agentplane.sandbox.v1.AbortRequest
-	(*AbortResponse)(nil),              // 12: agentplane.sandbox.v1.AbortResponse
-	(*ReleaseRouteRequest)(nil),        // 13: agentplane.sandbox.v1.ReleaseRouteRequest
-	(*ReleaseRouteResponse)(nil),       // 14: agentplane.sandbox.v1.ReleaseRouteResponse
-	(*GetScopeRequest)(nil),            // 15: agentplane.sandbox.v1.GetScopeRequest
-	(*GetScopeResponse)(nil),           // 16: agentplane.sandbox.v1.GetScopeResponse
-	(*WorktreeChangesRequest)(nil),     // 17: agentplane.sandbox.v1.WorktreeChangesRequest
-	(*WorktreeChangesResponse)(nil),    // 18: agentplane.sandbox.v1.WorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),        // 19: agentplane.sandbox.v1.PushWorktreeRequest
-	(*RotateHandleRequest)(nil),        // 20: agentplane.sandbox.v1.RotateHandleRequest
-	(*RotateHandleResponse)(nil),       // 21: agentplane.sandbox.v1.RotateHandleResponse
-	(*PushWorktreeResponse)(nil),       // 22: agentplane.sandbox.v1.PushWorktreeResponse
-	(*EgressPolicy)(nil),               // 23: agentplane.sandbox.v1.EgressPolicy
-	(*Agent)(nil),                      // 24: agentplane.sandbox.v1.Agent
-	(*RouteSpec)(nil),                  // 25: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),                  // 26: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),            // 27: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),              // 28: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),                    // 29: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
-	(*WorktreeScope)(nil),              // 31: agentplane.sandbox.v1.WorktreeScope
-	(*v1.WorktreeChanges)(nil),         // 32: agentplane.runtime.v1.WorktreeChanges
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
+	(*ClaimSandboxRequest)(nil),        // 1: agentplane.sandbox.v1.ClaimSandboxRequest
+	(*ClaimSandboxResponse)(nil),       // 2: agentplane.sandbox.v1.ClaimSandboxResponse
+	(*UpdateEgressPolicyRequest)(nil),  // 3: agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 4: agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	(*CheckAgentRequest)(nil),          // 5: agentplane.sandbox.v1.CheckAgentRequest
+	(*CheckAgentResponse)(nil),         // 6: agentplane.sandbox.v1.CheckAgentResponse
+	(*PrepareRequest)(nil),             // 7: agentplane.sandbox.v1.PrepareRequest
+	(*PrepareResponse)(nil),            // 8: agentplane.sandbox.v1.PrepareResponse
+	(*DeliverRequest)(nil),             // 9: agentplane.sandbox.v1.DeliverRequest
+	(*DeliverResponse)(nil),            // 10: agentplane.sandbox.v1.DeliverResponse
+	(*StatusRequest)(nil),              // 11: agentplane.sandbox.v1.StatusRequest
+	(*StatusResponse)(nil),             // 12: agentplane.sandbox.v1.StatusResponse
+	(*AbortRequest)(nil),               // 13: agentplane.sandbox.v1.AbortRequest
+	(*AbortResponse)(nil),              // 14: agentplane.sandbox.v1.AbortResponse
+	(*ReleaseRouteRequest)(nil),        // 15: agentplane.sandbox.v1.ReleaseRouteRequest
+	(*ReleaseRouteResponse)(nil),       // 16: agentplane.sandbox.v1.ReleaseRouteResponse
+	(*GetScopeRequest)(nil),            // 17: agentplane.sandbox.v1.GetScopeRequest
+	(*GetScopeResponse)(nil),           // 18: agentplane.sandbox.v1.GetScopeResponse
+	(*WorktreeChangesRequest)(nil),     // 19: agentplane.sandbox.v1.WorktreeChangesRequest
+	(*WorktreeChangesResponse)(nil),    // 20: agentplane.sandbox.v1.WorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 21: agentplane.sandbox.v1.PushWorktreeRequest
+	(*RotateHandleRequest)(nil),        // 22: agentplane.sandbox.v1.RotateHandleRequest
+	(*RotateHandleResponse)(nil),       // 23: agentplane.sandbox.v1.RotateHandleResponse
+	(*PushWorktreeResponse)(nil),       // 24: agentplane.sandbox.v1.PushWorktreeResponse
+	(*Tenant)(nil),                     // 25: agentplane.sandbox.v1.Tenant
+	(*EgressPolicy)(nil),               // 26: agentplane.sandbox.v1.EgressPolicy
+	(*Agent)(nil),                      // 27: agentplane.sandbox.v1.Agent
+	(*RouteSpec)(nil),                  // 28: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),                  // 29: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),            // 30: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),              // 31: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),                    // 32: agentplane.sandbox.v1.LeaseState
+	(*durationpb.Duration)(nil),        // 33: google.protobuf.Duration
+	(*WorktreeScope)(nil),              // 34: agentplane.sandbox.v1.WorktreeScope
+	(*v1.WorktreeChanges)(nil),         // 35: agentplane.runtime.v1.WorktreeChanges
+	(*timestamppb.Timestamp)(nil),      // 36: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	23, // 0: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
-	24, // 1: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	24, // 2: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
-	25, // 3: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	26, // 4: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	27, // 5: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	0,  // 6: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	26, // 7: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	28, // 8: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	26, // 9: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	29, // 10: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	30, // 11: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	31, // 12: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	32, // 13: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	33, // 14: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
-	5,  // 15: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	7,  // 16: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	9,  // 17: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	11, // 18: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	13, // 19: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	15, // 20: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	3,  // 21: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
-	17, // 22: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
-	19, // 23: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
-	20, // 24: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
-	1,  // 25: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
-	6,  // 26: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	8,  // 27: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	10, // 28: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	12, // 29: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	14, // 30: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	16, // 31: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	4,  // 32: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
-	18, // 33: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
-	22, // 34: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
-	21, // 35: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
-	2,  // 36: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
-	26, // [26:37] is the sub-list for method output_type
-	15, // [15:26] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	25, // 0: agentplane.sandbox.v1.ClaimSandboxRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	26, // 1: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
+	25, // 2: agentplane.sandbox.v1.UpdateEgressPolicyRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	27, // 3: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	27, // 4: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	28, // 5: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	29, // 6: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	30, // 7: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	25, // 8: agentplane.sandbox.v1.DeliverRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	0,  // 9: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
+	29, // 10: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	25, // 11: agentplane.sandbox.v1.StatusRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	31, // 12: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	29, // 13: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	25, // 14: agentplane.sandbox.v1.AbortRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	25, // 15: agentplane.sandbox.v1.ReleaseRouteRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	32, // 16: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	33, // 17: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	25, // 18: agentplane.sandbox.v1.GetScopeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	34, // 19: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	25, // 20: agentplane.sandbox.v1.WorktreeChangesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	35, // 21: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	25, // 22: agentplane.sandbox.v1.PushWorktreeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	25, // 23: agentplane.sandbox.v1.RotateHandleRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	36, // 24: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
+	7,  // 25: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	9,  // 26: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	11, // 27: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	13, // 28: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	15, // 29: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	17, // 30: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	5,  // 31: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	19, // 32: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
+	21, // 33: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
+	22, // 34: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
+	3,  // 35: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	1,  // 36: agentplane.sandbox.v1.SandboxService.ClaimSandbox:input_type -> agentplane.sandbox.v1.ClaimSandboxRequest
+	8,  // 37: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	10, // 38: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	12, // 39: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	14, // 40: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	16, // 41: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	18, // 42: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	6,  // 43: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	20, // 44: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
+	24, // 45: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
+	23, // 46: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
+	4,  // 47: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	2,  // 48: agentplane.sandbox.v1.SandboxService.ClaimSandbox:output_type -> agentplane.sandbox.v1.ClaimSandboxResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -1539,7 +1760,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	SandboxService_PushWorktree_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
 	SandboxService_RotateHandle_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/RotateHandle"
 	SandboxService_UpdateEgressPolicy_FullMethodName = "/agentplane.sandbox.v1.SandboxService/UpdateEgressPolicy"
+	SandboxService_ClaimSandbox_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/ClaimSandbox"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -78,6 +79,11 @@ type SandboxServiceClient interface {
 	// owner and versioned (an older version is ignored); when it returns, the
 	// egress proxy applies it to every new connection. Added.
 	UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error)
+	// ClaimSandbox binds a sandbox to a tenant when it has none yet and
+	// answers PERMISSION_DENIED SANDBOX_TENANT_MISMATCH when it belongs to
+	// another (the same answer whether or not the sandbox exists). The session
+	// service calls it at CreateSession. Added.
+	ClaimSandbox(ctx context.Context, in *ClaimSandboxRequest, opts ...grpc.CallOption) (*ClaimSandboxResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -198,6 +204,16 @@ func (c *sandboxServiceClient) UpdateEgressPolicy(ctx context.Context, in *Updat
 	return out, nil
 }
 
+func (c *sandboxServiceClient) ClaimSandbox(ctx context.Context, in *ClaimSandboxRequest, opts ...grpc.CallOption) (*ClaimSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimSandboxResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ClaimSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -244,6 +260,11 @@ type SandboxServiceServer interface {
 	// owner and versioned (an older version is ignored); when it returns, the
 	// egress proxy applies it to every new connection. Added.
 	UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error)
+	// ClaimSandbox binds a sandbox to a tenant when it has none yet and
+	// answers PERMISSION_DENIED SANDBOX_TENANT_MISMATCH when it belongs to
+	// another (the same answer whether or not the sandbox exists). The session
+	// service calls it at CreateSession. Added.
+	ClaimSandbox(context.Context, *ClaimSandboxRequest) (*ClaimSandboxResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -286,6 +307,9 @@ func (UnimplementedSandboxServiceServer) RotateHandle(context.Context, *RotateHa
 }
 func (UnimplementedSandboxServiceServer) UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateEgressPolicy not implemented")
+}
+func (UnimplementedSandboxServiceServer) ClaimSandbox(context.Context, *ClaimSandboxRequest) (*ClaimSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimSandbox not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -506,6 +530,24 @@ func _SandboxService_UpdateEgressPolicy_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_ClaimSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ClaimSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ClaimSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ClaimSandbox(ctx, req.(*ClaimSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -556,6 +598,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateEgressPolicy",
 			Handler:    _SandboxService_UpdateEgressPolicy_Handler,
+		},
+		{
+			MethodName: "ClaimSandbox",
+			Handler:    _SandboxService_ClaimSandbox_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
