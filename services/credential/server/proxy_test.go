@@ -206,7 +206,7 @@ func TestProxyIngestMetadata(t *testing.T) {
 	}
 	v2 := h.ingest.ingests[0]
 	require.Equal(t, "rs-s2", v2.GetRuntimeSessionId())
-	require.Equal(t, &ingestv1.ScopeV2{SandboxId: "sbx-a", Directory: "/w/repo", ResolvingRuntimeSessionId: "rs-s1"}, v2.GetScope().GetV2())
+	require.Equal(t, &ingestv1.ScopeV2{SandboxId: "sbx-a", Directory: "/w/repo", ResolvingRuntimeSessionId: "rs-s1", OrgId: "org", UserId: "user"}, v2.GetScope().GetV2())
 	require.Equal(t, "m1", v2.GetItems()[0].GetItemId())
 	require.Equal(t, ingestv1.ItemType_ITEM_TYPE_MESSAGE, v2.GetItems()[0].GetType())
 	require.JSONEq(t, `{"text":"hi"}`, string(v2.GetItems()[0].GetPayload()))
@@ -259,6 +259,16 @@ func TestGRPCReasons(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, chk.GetLive())
 	require.Equal(t, "s1", chk.GetSessionId())
+	// Asked for another tenant (ingest's v2 check names the resolving
+	// member's), the member is nobody the caller may reach.
+	chk, err = h.client.CheckScopeMember(bg, &credentialv1.CheckScopeMemberRequest{Scope: &credentialv1.Scope{SandboxId: "sbx-a", Directory: "/w/repo"},
+		RuntimeSessionId: "rs-s1", OrgId: "evil", UserId: "user"})
+	require.NoError(t, err)
+	require.False(t, chk.GetLive())
+	chk, err = h.client.CheckScopeMember(bg, &credentialv1.CheckScopeMemberRequest{Scope: &credentialv1.Scope{SandboxId: "sbx-a", Directory: "/w/repo"},
+		RuntimeSessionId: "rs-s1", OrgId: "org", UserId: "user"})
+	require.NoError(t, err)
+	require.True(t, chk.GetLive())
 
 	rel, err := h.client.ReleaseMember(bg, &credentialv1.ReleaseMemberRequest{Scope: &credentialv1.Scope{SandboxId: "sbx-a", Directory: "/w/repo"}, SessionId: "s1", FenceToken: 100})
 	require.Equal(t, "STALE_FENCE_TOKEN", apierr.Reason(err), "fence 200 was seen for this scope")
