@@ -7,7 +7,7 @@
 // only compares. An unbound sandbox belongs to nobody: comparing with it
 // fails exactly as comparing with another tenant's does, so the answer never
 // says whether a sandbox exists. A sandbox stored before tenancy existed is
-// bound, on its first use, to the one tenant its routes name (decision 53).
+// bound, on its first use, to the one tenant its routes name (decision 54).
 package tenancy
 
 import (

@@ -152,7 +152,7 @@ func (d *deletionAttempt) releaseRoute(ctx context.Context) error {
 	case errors.Is(err, session.ErrSandboxTenantMismatch):
 		// The sandbox is another tenant's: since CreateSession claims it,
 		// only a session stored before tenancy can be here, and no route
-		// of it may be driven there any more (decision 53).
+		// of it may be driven there any more (decision 54).
 		d.s.log.WarnContext(ctx, "deletion: the session's sandbox belongs to another tenant; nothing released", "session_id", d.id)
 	case err != nil:
 		// Could not ask: never read as absence.
