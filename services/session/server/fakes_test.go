@@ -55,7 +55,7 @@ type fakeSandbox struct {
 	delivered map[string][]string // session → message ids in delivery order
 	aborts    map[string]int
 	releases  map[string]int
-	released  map[string]bool // absence verified for the session
+	released  map[string]bool   // absence verified for the session
 	tenants   map[string]string // sandbox → "org/user" that claimed it
 }
 

@@ -91,7 +91,7 @@ func TestRacingClaimsOneWins(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		require.True(t, (errs[alice] == nil) != (errs[mallory] == nil), "exactly one wins %s: %v", id, errs)
+		require.NotEqual(t, errs[alice] == nil, errs[mallory] == nil, "exactly one wins %s: %v", id, errs)
 		winner, loser := alice, mallory
 		if errs[alice] != nil {
 			winner, loser = mallory, alice
