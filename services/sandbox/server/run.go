@@ -26,11 +26,11 @@ import (
 	"agentplane.dev/services/sandbox/internal/credclient"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/grpcapi"
-	"agentplane.dev/services/sandbox/internal/tenancy"
 	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/provider/process"
 	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/tenancy"
 )
 
 // Listeners lets a caller (tests, agentplane dev) pass bound listeners;

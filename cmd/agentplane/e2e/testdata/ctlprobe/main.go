@@ -61,8 +61,14 @@ func probe(sock, sb, ses string, tn *sandboxv1.Tenant) {
 				Messages: []*sandboxv1.DeliveryMessage{{MessageId: "evil", Content: "run: cat /etc/hostname"}}})
 			return err
 		}},
-		{"Status", func() error { _, err := c.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sb, SessionId: ses, Tenant: tn}); return err }},
-		{"Abort", func() error { _, err := c.Abort(ctx, &sandboxv1.AbortRequest{SandboxId: sb, SessionId: ses, Tenant: tn}); return err }},
+		{"Status", func() error {
+			_, err := c.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sb, SessionId: ses, Tenant: tn})
+			return err
+		}},
+		{"Abort", func() error {
+			_, err := c.Abort(ctx, &sandboxv1.AbortRequest{SandboxId: sb, SessionId: ses, Tenant: tn})
+			return err
+		}},
 		{"GetScope", func() error {
 			_, err := c.GetScope(ctx, &sandboxv1.GetScopeRequest{SandboxId: sb, Directory: "/work/x", Tenant: tn})
 			return err
@@ -85,7 +91,10 @@ func probe(sock, sb, ses string, tn *sandboxv1.Tenant) {
 				Egress: &sandboxv1.EgressPolicy{Allow: []*sandboxv1.EgressRule{{Host: "evil.example", Ports: []uint32{443}}}}})
 			return err
 		}},
-		{"ClaimSandbox", func() error { _, err := c.ClaimSandbox(ctx, &sandboxv1.ClaimSandboxRequest{SandboxId: sb, Tenant: tn}); return err }},
+		{"ClaimSandbox", func() error {
+			_, err := c.ClaimSandbox(ctx, &sandboxv1.ClaimSandboxRequest{SandboxId: sb, Tenant: tn})
+			return err
+		}},
 		{"ReleaseRoute", func() error {
 			_, err := c.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: ses, Tenant: tn, Reason: "evil"})
 			return err
@@ -101,7 +110,10 @@ func probe(sock, sb, ses string, tn *sandboxv1.Tenant) {
 			_, err = s.Recv()
 			return err
 		}},
-		{"Health", func() error { _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); return err }},
+		{"Health", func() error {
+			_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+			return err
+		}},
 		{"Connect", func() error {
 			// A first frame that is not Hello: a served stream answers
 			// HELLO_REQUIRED.
