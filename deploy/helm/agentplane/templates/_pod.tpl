@@ -125,6 +125,22 @@ spec:
           value: {{ $c.egress.bytesWindow | quote }}
         - name: AGENTPLANE_SANDBOX_EGRESS_IDLE
           value: {{ $c.egress.idle | quote }}
+        - name: AGENTPLANE_SANDBOX_CGROUPS
+          value: {{ $c.limits.cgroups | quote }}
+        - name: AGENTPLANE_SANDBOX_MEMORY_LIMIT
+          value: {{ $c.limits.memory | quote }}
+        - name: AGENTPLANE_SANDBOX_CPU_LIMIT
+          value: {{ int $c.limits.cpuMillis | quote }}
+        - name: AGENTPLANE_SANDBOX_PIDS_LIMIT
+          value: {{ int $c.limits.pids | quote }}
+        - name: AGENTPLANE_SANDBOX_DISK_QUOTA
+          value: {{ $c.limits.diskQuota | quote }}
+        - name: AGENTPLANE_SANDBOX_RLIMITS
+          value: {{ $c.limits.rlimits | quote }}
+        - name: AGENTPLANE_SANDBOX_SOCKET_CONNS
+          value: {{ int $c.limits.socketConns | quote }}
+        - name: AGENTPLANE_SANDBOX_SOCKET_IDLE
+          value: {{ $c.limits.socketIdle | quote }}
         {{- end }}
         {{- if eq $component "credential" }}
         - name: AGENTPLANE_PROXY_ADDR

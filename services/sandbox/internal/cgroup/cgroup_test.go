@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -67,6 +66,12 @@ func managerOrFail(t *testing.T) *Manager {
 // hog runs the test binary as hog kind inside g and returns how it ended.
 func hog(t *testing.T, g *Group, kind string, env ...string) error {
 	t.Helper()
+	return startHog(t, g, kind, env...).Wait()
+}
+
+// startHog starts the test binary as hog kind inside g.
+func startHog(t *testing.T, g *Group, kind string, env ...string) *exec.Cmd {
+	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(self)
@@ -76,7 +81,7 @@ func hog(t *testing.T, g *Group, kind string, env ...string) error {
 	require.NoError(t, cmd.Start())
 	require.NoError(t, g.Add(cmd.Process.Pid))
 	_, _ = in.Write([]byte("\n"))
-	return cmd.Wait()
+	return cmd
 }
 
 var groups int
@@ -97,8 +102,9 @@ func newGroup(t *testing.T, m *Manager, l Limits) *Group {
 func TestMemoryHogIsHeldAndCounted(t *testing.T) {
 	m := managerOrFail(t)
 	g := newGroup(t, m, Limits{MemoryBytes: 64 << 20, Pids: 64})
+	cmd := startHog(t, g, "memory", "CGROUP_HOG_MIB=256")
 	done := make(chan error, 1)
-	go func() { done <- hog(t, g, "memory", "CGROUP_HOG_MIB=256") }()
+	go func() { done <- cmd.Wait() }()
 	require.Eventually(t, func() bool {
 		n, err := g.MemoryEvents()
 		return err == nil && n > 0
@@ -106,7 +112,7 @@ func TestMemoryHogIsHeldAndCounted(t *testing.T) {
 	require.NoError(t, g.Kill())
 	err := <-done
 	var ee *exec.ExitError
-	require.True(t, errors.As(err, &ee), "the hog must not finish: %v", err)
+	require.ErrorAs(t, err, &ee, "the hog must not finish")
 	require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal())
 	require.Eventually(t, g.Empty, 30*time.Second, 20*time.Millisecond)
 
