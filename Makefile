@@ -5,7 +5,9 @@
 #   make generate   regenerate pkg/gen from proto/ with the pinned local plugins
 #   make lint       buf lint + format + breaking, go vet, golangci-lint
 #   make bench      benchmarks side by side with their references (see docs/benchmarks.md)
-#   make helm-check render and strictly decode the Helm chart, strict lint
+#   make helm-check render and strictly decode the Helm chart, strict lint, and run it on the
+#                   test cluster (install/upgrade/uninstall, PodSecurity, namespace admin)
+#   make cluster    build (or reuse) the test cluster's binaries (deploy/cluster/build.sh)
 
 SHELL := /bin/bash
 BIN   := $(CURDIR)/.cache/bin
@@ -14,7 +16,7 @@ BUF   := $(BIN)/buf
 MODULES = $(shell go list -m -f '{{.Dir}}')
 GOTEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go test-redis-topologies bench helm-check dev build clean
+.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go test-redis-topologies bench helm-check cluster dev build clean
 
 all: lint test
 
@@ -68,6 +70,12 @@ test:
 	@failed=""; $(MAKE) --no-print-directory test-go || failed="$$failed test-go"; \
 	  $(MAKE) --no-print-directory helm-check || failed="$$failed helm-check"; \
 	  $(FAILED_REPORT)
+
+# The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kwok, helm) built from the Go module proxy at pinned versions into a cache outside the
+# repository (${XDG_CACHE_HOME:-~/.cache}/agentplane/cluster/<version>); reused when built.
+cluster:
+	bash deploy/cluster/build.sh
 
 # The store and fence suites again on a real Redis Cluster (3 masters + 3 replicas) and a real
 # Sentinel group (pkg/redistest; `make test` runs them on one redis-server).

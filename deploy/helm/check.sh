@@ -5,10 +5,14 @@
 #     invariants (probes, PDBs, Service selectors, ServiceMonitor ports, privileges, grace
 #     period, NetworkPolicies, secret references);
 #   - checks that schema-breaking values fail to render with the schema's message;
-#   - runs the Helm SDK's strict lint (warnings fail) for every ci/ values file.
+#   - runs the Helm SDK's strict lint (warnings fail) for every ci/ values file;
+#   - on the test cluster (internal/kubecluster, binaries from deploy/cluster/build.sh):
+#     install --wait, upgrade, uninstall of every ci/ values file, PodSecurity per pod, an
+#     install by a namespace admin (skipped without the cluster, failed under CI=true);
+#   - the sandbox pod's seccomp and AppArmor profiles (deploy/profiles).
 # The Go module deploy/helm is not in go.work, so it runs with GOWORK=off.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export GOWORK=off
 go vet ./...
-go test -count=1 "$@" ./...
+go test -count=1 -timeout 30m "$@" ./...

@@ -127,6 +127,14 @@ services read from a file (AGENTPLANE_REDIS_PASSWORD_FILE), while the URL is a p
 {{- add (int $s.drainDelaySeconds) (int $s.timeoutSeconds) (int $s.extraGraceSeconds) -}}
 {{- end -}}
 
+{{/* A seccomp or AppArmor profile: localhostProfile only with type Localhost (the API refuses it otherwise, e.g. after --set ...type=Unconfined over the default). */}}
+{{- define "agentplane.profile" -}}
+type: {{ .type }}
+{{- if eq .type "Localhost" }}
+localhostProfile: {{ required "sandbox.namespaces: a Localhost profile needs localhostProfile" .localhostProfile }}
+{{- end }}
+{{- end -}}
+
 {{/* Container securityContext: global defaults overlaid with the component's. */}}
 {{- define "agentplane.containerSecurityContext" -}}
 {{- /* A shallow overlay, not mergeOverwrite: mergeOverwrite ignores false, so a component could not turn readOnlyRootFilesystem off. */ -}}
@@ -135,8 +143,8 @@ services read from a file (AGENTPLANE_REDIS_PASSWORD_FILE), while the URL is a p
 {{- if and (eq .component "sandbox") (eq $c.isolation "namespaces") -}}
 {{- /* What bubblewrap needs (statefulset-sandbox.yaml); the component's own overlay below still wins. */ -}}
 {{- $_ := set $base "procMount" "Unmasked" -}}
-{{- $_ := set $base "seccompProfile" $c.namespaces.seccompProfile -}}
-{{- $_ := set $base "appArmorProfile" $c.namespaces.appArmorProfile -}}
+{{- $_ := set $base "seccompProfile" (include "agentplane.profile" $c.namespaces.seccompProfile | fromYaml) -}}
+{{- $_ := set $base "appArmorProfile" (include "agentplane.profile" $c.namespaces.appArmorProfile | fromYaml) -}}
 {{- end -}}
 {{- range $k, $v := ((index .root.Values .component).containerSecurityContext | default dict) -}}
 {{- $_ := set $base $k $v -}}
