@@ -7,7 +7,8 @@
 #   make bench      benchmarks side by side with their references (see docs/benchmarks.md)
 #   make helm-check render and strictly decode the Helm chart, strict lint, and run it on the
 #                   test cluster (install/upgrade/uninstall, PodSecurity, namespace admin)
-#   make cluster    build (or reuse) the test cluster's binaries (deploy/cluster/build.sh)
+#   make cluster    build (or reuse) the test cluster's binaries (deploy/cluster/build.sh);
+#                   the cluster tests run when it is built (AGENTPLANE_TEST_CLUSTER=required: must)
 
 SHELL := /bin/bash
 BIN   := $(CURDIR)/.cache/bin

@@ -21,8 +21,10 @@ DIR="${AGENTPLANE_CLUSTER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentplane/cluste
 if [ "${1:-}" = "--print-dir" ]; then echo "$DIR"; exit 0; fi
 mkdir -p "$DIR/bin" "$DIR/src"
 export GOWORK=off GOFLAGS=-mod=mod GOTOOLCHAIN=local
-# Low priority: the build shares the machine with the test suites.
-NICE="nice -n 15"
+# Low priority: the build shares the machine with the test suites. No -trimpath: the build
+# cache entries of the k8s.io modules and the standard library are then shared with the
+# chart tests' and every other build on the machine.
+NICE="nice -n ${AGENTPLANE_CLUSTER_NICE:-15}"
 
 exec 9>"$DIR/.lock"
 flock 9
@@ -48,7 +50,7 @@ if ! fresh kube-apiserver "$K8S_VERSION"; then
   # Without the stamps the server reports v0.0.0 and Helm refuses the chart's kubeVersion.
   ldflags="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$kminor"
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z -X $pkg.gitCommit=0000000000000000000000000000000000000000"
-  (cd "$work" && $NICE go build -trimpath -ldflags "$ldflags" -o "$DIR/bin/" \
+  (cd "$work" && $NICE go build -ldflags "$ldflags" -o "$DIR/bin/" \
     ./cmd/kube-apiserver ./cmd/kube-controller-manager ./cmd/kube-scheduler)
   for b in kube-apiserver kube-controller-manager kube-scheduler; do stamp "$b" "$K8S_VERSION"; done
   rm -rf "$work"
@@ -72,14 +74,14 @@ func main() { etcdmain.Main(os.Args) }
 GO
   (cd "$work" && go mod init agentplane.dev/testcluster/etcd >/dev/null 2>&1 \
     && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null && go mod tidy >/dev/null \
-    && $NICE go build -trimpath -ldflags "-s -w" -o "$DIR/bin/etcd" .)
+    && $NICE go build -ldflags "-s -w" -o "$DIR/bin/etcd" .)
   stamp etcd "$ETCD_VERSION"
   rm -rf "$work"
 fi
 
 if ! fresh kwok "$KWOK_VERSION"; then
   echo "building kwok $KWOK_VERSION" >&2
-  GOBIN="$DIR/bin" $NICE go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  GOBIN="$DIR/bin" $NICE go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   # kwok moves nodes and pods through these stages (Ready nodes, Running pods, deletion).
   src="$(modDir "sigs.k8s.io/kwok@$KWOK_VERSION")"
   rm -rf "$DIR/stage"; cp -r "$src/kustomize/stage" "$DIR/stage"; chmod -R u+w "$DIR/stage"
@@ -88,7 +90,7 @@ fi
 
 if ! fresh helm "$HELM_VERSION"; then
   echo "building helm $HELM_VERSION" >&2
-  GOBIN="$DIR/bin" $NICE go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  GOBIN="$DIR/bin" $NICE go install -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   stamp helm "$HELM_VERSION"
 fi
 

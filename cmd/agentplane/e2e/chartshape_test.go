@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,13 +351,13 @@ func rootArgs(t *testing.T, targets map[string]bindSpec) []string {
 	}
 	walk("/")
 	args = append(args, "--proc", "/proc", "--dev", "/dev")
-	for _, p := range slices.Sorted(func(yield func(string) bool) {
-		for p := range targets {
-			if !yield(p) {
-				return
-			}
+	// Directories on the way that the host does not have (bubblewrap would make them 0700).
+	for _, d := range slices.Sorted(maps.Keys(ancestors)) {
+		if _, err := os.Lstat(d); os.IsNotExist(err) {
+			args = append(args, "--perms", "0755", "--dir", d)
 		}
-	}) {
+	}
+	for _, p := range slices.Sorted(maps.Keys(targets)) {
 		b := targets[p]
 		switch {
 		case b.tmpfs:
@@ -389,10 +390,15 @@ func TestChartShapedSession(t *testing.T) {
 	procs := startChartShaped(t, st, shape)
 	s := st.suite()
 
-	// What the pod's process is: uid, gids, capabilities, no_new_privs (from /proc, as root).
+	// What the pod's process is: uid, gids, capabilities, no_new_privs (from /proc, as root),
+	// once bubblewrap has made the mounts and executed it.
 	for svc, p := range procs {
-		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid))
-		require.NoError(t, err, svc)
+		var status []byte
+		require.Eventually(t, func() bool {
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", p.pid))
+			status, _ = os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid))
+			return exe == imageBinary || filepath.Base(exe) == "agentplane"
+		}, 2*time.Minute, 50*time.Millisecond, "%s: not started: %s", svc, readTail(p.logs))
 		want := shape.Services[svc]
 		id := strconv.FormatInt(want.UID, 10)
 		require.Contains(t, string(status), "Uid:\t"+id+"\t"+id+"\t"+id+"\t"+id+"\n", svc)
