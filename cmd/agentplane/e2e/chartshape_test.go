@@ -242,13 +242,20 @@ func startChartProc(t *testing.T, st *stack, svc string, p *podShape, secrets ma
 
 	args := []string{"--die-with-parent", "--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts",
 		"--hostname", "ap-agentplane-" + svc + "-0", "--info-fd", "3"}
-	args = append(args, rootArgs(t, targets)...)
+	unmasked := p.ProcMount == "Unmasked"
+	args = append(args, rootArgs(t, targets, unmasked)...)
 	setpriv := []string{"/usr/bin/setpriv", "--reuid=" + strconv.FormatInt(p.UID, 10), "--regid=" + strconv.FormatInt(p.GID, 10),
 		"--groups=" + strconv.FormatInt(p.FSGroup, 10), "--inh-caps=-all", "--bounding-set=-all"}
 	if !p.AllowPrivilegeEscalation {
 		setpriv = append(setpriv, "--no-new-privs")
 	}
 	args = append(args, "--")
+	if unmasked {
+		// procMount: Unmasked: a fresh procfs of the pod's PID namespace with nothing over it
+		// (bubblewrap's own --proc covers /proc/sys and others read-only, as the runtime's
+		// masked paths do, and then no nested sandbox can mount its /proc).
+		args = append(args, "/bin/sh", "-c", `mount -t proc proc /proc && exec "$@"`, "sh")
+	}
 	args = append(args, setpriv...)
 	args = append(args, imageBinary)
 	args = append(args, p.Args...)
@@ -314,8 +321,9 @@ type bindSpec struct {
 // rootArgs are bubblewrap arguments for a read-only copy of the host's root with targets
 // mounted on it: every directory on the way to a target becomes a tmpfs holding read-only
 // binds of its host entries (so the target's mount point can be made), and is then made
-// read-only itself. /proc is a fresh procfs of the new PID namespace, /dev a minimal one.
-func rootArgs(t *testing.T, targets map[string]bindSpec) []string {
+// read-only itself. /proc is a fresh procfs of the new PID namespace (masked as the runtime
+// does by default, or not at all for procMount: Unmasked), /dev a minimal one.
+func rootArgs(t *testing.T, targets map[string]bindSpec, unmasked bool) []string {
 	t.Helper()
 	ancestors := map[string]bool{"/": true}
 	for p := range targets {
@@ -350,7 +358,11 @@ func rootArgs(t *testing.T, targets map[string]bindSpec) []string {
 		}
 	}
 	walk("/")
-	args = append(args, "--proc", "/proc", "--dev", "/dev")
+	if unmasked {
+		args = append(args, "--tmpfs", "/proc", "--dev", "/dev") // procfs mounted over it before the service starts
+	} else {
+		args = append(args, "--proc", "/proc", "--dev", "/dev")
+	}
 	// Directories on the way that the host does not have (bubblewrap would make them 0700).
 	for _, d := range slices.Sorted(maps.Keys(ancestors)) {
 		if _, err := os.Lstat(d); os.IsNotExist(err) {
