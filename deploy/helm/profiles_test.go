@@ -39,7 +39,9 @@ func sandboxSeccompProfile() specs.LinuxSeccomp {
 		Architectures:   []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32, specs.ArchAARCH64, specs.ArchARM},
 	}
 	ours := []string{"amd64", "arm64", "x86", "x32", "arm"}
-	anyOf := func(have []string) bool { return slices.ContainsFunc(have, func(a string) bool { return slices.Contains(ours, a) }) }
+	anyOf := func(have []string) bool {
+		return slices.ContainsFunc(have, func(a string) bool { return slices.Contains(ours, a) })
+	}
 	for _, s := range def.Syscalls {
 		if s.Includes != nil && (len(s.Includes.Caps) > 0 || len(s.Includes.Arches) > 0 && !anyOf(s.Includes.Arches)) {
 			continue // for a capability the container does not have, or another architecture
