@@ -33,9 +33,32 @@ type Server struct {
 	Root  string
 	Token string
 
-	mu  sync.Mutex
-	log []Request
-	srv *httptest.Server
+	mu     sync.Mutex
+	log    []Request
+	public map[string]bool // repository names served without authentication
+	srv    *httptest.Server
+}
+
+// MakePublic serves the repository name (as given to CreateRepo) to anyone,
+// without authentication, as a public repository on a forge is.
+func (s *Server) MakePublic(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.public == nil {
+		s.public = map[string]bool{}
+	}
+	s.public[name] = true
+}
+
+func (s *Server) isPublic(path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name := range s.public {
+		if strings.HasPrefix(path, "/"+name+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // Start runs a server that admits requests whose Basic password is token.
@@ -69,7 +92,7 @@ func Start(t testing.TB, token string) *Server {
 		_, pass, ok := r.BasicAuth()
 		rec.Authorized = ok && pass == token
 		sw := &statusWriter{ResponseWriter: w, code: 200}
-		if !rec.Authorized {
+		if !rec.Authorized && !s.isPublic(r.URL.Path) {
 			sw.Header().Set("WWW-Authenticate", `Basic realm="gittest"`)
 			http.Error(sw, "authentication required", http.StatusUnauthorized)
 		} else {

@@ -424,8 +424,8 @@ func wrapperProcess(t *testing.T, instance string) int {
 
 // TestAgentProfileChecks: an unknown profile, or one that is not installed,
 // is refused at CreateSession with AGENT_UNAVAILABLE and a field violation;
-// a session that asks for another agent than the one its worktree runs
-// fails its route with agent_mismatch, and the first session goes on.
+// a session that asks for another agent than the one its worktree runs is
+// refused at CreateSession with AGENT_MISMATCH, and the first session goes on.
 func TestAgentProfileChecks(t *testing.T) {
 	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
 		c.AgentACP = filepath.Join(t.TempDir(), "no-such-agent") // configured, not installed
@@ -450,13 +450,14 @@ func TestAgentProfileChecks(t *testing.T) {
 	scripted := s.createAgent(t, "sbx-mix", "/work/e2e-mix", newSecret(), "scripted")
 	_, o := s.watchTurn(t, scripted.GetSessionId(), "m1", "hello", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
-	other := s.createAgent(t, "sbx-mix", "/work/e2e-mix", newSecret(), "opencode")
-	_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: other.GetSessionId(), MessageId: "m1", Content: "hi"})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		v := s.routeView(t, other.GetSessionId())
-		return v.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED && v.GetFailureReason() == "agent_mismatch"
-	}, 2*time.Minute, 100*time.Millisecond, "the mismatched route fails with agent_mismatch")
+	// Issue 32: the directory runs the scripted agent; a session asking for
+	// another is refused at CreateSession, not at its first message.
+	_, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+		UserId: "u-e2e", OrgId: "o-e2e", SandboxId: scripted.GetSandboxId(), Worktree: &sessionv1.Worktree{Directory: "/work/e2e-mix"},
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+		Agent:      &sessionv1.Agent{Profile: "opencode"},
+	})
+	requireReason(t, err, codes.FailedPrecondition, "AGENT_MISMATCH")
 	_, o = s.watchTurn(t, scripted.GetSessionId(), "m2", "still here", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the worktree's own session is not affected")
 }

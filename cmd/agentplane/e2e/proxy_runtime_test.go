@@ -19,6 +19,7 @@ import (
 
 	"agentplane.dev/pkg/logging/logtest"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -103,6 +104,8 @@ type suite struct {
 	// their sandbox marker in /proc, machine-wide, so two suites (a repeated
 	// test, another test binary on the machine) must never share one.
 	run string
+	// redis is the stack's private Redis (nil on a shared one).
+	redis *redis.Client
 }
 
 // captureStderr sends everything written to os.Stderr (where every

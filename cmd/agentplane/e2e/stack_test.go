@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 
@@ -249,7 +250,12 @@ func (st *stack) dial(addr string) *grpc.ClientConn {
 // suite is the test-facing view of the stack: clients of the session,
 // credential and ingest services (at the stack's addresses).
 func (st *stack) suite() *suite {
+	var rdb *redis.Client
+	if st.rs != nil {
+		rdb = st.rs.Client(st.t)
+	}
 	return &suite{
+		redis:  rdb,
 		ses:    sessionv1.NewSessionServiceClient(st.dial(st.addr[svcSession])),
 		cred:   credentialv1.NewCredentialServiceClient(st.dial(st.addr[svcCredential])),
 		ing:    ingestv1.NewIngestServiceClient(st.dial(st.addr[svcIngest])),

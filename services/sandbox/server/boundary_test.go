@@ -192,13 +192,16 @@ func stillRunning(snap map[int]string) []int {
 	return left
 }
 
+// leaseOf is the lease of the sandbox's one runtime key; a sandbox whose
+// key went with its last session (issue 32: its records are removed once
+// it is verified absent) has none, which reads as NONE.
 func leaseOf(t *testing.T, svc *service, sandbox string) sandboxv1.LeaseState {
 	st, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{Tenant: testTenant, SandboxId: sandbox})
 	require.NoError(t, err)
 	for _, k := range st.GetSandbox().GetRuntimeKeys() {
 		return k.GetLeaseState()
 	}
-	return sandboxv1.LeaseState_LEASE_STATE_UNSPECIFIED
+	return sandboxv1.LeaseState_LEASE_STATE_NONE
 }
 
 // Leak tests of issue 16: a runtime that leaves `sleep 600 &`, `setsid

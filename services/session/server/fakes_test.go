@@ -59,6 +59,10 @@ type fakeSandbox struct {
 	tenants   map[string]string // sandbox → "org/user" that claimed it
 }
 
+func (f *fakeSandbox) CheckWorktree(context.Context, *sandboxv1.CheckWorktreeRequest) (*sandboxv1.CheckWorktreeResponse, error) {
+	return &sandboxv1.CheckWorktreeResponse{}, nil
+}
+
 func newFakeSandbox() *fakeSandbox {
 	return &fakeSandbox{prepares: map[string]int{}, delivered: map[string][]string{},
 		aborts: map[string]int{}, releases: map[string]int{}, released: map[string]bool{}, tenants: map[string]string{}}

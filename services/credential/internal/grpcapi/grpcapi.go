@@ -197,7 +197,9 @@ func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.Put
 	var v violations
 	v.id("session_id", req.GetSessionId())
 	class := v.class(req.GetCredentialClass(), "credential_class")
-	v.need(req.GetSecret() != "", "secret", "required")
+	// A repository credential may have no secret: the session's repository
+	// is then cloned anonymously, still only through the git route.
+	v.need(req.GetSecret() != "" || req.GetRepoUrl() != "", "secret", "required")
 	v.need(len(req.GetSecret()) <= 16<<10, "secret", "at most 16 KiB")
 	if req.GetRepoUrl() != "" || req.GetGitUsername() != "" {
 		_, err := gitrepo.Parse(req.GetRepoUrl())

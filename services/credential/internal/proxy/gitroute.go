@@ -132,8 +132,12 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 	if _, ok := h["User-Agent"]; !ok {
 		h.Set("User-Agent", "")
 	}
-	basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + string(acc.Token)))
-	h.Set("Authorization", "Basic "+basic)
+	guard := newEchoGuard()
+	if len(acc.Token) > 0 {
+		basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + string(acc.Token)))
+		h.Set("Authorization", "Basic "+basic)
+		guard = newEchoGuard(string(acc.Token), basic)
+	} // else anonymous: a server that wants authentication answers 401 (repo_auth_failed)
 	esc := make([]string, len(t.Rest)-1)
 	for i, s := range t.Rest[1:] {
 		esc[i] = url.PathEscape(s)
@@ -148,7 +152,7 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 		out.Body = nil
 	}
 	start := time.Now()
-	err = p.gitFwd.forward(r.Context(), w, out, newEchoGuard(string(acc.Token), basic))
+	err = p.gitFwd.forward(r.Context(), w, out, guard)
 	p.metrics.upstream.WithLabelValues(string(RouteGit)).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:

@@ -604,6 +604,9 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	if ok || exhausted {
 		d.forgetRoute(sb, sessionID)
 	}
+	if ok {
+		d.forgetKey(ctx, sb, key, dir)
+	}
 	return Release{LastMember: true, AbsenceVerified: ok, ExhaustedFinal: exhausted, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
 }
 
@@ -788,6 +791,65 @@ func (d *Driver) dropData(ctx context.Context, sb *sandbox, sessionID, key, dir 
 		}
 	}
 	return d.cfg.Provider.Delete(ctx, sb.id, dir, provider.DeleteWorkspace)
+}
+
+// keyForgetter drops the wrapper lease of a runtime key that is gone with
+// its last session (the reconciler; test fakes may not).
+type keyForgetter interface {
+	ForgetKey(ctx context.Context, sandboxID, runtimeKey string) error
+}
+
+// forgetKey removes the records of a runtime key verified absent whose last
+// route is forgotten: its slot, its wrappers' records, its wrapper lease
+// and, when no session is left in the directory, the directory's scope, so
+// a sandbox with no session left keeps no record of one. Nothing goes
+// while a route of the key or the directory is back or its wrapper comes.
+// Best effort: what stays is harmless and goes with the next release.
+func (d *Driver) forgetKey(ctx context.Context, sb *sandbox, key, dir string) {
+	sb.mu.Lock()
+	for id, r := range sb.routes {
+		if r.RuntimeKey == key || sb.preparing[id] {
+			sb.mu.Unlock()
+			return
+		}
+	}
+	if s := sb.keyAllocations[key]; s != nil && s.Alloc.Live() {
+		sb.mu.Unlock()
+		return
+	}
+	var instances []string
+	for id, w := range sb.wrappers {
+		if w.RuntimeKey == key {
+			instances = append(instances, id)
+		}
+	}
+	scopeDir := ""
+	if sc := sb.scopes[dir]; sc != nil && len(sc.Members) == 0 {
+		scopeDir = dir
+		for _, r := range sb.routes {
+			if r.Directory == dir {
+				scopeDir = ""
+			}
+		}
+	}
+	if err := store.ForgetKey(ctx, sb.owner, d.cfg.Redis, sb.id, key, instances, scopeDir); err != nil {
+		sb.mu.Unlock()
+		d.staleWrite(sb, err)
+		return
+	}
+	delete(sb.keyAllocations, key)
+	for _, id := range instances {
+		delete(sb.wrappers, id)
+	}
+	if scopeDir != "" {
+		delete(sb.scopes, scopeDir)
+	}
+	sb.mu.Unlock()
+	if f, ok := d.cfg.Wrappers.(keyForgetter); ok {
+		if err := f.ForgetKey(ctx, sb.id, key); err != nil {
+			d.log.Warn("wrapper lease of a released runtime key not dropped", "sandbox", sb.id, "runtime_key", key, "err", err)
+		}
+	}
 }
 
 func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {

@@ -2,7 +2,10 @@ package driver
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
+	"strings"
 
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/lease"
@@ -108,4 +111,67 @@ func (d *Driver) Scope(ctx context.Context, sandboxID, directory string) (*scope
 		return sc, nil
 	}
 	return nil, ErrScopeNotFound
+}
+
+// ErrWorktreeRepoMismatch: the directory is bound to another repository.
+var ErrWorktreeRepoMismatch = errors.New("the directory is bound to another repository")
+
+// ErrAgentMismatch: the directory's shared runtime runs another agent.
+var ErrAgentMismatch = errors.New("the directory's runtime runs another agent")
+
+// CheckWorktree says whether a new session may join directory: a session of
+// it that is not released binds the directory to its repository (the one
+// its checkout was cloned from) and, under the worktree contract (one
+// runtime per directory), to its agent profile and model. It reads without
+// taking the sandbox over: memory when this replica owns it, else Redis.
+func (d *Driver) CheckWorktree(ctx context.Context, sandboxID, directory, repoURL string, agent store.Agent) error {
+	routes, err := d.routesOf(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	asked, askedErr := d.cfg.Agents.Resolve(agent.Profile, agent.Model)
+	for _, r := range routes {
+		if r.Directory != directory || r.State == store.RouteReleased {
+			continue
+		}
+		if repoURL != "" && r.RepoURL != "" && !strings.EqualFold(strings.TrimSuffix(r.RepoURL, "/"), strings.TrimSuffix(repoURL, "/")) {
+			return fmt.Errorf("%w: a live session of %s works on %s", ErrWorktreeRepoMismatch, directory, r.RepoURL)
+		}
+		if r.Contract == scope.PerSession || askedErr != nil {
+			continue
+		}
+		running, err := d.cfg.Agents.Resolve(r.Agent.Profile, r.Agent.Model)
+		if err != nil {
+			continue
+		}
+		if running.Profile != asked.Profile || running.Model != asked.Model {
+			return fmt.Errorf("%w: %s runs agent %q with model %q; the session asks for %q with model %q",
+				ErrAgentMismatch, directory, running.Profile, running.Model, asked.Profile, asked.Model)
+		}
+	}
+	return nil
+}
+
+// routesOf copies a sandbox's routes: memory when owned, else Redis.
+func (d *Driver) routesOf(ctx context.Context, sandboxID string) ([]store.Route, error) {
+	d.mu.Lock()
+	sb := d.sandboxes[sandboxID]
+	d.mu.Unlock()
+	var out []store.Route
+	if sb != nil {
+		sb.mu.Lock()
+		for _, r := range sb.routes {
+			out = append(out, *r)
+		}
+		sb.mu.Unlock()
+		return out, nil
+	}
+	snap, err := store.Load(ctx, d.cfg.Redis, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range snap.Routes {
+		out = append(out, *r)
+	}
+	return out, nil
 }

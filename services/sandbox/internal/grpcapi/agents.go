@@ -47,3 +47,20 @@ func (s *Sandbox) CheckAgent(ctx context.Context, req *sandboxv1.CheckAgentReque
 	return &sandboxv1.CheckAgentResponse{Protocol: spec.Protocol, Agent: &sandboxv1.Agent{
 		Profile: spec.Profile, Model: spec.Model, RejectToolKinds: req.GetAgent().GetRejectToolKinds()}}, nil
 }
+
+// CheckWorktree says whether a new session may join a directory: its
+// repository and agent must be the directory's (driver.CheckWorktree).
+func (s *Sandbox) CheckWorktree(ctx context.Context, req *sandboxv1.CheckWorktreeRequest) (*sandboxv1.CheckWorktreeResponse, error) {
+	var v violations
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	v.check(validDirectory(req.GetDirectory()), "directory", "an absolute normalized path")
+	v.check(len(req.GetRepoUrl()) <= 2048, "repo_url", "at most 2048 bytes")
+	checkAgent(&v, "agent", req.GetAgent())
+	if err := v.err("invalid worktree check"); err != nil {
+		return nil, err
+	}
+	if err := s.Driver.CheckWorktree(ctx, req.GetSandboxId(), req.GetDirectory(), req.GetRepoUrl(), agentToStore(req.GetAgent())); err != nil {
+		return nil, toStatus(ctx, s.Log, err)
+	}
+	return &sandboxv1.CheckWorktreeResponse{}, nil
+}

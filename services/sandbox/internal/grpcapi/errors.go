@@ -25,6 +25,8 @@ const (
 	ReasonRouteNotFound     = "ROUTE_NOT_FOUND"
 	ReasonScopeNotFound     = "SCOPE_NOT_FOUND"
 	ReasonDirectoryConflict = "ROUTE_DIRECTORY_CONFLICT"
+	ReasonRepoMismatch      = "WORKTREE_REPO_MISMATCH"
+	ReasonAgentMismatch     = "AGENT_MISMATCH"
 	ReasonClassMixed        = "CREDENTIAL_CLASS_MIXED"
 	ReasonOwnedElsewhere    = "SANDBOX_OWNED_ELSEWHERE"
 	ReasonCapacityRejected  = "CAPACITY_REJECTED"
@@ -67,6 +69,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, driver.ErrDirectoryMoved):
 		return apierr.Error(codes.FailedPrecondition, ReasonDirectoryConflict, "the session's route uses another directory",
 			apierr.FieldViolation("route.directory", "differs from the session's existing route"))
+	case errors.Is(err, driver.ErrWorktreeRepoMismatch):
+		return apierr.Error(codes.FailedPrecondition, ReasonRepoMismatch, err.Error(),
+			apierr.FieldViolation("repo_url", "differs from the repository the directory was cloned from"))
+	case errors.Is(err, driver.ErrAgentMismatch):
+		return apierr.Error(codes.FailedPrecondition, ReasonAgentMismatch, err.Error(),
+			apierr.FieldViolation("agent", "differs from the agent the directory's runtime runs"))
 	case errors.Is(err, driver.ErrClassMixed):
 		return apierr.Error(codes.FailedPrecondition, ReasonClassMixed, "the directory already holds another credential class",
 			apierr.FieldViolation("route.credential_class", "differs from the directory's class"))

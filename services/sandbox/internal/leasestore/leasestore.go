@@ -108,3 +108,25 @@ func (s *Store) Put(ctx context.Context, resource string, token uint64, runtimeK
 	}
 	return Entry{Lease: next, raw: string(b)}, nil
 }
+
+// dropScript removes the field only if it still holds the value read.
+var dropScript = fence.NewGuardedScript(`
+local cur = redis.call('HGET', KEYS[2], ARGV[2])
+if cur == false then return 0 end
+if cur ~= ARGV[3] then return redis.error_reply('LEASE_CONFLICT') end
+return redis.call('HDEL', KEYS[2], ARGV[2])
+`)
+
+// Drop removes the lease of a runtime key that is gone with its last
+// session (prev as read, under the sandbox's fencing token). A key
+// allocated again starts a new lease.
+func (s *Store) Drop(ctx context.Context, resource string, token uint64, runtimeKey string, prev Entry) error {
+	err := dropScript.Run(ctx, s.rdb, resource, token, []string{Key(resource)}, runtimeKey, prev.raw).Err()
+	if err != nil {
+		if strings.Contains(err.Error(), "LEASE_CONFLICT") {
+			return ErrConflict
+		}
+		return fmt.Errorf("leasestore: drop: %w", err)
+	}
+	return nil
+}

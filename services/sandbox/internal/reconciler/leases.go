@@ -348,6 +348,24 @@ func (r *Reconciler) AbsenceVerified(ctx context.Context, sandboxID, runtimeKey 
 	return false, r.retryAfter(e.Lease), nil
 }
 
+// ForgetKey drops the lease of a runtime key whose last session is gone
+// (DESIGN.md 3.5: nothing outlives its session): only a none lease that
+// parses, with nothing of the key discovered; anything else stays tracked.
+func (r *Reconciler) ForgetKey(ctx context.Context, sandboxID, runtimeKey string) error {
+	k, e, unlock, err := r.open(ctx, sandboxID, runtimeKey)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if e.Lease.State != lease.None || e.Quarantined != nil {
+		return nil
+	}
+	if d := r.cfg.Provider.Discover(ctx, sandboxID, runtimeKey); d.Kind != provider.Absent {
+		return nil
+	}
+	return r.store.Drop(ctx, k.fence.Resource(), k.fence.Token(), runtimeKey, e)
+}
+
 // DeletionAllowed is AbsenceVerified, plus DESIGN.md 3.5's exception: an
 // exhausted lease allows deletion after a final observation (the lease
 // itself stays exhausted and keeps being tracked).

@@ -222,6 +222,37 @@ func DeleteRoute(ctx context.Context, w Writer, rdb redis.Scripter, sandboxID, s
 
 var hdel = fence.NewGuardedScript(`return redis.call('HDEL', KEYS[2], ARGV[2])`)
 
+// hdelEach removes fields of up to three hashes: KEYS[2..4], and ARGV[2..4]
+// the number of fields of each, then the fields in order.
+var hdelEach = fence.NewGuardedScript(`
+local at = 5
+for i = 2, #KEYS do
+  local n = tonumber(ARGV[i])
+  for j = 1, n do redis.call('HDEL', KEYS[i], ARGV[at]); at = at + 1 end
+end
+return 1
+`)
+
+// ForgetKey removes the records of a runtime key whose last session is gone
+// (DESIGN.md 3.5: nothing outlives its session): its slot, the records of
+// its wrapper instances and, when scopeDir is set, that directory's scope.
+// A hash left empty is gone with its last field.
+func ForgetKey(ctx context.Context, w Writer, rdb redis.Scripter, sandboxID, runtimeKey string, instances []string, scopeDir string) error {
+	keys := []string{Key(sandboxID, "slots"), Key(sandboxID, "wrappers"), Key(sandboxID, "scopes")}
+	var dirs []string
+	if scopeDir != "" {
+		dirs = []string{scopeDir}
+	}
+	args := []any{1, len(instances), len(dirs), runtimeKey}
+	for _, i := range instances {
+		args = append(args, i)
+	}
+	for _, d := range dirs {
+		args = append(args, d)
+	}
+	return hdelEach.Run(ctx, rdb, ownership.Resource(sandboxID), w.Token(), keys, args...).Err()
+}
+
 // EgressWindow is the sandbox's egress byte window as its owner last saved
 // it: when it started and what the sandbox's connections carried in it.
 type EgressWindow struct {

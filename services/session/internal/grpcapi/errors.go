@@ -27,6 +27,8 @@ const (
 	ReasonPeerUnavailable        = "PEER_UNAVAILABLE"
 	ReasonAgentUnavailable       = "AGENT_UNAVAILABLE"
 	ReasonSandboxTenantMismatch  = "SANDBOX_TENANT_MISMATCH"
+	ReasonWorktreeRepoMismatch   = "WORKTREE_REPO_MISMATCH"
+	ReasonAgentMismatch          = "AGENT_MISMATCH"
 	ReasonSessionBusy            = "SESSION_BUSY"
 	ReasonCursorExpired          = "CURSOR_EXPIRED"
 	ReasonInternal               = "INTERNAL"
@@ -96,6 +98,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, session.ErrEgressVersionConflict):
 		return apierr.Error(codes.Aborted, ReasonEgressVersionConflict, "the egress policy changed since expected_version; read the session and try again",
 			apierr.FieldViolation("expected_version", "not the current egress_version"))
+	case errors.Is(err, session.ErrWorktreeRepoMismatch):
+		return apierr.Error(codes.FailedPrecondition, ReasonWorktreeRepoMismatch, err.Error(),
+			apierr.FieldViolation("worktree.repo_url", "differs from the repository the directory was cloned from"))
+	case errors.Is(err, session.ErrAgentMismatch):
+		return apierr.Error(codes.FailedPrecondition, ReasonAgentMismatch, err.Error(),
+			apierr.FieldViolation("agent", "differs from the agent the directory's runtime runs"))
 	case errors.Is(err, session.ErrAgentUnavailable):
 		return apierr.Error(codes.InvalidArgument, ReasonAgentUnavailable, err.Error(),
 			apierr.FieldViolation("agent.profile", "not an agent profile the sandbox service has installed"))

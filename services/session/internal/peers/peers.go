@@ -120,6 +120,23 @@ func (p Sandbox) CheckAgent(ctx context.Context, a session.Agent) (session.Agent
 	return session.Agent{Profile: got.GetProfile(), Model: got.GetModel(), RejectToolKinds: a.RejectToolKinds}, nil
 }
 
+// CheckWorktree asks the sandbox service whether the new session s may join
+// its directory; its WORKTREE_REPO_MISMATCH and AGENT_MISMATCH refusals
+// become the session's errors of the same reason.
+func (p Sandbox) CheckWorktree(ctx context.Context, s *session.Session) error {
+	_, err := p.C.CheckWorktree(ctx, &sandboxv1.CheckWorktreeRequest{SandboxId: s.SandboxID, Directory: s.Directory,
+		RepoUrl: s.RepoURL, Agent: agentProto(s.Agent)})
+	switch {
+	case err == nil:
+		return nil
+	case apierr.Reason(err) == "WORKTREE_REPO_MISMATCH":
+		return fmt.Errorf("%w: %s", session.ErrWorktreeRepoMismatch, status.Convert(err).Message())
+	case apierr.Reason(err) == "AGENT_MISMATCH":
+		return fmt.Errorf("%w: %s", session.ErrAgentMismatch, status.Convert(err).Message())
+	}
+	return fmt.Errorf("%w: sandbox: %w", session.ErrPeerUnavailable, err)
+}
+
 func routeView(v *sandboxv1.RouteView) session.RouteView {
 	out := session.RouteView{
 		Step: v.GetStep(), FailureReason: v.GetFailureReason(),

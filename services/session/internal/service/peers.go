@@ -25,6 +25,9 @@ type Sandbox interface {
 	// CheckAgent resolves an agent profile (session.ErrAgentUnavailable
 	// when the sandbox service has no such installed profile).
 	CheckAgent(ctx context.Context, a session.Agent) (session.Agent, error)
+	// CheckWorktree says whether a new session may join its directory
+	// (session.ErrWorktreeRepoMismatch, session.ErrAgentMismatch).
+	CheckWorktree(ctx context.Context, s *session.Session) error
 	// WorktreeChanges returns the change set of the session's worktree.
 	WorktreeChanges(ctx context.Context, s *session.Session) (*gitrepo.Changes, error)
 	// PushWorktree commits and pushes the session's worktree to branch.

@@ -211,6 +211,14 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		}
 		in.Agent = resolved
 	}
+	// A directory is bound to its repository and its runtime's agent: a
+	// session that differs is refused now, not at its first message.
+	pctx, cancel := s.peerCtx(ctx)
+	err := s.sandbox.CheckWorktree(pctx, &session.Session{SandboxID: in.SandboxID, Directory: in.Directory, RepoURL: in.RepoURL, Agent: in.Agent})
+	cancel()
+	if err != nil {
+		return nil, err
+	}
 	var ref string
 	if s.creds != nil {
 		pctx, cancel := s.peerCtx(ctx)
@@ -222,7 +230,9 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		ref = r
 	}
 	var gitRef string
-	if s.creds != nil && in.GitToken != "" {
+	if s.creds != nil && in.RepoURL != "" {
+		// Always: without a token the repository is cloned anonymously
+		// through the git route, which admits only this repository.
 		pctx, cancel := s.peerCtx(ctx)
 		r, err := s.creds.PutGit(pctx, in.ID, in.RepoURL, in.GitUsername, in.GitToken)
 		cancel()

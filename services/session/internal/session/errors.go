@@ -21,6 +21,12 @@ var (
 	// ErrSandboxTenantMismatch: the session names a sandbox that belongs
 	// to another tenant (or whether it exists is not said).
 	ErrSandboxTenantMismatch = errors.New("the sandbox belongs to another tenant")
+	// ErrWorktreeRepoMismatch: the directory is bound to another
+	// repository (a live session of it was cloned from that one).
+	ErrWorktreeRepoMismatch = errors.New("the directory is bound to another repository")
+	// ErrAgentMismatch: the directory's shared runtime runs another agent
+	// profile or model.
+	ErrAgentMismatch = errors.New("the directory runs another agent")
 )
 
 // Violation is one bad field of a request.

@@ -169,6 +169,116 @@ func (*ClaimSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
 }
 
+// CheckWorktreeRequest names the directory a new session asks to join.
+type CheckWorktreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The worktree directory.
+	Directory string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	// The session's repository; empty: none.
+	RepoUrl string `protobuf:"bytes,3,opt,name=repo_url,json=repoUrl,proto3" json:"repo_url,omitempty"`
+	// The session's agent as resolved by CheckAgent; empty fields: the default.
+	Agent         *Agent `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckWorktreeRequest) Reset() {
+	*x = CheckWorktreeRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckWorktreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckWorktreeRequest) ProtoMessage() {}
+
+func (x *CheckWorktreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckWorktreeRequest.ProtoReflect.Descriptor instead.
+func (*CheckWorktreeRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CheckWorktreeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CheckWorktreeRequest) GetDirectory() string {
+	if x != nil {
+		return x.Directory
+	}
+	return ""
+}
+
+func (x *CheckWorktreeRequest) GetRepoUrl() string {
+	if x != nil {
+		return x.RepoUrl
+	}
+	return ""
+}
+
+func (x *CheckWorktreeRequest) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+// CheckWorktreeResponse is empty: the session may join.
+type CheckWorktreeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckWorktreeResponse) Reset() {
+	*x = CheckWorktreeResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckWorktreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckWorktreeResponse) ProtoMessage() {}
+
+func (x *CheckWorktreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckWorktreeResponse.ProtoReflect.Descriptor instead.
+func (*CheckWorktreeResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
+}
+
 // UpdateEgressPolicyRequest carries a session's new egress policy.
 type UpdateEgressPolicyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -190,7 +300,7 @@ type UpdateEgressPolicyRequest struct {
 
 func (x *UpdateEgressPolicyRequest) Reset() {
 	*x = UpdateEgressPolicyRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +312,7 @@ func (x *UpdateEgressPolicyRequest) String() string {
 func (*UpdateEgressPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +325,7 @@ func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *UpdateEgressPolicyRequest) GetSessionId() string {
@@ -265,7 +375,7 @@ type UpdateEgressPolicyResponse struct {
 
 func (x *UpdateEgressPolicyResponse) Reset() {
 	*x = UpdateEgressPolicyResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -277,7 +387,7 @@ func (x *UpdateEgressPolicyResponse) String() string {
 func (*UpdateEgressPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -290,7 +400,7 @@ func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpdateEgressPolicyResponse) GetApplied() bool {
@@ -311,7 +421,7 @@ type CheckAgentRequest struct {
 
 func (x *CheckAgentRequest) Reset() {
 	*x = CheckAgentRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +433,7 @@ func (x *CheckAgentRequest) String() string {
 func (*CheckAgentRequest) ProtoMessage() {}
 
 func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +446,7 @@ func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentRequest.ProtoReflect.Descriptor instead.
 func (*CheckAgentRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckAgentRequest) GetAgent() *Agent {
@@ -359,7 +469,7 @@ type CheckAgentResponse struct {
 
 func (x *CheckAgentResponse) Reset() {
 	*x = CheckAgentResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +481,7 @@ func (x *CheckAgentResponse) String() string {
 func (*CheckAgentResponse) ProtoMessage() {}
 
 func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +494,7 @@ func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentResponse.ProtoReflect.Descriptor instead.
 func (*CheckAgentResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckAgentResponse) GetAgent() *Agent {
@@ -412,7 +522,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +534,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +547,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PrepareRequest) GetRoute() *RouteSpec {
@@ -458,7 +568,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +580,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +593,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PrepareResponse) GetRoute() *RouteView {
@@ -512,7 +622,7 @@ type DeliverRequest struct {
 
 func (x *DeliverRequest) Reset() {
 	*x = DeliverRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +634,7 @@ func (x *DeliverRequest) String() string {
 func (*DeliverRequest) ProtoMessage() {}
 
 func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +647,7 @@ func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
 func (*DeliverRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeliverRequest) GetSessionId() string {
@@ -581,7 +691,7 @@ type DeliverResponse struct {
 
 func (x *DeliverResponse) Reset() {
 	*x = DeliverResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +703,7 @@ func (x *DeliverResponse) String() string {
 func (*DeliverResponse) ProtoMessage() {}
 
 func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +716,7 @@ func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
 func (*DeliverResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeliverResponse) GetResult() DeliveryResult {
@@ -640,7 +750,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +762,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +775,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusRequest) GetSandboxId() string {
@@ -702,7 +812,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +824,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +837,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatusResponse) GetSandbox() *SandboxStatus {
@@ -763,7 +873,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +885,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +898,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AbortRequest) GetSessionId() string {
@@ -830,7 +940,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +952,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +965,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AbortResponse) GetSent() bool {
@@ -884,7 +994,7 @@ type ReleaseRouteRequest struct {
 
 func (x *ReleaseRouteRequest) Reset() {
 	*x = ReleaseRouteRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1006,7 @@ func (x *ReleaseRouteRequest) String() string {
 func (*ReleaseRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1019,7 @@ func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseRouteRequest) GetSessionId() string {
@@ -958,7 +1068,7 @@ type ReleaseRouteResponse struct {
 
 func (x *ReleaseRouteResponse) Reset() {
 	*x = ReleaseRouteResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1080,7 @@ func (x *ReleaseRouteResponse) String() string {
 func (*ReleaseRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1093,7 @@ func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReleaseRouteResponse) GetLastMember() bool {
@@ -1031,7 +1141,7 @@ type GetScopeRequest struct {
 
 func (x *GetScopeRequest) Reset() {
 	*x = GetScopeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1153,7 @@ func (x *GetScopeRequest) String() string {
 func (*GetScopeRequest) ProtoMessage() {}
 
 func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1166,7 @@ func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeRequest.ProtoReflect.Descriptor instead.
 func (*GetScopeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetScopeRequest) GetSandboxId() string {
@@ -1091,7 +1201,7 @@ type GetScopeResponse struct {
 
 func (x *GetScopeResponse) Reset() {
 	*x = GetScopeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1213,7 @@ func (x *GetScopeResponse) String() string {
 func (*GetScopeResponse) ProtoMessage() {}
 
 func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1226,7 @@ func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeResponse.ProtoReflect.Descriptor instead.
 func (*GetScopeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetScopeResponse) GetScope() *WorktreeScope {
@@ -1143,7 +1253,7 @@ type WorktreeChangesRequest struct {
 
 func (x *WorktreeChangesRequest) Reset() {
 	*x = WorktreeChangesRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1265,7 @@ func (x *WorktreeChangesRequest) String() string {
 func (*WorktreeChangesRequest) ProtoMessage() {}
 
 func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1278,7 @@ func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WorktreeChangesRequest) GetSessionId() string {
@@ -1203,7 +1313,7 @@ type WorktreeChangesResponse struct {
 
 func (x *WorktreeChangesResponse) Reset() {
 	*x = WorktreeChangesResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1325,7 @@ func (x *WorktreeChangesResponse) String() string {
 func (*WorktreeChangesResponse) ProtoMessage() {}
 
 func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1338,7 @@ func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -1259,7 +1369,7 @@ type PushWorktreeRequest struct {
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1381,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1394,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1339,7 +1449,7 @@ type RotateHandleRequest struct {
 
 func (x *RotateHandleRequest) Reset() {
 	*x = RotateHandleRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1461,7 @@ func (x *RotateHandleRequest) String() string {
 func (*RotateHandleRequest) ProtoMessage() {}
 
 func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1474,7 @@ func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleRequest.ProtoReflect.Descriptor instead.
 func (*RotateHandleRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RotateHandleRequest) GetSessionId() string {
@@ -1402,7 +1512,7 @@ type RotateHandleResponse struct {
 
 func (x *RotateHandleResponse) Reset() {
 	*x = RotateHandleResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1524,7 @@ func (x *RotateHandleResponse) String() string {
 func (*RotateHandleResponse) ProtoMessage() {}
 
 func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1537,7 @@ func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleResponse.ProtoReflect.Descriptor instead.
 func (*RotateHandleResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{22}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RotateHandleResponse) GetSessionIds() []string {
@@ -1459,7 +1569,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1581,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1594,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{23}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1517,7 +1627,14 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x125\n" +
 	"\x06tenant\x18\x02 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x16\n" +
-	"\x14ClaimSandboxResponse\"\xe7\x01\n" +
+	"\x14ClaimSandboxResponse\"\xa2\x01\n" +
+	"\x14CheckWorktreeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1c\n" +
+	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x12\x19\n" +
+	"\brepo_url\x18\x03 \x01(\tR\arepoUrl\x122\n" +
+	"\x05agent\x18\x04 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"\x17\n" +
+	"\x15CheckWorktreeResponse\"\xe7\x01\n" +
 	"\x19UpdateEgressPolicyRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1621,7 +1738,8 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xc0\t\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xac\n" +
+	"\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
@@ -1635,7 +1753,8 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponse\x12g\n" +
 	"\fRotateHandle\x12*.agentplane.sandbox.v1.RotateHandleRequest\x1a+.agentplane.sandbox.v1.RotateHandleResponse\x12y\n" +
 	"\x12UpdateEgressPolicy\x120.agentplane.sandbox.v1.UpdateEgressPolicyRequest\x1a1.agentplane.sandbox.v1.UpdateEgressPolicyResponse\x12g\n" +
-	"\fClaimSandbox\x12*.agentplane.sandbox.v1.ClaimSandboxRequest\x1a+.agentplane.sandbox.v1.ClaimSandboxResponseB\xde\x01\n" +
+	"\fClaimSandbox\x12*.agentplane.sandbox.v1.ClaimSandboxRequest\x1a+.agentplane.sandbox.v1.ClaimSandboxResponse\x12j\n" +
+	"\rCheckWorktree\x12+.agentplane.sandbox.v1.CheckWorktreeRequest\x1a,.agentplane.sandbox.v1.CheckWorktreeResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -1651,101 +1770,106 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
 	(DeliveryResult)(0),                // 0: agentplane.sandbox.v1.DeliveryResult
 	(*ClaimSandboxRequest)(nil),        // 1: agentplane.sandbox.v1.ClaimSandboxRequest
 	(*ClaimSandboxResponse)(nil),       // 2: agentplane.sandbox.v1.ClaimSandboxResponse
-	(*UpdateEgressPolicyRequest)(nil),  // 3: agentplane.sandbox.v1.UpdateEgressPolicyRequest
-	(*UpdateEgressPolicyResponse)(nil), // 4: agentplane.sandbox.v1.UpdateEgressPolicyResponse
-	(*CheckAgentRequest)(nil),          // 5: agentplane.sandbox.v1.CheckAgentRequest
-	(*CheckAgentResponse)(nil),         // 6: agentplane.sandbox.v1.CheckAgentResponse
-	(*PrepareRequest)(nil),             // 7: agentplane.sandbox.v1.PrepareRequest
-	(*PrepareResponse)(nil),            // 8: agentplane.sandbox.v1.PrepareResponse
-	(*DeliverRequest)(nil),             // 9: agentplane.sandbox.v1.DeliverRequest
-	(*DeliverResponse)(nil),            // 10: agentplane.sandbox.v1.DeliverResponse
-	(*StatusRequest)(nil),              // 11: agentplane.sandbox.v1.StatusRequest
-	(*StatusResponse)(nil),             // 12: agentplane.sandbox.v1.StatusResponse
-	(*AbortRequest)(nil),               // 13: agentplane.sandbox.v1.AbortRequest
-	(*AbortResponse)(nil),              // 14: agentplane.sandbox.v1.AbortResponse
-	(*ReleaseRouteRequest)(nil),        // 15: agentplane.sandbox.v1.ReleaseRouteRequest
-	(*ReleaseRouteResponse)(nil),       // 16: agentplane.sandbox.v1.ReleaseRouteResponse
-	(*GetScopeRequest)(nil),            // 17: agentplane.sandbox.v1.GetScopeRequest
-	(*GetScopeResponse)(nil),           // 18: agentplane.sandbox.v1.GetScopeResponse
-	(*WorktreeChangesRequest)(nil),     // 19: agentplane.sandbox.v1.WorktreeChangesRequest
-	(*WorktreeChangesResponse)(nil),    // 20: agentplane.sandbox.v1.WorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),        // 21: agentplane.sandbox.v1.PushWorktreeRequest
-	(*RotateHandleRequest)(nil),        // 22: agentplane.sandbox.v1.RotateHandleRequest
-	(*RotateHandleResponse)(nil),       // 23: agentplane.sandbox.v1.RotateHandleResponse
-	(*PushWorktreeResponse)(nil),       // 24: agentplane.sandbox.v1.PushWorktreeResponse
-	(*Tenant)(nil),                     // 25: agentplane.sandbox.v1.Tenant
-	(*EgressPolicy)(nil),               // 26: agentplane.sandbox.v1.EgressPolicy
-	(*Agent)(nil),                      // 27: agentplane.sandbox.v1.Agent
-	(*RouteSpec)(nil),                  // 28: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),                  // 29: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),            // 30: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),              // 31: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),                    // 32: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),        // 33: google.protobuf.Duration
-	(*WorktreeScope)(nil),              // 34: agentplane.sandbox.v1.WorktreeScope
-	(*v1.WorktreeChanges)(nil),         // 35: agentplane.runtime.v1.WorktreeChanges
-	(*timestamppb.Timestamp)(nil),      // 36: google.protobuf.Timestamp
+	(*CheckWorktreeRequest)(nil),       // 3: agentplane.sandbox.v1.CheckWorktreeRequest
+	(*CheckWorktreeResponse)(nil),      // 4: agentplane.sandbox.v1.CheckWorktreeResponse
+	(*UpdateEgressPolicyRequest)(nil),  // 5: agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 6: agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	(*CheckAgentRequest)(nil),          // 7: agentplane.sandbox.v1.CheckAgentRequest
+	(*CheckAgentResponse)(nil),         // 8: agentplane.sandbox.v1.CheckAgentResponse
+	(*PrepareRequest)(nil),             // 9: agentplane.sandbox.v1.PrepareRequest
+	(*PrepareResponse)(nil),            // 10: agentplane.sandbox.v1.PrepareResponse
+	(*DeliverRequest)(nil),             // 11: agentplane.sandbox.v1.DeliverRequest
+	(*DeliverResponse)(nil),            // 12: agentplane.sandbox.v1.DeliverResponse
+	(*StatusRequest)(nil),              // 13: agentplane.sandbox.v1.StatusRequest
+	(*StatusResponse)(nil),             // 14: agentplane.sandbox.v1.StatusResponse
+	(*AbortRequest)(nil),               // 15: agentplane.sandbox.v1.AbortRequest
+	(*AbortResponse)(nil),              // 16: agentplane.sandbox.v1.AbortResponse
+	(*ReleaseRouteRequest)(nil),        // 17: agentplane.sandbox.v1.ReleaseRouteRequest
+	(*ReleaseRouteResponse)(nil),       // 18: agentplane.sandbox.v1.ReleaseRouteResponse
+	(*GetScopeRequest)(nil),            // 19: agentplane.sandbox.v1.GetScopeRequest
+	(*GetScopeResponse)(nil),           // 20: agentplane.sandbox.v1.GetScopeResponse
+	(*WorktreeChangesRequest)(nil),     // 21: agentplane.sandbox.v1.WorktreeChangesRequest
+	(*WorktreeChangesResponse)(nil),    // 22: agentplane.sandbox.v1.WorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 23: agentplane.sandbox.v1.PushWorktreeRequest
+	(*RotateHandleRequest)(nil),        // 24: agentplane.sandbox.v1.RotateHandleRequest
+	(*RotateHandleResponse)(nil),       // 25: agentplane.sandbox.v1.RotateHandleResponse
+	(*PushWorktreeResponse)(nil),       // 26: agentplane.sandbox.v1.PushWorktreeResponse
+	(*Tenant)(nil),                     // 27: agentplane.sandbox.v1.Tenant
+	(*Agent)(nil),                      // 28: agentplane.sandbox.v1.Agent
+	(*EgressPolicy)(nil),               // 29: agentplane.sandbox.v1.EgressPolicy
+	(*RouteSpec)(nil),                  // 30: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),                  // 31: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),            // 32: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),              // 33: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),                    // 34: agentplane.sandbox.v1.LeaseState
+	(*durationpb.Duration)(nil),        // 35: google.protobuf.Duration
+	(*WorktreeScope)(nil),              // 36: agentplane.sandbox.v1.WorktreeScope
+	(*v1.WorktreeChanges)(nil),         // 37: agentplane.runtime.v1.WorktreeChanges
+	(*timestamppb.Timestamp)(nil),      // 38: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	25, // 0: agentplane.sandbox.v1.ClaimSandboxRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	26, // 1: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
-	25, // 2: agentplane.sandbox.v1.UpdateEgressPolicyRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	27, // 3: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	27, // 4: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
-	28, // 5: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	29, // 6: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	30, // 7: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	25, // 8: agentplane.sandbox.v1.DeliverRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	0,  // 9: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	29, // 10: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	25, // 11: agentplane.sandbox.v1.StatusRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	31, // 12: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	29, // 13: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	25, // 14: agentplane.sandbox.v1.AbortRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	25, // 15: agentplane.sandbox.v1.ReleaseRouteRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	32, // 16: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	33, // 17: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	25, // 18: agentplane.sandbox.v1.GetScopeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	34, // 19: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	25, // 20: agentplane.sandbox.v1.WorktreeChangesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	35, // 21: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	25, // 22: agentplane.sandbox.v1.PushWorktreeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	25, // 23: agentplane.sandbox.v1.RotateHandleRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	36, // 24: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
-	7,  // 25: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	9,  // 26: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	11, // 27: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	13, // 28: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	15, // 29: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	17, // 30: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	5,  // 31: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
-	19, // 32: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
-	21, // 33: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
-	22, // 34: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
-	3,  // 35: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
-	1,  // 36: agentplane.sandbox.v1.SandboxService.ClaimSandbox:input_type -> agentplane.sandbox.v1.ClaimSandboxRequest
-	8,  // 37: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	10, // 38: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	12, // 39: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	14, // 40: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	16, // 41: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	18, // 42: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	6,  // 43: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
-	20, // 44: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
-	24, // 45: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
-	23, // 46: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
-	4,  // 47: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
-	2,  // 48: agentplane.sandbox.v1.SandboxService.ClaimSandbox:output_type -> agentplane.sandbox.v1.ClaimSandboxResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	27, // 0: agentplane.sandbox.v1.ClaimSandboxRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	28, // 1: agentplane.sandbox.v1.CheckWorktreeRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	29, // 2: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
+	27, // 3: agentplane.sandbox.v1.UpdateEgressPolicyRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	28, // 4: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	28, // 5: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	30, // 6: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	31, // 7: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	32, // 8: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	27, // 9: agentplane.sandbox.v1.DeliverRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	0,  // 10: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
+	31, // 11: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	27, // 12: agentplane.sandbox.v1.StatusRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	33, // 13: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	31, // 14: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	27, // 15: agentplane.sandbox.v1.AbortRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	27, // 16: agentplane.sandbox.v1.ReleaseRouteRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	34, // 17: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	35, // 18: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	27, // 19: agentplane.sandbox.v1.GetScopeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	36, // 20: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	27, // 21: agentplane.sandbox.v1.WorktreeChangesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	37, // 22: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	27, // 23: agentplane.sandbox.v1.PushWorktreeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	27, // 24: agentplane.sandbox.v1.RotateHandleRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	38, // 25: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
+	9,  // 26: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	11, // 27: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	13, // 28: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	15, // 29: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	17, // 30: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	19, // 31: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	7,  // 32: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	21, // 33: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
+	23, // 34: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
+	24, // 35: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
+	5,  // 36: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	1,  // 37: agentplane.sandbox.v1.SandboxService.ClaimSandbox:input_type -> agentplane.sandbox.v1.ClaimSandboxRequest
+	3,  // 38: agentplane.sandbox.v1.SandboxService.CheckWorktree:input_type -> agentplane.sandbox.v1.CheckWorktreeRequest
+	10, // 39: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	12, // 40: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	14, // 41: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	16, // 42: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	18, // 43: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	20, // 44: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	8,  // 45: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	22, // 46: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
+	26, // 47: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
+	25, // 48: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
+	6,  // 49: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	2,  // 50: agentplane.sandbox.v1.SandboxService.ClaimSandbox:output_type -> agentplane.sandbox.v1.ClaimSandboxResponse
+	4,  // 51: agentplane.sandbox.v1.SandboxService.CheckWorktree:output_type -> agentplane.sandbox.v1.CheckWorktreeResponse
+	39, // [39:52] is the sub-list for method output_type
+	26, // [26:39] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -1760,7 +1884,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	SandboxService_RotateHandle_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/RotateHandle"
 	SandboxService_UpdateEgressPolicy_FullMethodName = "/agentplane.sandbox.v1.SandboxService/UpdateEgressPolicy"
 	SandboxService_ClaimSandbox_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/ClaimSandbox"
+	SandboxService_CheckWorktree_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/CheckWorktree"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -84,6 +85,14 @@ type SandboxServiceClient interface {
 	// another (the same answer whether or not the sandbox exists). The session
 	// service calls it at CreateSession. Added.
 	ClaimSandbox(ctx context.Context, in *ClaimSandboxRequest, opts ...grpc.CallOption) (*ClaimSandboxResponse, error)
+	// CheckWorktree says whether a new session may join a directory of a
+	// sandbox (the session service asks at CreateSession): FAILED_PRECONDITION
+	// WORKTREE_REPO_MISMATCH when a session of the directory that is not
+	// released names another repository (the directory is bound to the
+	// repository it was cloned from), AGENT_MISMATCH when the directory's
+	// shared runtime runs another agent profile or model. It only reads: no
+	// sandbox is taken over. Added.
+	CheckWorktree(ctx context.Context, in *CheckWorktreeRequest, opts ...grpc.CallOption) (*CheckWorktreeResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -214,6 +223,16 @@ func (c *sandboxServiceClient) ClaimSandbox(ctx context.Context, in *ClaimSandbo
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CheckWorktree(ctx context.Context, in *CheckWorktreeRequest, opts ...grpc.CallOption) (*CheckWorktreeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckWorktreeResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CheckWorktree_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -265,6 +284,14 @@ type SandboxServiceServer interface {
 	// another (the same answer whether or not the sandbox exists). The session
 	// service calls it at CreateSession. Added.
 	ClaimSandbox(context.Context, *ClaimSandboxRequest) (*ClaimSandboxResponse, error)
+	// CheckWorktree says whether a new session may join a directory of a
+	// sandbox (the session service asks at CreateSession): FAILED_PRECONDITION
+	// WORKTREE_REPO_MISMATCH when a session of the directory that is not
+	// released names another repository (the directory is bound to the
+	// repository it was cloned from), AGENT_MISMATCH when the directory's
+	// shared runtime runs another agent profile or model. It only reads: no
+	// sandbox is taken over. Added.
+	CheckWorktree(context.Context, *CheckWorktreeRequest) (*CheckWorktreeResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -310,6 +337,9 @@ func (UnimplementedSandboxServiceServer) UpdateEgressPolicy(context.Context, *Up
 }
 func (UnimplementedSandboxServiceServer) ClaimSandbox(context.Context, *ClaimSandboxRequest) (*ClaimSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClaimSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) CheckWorktree(context.Context, *CheckWorktreeRequest) (*CheckWorktreeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckWorktree not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -548,6 +578,24 @@ func _SandboxService_ClaimSandbox_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CheckWorktree_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckWorktreeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CheckWorktree(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CheckWorktree_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CheckWorktree(ctx, req.(*CheckWorktreeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -602,6 +650,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClaimSandbox",
 			Handler:    _SandboxService_ClaimSandbox_Handler,
+		},
+		{
+			MethodName: "CheckWorktree",
+			Handler:    _SandboxService_CheckWorktree_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -7,6 +7,7 @@
 package sessionv1
 
 import (
+	v11 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	v1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -1466,11 +1467,186 @@ func (x *PushWorktreeResponse) GetCommitted() bool {
 	return false
 }
 
+// ExportHistoryRequest asks for one page of a session's history.
+type ExportHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Most items in the page: 0 means 256; more than 1000 is refused. A page
+	// also ends before 3 MiB of payloads.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportHistoryRequest) Reset() {
+	*x = ExportHistoryRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportHistoryRequest) ProtoMessage() {}
+
+func (x *ExportHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportHistoryRequest.ProtoReflect.Descriptor instead.
+func (*ExportHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ExportHistoryRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ExportHistoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ExportHistoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ExportHistoryResponse is one page of a session's history.
+type ExportHistoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The items, in order.
+	Items []*HistoryItem `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// Token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportHistoryResponse) Reset() {
+	*x = ExportHistoryResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportHistoryResponse) ProtoMessage() {}
+
+func (x *ExportHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportHistoryResponse.ProtoReflect.Descriptor instead.
+func (*ExportHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ExportHistoryResponse) GetItems() []*HistoryItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ExportHistoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// HistoryItem is one history item and the runtime session it belongs to.
+type HistoryItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runtime session the item was recorded under.
+	RuntimeSessionId string `protobuf:"bytes,1,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
+	// The item, as the runtime recorded it.
+	Item          *v11.Item `protobuf:"bytes,2,opt,name=item,proto3" json:"item,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryItem) Reset() {
+	*x = HistoryItem{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryItem) ProtoMessage() {}
+
+func (x *HistoryItem) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryItem.ProtoReflect.Descriptor instead.
+func (*HistoryItem) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *HistoryItem) GetRuntimeSessionId() string {
+	if x != nil {
+		return x.RuntimeSessionId
+	}
+	return ""
+}
+
+func (x *HistoryItem) GetItem() *v11.Item {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
 var File_agentplane_session_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\"\xa2\x01\n" +
+	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a!agentplane/ingest/v1/ingest.proto\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\"\xa2\x01\n" +
 	"\x19UpdateEgressPolicyRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12;\n" +
@@ -1573,7 +1749,19 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x14PushWorktreeResponse\x12\x1b\n" +
 	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
-	"\tcommitted\x18\x03 \x01(\bR\tcommitted2\x82\v\n" +
+	"\tcommitted\x18\x03 \x01(\bR\tcommitted\"q\n" +
+	"\x14ExportHistoryRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"y\n" +
+	"\x15ExportHistoryResponse\x128\n" +
+	"\x05items\x18\x01 \x03(\v2\".agentplane.session.v1.HistoryItemR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"k\n" +
+	"\vHistoryItem\x12,\n" +
+	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\x12.\n" +
+	"\x04item\x18\x02 \x01(\v2\x1a.agentplane.ingest.v1.ItemR\x04item2\xee\v\n" +
 	"\x0eSessionService\x12j\n" +
 	"\rCreateSession\x12+.agentplane.session.v1.CreateSessionRequest\x1a,.agentplane.session.v1.CreateSessionResponse\x12a\n" +
 	"\n" +
@@ -1589,7 +1777,8 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\fWatchSession\x12*.agentplane.session.v1.WatchSessionRequest\x1a+.agentplane.session.v1.WatchSessionResponse0\x01\x12y\n" +
 	"\x12GetWorktreeChanges\x120.agentplane.session.v1.GetWorktreeChangesRequest\x1a1.agentplane.session.v1.GetWorktreeChangesResponse\x12g\n" +
 	"\fPushWorktree\x12*.agentplane.session.v1.PushWorktreeRequest\x1a+.agentplane.session.v1.PushWorktreeResponse\x12y\n" +
-	"\x12UpdateEgressPolicy\x120.agentplane.session.v1.UpdateEgressPolicyRequest\x1a1.agentplane.session.v1.UpdateEgressPolicyResponseB\xde\x01\n" +
+	"\x12UpdateEgressPolicy\x120.agentplane.session.v1.UpdateEgressPolicyRequest\x1a1.agentplane.session.v1.UpdateEgressPolicyResponse\x12j\n" +
+	"\rExportHistory\x12+.agentplane.session.v1.ExportHistoryRequest\x1a,.agentplane.session.v1.ExportHistoryResponseB\xde\x01\n" +
 	"\x19com.agentplane.session.v1B\x13SessionServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -1604,7 +1793,7 @@ func file_agentplane_session_v1_session_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_session_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_agentplane_session_v1_session_service_proto_goTypes = []any{
 	(*UpdateEgressPolicyRequest)(nil),  // 0: agentplane.session.v1.UpdateEgressPolicyRequest
 	(*UpdateEgressPolicyResponse)(nil), // 1: agentplane.session.v1.UpdateEgressPolicyResponse
@@ -1632,67 +1821,75 @@ var file_agentplane_session_v1_session_service_proto_goTypes = []any{
 	(*GetWorktreeChangesResponse)(nil), // 23: agentplane.session.v1.GetWorktreeChangesResponse
 	(*PushWorktreeRequest)(nil),        // 24: agentplane.session.v1.PushWorktreeRequest
 	(*PushWorktreeResponse)(nil),       // 25: agentplane.session.v1.PushWorktreeResponse
-	nil,                                // 26: agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	(*EgressPolicy)(nil),               // 27: agentplane.session.v1.EgressPolicy
-	(*Worktree)(nil),                   // 28: agentplane.session.v1.Worktree
-	(*CredentialInput)(nil),            // 29: agentplane.session.v1.CredentialInput
-	(*Agent)(nil),                      // 30: agentplane.session.v1.Agent
-	(*GitCredentialInput)(nil),         // 31: agentplane.session.v1.GitCredentialInput
-	(*Session)(nil),                    // 32: agentplane.session.v1.Session
-	(*Message)(nil),                    // 33: agentplane.session.v1.Message
-	(*SessionEvent)(nil),               // 34: agentplane.session.v1.SessionEvent
-	(*v1.WorktreeChanges)(nil),         // 35: agentplane.runtime.v1.WorktreeChanges
+	(*ExportHistoryRequest)(nil),       // 26: agentplane.session.v1.ExportHistoryRequest
+	(*ExportHistoryResponse)(nil),      // 27: agentplane.session.v1.ExportHistoryResponse
+	(*HistoryItem)(nil),                // 28: agentplane.session.v1.HistoryItem
+	nil,                                // 29: agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	(*EgressPolicy)(nil),               // 30: agentplane.session.v1.EgressPolicy
+	(*Worktree)(nil),                   // 31: agentplane.session.v1.Worktree
+	(*CredentialInput)(nil),            // 32: agentplane.session.v1.CredentialInput
+	(*Agent)(nil),                      // 33: agentplane.session.v1.Agent
+	(*GitCredentialInput)(nil),         // 34: agentplane.session.v1.GitCredentialInput
+	(*Session)(nil),                    // 35: agentplane.session.v1.Session
+	(*Message)(nil),                    // 36: agentplane.session.v1.Message
+	(*SessionEvent)(nil),               // 37: agentplane.session.v1.SessionEvent
+	(*v1.WorktreeChanges)(nil),         // 38: agentplane.runtime.v1.WorktreeChanges
+	(*v11.Item)(nil),                   // 39: agentplane.ingest.v1.Item
 }
 var file_agentplane_session_v1_session_service_proto_depIdxs = []int32{
-	27, // 0: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
-	27, // 1: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
-	28, // 2: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
-	29, // 3: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
-	26, // 4: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	30, // 5: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
-	31, // 6: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
-	27, // 7: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
-	32, // 8: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
-	32, // 9: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
-	32, // 10: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
-	33, // 11: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
-	33, // 12: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
-	33, // 13: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
-	33, // 14: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
-	32, // 15: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
-	34, // 16: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
-	35, // 17: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	2,  // 18: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
-	4,  // 19: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
-	6,  // 20: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
-	8,  // 21: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
-	10, // 22: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
-	12, // 23: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
-	14, // 24: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
-	16, // 25: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
-	18, // 26: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
-	20, // 27: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
-	22, // 28: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
-	24, // 29: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
-	0,  // 30: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
-	3,  // 31: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
-	5,  // 32: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
-	7,  // 33: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
-	9,  // 34: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
-	11, // 35: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
-	13, // 36: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
-	15, // 37: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
-	17, // 38: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
-	19, // 39: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
-	21, // 40: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
-	23, // 41: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
-	25, // 42: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
-	1,  // 43: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
-	31, // [31:44] is the sub-list for method output_type
-	18, // [18:31] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	30, // 0: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	30, // 1: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
+	31, // 2: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
+	32, // 3: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
+	29, // 4: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	33, // 5: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
+	34, // 6: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
+	30, // 7: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	35, // 8: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
+	35, // 9: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
+	35, // 10: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
+	36, // 11: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
+	36, // 12: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
+	36, // 13: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
+	36, // 14: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
+	35, // 15: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
+	37, // 16: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
+	38, // 17: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	28, // 18: agentplane.session.v1.ExportHistoryResponse.items:type_name -> agentplane.session.v1.HistoryItem
+	39, // 19: agentplane.session.v1.HistoryItem.item:type_name -> agentplane.ingest.v1.Item
+	2,  // 20: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
+	4,  // 21: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
+	6,  // 22: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
+	8,  // 23: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
+	10, // 24: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
+	12, // 25: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
+	14, // 26: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
+	16, // 27: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
+	18, // 28: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
+	20, // 29: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
+	22, // 30: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
+	24, // 31: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
+	0,  // 32: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
+	26, // 33: agentplane.session.v1.SessionService.ExportHistory:input_type -> agentplane.session.v1.ExportHistoryRequest
+	3,  // 34: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
+	5,  // 35: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
+	7,  // 36: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
+	9,  // 37: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
+	11, // 38: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
+	13, // 39: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
+	15, // 40: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
+	17, // 41: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
+	19, // 42: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
+	21, // 43: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
+	23, // 44: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
+	25, // 45: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
+	1,  // 46: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
+	27, // 47: agentplane.session.v1.SessionService.ExportHistory:output_type -> agentplane.session.v1.ExportHistoryResponse
+	34, // [34:48] is the sub-list for method output_type
+	20, // [20:34] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_service_proto_init() }
@@ -1707,7 +1904,7 @@ func file_agentplane_session_v1_session_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_service_proto_rawDesc), len(file_agentplane_session_v1_session_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	SessionService_GetWorktreeChanges_FullMethodName = "/agentplane.session.v1.SessionService/GetWorktreeChanges"
 	SessionService_PushWorktree_FullMethodName       = "/agentplane.session.v1.SessionService/PushWorktree"
 	SessionService_UpdateEgressPolicy_FullMethodName = "/agentplane.session.v1.SessionService/UpdateEgressPolicy"
+	SessionService_ExportHistory_FullMethodName      = "/agentplane.session.v1.SessionService/ExportHistory"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -86,6 +87,13 @@ type SessionServiceClient interface {
 	// EGRESS_VERSION_CONFLICT otherwise) and applied to every connection the
 	// runtime opens after the call returns. Added.
 	UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error)
+	// ExportHistory pages the session's whole history: the items of every
+	// runtime session the session's route ever had (a re-prepared route, after
+	// a loss or an idle stop, starts a new one), runtime session by runtime
+	// session in the order the route got them, each in the history's order.
+	// Callers never need the internal ingest API. NOT_FOUND once the session
+	// is being deleted. Added.
+	ExportHistory(ctx context.Context, in *ExportHistoryRequest, opts ...grpc.CallOption) (*ExportHistoryResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -235,6 +243,16 @@ func (c *sessionServiceClient) UpdateEgressPolicy(ctx context.Context, in *Updat
 	return out, nil
 }
 
+func (c *sessionServiceClient) ExportHistory(ctx context.Context, in *ExportHistoryRequest, opts ...grpc.CallOption) (*ExportHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExportHistoryResponse)
+	err := c.cc.Invoke(ctx, SessionService_ExportHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -287,6 +305,13 @@ type SessionServiceServer interface {
 	// EGRESS_VERSION_CONFLICT otherwise) and applied to every connection the
 	// runtime opens after the call returns. Added.
 	UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error)
+	// ExportHistory pages the session's whole history: the items of every
+	// runtime session the session's route ever had (a re-prepared route, after
+	// a loss or an idle stop, starts a new one), runtime session by runtime
+	// session in the order the route got them, each in the history's order.
+	// Callers never need the internal ingest API. NOT_FOUND once the session
+	// is being deleted. Added.
+	ExportHistory(context.Context, *ExportHistoryRequest) (*ExportHistoryResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -335,6 +360,9 @@ func (UnimplementedSessionServiceServer) PushWorktree(context.Context, *PushWork
 }
 func (UnimplementedSessionServiceServer) UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateEgressPolicy not implemented")
+}
+func (UnimplementedSessionServiceServer) ExportHistory(context.Context, *ExportHistoryRequest) (*ExportHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExportHistory not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -584,6 +612,24 @@ func _SessionService_UpdateEgressPolicy_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ExportHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExportHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ExportHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ExportHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ExportHistory(ctx, req.(*ExportHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -638,6 +684,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateEgressPolicy",
 			Handler:    _SessionService_UpdateEgressPolicy_Handler,
+		},
+		{
+			MethodName: "ExportHistory",
+			Handler:    _SessionService_ExportHistory_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
