@@ -126,6 +126,33 @@ func (c *Client) ListMessages(ctx context.Context, req *sessionv1.ListMessagesRe
 	}
 }
 
+// ExportHistory iterates over a session's whole history — the items of
+// every runtime session the session had, in order — fetching pages as it
+// goes. An error ends the iteration.
+func (c *Client) ExportHistory(ctx context.Context, req *sessionv1.ExportHistoryRequest) iter.Seq2[*sessionv1.HistoryItem, error] {
+	return func(yield func(*sessionv1.HistoryItem, error) bool) {
+		page := proto.CloneOf(req)
+		for {
+			resp, err := unary(ctx, c, "ExportHistory", page, func(ctx context.Context, r *sessionv1.ExportHistoryRequest) (*sessionv1.ExportHistoryResponse, error) {
+				return c.rpc.ExportHistory(ctx, r)
+			})
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			for _, it := range resp.GetItems() {
+				if !yield(it, nil) {
+					return
+				}
+			}
+			if resp.GetNextPageToken() == "" {
+				return
+			}
+			page.PageToken = resp.GetNextPageToken()
+		}
+	}
+}
+
 // CancelMessage cancels a queued or accepted message; a terminal message is
 // returned unchanged.
 func (c *Client) CancelMessage(ctx context.Context, req *sessionv1.CancelMessageRequest) (*sessionv1.Message, error) {

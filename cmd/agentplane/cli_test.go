@@ -332,12 +332,17 @@ func freeAddrForCLI(t *testing.T) string {
 // The session verbs, one after the other on one session.
 func cliSessionVerbs(t *testing.T) {
 	dir := t.TempDir()
-	r := agentplane(t, "session", "create", "--dir", dir, "--repo", "https://example.com/r.git", "--output", "json")
+	// A repo_url is always cloned (issue 32): a public repository, anonymously.
+	g := gittest.Start(t, "ghs_cli_unused")
+	g.CreateRepo(t, "org/r.git", map[string]string{"README.md": "hi\n"})
+	g.MakePublic("org/r.git")
+	repo := g.RepoURL("org/r.git")
+	r := agentplane(t, "session", "create", "--dir", dir, "--repo", repo, "--output", "json")
 	require.Equal(t, 0, r.code)
 	s := &sessionv1.Session{}
 	require.NoError(t, protojson.Unmarshal([]byte(r.stdout), s))
 	id := s.GetSessionId()
-	require.Equal(t, "https://example.com/r.git", s.GetWorktree().GetRepoUrl(), "--repo sets worktree.repo_url")
+	require.Equal(t, repo, s.GetWorktree().GetRepoUrl(), "--repo sets worktree.repo_url")
 	require.Equal(t, dir, s.GetWorktree().GetDirectory())
 
 	r = agentplane(t, "session", "get", id)
@@ -378,6 +383,12 @@ func cliSessionVerbs(t *testing.T) {
 	r = agentplane(t, "session", "stop", id)
 	require.Equal(t, 0, r.code)
 	require.Regexp(t, `(?m)^state\s+stopped$`, r.stdout)
+
+	// export prints the session's whole history (ExportHistory, issue 32).
+	r = agentplane(t, "session", "export", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^RUNTIME SESSION\s+ITEM\s+TYPE`, r.stdout)
+	require.Regexp(t, `(?m)^rs_\S+\s+\S+\s+\w+\s+\d+`, r.stdout, "at least one item of the turn")
 
 	r = agentplane(t, "session", "delete", id)
 	require.Equal(t, 0, r.code, "delete waits through any pending cleanup")

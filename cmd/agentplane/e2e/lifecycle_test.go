@@ -15,6 +15,7 @@ import (
 
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/gittest"
+	sandbox "agentplane.dev/services/sandbox/server"
 )
 
 // createRepo makes a session on wt's repository without a git credential.
@@ -250,4 +251,52 @@ func TestDirectoryIsBoundToItsRepository(t *testing.T) {
 	next := s.createGit(t, "sbx-bound", dir+"-2", &sessionv1.Worktree{RepoUrl: g.RepoURL("org/other.git")}, token)
 	events := s.turn(t, next.GetSessionId(), "m1", "what is here")
 	require.ElementsMatch(t, []string{"OTHER.md"}, listedFiles(events))
+}
+
+// TestHistoryExportSpansAnIdleStop (issue 32 item 6): after an idle stop
+// (the sandbox service's SANDBOX_IDLE_STOP) the next message re-prepares
+// the route under a new runtime session; one ExportHistory by session id
+// returns every turn, in order, paged.
+func TestHistoryExportSpansAnIdleStop(t *testing.T) {
+	s := startSuiteWith(t, nil, func(c *sandbox.Config) { c.Timers.IdleStop = 2 * time.Second })
+	sess := s.create(t, "sbx-hist1", "/work/e2e-hist1", newSecret())
+	id := sess.GetSessionId()
+	s.turn(t, id, "m1", "the first turn")
+	first := s.routeView(t, id).GetRuntimeSessionId()
+	require.Eventually(t, func() bool { return s.routeView(t, id).GetState() != sessionv1.RouteState_ROUTE_STATE_READY },
+		2*time.Minute, 100*time.Millisecond, "the idle runtime is stopped")
+	s.turn(t, id, "m2", "the second turn")
+	second := s.routeView(t, id).GetRuntimeSessionId()
+	require.NotEqual(t, first, second, "the resumed route has a new runtime session")
+
+	var items []*sessionv1.HistoryItem
+	require.Eventually(t, func() bool {
+		items = nil
+		token := ""
+		for {
+			resp, err := s.ses.ExportHistory(context.Background(), &sessionv1.ExportHistoryRequest{SessionId: id, PageSize: 3, PageToken: token})
+			require.NoError(t, err)
+			items = append(items, resp.GetItems()...)
+			if token = resp.GetNextPageToken(); token == "" {
+				break
+			}
+		}
+		var all strings.Builder
+		for _, it := range items {
+			all.Write(it.GetItem().GetPayload())
+		}
+		a, b := strings.Index(all.String(), "the first turn"), strings.Index(all.String(), "the second turn")
+		return a >= 0 && b > a
+	}, time.Minute, 200*time.Millisecond, "both turns, in order, in one export")
+	var order []string
+	for _, it := range items {
+		if len(order) == 0 || order[len(order)-1] != it.GetRuntimeSessionId() {
+			order = append(order, it.GetRuntimeSessionId())
+		}
+	}
+	require.Equal(t, []string{first, second}, order, "runtime sessions in the order the route had them")
+
+	s.deleteSession(t, id)
+	_, err := s.ses.ExportHistory(context.Background(), &sessionv1.ExportHistoryRequest{SessionId: id})
+	requireReason(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 }

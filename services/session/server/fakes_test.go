@@ -158,6 +158,9 @@ func (f *fakeCredential) PutBackingCredential(_ context.Context, r *credentialv1
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ref := "cref-" + r.GetSessionId()
+	if r.GetRepoUrl() != "" {
+		ref = "gref-" + r.GetSessionId() // a git credential (anonymous without a secret)
+	}
 	f.secrets[ref] = r.GetSecret()
 	return &credentialv1.PutBackingCredentialResponse{CredentialRef: ref}, nil
 }

@@ -45,6 +45,7 @@ var sessionVerbs = []struct{ name, args, help string }{
 	{"egress", "ID --allow host[:port],...", "replace the session's egress allowlist"},
 	{"stop", "ID", "stop a session's work"},
 	{"delete", "ID [--timeout D]", "delete a session (waits through a pending cleanup)"},
+	{"export", "ID", "print the session's whole history (every runtime session of it, in order)"},
 }
 
 // sessionUsage lists the verbs of `agentplane session`.

@@ -46,6 +46,8 @@ func (e *env) session(verb string, args []string) int {
 		return e.sessionPush(args)
 	case "egress":
 		return e.sessionEgress(args)
+	case "export":
+		return e.sessionExport(args)
 	}
 	return e.fail(fmt.Errorf("unknown verb %q", verb))
 }
@@ -107,6 +109,39 @@ func (e *env) sessionList(args []string) int {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSessionId(), enumName(s.GetState().String(), "SESSION_STATE_"),
 				routeText(s.GetRoute()), s.GetUserId(), s.GetWorktree().GetDirectory(), when(s.GetCreateTime()))
+		}
+		return tw.Flush()
+	})
+}
+
+// sessionExport prints a session's whole history (every runtime session of
+// it, in order): one item per line, or one HistoryItem per line as JSON.
+func (e *env) sessionExport(args []string) int {
+	fs := e.flags("[flags] ID")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		if e.output == "human" {
+			fmt.Fprintln(tw, "RUNTIME SESSION\tITEM\tTYPE\tVERSION\tPAYLOAD")
+		}
+		for it, err := range c.ExportHistory(ctx, &sessionv1.ExportHistoryRequest{SessionId: pos[0]}) {
+			if err != nil {
+				return err
+			}
+			if e.output == "json" {
+				writeJSON(e.stdout, it)
+				continue
+			}
+			item := it.GetItem()
+			payload := string(item.GetPayload())
+			if len(payload) > 120 {
+				payload = payload[:120] + "…"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", it.GetRuntimeSessionId(), item.GetItemId(),
+				enumName(item.GetType().String(), "ITEM_TYPE_"), item.GetVersion(), payload)
 		}
 		return tw.Flush()
 	})

@@ -1,6 +1,9 @@
 package grpcapi
 
 import (
+	"google.golang.org/protobuf/proto"
+
+	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	"context"
 	"log/slog"
 	"strconv"
@@ -169,4 +172,36 @@ func (a *SessionAPI) WatchSession(r *sessionv1.WatchSessionRequest, stream sessi
 		return stream.Send(&sessionv1.WatchSessionResponse{Event: ev})
 	})
 	return a.fail(ctx, err)
+}
+
+// ExportHistory pages the session's whole history (every runtime session
+// of it, in order).
+func (a *SessionAPI) ExportHistory(ctx context.Context, r *sessionv1.ExportHistoryRequest) (*sessionv1.ExportHistoryResponse, error) {
+	vs := session.CheckID("session_id", r.GetSessionId())
+	if n := r.GetPageSize(); n < 0 || n > 1000 {
+		vs = append(vs, session.Violation{Field: "page_size", Description: "0 to 1000"})
+	}
+	if len(r.GetPageToken()) > 1024 {
+		vs = append(vs, session.Violation{Field: "page_token", Description: "not a token from a previous response"})
+	}
+	if err := session.Invalid(vs); err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	size := int(r.GetPageSize())
+	if size == 0 {
+		size = 256
+	}
+	items, next, err := a.svc.ExportHistory(ctx, r.GetSessionId(), r.GetPageToken(), size)
+	if err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	out := &sessionv1.ExportHistoryResponse{NextPageToken: next}
+	for _, it := range items {
+		item := &ingestv1.Item{}
+		if err := proto.Unmarshal(it.Item, item); err != nil {
+			return nil, a.fail(ctx, err)
+		}
+		out.Items = append(out.Items, &sessionv1.HistoryItem{RuntimeSessionId: it.RuntimeSessionID, Item: item})
+	}
+	return out, nil
 }

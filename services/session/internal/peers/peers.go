@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"agentplane.dev/pkg/apierr"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
@@ -313,6 +314,28 @@ func scrub(err error) error {
 type History struct{ C ingestv1.IngestServiceClient }
 
 var _ service.History = History{}
+
+// Export reads one page of a runtime session's history as the internal
+// caller (no scope metadata); NOT_FOUND (tombstoned, never written) is
+// service.ErrHistoryGone.
+func (p History) Export(ctx context.Context, runtimeSessionID, token string, size int) (service.HistoryPage, error) {
+	resp, err := p.C.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: runtimeSessionID, PageToken: token, PageSize: int32(size)})
+	if status.Code(err) == codes.NotFound {
+		return service.HistoryPage{}, service.ErrHistoryGone
+	}
+	if err != nil {
+		return service.HistoryPage{}, fmt.Errorf("%w: ingest: %w", session.ErrPeerUnavailable, err)
+	}
+	out := service.HistoryPage{Next: resp.GetNextPageToken()}
+	for _, it := range resp.GetItems() {
+		b, err := proto.Marshal(it)
+		if err != nil {
+			return service.HistoryPage{}, err
+		}
+		out.Items = append(out.Items, b)
+	}
+	return out, nil
+}
 
 func (p History) Delete(ctx context.Context, runtimeSessionID string) error {
 	_, err := p.C.Delete(ctx, &ingestv1.DeleteRequest{RuntimeSessionId: runtimeSessionID})

@@ -32,6 +32,8 @@ type recordingSandbox struct {
 // ClaimSandbox admits every tenant (tenancy is tested with the server).
 func (r *recordingSandbox) ClaimSandbox(context.Context, string, session.Tenant) error { return nil }
 
+func (r *recordingSandbox) CheckWorktree(context.Context, *session.Session) error { return nil }
+
 func (r *recordingSandbox) Deliver(_ context.Context, _ *session.Session, msgs []*session.Message) (bool, session.RouteView, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

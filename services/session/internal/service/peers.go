@@ -76,4 +76,7 @@ type Credentials interface {
 type History interface {
 	// Delete tombstones a runtime session's history; a missing one is no error.
 	Delete(ctx context.Context, runtimeSessionID string) error
+	// Export reads one page (at most size items) of a runtime session's
+	// history from token; ErrHistoryGone when ingest holds none.
+	Export(ctx context.Context, runtimeSessionID, token string, size int) (HistoryPage, error)
 }
