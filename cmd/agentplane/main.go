@@ -85,7 +85,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "dev", "session", "sandbox", "credential", "ingest":
 		// Before any secret is read: no other process of this uid may read our memory or
-		// environment. (The wrapper, above, stays dumpable: its sandbox service reads its markers.)
+		// environment. (The wrapper, above, makes itself non-dumpable behind the boundary, where
+		// its service finds it by its bubblewrap's markers; without one it stays dumpable: it is
+		// the process whose markers its service reads.)
 		if err := nodump.Set(); err != nil {
 			fmt.Fprintf(stderr, "agentplane %s: %v\n", cmd, err)
 			return 1

@@ -86,7 +86,7 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	b.controlLn = relay.Bound(b.controlLn, b.bounds)
 	inner := boundary.InnerSocketDir
 	b.controlAddr = "unix://" + inner + "/control/" + name
-	b.wrapperFlags = []string{"--control-dir", inner + "/control", "--contained", "--rlimits", lim.String()}
+	b.wrapperFlags = []string{"--control-dir", inner + "/control", "--contained", "--nest-bwrap", bw, "--rlimits", lim.String()}
 	if cfg.ProxyURL != "" {
 		target, err := proxyTarget(cfg.ProxyURL)
 		if err != nil {
@@ -126,7 +126,7 @@ func (c *Config) boundaryConfig() (*boundary.Config, error) {
 		return nil, fmt.Errorf("SANDBOX_ISOLATION=namespaces needs bubblewrap (or set SANDBOX_ISOLATION=none explicitly): %w", err)
 	}
 	return &boundary.Config{Bwrap: bw, ReadOnly: c.readOnlyPaths(), SocketDir: filepath.Join(c.SandboxRoot, ".sockets"),
-		UID: c.SandboxUID, GID: c.SandboxUID}, nil
+		UID: c.SandboxUID, GID: c.SandboxUID, Nested: true}, nil
 }
 
 // ProbeIsolation runs the start-up probe of SANDBOX_ISOLATION=namespaces for

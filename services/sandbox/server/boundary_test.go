@@ -148,23 +148,82 @@ func TestHostileRuntimeIsContained(t *testing.T) {
 	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
 }
 
+// The supervisor out of the agent's reach (issue 31, DESIGN.md 3.3): from
+// inside, the runtime enumerates every process it can see, reads each
+// one's environ and memory and looks for a launch credential, and sends
+// SIGSTOP to any that is a wrapper. It sees no wrapper (the runtime runs in
+// a nested sandbox whose PID namespace holds only its own processes), no
+// credential anywhere, and its parent is the nested sandbox's init; the
+// wrapper is non-dumpable besides (its /proc files are host root's), never
+// stopped, and the turn completes.
+func TestSupervisorOutOfReach(t *testing.T) {
+	bin := hostile(t)
+	n := startNotify(t)
+	svc := startService(t, n.addr, func(c *server.Config) { c.WrapperCommand = []string{bin, "wrapper"} })
+	sb := uniqueSandbox(t)
+	ws := targets(t, svc.root, sb, "/repo/supervisor", map[string]any{"supervisor": true})
+	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/supervisor"))
+	var rep struct {
+		Self    int               `json:"self"`
+		Parent  string            `json:"parent"`
+		Visible map[int]string    `json:"visible"`
+		Environ map[int]string    `json:"environ"`
+		Mem     map[int]string    `json:"mem"`
+		Cred    []int             `json:"cred"`
+		Stop    map[int]string    `json:"stop"`
+		Errors  map[string]string `json:"errors"`
+	}
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(ws, "supervisor-report.json"))
+		return err == nil && json.Unmarshal(b, &rep) == nil
+	}, 60*time.Second, 20*time.Millisecond, "the hostile runtime never reported")
+	t.Logf("what the runtime sees: self %d, parent %q, others %v, environ %v, memory %v", rep.Self, rep.Parent, rep.Visible, rep.Environ, rep.Mem)
+	require.Empty(t, rep.Errors)
+	require.NotEmpty(t, rep.Visible, "it sees at least its nested sandbox's init and its own child")
+	for pid, cmd := range rep.Visible {
+		args := strings.Fields(cmd)
+		require.False(t, len(args) > 1 && args[1] == "wrapper", "pid %d, visible from inside, is a wrapper: %q", pid, cmd)
+	}
+	require.Empty(t, rep.Stop, "no wrapper to stop")
+	require.Empty(t, rep.Cred, "a launch credential is readable from inside")
+	require.Equal(t, "bwrap", filepath.Base(strings.Fields(rep.Parent + " x")[0]), "the runtime's parent is its nested sandbox's init, not the wrapper: %q", rep.Parent)
+
+	inner := innerWrappersOf(t, sb)
+	require.Len(t, inner, 1)
+	st, err := os.Stat("/proc/" + strconv.Itoa(inner[0].PID) + "/environ")
+	require.NoError(t, err)
+	require.Equal(t, uint32(0), st.Sys().(*syscall.Stat_t).Uid, "the wrapper is non-dumpable: its /proc files are root's, which its sandbox does not map")
+	require.NotEqual(t, "T", stateOf(inner[0].PID), "the wrapper was never stopped")
+
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
+	out, _ := n.wait(t, i, "outcome", "s1")
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
+}
+
+func stateOf(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return f[0]
+}
+
 // leftovers names every process of a sandbox's wrapper (its bubblewrap and
-// every process of the PID namespace it created) by pid and start time.
+// every process descending from it: the wrapper's PID namespace and the
+// agent's nested one) by pid and start time.
 func leftovers(t *testing.T, sandbox string) map[int]string {
 	t.Helper()
 	ws := wrappersOf(t, sandbox)
 	require.Len(t, ws, 1)
-	var ns string
-	for _, p := range procs(t) {
-		if p.PPID == ws[0].PID {
-			ns = p.PidNS
-		}
-	}
-	require.NotEmpty(t, ns)
+	all := procs(t)
 	snap := map[int]string{ws[0].PID: startOf(ws[0].PID)}
-	for _, p := range procs(t) {
-		if p.PidNS == ns {
-			snap[p.PID] = startOf(p.PID)
+	for grew := true; grew; {
+		grew = false
+		for _, p := range all {
+			if _, in := snap[p.PPID]; in && snap[p.PID] == "" {
+				snap[p.PID], grew = startOf(p.PID), true
+			}
 		}
 	}
 	return snap

@@ -35,6 +35,7 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/nodump"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/egress"
@@ -110,6 +111,8 @@ type Options struct {
 	EgressDir    string
 	Contained    bool
 	Limits       boundary.Limits
+	// Nest runs the runtime in the agent's nested sandbox (--nest-bwrap).
+	Nest *runtimedriver.Nest
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -173,7 +176,8 @@ func parse(args []string) (Options, error) {
 		otlpDir   = fs.String("otlp-dir", "", "directory of Unix sockets leading to the OTLP collector (behind the boundary)")
 		egressLn  = fs.String("egress-listen", "", "loopback address where the runtime reaches the egress proxy (each connection handed to --egress-dir)")
 		egressDir = fs.String("egress-dir", "", "directory of Unix sockets leading to the egress proxy")
-		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it")
+		contained = fs.Bool("contained", false, "the wrapper runs in its own PID namespace: on exit, end every process left in it; the wrapper makes itself non-dumpable")
+		nestBwrap = fs.String("nest-bwrap", "", "run the runtime in a nested sandbox made by this bubblewrap, out of reach of the wrapper")
 		rlimits   = fs.String("rlimits", "", "resource limits to apply before starting the runtime, e.g. nofile=1024,nproc=512,as=68719476736,fsize=4294967296,cpu=14400")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -185,6 +189,9 @@ func parse(args []string) (Options, error) {
 		RuntimeCommand: fs.Args(), Agent: agents.Scripted, MaxRepoBytes: *maxRepo,
 		ControlDir: *ctlDir, ProxyListen: *proxyLn, ProxyDir: *proxyDir, OTLPDir: *otlpDir, Contained: *contained,
 		EgressListen: *egressLn, EgressDir: *egressDir,
+	}
+	if *nestBwrap != "" {
+		o.Nest = &runtimedriver.Nest{Bwrap: *nestBwrap}
 	}
 	if *spec != "" {
 		s, err := agents.ParseSpec(*spec)
@@ -224,6 +231,16 @@ func parse(args []string) (Options, error) {
 			return Options{}, err
 		}
 		o.RuntimeCommand = []string{self, "runtime", "scripted"}
+	}
+	if o.Contained {
+		// Before the credential is read: a non-dumpable process's /proc
+		// files belong to a root the sandbox's user namespace does not
+		// map, so nothing of the sandbox's uid reads its memory or
+		// environment, nor traces it. (Without the boundary the wrapper is
+		// the anchor whose markers its service reads: it stays dumpable.)
+		if err := nodump.Set(); err != nil {
+			return Options{}, err
+		}
 	}
 	cred, err := readCredential(*credFD, *credFile)
 	if err != nil {
@@ -656,7 +673,7 @@ func runtimeStarter(opts Options) runtimedriver.Starter {
 	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
 		spec := opts.RuntimeSpec
 		spec.Env = append(slices.Clone(spec.Env), env...)
-		return acp.Starter(acp.Config{Spec: spec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger})
+		return acp.Starter(acp.Config{Spec: spec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger, Nest: opts.Nest})
 	}
-	return jsonl.Starter(opts.RuntimeCommand, env...)
+	return jsonl.Starter(opts.RuntimeCommand, opts.Nest, env...)
 }

@@ -19,7 +19,7 @@ func BenchmarkBubblewrapStart(b *testing.B) {
 	run := func(b *testing.B, name string, args func(*Files) []string) {
 		b.Run(name, func(b *testing.B) {
 			for b.Loop() {
-				f, err := OpenFiles()
+				f, err := c.OpenFiles()
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -66,7 +66,7 @@ func helper() int {
 	got["raise_nofile"] = errno(syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 65, Max: 65}))
 	status, _ := os.ReadFile("/proc/self/status")
 	for _, line := range strings.Split(string(status), "\n") {
-		for _, k := range []string{"CapEff", "CapPrm", "NoNewPrivs", "Seccomp"} {
+		for _, k := range []string{"CapEff", "CapPrm", "NoNewPrivs", "Seccomp", "Seccomp_filters"} {
 			if v, ok := strings.CutPrefix(line, k+":"); ok {
 				got[k] = strings.TrimSpace(v)
 			}
@@ -83,6 +83,8 @@ func helper() int {
 	got["visible_pids"] = fmt.Sprint(n)
 	_, err := os.Stat("/work")
 	got["stat_host_dir"] = errno(err)
+	_, err = os.Stat(InnerSocketDir)
+	got["stat_sockets"] = errno(err)
 	passwd, _ := os.ReadFile("/etc/passwd")
 	got["read_passwd"] = string(passwd)
 	if f, err := os.OpenFile("/etc/passwd", os.O_WRONLY|os.O_APPEND, 0); err != nil {
@@ -129,7 +131,7 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 	dir := t.TempDir()
 	c := Config{Bwrap: bw, UID: -1, GID: -1}
 	require.NoError(t, c.Probe(context.Background(), "", ""))
-	files, err := OpenFiles()
+	files, err := c.OpenFiles()
 	require.NoError(t, err)
 	defer files.Close()
 	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), self)
@@ -208,7 +210,7 @@ func FuzzParseLimits(f *testing.F) {
 
 func TestArgsBindNothingElse(t *testing.T) {
 	c := Config{Bwrap: "/usr/bin/bwrap", ReadOnly: []string{"/opt/agents"}, SocketDir: "/srv/sk", UID: -1, GID: -1}
-	files, err := OpenFiles()
+	files, err := c.OpenFiles()
 	require.NoError(t, err)
 	defer files.Close()
 	a := strings.Join(c.Args(Mount{Workspace: "/r/sb/workspaces/w", Home: "/r/sb/homes/w", Program: "/bin/wrapper"}, files, 4), " ")

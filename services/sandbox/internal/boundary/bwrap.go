@@ -37,6 +37,13 @@ type Config struct {
 	// UID and GID run the sandbox as this host user (when the service is
 	// root); -1 keeps the service's own.
 	UID, GID int
+	// Nested says the wrapper puts its runtime in the agent's nested
+	// sandbox (NestedArgs), as the sandbox service always does: the
+	// wrapper's own sandbox then lets bubblewrap through (the supervisor's
+	// seccomp filter, no --disable-userns, bubblewrap bound in) and Probe
+	// checks the nested sandbox too. Without it (tests of the outer
+	// sandbox alone) the outer sandbox is the strict one.
+	Nested bool
 }
 
 // Mount is what one wrapper sees besides the system directories.
@@ -72,8 +79,12 @@ type Files struct {
 
 // OpenFiles opens the files bubblewrap reads for one wrapper; Close them
 // once the child has started.
-func OpenFiles() (*Files, error) {
-	sc, err := SeccompFile()
+func (c Config) OpenFiles() (*Files, error) {
+	prog := SeccompProgram
+	if c.Nested {
+		prog = SupervisorSeccompProgram
+	}
+	sc, err := programFile(prog)
 	if err != nil {
 		return nil, err
 	}
@@ -112,11 +123,14 @@ func (f *Files) Close() {
 func (c Config) Args(m Mount, f *Files, firstFD int) []string {
 	a := []string{
 		"--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-		"--disable-userns", "--hostname", "sandbox",
+		"--hostname", "sandbox",
 		// No --die-with-parent: a wrapper outlives its sandbox service (it
 		// reconnects to the replica that takes over, DESIGN 3.2).
 		"--new-session", "--cap-drop", "ALL",
 		"--seccomp", strconv.Itoa(firstFD),
+	}
+	if !c.Nested {
+		a = append(a, "--disable-userns") // nested: the agent's bubblewrap disables them for the agent
 	}
 	for _, d := range systemDirs {
 		fi, err := os.Lstat(d)
@@ -143,6 +157,9 @@ func (c Config) Args(m Mount, f *Files, firstFD int) []string {
 	}
 	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run")
 	a = append(a, "--ro-bind", m.Program, m.Program)
+	if c.Nested && !underSystemDirs(c.Bwrap) {
+		a = append(a, "--ro-bind", c.Bwrap, c.Bwrap)
+	}
 	for _, p := range c.ReadOnly {
 		a = append(a, "--ro-bind", p, p)
 	}
@@ -154,10 +171,44 @@ func (c Config) Args(m Mount, f *Files, firstFD int) []string {
 	return a
 }
 
+// underSystemDirs reports whether path is inside one of systemDirs (so
+// already in every sandbox's view).
+func underSystemDirs(path string) bool {
+	for _, d := range systemDirs {
+		if strings.HasPrefix(path, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// NestedArgs is the command line of the agent's nested sandbox (DESIGN.md
+// 3.3 "The supervisor is out of the agent's reach"), up to and including
+// "--", for the bubblewrap the wrapper runs its runtime with: new user, PID
+// and IPC namespaces inside the wrapper's (the network namespace is shared:
+// the runtime reaches the proxy and egress through the wrapper's loopback
+// listeners), a fresh /proc that shows only the agent's own processes, no
+// user namespaces below, no capabilities, the strict seccomp filter on
+// seccompFD (stacked on the wrapper's), and the wrapper's filesystem view
+// except /run, where the host's sockets (InnerSocketDir) are: the agent
+// never sees the control sockets or the relays. The wrapper is not in the
+// agent's PID namespace, so the agent cannot name it: no signal, ptrace or
+// /proc read reaches it. When the wrapper dies, so does the nested sandbox
+// (--die-with-parent), and killing its bubblewrap ends every process in it.
+func NestedArgs(seccompFD int, dir string) []string {
+	return []string{
+		"--unshare-user", "--unshare-pid", "--unshare-ipc", "--disable-userns", "--die-with-parent",
+		"--new-session", "--cap-drop", "ALL", "--seccomp", strconv.Itoa(seccompFD),
+		"--bind", "/", "/", "--tmpfs", "/run", "--proc", "/proc", "--dev", "/dev", "--chdir", dir, "--",
+	}
+}
+
 // SeccompFile returns a pipe's read end holding SeccompProgram, for a child
 // to inherit (bubblewrap reads it to the end before it starts the wrapper).
-func SeccompFile() (*os.File, error) {
-	prog, err := SeccompProgram()
+func SeccompFile() (*os.File, error) { return programFile(SeccompProgram) }
+
+func programFile(program func() ([]byte, error)) (*os.File, error) {
+	prog, err := program()
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +261,7 @@ func (c Config) Probe(ctx context.Context, under, program string) error {
 			return fmt.Errorf("probe: %w", err)
 		}
 	}
-	files, err := OpenFiles()
+	files, err := c.OpenFiles()
 	if err != nil {
 		return err
 	}
@@ -223,10 +274,22 @@ func (c Config) Probe(ctx context.Context, under, program string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	args := append(probe.Args(Mount{Workspace: dir, Home: dir, Program: program}, files, 3), truePath)
-	cmd := exec.CommandContext(ctx, c.Bwrap, args...)
+	args := probe.Args(Mount{Workspace: dir, Home: dir, Program: program}, files, 3)
+	extra := files.List()
+	if c.Nested {
+		// The agent's nested sandbox inside the wrapper's: its filter on
+		// the descriptor after the outer one's files.
+		inner, err := SeccompFile()
+		if err != nil {
+			return err
+		}
+		defer inner.Close()
+		args = append(append(args, c.Bwrap), NestedArgs(3+len(extra), dir)...)
+		extra = append(extra, inner)
+	}
+	cmd := exec.CommandContext(ctx, c.Bwrap, append(args, truePath)...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	cmd.ExtraFiles = files.List()
+	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.Credential()}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -234,6 +297,12 @@ func (c Config) Probe(ctx context.Context, under, program string) error {
 		msg := strings.TrimSpace(stderr.String())
 		if msg == "" {
 			msg = err.Error()
+		}
+		if c.Nested && os.Geteuid() == 0 && c.Credential() == nil {
+			// In a sandbox that maps host root, bubblewrap covers root's
+			// writable /proc files, and the kernel then refuses the nested
+			// sandbox a fresh /proc (and its uid map).
+			msg += " (a sandbox that runs as host root cannot hold the agent's nested sandbox: run sandboxes as another uid, SANDBOX_UID)"
 		}
 		return fmt.Errorf("%s cannot set up a sandbox: %s", filepath.Base(c.Bwrap), msg)
 	}

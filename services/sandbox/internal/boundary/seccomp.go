@@ -98,7 +98,22 @@ func conditioned() []seccomp.NameWithConditions {
 // than let a second syscall table bypass the list; clone3, whose flags a
 // classic BPF filter cannot read, answers ENOSYS so libc falls back to
 // clone, whose CLONE_NEWUSER flag the filter refuses.
-func SeccompProgram() ([]byte, error) {
+func SeccompProgram() ([]byte, error) { return seccompProgram(false) }
+
+// nesting are the calls of refused that bubblewrap needs to build the
+// agent's nested sandbox (new user, PID and mount namespaces, a fresh
+// /proc, pivot_root into the new root).
+var nesting = map[string]bool{"unshare": true, "mount": true, "umount2": true, "pivot_root": true}
+
+// SupervisorSeccompProgram is the filter of the wrapper's own sandbox: the
+// same as SeccompProgram except the calls of nesting and clone with
+// CLONE_NEWUSER, which the wrapper's second bubblewrap needs to put the
+// agent in its nested sandbox, where SeccompProgram applies again (filters
+// stack: a call passes only if every filter lets it). Only the wrapper, its
+// git commands and that bubblewrap run under it alone.
+func SupervisorSeccompProgram() ([]byte, error) { return seccompProgram(true) }
+
+func seccompProgram(supervisor bool) ([]byte, error) {
 	info, err := arch.GetInfo("")
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
@@ -113,11 +128,16 @@ func SeccompProgram() ([]byte, error) {
 			names = append(names, n)
 		}
 	}
+	conds := conditioned()
+	if supervisor {
+		names = slices.DeleteFunc(names, func(n string) bool { return nesting[n] })
+		conds = slices.DeleteFunc(conds, func(c seccomp.NameWithConditions) bool { return c.Name == "clone" })
+	}
 	policy := seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
 		Syscalls: []seccomp.SyscallGroup{
 			{Action: seccomp.ActionErrno, Names: names},
-			{Action: seccomp.ActionErrno, NamesWithCondtions: conditioned()},
+			{Action: seccomp.ActionErrno, NamesWithCondtions: conds},
 		},
 	}
 	body, err := policy.Assemble()

@@ -115,7 +115,7 @@ func TestSeccompRefusesFromInside(t *testing.T) {
 	dir := t.TempDir()
 	c := Config{Bwrap: bw, UID: -1, GID: -1}
 	require.NoError(t, c.Probe(context.Background(), "", ""))
-	files, err := OpenFiles()
+	files, err := c.OpenFiles()
 	require.NoError(t, err)
 	defer files.Close()
 	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), self)

@@ -66,6 +66,8 @@ type Config struct {
 	// Client posts history to the proxy; nil: a default client.
 	Client *http.Client
 	Logger *slog.Logger
+	// Nest runs the agent in the nested sandbox (nil: none).
+	Nest *runtimedriver.Nest
 }
 
 // Starter starts the agent of cfg.
@@ -192,7 +194,11 @@ func start(cfg Config, instance string, h runtimedriver.Hooks) (*Runtime, error)
 		}
 		extra = append(extra, cfg.Spec.ConfigEnv+"="+file)
 	}
-	cmd := runtimedriver.Command(cfg.Spec.Command, instance, extra)
+	cmd, err := runtimedriver.Command(cfg.Spec.Command, instance, extra, cfg.Nest)
+	if err != nil {
+		_ = rl.Close()
+		return nil, err
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		_ = rl.Close()

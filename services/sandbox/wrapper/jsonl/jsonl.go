@@ -25,18 +25,21 @@ type runtimeProc struct {
 }
 
 // Starter starts argv as a JSON-lines runtime, with extra environment
-// (NAME=value, never a secret).
-func Starter(argv []string, extra ...string) runtimedriver.Starter {
+// (NAME=value, never a secret), in the nested sandbox of nest (nil: none).
+func Starter(argv []string, nest *runtimedriver.Nest, extra ...string) runtimedriver.Starter {
 	return func(instance string, h runtimedriver.Hooks) (runtimedriver.Runtime, error) {
-		return start(argv, extra, instance, h)
+		return start(argv, extra, nest, instance, h)
 	}
 }
 
-func start(argv, extra []string, instance string, h runtimedriver.Hooks) (*runtimeProc, error) {
+func start(argv, extra []string, nest *runtimedriver.Nest, instance string, h runtimedriver.Hooks) (*runtimeProc, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("no runtime command")
 	}
-	cmd := runtimedriver.Command(argv, instance, extra)
+	cmd, err := runtimedriver.Command(argv, instance, extra, nest)
+	if err != nil {
+		return nil, err
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
@@ -42,15 +43,58 @@ type Hooks struct {
 // Starter starts a runtime for a wrapper instance.
 type Starter func(instance string, h Hooks) (Runtime, error)
 
+// Nest puts the runtime, and everything it starts, in the agent's nested
+// sandbox (boundary.NestedArgs) inside the wrapper's: the runtime then
+// cannot see, signal, trace or read the wrapper, which holds the launch
+// credential and the handles (DESIGN.md 3.3).
+type Nest struct {
+	// Bwrap is bubblewrap as the wrapper's sandbox sees it.
+	Bwrap string
+}
+
+// Process is a runtime process to start with Start, which also closes the
+// descriptors only its nested bubblewrap reads.
+type Process struct {
+	*exec.Cmd
+	files []*os.File
+}
+
+// Start starts the process and closes the parent's copies of its files.
+func (p *Process) Start() error {
+	err := p.Cmd.Start()
+	for _, f := range p.files {
+		_ = f.Close()
+	}
+	return err
+}
+
 // Command builds the runtime process: its own process group (stopping it
 // reaches its children) and Pdeathsig (a wrapper killed with -9 takes it
-// along), the wrapper's environment without the markers plus extra.
-func Command(argv []string, instance string, extra []string) *exec.Cmd {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(Env(os.Environ(), instance), extra...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	return cmd
+// along), the wrapper's environment without the markers plus extra, in the
+// working directory; with nest, run by bubblewrap in the nested sandbox
+// (stopping or killing bubblewrap's group ends every process in it).
+func Command(argv []string, instance string, extra []string, nest *Nest) (*Process, error) {
+	p := &Process{}
+	if nest == nil {
+		p.Cmd = exec.Command(argv[0], argv[1:]...)
+	} else {
+		sc, err := boundary.SeccompFile()
+		if err != nil {
+			return nil, err
+		}
+		dir, err := os.Getwd()
+		if err != nil {
+			_ = sc.Close()
+			return nil, err
+		}
+		p.Cmd = exec.Command(nest.Bwrap, append(boundary.NestedArgs(3, dir), argv...)...)
+		p.ExtraFiles = []*os.File{sc}
+		p.files = p.ExtraFiles
+	}
+	p.Env = append(Env(os.Environ(), instance), extra...)
+	p.Stderr = os.Stderr
+	p.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return p, nil
 }
 
 // Env is env without the wrapper's discovery markers, naming the wrapper

@@ -360,7 +360,7 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, e
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		return cmd, nil, nil
 	}
-	bf, err := boundary.OpenFiles()
+	bf, err := iso.OpenFiles()
 	if err != nil {
 		return nil, nil, fmt.Errorf("process provider: %w", err)
 	}

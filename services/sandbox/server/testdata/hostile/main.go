@@ -9,6 +9,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +32,10 @@ type Targets struct {
 	Files []string `json:"files"` // host paths: another sandbox's file, the sandbox root's files
 	Addrs []string `json:"addrs"` // host loopback: Redis, a service's gRPC port, an HTTP server
 	Leak  bool     `json:"leak"`  // start background processes that try to outlive the runtime
+	// Supervisor: go after the wrapper from inside, as a runtime would:
+	// every process it can see, their environ and memory, SIGSTOP to any
+	// that is a wrapper; report to supervisor-report.json.
+	Supervisor bool `json:"supervisor"`
 }
 
 func main() {
@@ -126,6 +131,9 @@ func attack(proxyURL string) {
 	report["raise rlimit nproc"] = result(syscall.Setrlimit(6, &syscall.Rlimit{Cur: ^uint64(0), Max: ^uint64(0)}))
 	report["uid"] = fmt.Sprint(os.Getuid())
 	report["proxy"] = fetch(proxyURL + "/provider/v1/messages")
+	if t.Supervisor {
+		supervisor()
+	}
 	if t.Leak {
 		// Background, own session, double fork, no environment: each tries
 		// to outlive the runtime.
@@ -155,4 +163,97 @@ func fetch(url string) string {
 		return result(errors.New(resp.Status))
 	}
 	return "ok: " + string(body)
+}
+
+// SupervisorReport is what a runtime learned about its wrapper.
+type SupervisorReport struct {
+	Self    int               `json:"self"`
+	Parent  string            `json:"parent"`  // the parent's cmdline
+	Visible map[int]string    `json:"visible"` // every other pid it can see: its cmdline
+	Environ map[int]string    `json:"environ"` // reading each one's environ: ok or the error
+	Mem     map[int]string    `json:"mem"`     // reading each one's memory: ok or the error
+	Cred    []int             `json:"cred"`    // pids whose environ or memory holds a launch credential
+	Stop    map[int]string    `json:"stop"`    // SIGSTOP to each visible wrapper
+	Errors  map[string]string `json:"errors"`
+}
+
+func supervisor() {
+	// The credential's prefix, made at run time so that it is in no
+	// process's memory but this one's, which is not searched.
+	needle := []byte(strings.ToLower("APLC") + "_")
+	rep := SupervisorReport{Self: os.Getpid(), Visible: map[int]string{}, Environ: map[int]string{}, Mem: map[int]string{},
+		Stop: map[int]string{}, Errors: map[string]string{}}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", os.Getppid())); err == nil {
+		rep.Parent = strings.ReplaceAll(string(b), "\x00", " ")
+	} else {
+		rep.Parent = result(err)
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		rep.Errors["list /proc"] = err.Error()
+	}
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == rep.Self {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		rep.Visible[pid] = strings.ReplaceAll(string(cmd), "\x00", " ")
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		rep.Environ[pid] = result(err)
+		found := bytes.Contains(env, needle)
+		mem, err := readMemory(pid, 64<<20)
+		rep.Mem[pid] = result(err)
+		if found || bytes.Contains(mem, needle) {
+			rep.Cred = append(rep.Cred, pid)
+		}
+		if args := strings.Split(string(cmd), "\x00"); len(args) > 1 && args[1] == "wrapper" {
+			rep.Stop[pid] = result(syscall.Kill(pid, syscall.SIGSTOP))
+			_ = syscall.Kill(pid, syscall.SIGCONT) // let the turn go on where the stop worked
+		}
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	_ = os.WriteFile("supervisor-report.json.tmp", b, 0o644)
+	_ = os.Rename("supervisor-report.json.tmp", "supervisor-report.json")
+}
+
+// readMemory reads a process's anonymous and heap mappings (where a Go
+// program keeps its strings) through /proc/<pid>/mem, up to limit bytes.
+func readMemory(pid int, limit int) ([]byte, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []byte
+	var firstErr error
+	for _, line := range strings.Split(string(maps), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 || fields[1][0] != 'r' || len(fields) > 5 && fields[5] != "[heap]" {
+			continue
+		}
+		var start, end uint64
+		if _, err := fmt.Sscanf(fields[0], "%x-%x", &start, &end); err != nil {
+			continue
+		}
+		for off := start; off < end && len(out) < limit; off += 1 << 20 {
+			buf := make([]byte, min(1<<20, end-off))
+			n, err := f.ReadAt(buf, int64(off))
+			if err != nil && n == 0 {
+				if firstErr == nil {
+					firstErr = err
+				}
+				break
+			}
+			out = append(out, buf[:n]...)
+		}
+	}
+	if len(out) == 0 && firstErr != nil {
+		return nil, firstErr
+	}
+	return out, nil
 }
