@@ -102,6 +102,9 @@ func startCLISuite(t *testing.T) error {
 	cliSuite.org = fmt.Sprintf("cli-test-%d-%d", os.Getpid(), time.Now().UnixNano())
 	cmd := exec.Command(cliSuite.bin, "dev", "--port-base", strconv.Itoa(base), "--drain-delay", "0s",
 		"--shutdown-timeout", "3s", "--sandbox-root", filepath.Join(dir, "sandboxes"))
+	// The tests' git http-backend is on loopback, which the git route refuses
+	// unless it is named as an in-house git server.
+	cmd.Env = append(os.Environ(), "AGENTPLANE_PROXY_GIT_PRIVATE_NETWORKS=127.0.0.1")
 	logs, err := os.Create(filepath.Join(dir, "dev.log"))
 	if err != nil {
 		return err
@@ -450,15 +453,15 @@ func cliGitTokenClonesTheRepository(t *testing.T) {
 		{"environment", nil, []string{"AGENTPLANE_GIT_TOKEN=" + token}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-" + tc.name + "-" + cliSuite.org, "hello repo"}, tc.args...)
+			args := append([]string{"run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-" + tc.name + "-" + cliSuite.org, "--output", "json", "hello repo"}, tc.args...)
 			r := agentplaneEnv(t, tc.env, args...)
 			require.Equal(t, 0, r.code)
-			require.Contains(t, r.stdout, "CLONED_FROM_GIT", "the runtime lists the cloned files")
+			require.Contains(t, r.stdout, "CLONED_FROM_GIT", "the runtime lists the cloned files (tool output is in the JSON events)")
 			require.NotContains(t, r.stdout+r.stderr, token)
 		})
 	}
 	// Without a token nothing is cloned (the old CLI's case).
-	r := agentplane(t, "run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-none-"+cliSuite.org, "hello repo")
+	r := agentplane(t, "run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-none-"+cliSuite.org, "--output", "json", "hello repo")
 	require.NotContains(t, r.stdout, "CLONED_FROM_GIT")
 }
 

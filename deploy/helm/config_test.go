@@ -51,8 +51,8 @@ func TestRenderedConfigIsAccepted(t *testing.T) {
 					t.Fatalf("%s %s: no config loader for component %q", w.kind, w.name, w.component)
 				}
 				for _, c := range w.pod.Spec.Containers {
-					if len(c.Args) == 0 || c.Args[0] != w.component {
-						t.Fatalf("%s: args %v do not start with the subcommand %q", w.name, c.Args, w.component)
+					if len(c.Args) < 2 || c.Args[0] != "serve" || c.Args[1] != w.component {
+						t.Fatalf("%s: args %v do not start with the subcommand \"serve %s\"", w.name, c.Args, w.component)
 					}
 					env := podEnv(t, r, c)
 					mountSecretStandIns(t, w.pod.Spec, c, env)
@@ -63,7 +63,7 @@ func TestRenderedConfigIsAccepted(t *testing.T) {
 							t.Errorf("%s: AGENTPLANE_SANDBOX_ADVERTISE_ADDR = %q, want %q", w.name, got, want)
 						}
 					}
-					if err := load(c.Args[1:], lookup(env)); err != nil {
+					if err := load(c.Args[2:], lookup(env)); err != nil {
 						t.Errorf("%s: the service refuses the rendered configuration:\n%v", w.name, err)
 					}
 					seen++

@@ -279,8 +279,8 @@ func checkWorkloads(t *testing.T, r *rendered, v chartutil.Values) {
 		} else if c.Image != image {
 			t.Errorf("%s uses image %q, others %q: the chart ships one all-in-one image", w.component, c.Image, image)
 		}
-		if len(c.Args) != 1 || c.Args[0] != w.component {
-			t.Errorf("%s: args = %v, want [%s] (the agentplane subcommand)", w.component, c.Args, w.component)
+		if len(c.Args) != 2 || c.Args[0] != "serve" || c.Args[1] != w.component {
+			t.Errorf("%s: args = %v, want [serve %s] (the agentplane subcommand)", w.component, c.Args, w.component)
 		}
 		grpcPort := containerPort(c, "grpc")
 		if got := envValue(c, "AGENTPLANE_GRPC_ADDR"); got != fmt.Sprintf(":%d", grpcPort) {
