@@ -94,9 +94,13 @@ type PutBackingCredentialRequest struct {
 	RepoUrl string `protobuf:"bytes,4,opt,name=repo_url,json=repoUrl,proto3" json:"repo_url,omitempty"`
 	// For a git credential: the Basic authentication user name sent with the
 	// token (empty: x-access-token). Added.
-	GitUsername   string `protobuf:"bytes,5,opt,name=git_username,json=gitUsername,proto3" json:"git_username,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GitUsername string `protobuf:"bytes,5,opt,name=git_username,json=gitUsername,proto3" json:"git_username,omitempty"`
+	// For a git credential: the branch prefix the git route admits pushes
+	// to (create or update refs/heads/<prefix>*; never a delete, never a ref
+	// outside it). Empty: "agent/". A non-empty value ends with "/". Added.
+	GitPushBranchPrefix string `protobuf:"bytes,6,opt,name=git_push_branch_prefix,json=gitPushBranchPrefix,proto3" json:"git_push_branch_prefix,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PutBackingCredentialRequest) Reset() {
@@ -160,6 +164,13 @@ func (x *PutBackingCredentialRequest) GetRepoUrl() string {
 func (x *PutBackingCredentialRequest) GetGitUsername() string {
 	if x != nil {
 		return x.GitUsername
+	}
+	return ""
+}
+
+func (x *PutBackingCredentialRequest) GetGitPushBranchPrefix() string {
+	if x != nil {
+		return x.GitPushBranchPrefix
 	}
 	return ""
 }
@@ -1213,14 +1224,15 @@ var File_agentplane_credential_v1_credential_service_proto protoreflect.FileDesc
 
 const file_agentplane_credential_v1_credential_service_proto_rawDesc = "" +
 	"\n" +
-	"1agentplane/credential/v1/credential_service.proto\x12\x18agentplane.credential.v1\x1a)agentplane/credential/v1/credential.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x01\n" +
+	"1agentplane/credential/v1/credential_service.proto\x12\x18agentplane.credential.v1\x1a)agentplane/credential/v1/credential.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x02\n" +
 	"\x1bPutBackingCredentialRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12T\n" +
 	"\x10credential_class\x18\x02 \x01(\x0e2).agentplane.credential.v1.CredentialClassR\x0fcredentialClass\x12\x16\n" +
 	"\x06secret\x18\x03 \x01(\tR\x06secret\x12\x19\n" +
 	"\brepo_url\x18\x04 \x01(\tR\arepoUrl\x12!\n" +
-	"\fgit_username\x18\x05 \x01(\tR\vgitUsername\"j\n" +
+	"\fgit_username\x18\x05 \x01(\tR\vgitUsername\x123\n" +
+	"\x16git_push_branch_prefix\x18\x06 \x01(\tR\x13gitPushBranchPrefix\"j\n" +
 	"\x1cPutBackingCredentialResponse\x12%\n" +
 	"\x0ecredential_ref\x18\x01 \x01(\tR\rcredentialRef\x12#\n" +
 	"\rsecret_digest\x18\x02 \x01(\tR\fsecretDigest\"G\n" +

@@ -1362,7 +1362,12 @@ type PushWorktreeRequest struct {
 	// The caller's tenant (the session's org and user); every call that names
 	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
 	// belongs to it. Added.
-	Tenant        *Tenant `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant *Tenant `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Commit author's name and email (empty: the agentplane identity).
+	// Added.
+	AuthorName string `protobuf:"bytes,6,opt,name=author_name,json=authorName,proto3" json:"author_name,omitempty"`
+	// Added.
+	AuthorEmail   string `protobuf:"bytes,7,opt,name=author_email,json=authorEmail,proto3" json:"author_email,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1430,6 +1435,20 @@ func (x *PushWorktreeRequest) GetTenant() *Tenant {
 		return x.Tenant
 	}
 	return nil
+}
+
+func (x *PushWorktreeRequest) GetAuthorName() string {
+	if x != nil {
+		return x.AuthorName
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetAuthorEmail() string {
+	if x != nil {
+		return x.AuthorEmail
+	}
+	return ""
 }
 
 // RotateHandleRequest names the route whose worktree handle to rotate.
@@ -1712,7 +1731,7 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
 	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"[\n" +
 	"\x17WorktreeChangesResponse\x12@\n" +
-	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"\xc9\x01\n" +
+	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"\x8d\x02\n" +
 	"\x13PushWorktreeRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1720,7 +1739,10 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06branch\x18\x03 \x01(\tR\x06branch\x12%\n" +
 	"\x0ecommit_message\x18\x04 \x01(\tR\rcommitMessage\x125\n" +
-	"\x06tenant\x18\x05 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"\x8a\x01\n" +
+	"\x06tenant\x18\x05 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\x12\x1f\n" +
+	"\vauthor_name\x18\x06 \x01(\tR\n" +
+	"authorName\x12!\n" +
+	"\fauthor_email\x18\a \x01(\tR\vauthorEmail\"\x8a\x01\n" +
 	"\x13RotateHandleRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +

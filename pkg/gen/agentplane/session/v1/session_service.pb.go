@@ -1347,6 +1347,12 @@ type PushWorktreeRequest struct {
 	Branch string `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
 	// Commit message (1 byte to 64 KiB).
 	CommitMessage string `protobuf:"bytes,3,opt,name=commit_message,json=commitMessage,proto3" json:"commit_message,omitempty"`
+	// Commit author's name (at most 256 bytes, no angle bracket or line
+	// break; empty: "agentplane"). The committer stays agentplane. Added.
+	AuthorName string `protobuf:"bytes,4,opt,name=author_name,json=authorName,proto3" json:"author_name,omitempty"`
+	// Commit author's email (at most 256 bytes, one "@", no angle bracket,
+	// space or line break; empty: "agentplane@localhost"). Added.
+	AuthorEmail   string `protobuf:"bytes,5,opt,name=author_email,json=authorEmail,proto3" json:"author_email,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1398,6 +1404,20 @@ func (x *PushWorktreeRequest) GetBranch() string {
 func (x *PushWorktreeRequest) GetCommitMessage() string {
 	if x != nil {
 		return x.CommitMessage
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetAuthorName() string {
+	if x != nil {
+		return x.AuthorName
+	}
+	return ""
+}
+
+func (x *PushWorktreeRequest) GetAuthorEmail() string {
+	if x != nil {
+		return x.AuthorEmail
 	}
 	return ""
 }
@@ -1740,12 +1760,15 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"^\n" +
 	"\x1aGetWorktreeChangesResponse\x12@\n" +
-	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"s\n" +
+	"\achanges\x18\x01 \x01(\v2&.agentplane.runtime.v1.WorktreeChangesR\achanges\"\xb7\x01\n" +
 	"\x13PushWorktreeRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12%\n" +
-	"\x0ecommit_message\x18\x03 \x01(\tR\rcommitMessage\"c\n" +
+	"\x0ecommit_message\x18\x03 \x01(\tR\rcommitMessage\x12\x1f\n" +
+	"\vauthor_name\x18\x04 \x01(\tR\n" +
+	"authorName\x12!\n" +
+	"\fauthor_email\x18\x05 \x01(\tR\vauthorEmail\"c\n" +
 	"\x14PushWorktreeResponse\x12\x1b\n" +
 	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
