@@ -22,9 +22,15 @@ var wtContract = credentialv1.RuntimeContract_RUNTIME_CONTRACT_WORKTREE
 
 // mintGit mints a handle whose member carries a git credential for repoURL.
 func (h *harness) mintGit(t *testing.T, sandbox, dir, session, repoURL, token string) string {
+	return h.mintGitPrefix(t, sandbox, dir, session, repoURL, token, "")
+}
+
+// mintGitPrefix is mintGit with the credential's push branch prefix.
+func (h *harness) mintGitPrefix(t *testing.T, sandbox, dir, session, repoURL, token, prefix string) string {
 	ref := h.put(t, session, "sk-"+session, credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC)
 	git, err := h.client.PutBackingCredential(bg, &credentialv1.PutBackingCredentialRequest{
 		SessionId: session, CredentialClass: credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: token, RepoUrl: repoURL,
+		GitPushBranchPrefix: prefix,
 	})
 	require.NoError(t, err)
 	resp, err := h.client.MintHandle(bg, &credentialv1.MintHandleRequest{
@@ -66,8 +72,8 @@ func TestProxyGitRoute(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(work, "x.txt"), []byte("x\n"), 0o644))
 	gittest.Run(t, work, "add", "-A")
 	gittest.Run(t, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x")
-	gitThrough(t, work, handle, "push", "-q", "origin", "HEAD:refs/heads/pushed")
-	gittest.Run(t, filepath.Join(a.Root, "org/app.git"), "rev-parse", "refs/heads/pushed")
+	gitThrough(t, work, handle, "push", "-q", "origin", "HEAD:refs/heads/agent/pushed")
+	gittest.Run(t, filepath.Join(a.Root, "org/app.git"), "rev-parse", "refs/heads/agent/pushed")
 	for _, r := range a.Log() {
 		require.True(t, r.Authorized, "every request the proxy forwarded carried the token: %+v", r)
 	}
@@ -112,11 +118,17 @@ func TestProxyGitRoute(t *testing.T) {
 // bearer (the test is the caller here, not a sandbox).
 func gitThrough(t *testing.T, dir, handle string, args ...string) {
 	t.Helper()
+	out, err := gitThroughErr(dir, handle, args...)
+	require.NoError(t, err, "git %v: %s", args, out)
+}
+
+// gitThroughErr is gitThrough returning git's output and error.
+func gitThroughErr(dir, handle string, args ...string) (string, error) {
 	cmd := exec.Command("git", append([]string{"-c", "http.extraHeader=Authorization: Bearer " + handle}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "git %v: %s", args, out)
+	return string(out), err
 }
 
 // TestProxyGitRouteRefusesPrivateAddresses: without

@@ -142,11 +142,12 @@ func (s *Service) PutCredential(ctx context.Context, sessionID string, class sco
 }
 
 // PutGitCredential stores a git token sealed, bound to the repository it
-// is for, and returns its reference and digest.
-func (s *Service) PutGitCredential(ctx context.Context, sessionID, repoURL, username string, token []byte) (ref, digest string, err error) {
+// is for and the branch prefix its pushes are confined to, and returns its
+// reference and digest.
+func (s *Service) PutGitCredential(ctx context.Context, sessionID, repoURL, username, pushPrefix string, token []byte) (ref, digest string, err error) {
 	ref, digest = newRef(), SecretDigest(token)
 	c := store.Credential{Class: scope.Static, SessionID: sessionID, SecretDigest: digest, Sealed: s.sealer.Seal(token, "credential:"+ref),
-		RepoURL: repoURL, GitUsername: username}
+		RepoURL: repoURL, GitUsername: username, PushPrefix: pushPrefix}
 	if err := s.store.PutCredential(ctx, ref, c); err != nil {
 		return "", "", err
 	}
@@ -156,6 +157,7 @@ func (s *Service) PutGitCredential(ctx context.Context, sessionID, repoURL, user
 // GitAccess is an opened git credential.
 type GitAccess struct {
 	RepoURL, Username string
+	PushPrefix        string // "": the proxy's default
 	Token             []byte
 }
 
@@ -178,7 +180,7 @@ func (s *Service) GitCredential(ctx context.Context, ref string) (GitAccess, err
 	if err != nil {
 		return GitAccess{}, err
 	}
-	return GitAccess{RepoURL: c.RepoURL, Username: c.GitUsername, Token: tok}, nil
+	return GitAccess{RepoURL: c.RepoURL, Username: c.GitUsername, PushPrefix: c.PushPrefix, Token: tok}, nil
 }
 
 // DeleteCredential deletes a backing credential and returns once no cached

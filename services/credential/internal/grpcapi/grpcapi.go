@@ -20,6 +20,7 @@ import (
 	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/handle"
+	"agentplane.dev/services/credential/internal/proxy"
 	"agentplane.dev/services/credential/internal/scope"
 )
 
@@ -201,9 +202,10 @@ func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.Put
 	// is then cloned anonymously, still only through the git route.
 	v.need(req.GetSecret() != "" || req.GetRepoUrl() != "", "secret", "required")
 	v.need(len(req.GetSecret()) <= 16<<10, "secret", "at most 16 KiB")
-	if req.GetRepoUrl() != "" || req.GetGitUsername() != "" {
+	if req.GetRepoUrl() != "" || req.GetGitUsername() != "" || req.GetGitPushBranchPrefix() != "" {
 		_, err := gitrepo.Parse(req.GetRepoUrl())
 		v.need(err == nil, "repo_url", "an http(s) repository URL without credentials, query or fragment")
+		v.need(proxy.ValidPushPrefix(req.GetGitPushBranchPrefix()), "git_push_branch_prefix", "empty (agent/) or a valid git branch path of at most 100 bytes ending in /")
 		v.need(len(req.GetGitUsername()) <= 256 && !strings.ContainsAny(req.GetGitUsername(), ":\r\n"), "git_username", "at most 256 bytes, no colon or line break")
 	}
 	if err := v.err(); err != nil {
@@ -212,7 +214,7 @@ func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.Put
 	var ref, digest string
 	var err error
 	if req.GetRepoUrl() != "" {
-		ref, digest, err = s.svc.PutGitCredential(ctx, req.GetSessionId(), req.GetRepoUrl(), req.GetGitUsername(), []byte(req.GetSecret()))
+		ref, digest, err = s.svc.PutGitCredential(ctx, req.GetSessionId(), req.GetRepoUrl(), req.GetGitUsername(), req.GetGitPushBranchPrefix(), []byte(req.GetSecret()))
 	} else {
 		ref, digest, err = s.svc.PutCredential(ctx, req.GetSessionId(), class, []byte(req.GetSecret()))
 	}

@@ -3,7 +3,10 @@ package proxy
 import (
 	"context"
 	"encoding/base64"
+	"bufio"
+	"bytes"
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -114,13 +117,21 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's repository is not servable")
 		return
 	}
-	if _, reason := matchGit(t.Rest, repo, r.Method, t.RawQuery); reason != "" {
+	ep, reason := matchGit(t.Rest, repo, r.Method, t.RawQuery)
+	if reason != "" {
 		if reason == "method_not_allowed" {
 			p.deny(w, reason, http.StatusMethodNotAllowed, "method not allowed on this git endpoint")
 			return
 		}
 		p.deny(w, reason, http.StatusForbidden, "only the session's repository fetch and push endpoints are admitted")
 		return
+	}
+	body := io.Reader(r.Body)
+	if ep.suffix[0] == "git-receive-pack" {
+		var ok bool
+		if body, ok = p.checkPush(w, r, res, acc.PushPrefix); !ok {
+			return
+		}
 	}
 	user := acc.Username
 	if user == "" {
@@ -146,7 +157,7 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 		RawPath: "/" + strings.Join(esc, "/"), RawQuery: t.RawQuery}
 	out := &http.Request{
 		Method: r.Method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Host: repo.Host,
-		Header: h, Body: r.Body, ContentLength: r.ContentLength,
+		Header: h, Body: io.NopCloser(body), ContentLength: r.ContentLength,
 	}
 	if r.ContentLength == 0 {
 		out.Body = nil
@@ -189,4 +200,58 @@ func basicHandle(r *http.Request) (string, bool) {
 		return "", false
 	}
 	return pass, true
+}
+
+// maxRefusedDrain bounds what the route reads of a refused push's pack
+// before answering (git sends the whole request before it reads the
+// answer; past this the connection is closed instead).
+const maxRefusedDrain = 64 << 20
+
+// checkPush reads a receive-pack request's commands and checks them
+// against the session's push policy. Admitted, it returns the body to
+// forward (the bytes read, then the rest). Refused, it has answered the
+// way receive-pack does, so git prints "! [remote rejected] <ref>
+// (agentplane: <why>)", and the upstream saw nothing.
+func (p *Proxy) checkPush(w http.ResponseWriter, r *http.Request, res *grants.Resolved, prefix string) (io.Reader, bool) {
+	for _, ce := range r.Header.Values("Content-Encoding") {
+		if !strings.EqualFold(strings.TrimSpace(ce), "identity") { // git never compresses a push
+			p.deny(w, "git_push_encoded", http.StatusUnsupportedMediaType, "a push request body must not be compressed")
+			return nil, false
+		}
+	}
+	// The commands are read as sent and forwarded again ahead of the rest.
+	br := bufio.NewReaderSize(r.Body, 64<<10)
+	var seen bytes.Buffer
+	req, err := ParsePush(io.TeeReader(br, &seen))
+	switch {
+	case errors.Is(err, errPushCert):
+		p.deny(w, "git_push_cert_denied", http.StatusForbidden, "signed pushes are not admitted")
+		return nil, false
+	case err != nil:
+		p.deny(w, "git_push_malformed", http.StatusBadRequest, "malformed push commands")
+		return nil, false
+	}
+	msgs, reason := PushPolicy{BranchPrefix: prefix}.CheckAll(req.Commands)
+	if msgs == nil {
+		return io.MultiReader(&seen, br), true
+	}
+	refused := 0
+	for i, m := range msgs {
+		if m != "" {
+			refused++
+			p.cfg.Logger.WarnContext(r.Context(), "git push refused", "session", res.Member.SessionID,
+				"sandbox", res.Grant.Scope.SandboxID, "ref", req.Commands[i].Ref, "reason", m)
+		}
+	}
+	p.metrics.denials.WithLabelValues(reason).Inc()
+	p.metrics.pushRefusals.Add(float64(refused))
+	_, _ = io.Copy(io.Discard, io.LimitReader(br, maxRefusedDrain))
+	w.Header().Set("Content-Type", "application/x-git-receive-pack-result")
+	w.Header().Set("Cache-Control", "no-cache")
+	if !req.Has("report-status") && !req.Has("report-status-v2") {
+		w.WriteHeader(http.StatusForbidden) // a client that reads no report: only the status says it
+		return nil, false
+	}
+	_, _ = w.Write(RefusalReport(req, msgs))
+	return nil, false
 }

@@ -63,13 +63,16 @@ type Credential struct {
 	// A git credential names its repository and Basic user name.
 	RepoURL     string
 	GitUsername string
+	// PushPrefix is the branch prefix the git route admits pushes to ("":
+	// the proxy's default).
+	PushPrefix string
 }
 
 // PutCredential stores a backing credential under ref.
 func (s *Store) PutCredential(ctx context.Context, ref string, c Credential) error {
 	return s.rdb.HSet(ctx, credKey(ref),
 		"class", string(c.Class), "session", c.SessionID, "digest", c.SecretDigest, "sealed", c.Sealed,
-		"repo", c.RepoURL, "git_user", c.GitUsername).Err()
+		"repo", c.RepoURL, "git_user", c.GitUsername, "push_prefix", c.PushPrefix).Err()
 }
 
 // GetCredential reads a backing credential.
@@ -82,7 +85,7 @@ func (s *Store) GetCredential(ctx context.Context, ref string) (Credential, erro
 		return Credential{}, ErrNotFound
 	}
 	return Credential{Class: scope.Class(m["class"]), SessionID: m["session"], SecretDigest: m["digest"], Sealed: []byte(m["sealed"]),
-		RepoURL: m["repo"], GitUsername: m["git_user"]}, nil
+		RepoURL: m["repo"], GitUsername: m["git_user"], PushPrefix: m["push_prefix"]}, nil
 }
 
 // DeleteCredential deletes a backing credential; idempotent.
