@@ -1,10 +1,10 @@
 package proxy
 
 import (
-	"context"
-	"encoding/base64"
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
