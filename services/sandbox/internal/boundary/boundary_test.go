@@ -122,9 +122,11 @@ func bwrapOrFail(t *testing.T) string {
 	return p
 }
 
-// TestBoundaryRefusesWhatReachesOut runs a real program under the real
-// bubblewrap command line and seccomp filter.
-func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
+// runSelfInSandbox runs this test binary, with helper=1 in its
+// environment, under the real bubblewrap command line and seccomp filter,
+// and decodes the JSON object of probe results it prints.
+func runSelfInSandbox(t *testing.T, helper string) map[string]string {
+	t.Helper()
 	bw := bwrapOrFail(t)
 	self, err := os.Executable()
 	require.NoError(t, err)
@@ -136,12 +138,19 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 	defer files.Close()
 	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), self)
 	cmd := exec.Command(bw, args...)
-	cmd.Env = []string{"BOUNDARY_HELPER=1"}
+	cmd.Env = []string{helper + "=1"}
 	cmd.ExtraFiles = files.List()
 	out, err := cmd.Output()
 	require.NoError(t, err, "%s", exitStderr(err))
 	got := map[string]string{}
 	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	return got
+}
+
+// TestBoundaryRefusesWhatReachesOut runs a real program under the real
+// bubblewrap command line and seccomp filter.
+func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
+	got := runSelfInSandbox(t, "BOUNDARY_HELPER")
 	for _, k := range []string{"ptrace", "unshare_user", "unshare_ns", "mount", "keyctl", "bpf", "perf_event_open", "kexec_load", "clone_newuser", "raise_nofile"} {
 		require.Equal(t, "EPERM", got[k], "%s: %v", k, got)
 	}

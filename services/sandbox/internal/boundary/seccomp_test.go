@@ -1,10 +1,8 @@
 package boundary
 
 import (
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"testing"
 	"unsafe"
 
@@ -109,23 +107,7 @@ var seccompProbes = []seccompProbe{
 // not (it may still fail for its own reason, never with the filter's EPERM
 // where the kernel would not give one).
 func TestSeccompRefusesFromInside(t *testing.T) {
-	bw := bwrapOrFail(t)
-	self, err := os.Executable()
-	require.NoError(t, err)
-	dir := t.TempDir()
-	c := Config{Bwrap: bw, UID: -1, GID: -1}
-	require.NoError(t, c.Probe(context.Background(), "", ""))
-	files, err := c.OpenFiles()
-	require.NoError(t, err)
-	defer files.Close()
-	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), self)
-	cmd := exec.Command(bw, args...)
-	cmd.Env = []string{"BOUNDARY_SECCOMP_HELPER=1"}
-	cmd.ExtraFiles = files.List()
-	out, err := cmd.Output()
-	require.NoError(t, err, "%s", exitStderr(err))
-	got := map[string]string{}
-	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	got := runSelfInSandbox(t, "BOUNDARY_SECCOMP_HELPER")
 	for _, p := range seccompProbes {
 		t.Run(p.name, func(t *testing.T) {
 			if p.refused {
