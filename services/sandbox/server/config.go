@@ -180,8 +180,35 @@ func (c *Config) Validate() error {
 	errs = append(errs,
 		config.CheckPeerAddr("SESSION_ADDR", c.SessionAddr, false),
 		config.CheckPeerAddr("CREDENTIAL_ADDR", c.CredentialAddr, false))
-	// Wrappers try the control addresses in turn; each entry is one target
-	// (host:port, dns:///name:port or a unix: socket).
+	c.validateAddrs(bad)
+	if c.AgentsDir != "" && !filepath.IsAbs(c.AgentsDir) {
+		bad("AGENTS_DIR", errors.New("must be an absolute path"))
+	}
+	if _, err := c.Agents().Resolve("", ""); err != nil {
+		bad("AGENT_DEFAULT", err)
+	}
+	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ":@ ") {
+		bad("SANDBOX_REPLICA", errors.New("required, without ':', '@' or spaces"))
+	}
+	c.validateTimers(bad)
+	if c.CapacityThreshold == 0 {
+		bad("SANDBOX_CAPACITY_THRESHOLD", errors.New("must be positive"))
+	}
+	c.validateBoundary(bad)
+	if c.SocketConns <= 0 {
+		bad("SANDBOX_SOCKET_CONNS", errors.New("must be positive"))
+	}
+	if strings.ContainsAny(c.Deployment, "= \x00") {
+		bad("SANDBOX_DEPLOYMENT", errors.New("must not contain '=', spaces or NUL"))
+	}
+	return errors.Join(errs...)
+}
+
+// validateAddrs checks the addresses wrappers and sandboxes are given:
+// the control addresses (tried in turn; each entry one target: host:port,
+// dns:///name:port or a unix: socket), the proxy URL and the advertised
+// address.
+func (c *Config) validateAddrs(bad func(string, error)) {
 	for _, a := range splitList(c.ControlAddrs) {
 		if t, err := grpcclient.ParseTarget(a); err != nil {
 			bad("SANDBOX_CONTROL_ADDRS", fmt.Errorf("entry %q: %w", a, err))
@@ -194,20 +221,17 @@ func (c *Config) Validate() error {
 			bad("SANDBOX_PROXY_URL", errors.New("want an http(s) URL"))
 		}
 	}
-	if c.AgentsDir != "" && !filepath.IsAbs(c.AgentsDir) {
-		bad("AGENTS_DIR", errors.New("must be an absolute path"))
-	}
-	if _, err := c.Agents().Resolve("", ""); err != nil {
-		bad("AGENT_DEFAULT", err)
-	}
-	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ":@ ") {
-		bad("SANDBOX_REPLICA", errors.New("required, without ':', '@' or spaces"))
-	}
 	if c.AdvertiseAddr != "" {
 		if t, err := grpcclient.ParseTarget(c.AdvertiseAddr); err != nil || len(t.Addrs) != 1 {
 			bad("SANDBOX_ADVERTISE_ADDR", errors.New("want one host:port"))
 		}
 	}
+}
+
+// validateTimers checks the durations: the lifecycle timers positive, a
+// wrapper declared dead only after more than a heartbeat, and the bounds
+// that depend on them.
+func (c *Config) validateTimers(bad func(string, error)) {
 	if c.NotifyDrain < 0 {
 		bad("SANDBOX_NOTIFY_DRAIN", errors.New("must not be negative"))
 	}
@@ -223,12 +247,20 @@ func (c *Config) Validate() error {
 			bad(name, errors.New("must be positive"))
 		}
 	}
-	if c.CapacityThreshold == 0 {
-		bad("SANDBOX_CAPACITY_THRESHOLD", errors.New("must be positive"))
-	}
 	if c.StaleAge < time.Minute {
 		bad("SANDBOX_STALE_AGE", errors.New("must be at least 1m: a younger directory may be a route being prepared"))
 	}
+	if c.SocketIdle < 2*c.Timers.DeadAfter {
+		bad("SANDBOX_SOCKET_IDLE", errors.New("must be at least twice SANDBOX_DEAD_AFTER: a wrapper's stream reads heartbeats no more often"))
+	}
+	if c.Timers.DeadAfter <= c.Timers.Heartbeat {
+		bad("SANDBOX_DEAD_AFTER", errors.New("must exceed SANDBOX_HEARTBEAT"))
+	}
+}
+
+// validateBoundary checks the sandbox boundary's settings: isolation
+// mode, read-only paths, uid, cgroup and rlimit bounds.
+func (c *Config) validateBoundary(bad func(string, error)) {
 	if c.Isolation != boundary.ModeNamespaces && c.Isolation != boundary.ModeNone {
 		bad("SANDBOX_ISOLATION", fmt.Errorf("want %s or %s", boundary.ModeNamespaces, boundary.ModeNone))
 	}
@@ -243,25 +275,12 @@ func (c *Config) Validate() error {
 	if c.CPULimit < 0 || c.PidsLimit < 0 {
 		bad("SANDBOX_CPU_LIMIT", errors.New("SANDBOX_CPU_LIMIT and SANDBOX_PIDS_LIMIT must not be negative (0: unset)"))
 	}
-	if c.SocketConns <= 0 {
-		bad("SANDBOX_SOCKET_CONNS", errors.New("must be positive"))
-	}
-	if c.SocketIdle < 2*c.Timers.DeadAfter {
-		bad("SANDBOX_SOCKET_IDLE", errors.New("must be at least twice SANDBOX_DEAD_AFTER: a wrapper's stream reads heartbeats no more often"))
-	}
 	if c.Cgroups != "auto" && c.Cgroups != "off" {
 		bad("SANDBOX_CGROUPS", errors.New("want auto or off"))
 	}
 	if _, err := boundary.ParseLimits(c.Rlimits); err != nil {
 		bad("SANDBOX_RLIMITS", err)
 	}
-	if strings.ContainsAny(c.Deployment, "= \x00") {
-		bad("SANDBOX_DEPLOYMENT", errors.New("must not contain '=', spaces or NUL"))
-	}
-	if c.Timers.DeadAfter <= c.Timers.Heartbeat {
-		bad("SANDBOX_DEAD_AFTER", errors.New("must exceed SANDBOX_HEARTBEAT"))
-	}
-	return errors.Join(errs...)
 }
 
 // LoadConfig reads the configuration from args and the environment and validates it.

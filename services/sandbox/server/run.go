@@ -74,9 +74,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	}
 	defer egr.close()
 	wrapperCmd = append(append(wrapperCmd, bnd.wrapperFlags...), egr.wrapperFlags...)
-	prov, err := process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
-		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv),
-		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits(), DiskQuota: uint64(cfg.DiskQuota)})
+	prov, err := newProvider(cfg, bnd, log)
 	if err != nil {
 		return err
 	}
@@ -115,14 +113,27 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	}
 
 	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv, prov) })
-	if bnd.controlLn != nil {
-		// The same server on the control socket (after every service is
-		// registered; its GracefulStop ends both), but every sandbox holds
-		// that socket: there it serves the wrapper's stream and health only,
-		// with or without an internal token (DESIGN.md 3.3).
-		go func() { _ = srv.ServeRestricted(bnd.controlLn, grpcapi.ControlSocketServes) }()
+	return serve(ctx, srv, bnd.controlLn)
+}
+
+// newProvider builds the process provider that runs the sandboxes'
+// wrappers inside the boundary.
+func newProvider(cfg Config, bnd *boundarySetup, log *slog.Logger) (*process.Provider, error) {
+	return process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
+		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv),
+		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits(), DiskQuota: uint64(cfg.DiskQuota)})
+}
+
+// serve runs srv until ctx ends (a cancelled context is a clean stop).
+// With a control socket, the same server serves it too (after every
+// service is registered; its GracefulStop ends both), but every sandbox
+// holds that socket: there it serves the wrapper's stream and health only,
+// with or without an internal token (DESIGN.md 3.3).
+func serve(ctx context.Context, srv *grpcserver.Server, controlLn net.Listener) error {
+	if controlLn != nil {
+		go func() { _ = srv.ServeRestricted(controlLn, grpcapi.ControlSocketServes) }()
 	}
-	err = srv.Serve(ctx)
+	err := srv.Serve(ctx)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

@@ -205,25 +205,9 @@ func parse(args []string) (Options, error) {
 		return Options{}, err
 	}
 	o.Limits = lim
-	if (o.ProxyListen == "") != (o.ProxyDir == "") {
-		return Options{}, errors.New("--proxy-listen and --proxy-dir go together")
-	}
-	if (o.EgressListen == "") != (o.EgressDir == "") {
-		return Options{}, errors.New("--egress-listen and --egress-dir go together")
-	}
-	gen, _ := strconv.ParseUint(os.Getenv(provider.EnvGeneration), 10, 64)
-	o.Markers = provider.Markers{
-		SandboxID: os.Getenv(provider.EnvSandbox), RuntimeKey: os.Getenv(provider.EnvRuntimeKey),
-		InstanceID: os.Getenv(provider.EnvInstance), Generation: gen,
-	}
-	if len(o.ControlAddrs) == 0 || o.AllocationID == "" || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
-		return Options{}, errors.New("need --control-addr, --allocation and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
-	}
-	for _, a := range o.ControlAddrs {
-		// The same check the sandbox service applies to SANDBOX_CONTROL_ADDRS.
-		if _, err := grpcclient.ParseTarget(a); err != nil {
-			return Options{}, fmt.Errorf("--control-addr entry %q: %w", a, err)
-		}
+	o.Markers = markersFromEnv()
+	if err := o.checkLaunch(); err != nil {
+		return Options{}, err
 	}
 	if len(o.RuntimeCommand) == 0 {
 		self, err := os.Executable()
@@ -248,6 +232,38 @@ func parse(args []string) (Options, error) {
 	}
 	o.Credential = cred
 	return o, nil
+}
+
+// markersFromEnv reads the markers the provider set in the wrapper's
+// environment (sandbox, runtime key, instance, generation).
+func markersFromEnv() provider.Markers {
+	gen, _ := strconv.ParseUint(os.Getenv(provider.EnvGeneration), 10, 64)
+	return provider.Markers{
+		SandboxID: os.Getenv(provider.EnvSandbox), RuntimeKey: os.Getenv(provider.EnvRuntimeKey),
+		InstanceID: os.Getenv(provider.EnvInstance), Generation: gen,
+	}
+}
+
+// checkLaunch checks that the parsed options can launch a wrapper: the
+// relay flags in pairs, the control addresses, allocation and markers
+// present, and each control address one the sandbox service would accept.
+func (o *Options) checkLaunch() error {
+	if (o.ProxyListen == "") != (o.ProxyDir == "") {
+		return errors.New("--proxy-listen and --proxy-dir go together")
+	}
+	if (o.EgressListen == "") != (o.EgressDir == "") {
+		return errors.New("--egress-listen and --egress-dir go together")
+	}
+	if len(o.ControlAddrs) == 0 || o.AllocationID == "" || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
+		return errors.New("need --control-addr, --allocation and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
+	}
+	for _, a := range o.ControlAddrs {
+		// The same check the sandbox service applies to SANDBOX_CONTROL_ADDRS.
+		if _, err := grpcclient.ParseTarget(a); err != nil {
+			return fmt.Errorf("--control-addr entry %q: %w", a, err)
+		}
+	}
+	return nil
 }
 
 // readCredential reads the launch credential from an inherited fd or a file

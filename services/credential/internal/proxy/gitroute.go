@@ -101,20 +101,8 @@ func equalSegs(a, b []string) bool {
 }
 
 func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *grants.Resolved) {
-	ref := res.Member.GitCredentialRef
-	if ref == "" {
-		p.deny(w, "git_not_granted", http.StatusForbidden, "the session has no git credential")
-		return
-	}
-	acc, err := p.cfg.Git.GitCredential(r.Context(), ref)
-	if err != nil {
-		p.cfg.Logger.WarnContext(r.Context(), "git credential unavailable", "error", err.Error())
-		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's git credential is unavailable")
-		return
-	}
-	repo, err := gitrepo.Parse(acc.RepoURL)
-	if err != nil {
-		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's repository is not servable")
+	acc, repo, ok := p.gitAccess(w, r, res)
+	if !ok {
 		return
 	}
 	ep, reason := matchGit(t.Rest, repo, r.Method, t.RawQuery)
@@ -128,11 +116,55 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 	}
 	body := io.Reader(r.Body)
 	if ep.suffix[0] == "git-receive-pack" {
-		var ok bool
 		if body, ok = p.checkPush(w, r, res, acc.PushPrefix); !ok {
 			return
 		}
 	}
+	out, guard := p.gitOutgoing(r, t, repo, acc, body)
+	start := time.Now()
+	err := p.gitFwd.forward(r.Context(), w, out, guard)
+	p.metrics.upstream.WithLabelValues(string(RouteGit)).Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		return
+	case p.refuseResponse(w, err):
+		return
+	case errors.As(err, new(*egresspolicy.AddressError)):
+		p.deny(w, "git_address_denied", http.StatusForbidden,
+			"the repository's host resolves to a private, loopback, link-local or reserved address the git route does not dial")
+		return
+	}
+	p.upstreamFailed(w, r, err, "git upstream failed", "host", repo.Host)
+}
+
+// gitAccess opens the resolving member's git credential and its
+// repository; false when the request was denied (no credential, or none
+// that can be served).
+func (p *Proxy) gitAccess(w http.ResponseWriter, r *http.Request, res *grants.Resolved) (grants.GitAccess, gitrepo.Repo, bool) {
+	ref := res.Member.GitCredentialRef
+	if ref == "" {
+		p.deny(w, "git_not_granted", http.StatusForbidden, "the session has no git credential")
+		return grants.GitAccess{}, gitrepo.Repo{}, false
+	}
+	acc, err := p.cfg.Git.GitCredential(r.Context(), ref)
+	if err != nil {
+		p.cfg.Logger.WarnContext(r.Context(), "git credential unavailable", "error", err.Error())
+		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's git credential is unavailable")
+		return grants.GitAccess{}, gitrepo.Repo{}, false
+	}
+	repo, err := gitrepo.Parse(acc.RepoURL)
+	if err != nil {
+		p.deny(w, "git_not_granted", http.StatusForbidden, "the session's repository is not servable")
+		return grants.GitAccess{}, gitrepo.Repo{}, false
+	}
+	return acc, repo, true
+}
+
+// gitOutgoing builds the request to the repository's host: the caller's
+// headers filtered to the git allowlist, the credential as Basic
+// authorization (anonymous without a token), and the echo guard that
+// refuses a response repeating it.
+func (p *Proxy) gitOutgoing(r *http.Request, t Target, repo gitrepo.Repo, acc grants.GitAccess, body io.Reader) (*http.Request, echoGuard) {
 	user := acc.Username
 	if user == "" {
 		user = gitUsername
@@ -162,34 +194,7 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
-	start := time.Now()
-	err = p.gitFwd.forward(r.Context(), w, out, guard)
-	p.metrics.upstream.WithLabelValues(string(RouteGit)).Observe(time.Since(start).Seconds())
-	switch {
-	case err == nil:
-		return
-	case errors.Is(err, errEchoed):
-		p.deny(w, "response_echo", http.StatusBadGateway, "upstream response refused")
-		return
-	case errors.Is(err, errResponseHead):
-		p.deny(w, "response_headers_too_large", http.StatusBadGateway, "upstream response refused")
-		return
-	case errors.Is(err, errEncoded):
-		p.deny(w, "response_encoded", http.StatusBadGateway, "upstream response refused")
-		return
-	case errors.As(err, new(*egresspolicy.AddressError)):
-		p.deny(w, "git_address_denied", http.StatusForbidden,
-			"the repository's host resolves to a private, loopback, link-local or reserved address the git route does not dial")
-		return
-	}
-	if r.Context().Err() == nil {
-		p.metrics.upstreamErrors.Inc()
-		p.cfg.Logger.WarnContext(r.Context(), "git upstream failed", "host", repo.Host, "error", err.Error())
-	}
-	if errors.Is(err, errAfterHeaders) {
-		panic(http.ErrAbortHandler) // the status is out: cut the response short
-	}
-	writeError(w, http.StatusBadGateway, "upstream unavailable")
+	return out, guard
 }
 
 // basicHandle takes a handle sent as the Basic password (git with a

@@ -167,33 +167,62 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveGit(w, r, t, res)
 		return
 	}
+	p.serveUpstream(w, r, t, upstream, res)
+}
+
+// serveUpstream forwards a request of a configured route to its upstream
+// with the resolved credential, and answers a refused response or a failed
+// upstream.
+func (p *Proxy) serveUpstream(w http.ResponseWriter, r *http.Request, t Target, upstream *url.URL, res *grants.Resolved) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: callerBodyIdle}
 	}
 	out, att := p.outgoing(r, upstream, t, res)
 	start := time.Now()
-	err = p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att))
+	err := p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att))
 	p.metrics.upstream.WithLabelValues(string(t.Route)).Observe(time.Since(start).Seconds())
-	switch {
-	case err == nil:
-		return
-	case errors.Is(err, errEchoed):
-		p.cfg.Logger.WarnContext(r.Context(), "proxy refused an upstream response that echoed a credential", "route", t.Route)
-		p.deny(w, "response_echo", http.StatusBadGateway, "upstream response refused")
-		return
-	case errors.Is(err, errResponseHead):
-		p.deny(w, "response_headers_too_large", http.StatusBadGateway, "upstream response refused")
-		return
-	case errors.Is(err, errEncoded):
-		p.deny(w, "response_encoded", http.StatusBadGateway, "upstream response refused")
+	if err == nil {
 		return
 	}
-	if r.Context().Err() == nil { // a caller that went away is not an upstream failure
+	if errors.Is(err, errEchoed) {
+		p.cfg.Logger.WarnContext(r.Context(), "proxy refused an upstream response that echoed a credential", "route", t.Route)
+	}
+	if p.refuseResponse(w, err) {
+		return
+	}
+	p.upstreamFailed(w, r, err, "proxy upstream failed", "route", t.Route)
+}
+
+// refuseResponse answers an upstream response the proxy refused (it
+// echoed a credential, its head is too large, its body is encoded) with
+// a 502 naming the reason; false when err is none of those.
+func (p *Proxy) refuseResponse(w http.ResponseWriter, err error) bool {
+	var reason string
+	switch {
+	case errors.Is(err, errEchoed):
+		reason = "response_echo"
+	case errors.Is(err, errResponseHead):
+		reason = "response_headers_too_large"
+	case errors.Is(err, errEncoded):
+		reason = "response_encoded"
+	default:
+		return false
+	}
+	p.deny(w, reason, http.StatusBadGateway, "upstream response refused")
+	return true
+}
+
+// upstreamFailed answers a forward whose upstream failed: counted and
+// logged (msg, attrs) unless the caller went away, which is not an
+// upstream failure; a 502, or a response cut short when its status is
+// already out (never ended cleanly).
+func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, msg string, attrs ...any) {
+	if r.Context().Err() == nil {
 		p.metrics.upstreamErrors.Inc()
-		p.cfg.Logger.WarnContext(r.Context(), "proxy upstream failed", "route", t.Route, "error", err.Error())
+		p.cfg.Logger.WarnContext(r.Context(), msg, append(attrs, "error", err.Error())...)
 	}
 	if errors.Is(err, errAfterHeaders) {
-		panic(http.ErrAbortHandler) // the status is out: cut the response short, never end it cleanly
+		panic(http.ErrAbortHandler)
 	}
 	writeError(w, http.StatusBadGateway, "upstream unavailable")
 }

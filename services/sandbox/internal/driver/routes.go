@@ -534,18 +534,54 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		sb.mu.Unlock()
 		return d.releaseUnrouted(ctx, sb, sessionID, reason)
 	}
-	key, dir := r.RuntimeKey, r.Directory
-	last := true
-	for id, o := range sb.routes {
-		if id != sessionID && o.RuntimeKey == key && o.Member() {
-			last = false
+	rel := d.releaseLocked(sb, r, sessionID, reason)
+	sb.mu.Unlock()
+	if rel.conn != nil && rel.first {
+		rel.conn.send(ReleaseRoute{SessionID: sessionID})
+	}
+	if !d.releaseMember(ctx, sb, sessionID) {
+		// The session is still a member of its scope for the credential
+		// service: not released yet, whatever runs. Asked again on the next
+		// call (the session's deletion reconciler) and by the tick.
+		return Release{LastMember: rel.last, Lease: lease.OwnsWrapper, RetryAfter: time.Second}, nil
+	}
+	if !rel.last || rel.key == "" {
+		d.forgetRoute(sb, sessionID)
+		return Release{LastMember: rel.last, AbsenceVerified: true, Lease: lease.OwnsWrapper}, nil
+	}
+	if rel.first {
+		if rel.conn != nil {
+			rel.conn.send(stopRequested(reason))
+		}
+		if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, rel.key, reason); err != nil {
+			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", rel.key, "err", err)
 		}
 	}
-	c := sb.conns[key]
+	return d.releaseLastMember(ctx, sb, sessionID, rel, reason), nil
+}
+
+// routeRelease is what ReleaseRoute decided under the sandbox's lock.
+type routeRelease struct {
+	key, dir string
+	conn     *Conn // the runtime key's connected wrapper, or nil
+	last     bool  // no other member routes to the runtime key
+	first    bool  // the first release of the route; a repeat only reports
+}
+
+// releaseLocked applies the release to the route (under sb.mu): the
+// session leaves its worktree scope and drops its handle, and the first
+// release of the key's last member stops the key's allocation.
+func (d *Driver) releaseLocked(sb *sandbox, r *store.Route, sessionID, reason string) routeRelease {
+	rel := routeRelease{key: r.RuntimeKey, dir: r.Directory, conn: sb.conns[r.RuntimeKey], last: true}
+	for id, o := range sb.routes {
+		if id != sessionID && o.RuntimeKey == rel.key && o.Member() {
+			rel.last = false
+		}
+	}
 	eff := d.applyLocked(sb, r, route.Release{Credentials: d.cfg.Credentials != nil})
-	first := eff.SendRelease // the first release of the route; a repeat only reports
+	rel.first = eff.SendRelease
 	if eff.LeaveScope {
-		if sc := sb.scopes[dir]; sc != nil {
+		if sc := sb.scopes[rel.dir]; sc != nil {
 			sc.Leave(sessionID)
 			d.persistScope(sb, sc)
 		}
@@ -553,41 +589,25 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	if eff.DropHandle {
 		delete(sb.handles, sessionID)
 	}
-	if first {
-		if last {
-			if s := sb.keyAllocations[key]; s != nil {
-				s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: d.cfg.Now(), Reason: reason})
-				d.persistAllocations(sb, []*store.KeyAllocation{s})
-			}
+	if rel.first && rel.last {
+		if s := sb.keyAllocations[rel.key]; s != nil {
+			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: d.cfg.Now(), Reason: reason})
+			d.persistAllocations(sb, []*store.KeyAllocation{s})
 		}
 	}
-	sb.mu.Unlock()
-	if c != nil && first {
-		c.send(ReleaseRoute{SessionID: sessionID})
-	}
-	if !d.releaseMember(ctx, sb, sessionID) {
-		// The session is still a member of its scope for the credential
-		// service: not released yet, whatever runs. Asked again on the next
-		// call (the session's deletion reconciler) and by the tick.
-		return Release{LastMember: last, Lease: lease.OwnsWrapper, RetryAfter: time.Second}, nil
-	}
-	if !last || key == "" {
-		d.forgetRoute(sb, sessionID)
-		return Release{LastMember: last, AbsenceVerified: true, Lease: lease.OwnsWrapper}, nil
-	}
-	if first {
-		if c != nil {
-			c.send(stopRequested(reason))
-		}
-		if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, reason); err != nil {
-			d.log.Warn("request stop failed", "sandbox", sb.id, "runtime_key", key, "err", err)
-		}
-	}
+	return rel
+}
+
+// releaseLastMember checks, for the runtime key's last member, whether
+// the key's wrapper is verifiably absent; once it is, the key's data are
+// removed and the route and key forgotten. Inspection failure is never
+// absence: the caller asks again after RetryAfter.
+func (d *Driver) releaseLastMember(ctx context.Context, sb *sandbox, sessionID string, rel routeRelease, reason string) Release {
+	key, dir := rel.key, rel.dir
 	ok, exhausted, l, retry, err := d.deletionCheck(ctx, sb.id, key, reason)
 	if err != nil {
-		// Inspection failure is never absence.
 		d.log.Warn("release: absence not checked", "sandbox", sb.id, "runtime_key", key, "err", err)
-		return Release{LastMember: true, Lease: l.State, RetryAfter: time.Second}, nil
+		return Release{LastMember: true, Lease: l.State, RetryAfter: time.Second}
 	}
 	if exhausted {
 		d.log.Warn("deletion allowed on an exhausted wrapper lease after its final observation; the lease stays tracked",
@@ -598,7 +618,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 			// Removing the data is part of "verified" (DESIGN.md 3.5): the
 			// route stays released and the next call tries again.
 			d.log.Warn("release: data of the runtime key not removed yet; retried", "sandbox", sb.id, "runtime_key", key, "err", err)
-			return Release{LastMember: true, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+			return Release{LastMember: true, Lease: l.State, RetryAfter: max(retry, time.Second)}
 		}
 	}
 	if ok || exhausted {
@@ -607,7 +627,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 	if ok {
 		d.forgetKey(ctx, sb, key, dir)
 	}
-	return Release{LastMember: true, AbsenceVerified: ok, ExhaustedFinal: exhausted, Lease: l.State, RetryAfter: max(retry, time.Second)}, nil
+	return Release{LastMember: true, AbsenceVerified: ok, ExhaustedFinal: exhausted, Lease: l.State, RetryAfter: max(retry, time.Second)}
 }
 
 // releaseMember carries out a released route's persisted member-release

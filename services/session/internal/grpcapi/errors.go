@@ -45,31 +45,14 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var wt *session.WorktreeError
 	switch {
 	case errors.As(err, &wt):
-		// Reasons of the wrapper's git steps (docs/errors.md, Session).
-		code := codes.FailedPrecondition
-		opts := []apierr.Option{}
-		switch wt.Reason {
-		case "INVALID_BRANCH":
-			code = codes.InvalidArgument
-			opts = append(opts, apierr.FieldViolation("branch", "not a valid git branch name"))
-		case "REPO_UNREACHABLE":
-			code = codes.Unavailable
-			opts = append(opts, apierr.RetryAfter(5*time.Second))
-		case "WORKTREE_UNAVAILABLE":
-			opts = append(opts, apierr.RetryAfter(5*time.Second))
-		}
-		return apierr.Error(code, wt.Reason, wt.Detail, opts...)
+		return worktreeStatus(wt)
 	case errors.Is(err, session.ErrNoRepository):
 		return apierr.Error(codes.FailedPrecondition, ReasonNoRepository, "the session names no repository with a git credential to push to",
 			apierr.FieldViolation("session_id", "the session has no worktree.repo_url and git_credential"))
 	case err == nil:
 		return nil
 	case errors.As(err, &invalid):
-		opts := make([]apierr.Option, 0, len(invalid.Violations))
-		for _, v := range invalid.Violations {
-			opts = append(opts, apierr.FieldViolation(v.Field, v.Description))
-		}
-		return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, invalid.Error(), opts...)
+		return invalidStatus(invalid)
 	case errors.Is(err, session.ErrInvalidPageToken):
 		return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, "malformed page token",
 			apierr.FieldViolation("page_token", "not a token from a previous response"))
@@ -124,4 +107,32 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.StoreUnavailable()
 	}
 	return apierr.Unexpected(ctx, log, err)
+}
+
+// worktreeStatus translates a failed git step of the wrapper (its reason
+// is the ErrorInfo reason; docs/errors.md, Session).
+func worktreeStatus(wt *session.WorktreeError) error {
+	code := codes.FailedPrecondition
+	opts := []apierr.Option{}
+	switch wt.Reason {
+	case "INVALID_BRANCH":
+		code = codes.InvalidArgument
+		opts = append(opts, apierr.FieldViolation("branch", "not a valid git branch name"))
+	case "REPO_UNREACHABLE":
+		code = codes.Unavailable
+		opts = append(opts, apierr.RetryAfter(5*time.Second))
+	case "WORKTREE_UNAVAILABLE":
+		opts = append(opts, apierr.RetryAfter(5*time.Second))
+	}
+	return apierr.Error(code, wt.Reason, wt.Detail, opts...)
+}
+
+// invalidStatus translates a refused request, one field violation per
+// invalid field.
+func invalidStatus(invalid *session.InvalidError) error {
+	opts := make([]apierr.Option, 0, len(invalid.Violations))
+	for _, v := range invalid.Violations {
+		opts = append(opts, apierr.FieldViolation(v.Field, v.Description))
+	}
+	return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, invalid.Error(), opts...)
 }

@@ -200,46 +200,12 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 	if err := s.claimSandbox(ctx, in.SandboxID, session.Tenant{Org: in.OrgID, User: in.UserID}); err != nil {
 		return nil, err
 	}
-	if in.Agent.Profile != "" || in.Agent.Model != "" {
-		// The sandbox service owns the profiles; an unknown or uninstalled
-		// one is refused before anything is stored.
-		pctx, cancel := s.peerCtx(ctx)
-		resolved, err := s.sandbox.CheckAgent(pctx, in.Agent)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		in.Agent = resolved
-	}
-	// A directory is bound to its repository and its runtime's agent: a
-	// session that differs is refused now, not at its first message.
-	pctx, cancel := s.peerCtx(ctx)
-	err := s.sandbox.CheckWorktree(pctx, &session.Session{SandboxID: in.SandboxID, Directory: in.Directory, RepoURL: in.RepoURL, Agent: in.Agent})
-	cancel()
-	if err != nil {
+	if err := s.checkWorktree(ctx, &in); err != nil {
 		return nil, err
 	}
-	var ref string
-	if s.creds != nil {
-		pctx, cancel := s.peerCtx(ctx)
-		r, err := s.creds.Put(pctx, in.ID, in.Class, in.Secret)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)
-		}
-		ref = r
-	}
-	var gitRef string
-	if s.creds != nil && in.RepoURL != "" {
-		// Always: without a token the repository is cloned anonymously
-		// through the git route, which admits only this repository.
-		pctx, cancel := s.peerCtx(ctx)
-		r, err := s.creds.PutGit(pctx, in.ID, in.RepoURL, in.GitUsername, in.GitToken)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)
-		}
-		gitRef = r
+	ref, gitRef, err := s.putCredentials(ctx, in)
+	if err != nil {
+		return nil, err
 	}
 	now := s.now()
 	sess := &session.Session{
@@ -256,6 +222,54 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		s.metrics.created()
 	}
 	return stored, err
+}
+
+// checkWorktree asks the sandbox service about the session's agent and
+// directory before anything is stored: an unknown or uninstalled agent
+// profile is refused (the sandbox service owns the profiles; in.Agent
+// becomes the resolved one), and so is a session whose repository or
+// agent differs from what the directory is bound to, now rather than at
+// its first message.
+func (s *Service) checkWorktree(ctx context.Context, in *CreateInput) error {
+	if in.Agent.Profile != "" || in.Agent.Model != "" {
+		pctx, cancel := s.peerCtx(ctx)
+		resolved, err := s.sandbox.CheckAgent(pctx, in.Agent)
+		cancel()
+		if err != nil {
+			return err
+		}
+		in.Agent = resolved
+	}
+	pctx, cancel := s.peerCtx(ctx)
+	defer cancel()
+	return s.sandbox.CheckWorktree(pctx, &session.Session{SandboxID: in.SandboxID, Directory: in.Directory, RepoURL: in.RepoURL, Agent: in.Agent})
+}
+
+// putCredentials hands the session's secret, and for a session with a
+// repository its git credential, to the credential service; it returns
+// their references (none without a credential service). The git
+// credential is stored even without a token: the repository is then
+// cloned anonymously through the git route, which admits only it.
+func (s *Service) putCredentials(ctx context.Context, in CreateInput) (ref, gitRef string, err error) {
+	if s.creds == nil {
+		return "", "", nil
+	}
+	pctx, cancel := s.peerCtx(ctx)
+	ref, err = s.creds.Put(pctx, in.ID, in.Class, in.Secret)
+	cancel()
+	if err != nil {
+		return "", "", fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)
+	}
+	if in.RepoURL == "" {
+		return ref, "", nil
+	}
+	pctx, cancel = s.peerCtx(ctx)
+	gitRef, err = s.creds.PutGit(pctx, in.ID, in.RepoURL, in.GitUsername, in.GitToken)
+	cancel()
+	if err != nil {
+		return "", "", fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)
+	}
+	return ref, gitRef, nil
 }
 
 // claimSandbox binds the session's sandbox to its tenant, or refuses a

@@ -182,21 +182,39 @@ type nsRecord struct {
 // cannot tell). Any other unreadable process (another service, whatever a
 // sandbox does to its own processes) is not this sandbox's wrapper.
 func units(t *procTable, sc scope, sandboxID string, records []nsRecord) ([]*unit, error) {
-	procs := t.procs
-	same := func(p *procInfo, pid int, start uint64) bool { return p != nil && p.pid == pid && p.start == start }
+	byAnchor, out, err := anchorUnits(t, sc, sandboxID, records)
+	if err != nil {
+		return nil, err
+	}
+	byInit, orphans := orphanUnits(t, records, byAnchor)
+	out = append(out, orphans...)
+	assignMembers(t, byAnchor, byInit)
+	return out, nil
+}
+
+// sameProc reports whether p is the process pid that started at start
+// (not a later one that reused its pid).
+func sameProc(p *procInfo, pid int, start uint64) bool {
+	return p != nil && p.pid == pid && p.start == start
+}
+
+// anchorUnits finds the sandbox's live bubblewraps: the processes at the
+// service's depth whose environment names this sandbox, each the anchor
+// of a unit. out lists them in the table's order.
+func anchorUnits(t *procTable, sc scope, sandboxID string, records []nsRecord) (map[int]*unit, []*unit, error) {
 	for _, r := range records {
-		if a := procs[r.AnchorPID]; same(a, r.AnchorPID, r.AnchorStart) && a.envErr != nil {
-			return nil, fmt.Errorf("inspect pid %d (recorded wrapper of this sandbox): %w", a.pid, a.envErr)
+		if a := t.procs[r.AnchorPID]; sameProc(a, r.AnchorPID, r.AnchorStart) && a.envErr != nil {
+			return nil, nil, fmt.Errorf("inspect pid %d (recorded wrapper of this sandbox): %w", a.pid, a.envErr)
 		}
 	}
 	byAnchor := map[int]*unit{}
 	var out []*unit
-	for _, p := range procs {
+	for _, p := range t.procs {
 		if p.depth != t.selfDepth || p.pid == t.self {
 			continue
 		}
 		if p.envErr != nil && p.ppid == t.self {
-			return nil, fmt.Errorf("inspect pid %d (a child of this service): %w", p.pid, p.envErr)
+			return nil, nil, fmt.Errorf("inspect pid %d (a child of this service): %w", p.pid, p.envErr)
 		}
 		if p.pidNS == t.selfNS && sc.ours(p.vars, sandboxID) {
 			u := &unit{anchor: p}
@@ -204,16 +222,22 @@ func units(t *procTable, sc scope, sandboxID string, records []nsRecord) ([]*uni
 			out = append(out, u)
 		}
 	}
-	// Orphaned namespaces: the kernel ends every process of a namespace
-	// before its init becomes a zombie, so while the init lives, the
-	// namespace may.
-	byInit := map[int]*unit{}
+	return byAnchor, out, nil
+}
+
+// orphanUnits finds the recorded namespaces whose bubblewrap is gone but
+// whose init lives: the kernel ends every process of a namespace before
+// its init becomes a zombie, so while the init lives, the namespace may.
+// Each is a unit anchored at its init (byInit: by the init's pid; orphans:
+// in the records' order).
+func orphanUnits(t *procTable, records []nsRecord, byAnchor map[int]*unit) (byInit map[int]*unit, orphans []*unit) {
+	byInit = map[int]*unit{}
 	for _, r := range records {
-		init := procs[r.InitPID]
-		if !same(init, r.InitPID, r.InitStart) || init.depth <= t.selfDepth {
+		init := t.procs[r.InitPID]
+		if !sameProc(init, r.InitPID, r.InitStart) || init.depth <= t.selfDepth {
 			continue
 		}
-		if a := procs[r.AnchorPID]; same(a, r.AnchorPID, r.AnchorStart) && byAnchor[a.pid] != nil {
+		if a := t.procs[r.AnchorPID]; sameProc(a, r.AnchorPID, r.AnchorStart) && byAnchor[a.pid] != nil {
 			continue // its bubblewrap lives: the tree below it is found from there
 		}
 		u := &unit{anchor: &procInfo{pid: init.pid, ppid: init.ppid, start: init.start, depth: init.depth, vars: map[string]string{
@@ -221,13 +245,18 @@ func units(t *procTable, sc scope, sandboxID string, records []nsRecord) ([]*uni
 			provider.EnvGeneration: strconv.FormatUint(r.Generation, 10), EnvWorkspace: r.Workspace,
 		}}, orphan: true}
 		byInit[init.pid] = u
-		out = append(out, u)
+		orphans = append(orphans, u)
 	}
-	// Every process below the service's depth, by ancestry. A process's
-	// parent is in its own PID namespace or (a namespace's init) in the one
-	// above, and an orphan is reparented within its namespace, so the walk
-	// up from any process inside a sandbox passes its namespace's init and
-	// ends at the bubblewrap that created it.
+	return byInit, orphans
+}
+
+// assignMembers gives every process below the service's depth to its
+// unit, by ancestry. A process's parent is in its own PID namespace or (a
+// namespace's init) in the one above, and an orphan is reparented within
+// its namespace, so the walk up from any process inside a sandbox passes
+// its namespace's init and ends at the bubblewrap that created it.
+func assignMembers(t *procTable, byAnchor, byInit map[int]*unit) {
+	procs := t.procs
 	owner := map[int]*unit{}
 	var ownerOf func(p *procInfo, hops int) *unit
 	ownerOf = func(p *procInfo, hops int) *unit {
@@ -261,7 +290,6 @@ func units(t *procTable, sc scope, sandboxID string, records []nsRecord) ([]*uni
 		}
 		u.members = append(u.members, p)
 	}
-	return out, nil
 }
 
 // vanished reports an error that means the process exited while we looked.
