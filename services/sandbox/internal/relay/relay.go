@@ -6,6 +6,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -18,22 +19,32 @@ import (
 )
 
 // Serve accepts connections on ln until ln is closed and joins each to a
-// connection from dial. Closing ln ends the joined connections too; Serve
-// returns once they have.
+// connection from dial. Closing ln ends the joined connections too, both
+// ends (a caller that half-closed its side leaves the join waiting on the
+// upstream's, which may never end by itself); Serve returns once they have.
 func Serve(ln net.Listener, dial func() (net.Conn, error)) {
-	Accept(ln, func(c net.Conn) { join(c, dial) })
+	accept(ln, func(stop context.Context, c net.Conn) { join(stop, c, dial) })
 }
 
 // Accept accepts connections on ln until ln is closed and runs handle for
 // each on its own goroutine. Closing ln closes the connections still open;
 // Accept returns once every handle has.
 func Accept(ln net.Listener, handle func(net.Conn)) {
+	accept(ln, func(_ context.Context, c net.Conn) { handle(c) })
+}
+
+// accept is Accept whose handlers also get a context that ends when ln is
+// closed, before their connections are: what else a handler holds open
+// (an upstream connection) it closes then.
+func accept(ln net.Listener, handle func(stop context.Context, c net.Conn)) {
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
 		open = map[net.Conn]bool{}
 	)
+	stop, stopped := context.WithCancel(context.Background())
 	defer func() {
+		stopped()
 		mu.Lock()
 		for c := range open {
 			_ = c.Close()
@@ -54,7 +65,7 @@ func Accept(ln net.Listener, handle func(net.Conn)) {
 		open[c] = true
 		mu.Unlock()
 		wg.Go(func() {
-			handle(c)
+			handle(stop, c)
 			mu.Lock()
 			delete(open, c)
 			mu.Unlock()
@@ -62,13 +73,16 @@ func Accept(ln net.Listener, handle func(net.Conn)) {
 	}
 }
 
-func join(c net.Conn, dial func() (net.Conn, error)) {
+// join copies bytes both ways between c and a connection from dial until
+// both directions end, or stop does (then both connections are closed).
+func join(stop context.Context, c net.Conn, dial func() (net.Conn, error)) {
 	defer c.Close()
 	up, err := dial()
 	if err != nil {
 		return
 	}
 	defer up.Close()
+	defer context.AfterFunc(stop, func() { _ = up.Close(); _ = c.Close() })()
 	done := make(chan error, 2)
 	pipe := func(dst, src net.Conn) {
 		_, err := io.Copy(dst, src)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -70,4 +71,53 @@ func TestDialDirWithoutSockets(t *testing.T) {
 	require.Error(t, err)
 	_, err = DialDir(filepath.Join(t.TempDir(), "missing"))
 	require.Error(t, err)
+}
+
+// Closing the listener ends a joined connection whose caller has
+// half-closed it while the upstream keeps its side open (an idle
+// keep-alive server, or one that never answers): Serve returns once both
+// ends are closed. (The sandbox
+// service's shutdown waited on such a connection until the wrapper holding
+// it was killed, and dev kills wrappers only after the service returns.)
+func TestServeEndsAHalfClosedJoinOnClose(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer up.Close()
+	sawEOF, release, upEnded := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	defer func() { close(release); <-upEnded }()
+	go func() {
+		defer close(upEnded)
+		c, err := up.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(io.Discard, c) // reads the caller's bytes and its half-close, answers nothing
+		close(sawEOF)
+		<-release // and keeps its side open
+	}()
+	ln, err := Listen(filepath.Join(t.TempDir(), "r.sock"))
+	require.NoError(t, err)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		Serve(ln, func() (net.Conn, error) { return net.Dial("tcp", up.Addr().String()) })
+	}()
+	c, err := net.Dial("unix", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "request")
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.UnixConn).CloseWrite())
+	<-sawEOF // the half-close has passed the relay: only the upstream's direction is left
+
+	require.NoError(t, ln.Close())
+	select {
+	case <-served:
+	case <-time.After(time.Minute): // a bound against hanging, not a measure
+		t.Fatal("Serve did not return after its listener closed: a half-closed join holds it")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the caller's connection is closed too")
 }
