@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
@@ -17,7 +18,8 @@ import (
 // no answer to initialize (bounded by --agent-init-timeout), a prompt
 // answered twice, an exit mid-turn. Each ends with a named reason within
 // a bound, and a session of the same sandbox on another worktree keeps
-// working after each.
+// working after each; another model in its worktree is refused at
+// CreateSession.
 func TestACPAgentFaults(t *testing.T) {
 	bin := buildFakeACP(t)
 	s := &acpSuite{suite: startSuiteWith(t, fakemodel.New(), func(c *sandbox.Config) {
@@ -35,17 +37,14 @@ func TestACPAgentFaults(t *testing.T) {
 	require.Equal(t, healthy.GetAgent().GetModel(), v.GetAgent().GetModel())
 
 	// Another model in the same worktree is not silently served by the
-	// running agent: the route fails agent_mismatch, the first goes on.
-	other, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+	// running agent: CreateSession refuses it AGENT_MISMATCH (docs/errors.md;
+	// it used to fail the route at the first message), the first goes on.
+	_, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
 		UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-fault-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/work/fault-ok"},
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 		Agent:      &sessionv1.Agent{Profile: "acp", Model: "another-model"},
 	})
-	require.NoError(t, err)
-	s.watchUntil(t, other.GetSession().GetSessionId(), "m1", "hello", func(ev *sessionv1.SessionEvent) bool {
-		r := ev.GetRoute()
-		return r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED && r.GetFailureReason() == "agent_mismatch"
-	})
+	requireReason(t, err, codes.FailedPrecondition, "AGENT_MISMATCH")
 	turnOK("h00")
 
 	for i, tc := range []struct {
