@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sandbox "agentplane.dev/services/sandbox/server"
 )
 
 // The chart-shaped suite (issue 34): every service runs as the Helm chart's rendered pod spec
@@ -115,6 +116,17 @@ func requireChartShapeTools(t *testing.T) {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
+}
+
+// rootMadeCgroupParents makes the sandbox cgroup parents under this process's groups as a root
+// sandbox service does at start-up (every other e2e test's, on this host and in CI): the
+// chart's non-root service then finds them there and must not take them for its own (before
+// the fix its every launch failed to make a group and the route never became ready).
+func rootMadeCgroupParents(t *testing.T) {
+	t.Helper()
+	if ok, why := sandbox.CgroupLimits(); !ok {
+		t.Logf("no cgroup limits as root here (%s): the non-root service cannot find root's parents", why)
+	}
 }
 
 // chartProc is one service started in its pod's shape; pid is the agentplane process (PID 1
@@ -392,13 +404,8 @@ func rootArgs(t *testing.T, targets map[string]bindSpec, unmasked bool) []string
 // credential proxy, with the sandbox service as uid 65532 launching the wrapper under the
 // chart's isolation (namespaces).
 func TestChartShapedSession(t *testing.T) {
-	// Known failing on main: the route of the chart-shaped suite never
-	// becomes ready (its progress repeats until the deadline). It is not
-	// counted as passing anywhere; run it with AGENTPLANE_TEST_CHART_SHAPE=1.
-	if os.Getenv("AGENTPLANE_TEST_CHART_SHAPE") == "" {
-		t.Skip("known failing, not yet fixed: the chart-shaped session never becomes ready; AGENTPLANE_TEST_CHART_SHAPE=1 runs it")
-	}
 	requireChartShapeTools(t)
+	rootMadeCgroupParents(t)
 	st := newStack(t, stackOptions{logLevel: "info"})
 	shape := renderChartShape(t, st.env[svcSession]["REDIS_URL"])
 	sbx := shape.Services[svcSandbox]

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits are one sandbox's cgroup limits; 0 leaves one unset.
@@ -62,9 +64,25 @@ func Detect(root string) (*Manager, string) {
 		return nil, "cannot read /proc/self/cgroup: " + err.Error()
 	}
 	own := parseSelf(string(self))
+	var m *Manager
+	var why string
 	if ctl, err := os.ReadFile(filepath.Join(root, "cgroup.controllers")); err == nil {
-		return detectV2(root, own[""], string(ctl))
+		m, why = detectV2(root, own[""], string(ctl))
+	} else {
+		m, why = detectV1(root, own)
 	}
+	if m == nil {
+		return nil, why
+	}
+	if err := m.probe(); err != nil {
+		return nil, err.Error()
+	}
+	return m, ""
+}
+
+// detectV1 needs the memory, cpu and pids hierarchies and the service's
+// parent group in each (made when missing).
+func detectV1(root string, own map[string]string) (*Manager, string) {
 	m := &Manager{version: V1}
 	for _, c := range v1Controllers {
 		mount := filepath.Join(root, c)
@@ -108,6 +126,28 @@ func detectV2(root, own, available string) (*Manager, string) {
 		}
 	}
 	return &Manager{version: V2, parents: []string{parent}}, ""
+}
+
+// probe makes, limits and removes a group the way a launch does: a parent
+// that exists is no proof that this service may make groups in it (a root
+// service made it earlier; the chart's non-root service finds it there and
+// cannot write below it). Where the probe fails, no launch would succeed, so
+// the limits are reported unavailable at start-up instead of failing
+// every launch (DESIGN.md 3.3 "Limits per sandbox": "a limit the host
+// cannot enforce is reported at start-up").
+func (m *Manager) probe() error {
+	name := fmt.Sprintf("probe-%d", os.Getpid())
+	g, err := m.Create(name, Limits{MemoryBytes: DefaultLimits.MemoryBytes, CPUMillis: DefaultLimits.CPUMillis, Pids: DefaultLimits.Pids})
+	if err != nil {
+		return fmt.Errorf("cgroup v%d: cannot make a sandbox group under %s: %w", m.version, m.parents[0], err)
+	}
+	defer func() { _ = g.Remove() }()
+	for _, d := range g.dirs {
+		if err := unix.Access(filepath.Join(d, "cgroup.procs"), unix.W_OK); err != nil {
+			return fmt.Errorf("cgroup v%d: cannot move processes into %s: %w", m.version, d, err)
+		}
+	}
+	return nil
 }
 
 // parseSelf maps each v1 controller (and "" for v2) to the service's group.

@@ -162,3 +162,31 @@ func TestPidsLimit(t *testing.T) {
 	require.Contains(t, out.String(), "fork", "sh could not start more than pids.max: %s", out.String())
 	require.Eventually(t, g.Empty, 30*time.Second, 50*time.Millisecond, "the sleeps that started end")
 }
+
+// TestDetectedManagerCanCreate: what Detect answers holds for a launch: a
+// Manager it returns makes, limits and removes a group; otherwise it says
+// why not. Run as root, then as the chart's uid 65532 after root made the
+// parents (as in CI, where root services ran first on the same host): the
+// non-root service finds the parents there but cannot write below them,
+// and before the probe Detect answered a Manager whose every Create failed
+// (the chart-shaped session never launched: e2e TestChartShapedSession).
+func TestDetectedManagerCanCreate(t *testing.T) {
+	m, why := Detect("/sys/fs/cgroup")
+	if os.Getenv("CGROUP_AS_NON_ROOT") == "" {
+		if os.Geteuid() != 0 {
+			testenv.Missing(t, "root, to make the parents first and re-execute as 65532")
+		}
+		if m == nil {
+			testenv.Missing(t, "cgroup limits as root: %s", why)
+		}
+		testenv.AsUID(t, 65532, "^TestDetectedManagerCanCreate$", "CGROUP_AS_NON_ROOT=1")
+	}
+	if m == nil {
+		require.NotEmpty(t, why)
+		t.Logf("uid %d: cgroup limits unavailable: %s", os.Geteuid(), why)
+		return
+	}
+	g, err := m.Create(fmt.Sprintf("test-detect-%d", os.Getpid()), DefaultLimits)
+	require.NoError(t, err, "uid %d: Detect answered a Manager that cannot create a group", os.Geteuid())
+	require.NoError(t, g.Remove())
+}

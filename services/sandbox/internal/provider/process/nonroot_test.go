@@ -2,10 +2,7 @@ package process
 
 import (
 	"context"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -14,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/pkg/nodump"
+	"agentplane.dev/pkg/testenv"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
@@ -89,33 +87,8 @@ func nonDumpableNeighbour(t *testing.T) {
 	p.Wait()
 }
 
-// asUID runs the test named by run in a copy of this test binary as uid
-// (and gid) without capabilities, and fails with its output if it fails.
-// The copy lives in a directory the uid can reach (go test builds into one
-// only root can enter).
+// asUID runs the test named by run in a copy of this test binary as uid.
 func asUID(t *testing.T, uid int, run string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "asuid-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	require.NoError(t, os.Chmod(dir, 0o755))
-	bin := filepath.Join(dir, filepath.Base(os.Args[0]))
-	src, err := os.Open(os.Args[0])
-	require.NoError(t, err)
-	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
-	require.NoError(t, err)
-	_, err = io.Copy(dst, src)
-	require.NoError(t, err)
-	require.NoError(t, src.Close())
-	require.NoError(t, dst.Close())
-	cmd := exec.Command(bin, "-test.run", run, "-test.count=1", "-test.v", "-test.timeout=5m")
-	cmd.Dir = dir
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "TMPDIR=/tmp", "AGENTPLANE_SANDBOX_BWRAP=" + os.Getenv("AGENTPLANE_SANDBOX_BWRAP")}
-	if os.Getenv("CI") != "" {
-		cmd.Env = append(cmd.Env, "CI="+os.Getenv("CI"))
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
-	out, err := cmd.CombinedOutput()
-	t.Logf("as uid %d:\n%s", uid, out)
-	require.NoError(t, err, "the test failed as uid %d", uid)
+	testenv.AsUID(t, uid, run, "AGENTPLANE_SANDBOX_BWRAP="+os.Getenv("AGENTPLANE_SANDBOX_BWRAP"))
 }
