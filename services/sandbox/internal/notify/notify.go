@@ -133,9 +133,14 @@ func (n *Notifier) Run(ctx context.Context) {
 }
 
 // take marks the first lane whose head may be sent now busy and returns
-// that head; it waits for one until ctx ends.
+// that head; it waits for one until ctx ends. Once ctx has ended it takes
+// none: a send cut short by ctx leaves its lane ready at once (no backoff),
+// and taking it again would fail it again, forever.
 func (n *Notifier) take(ctx context.Context) (string, job, bool) {
 	for {
+		if ctx.Err() != nil {
+			return "", job{}, false
+		}
 		n.mu.Lock()
 		now := time.Now()
 		var next time.Time

@@ -37,6 +37,7 @@ type sessionService struct {
 	attempts  []string                // every call, in arrival order
 	delivered []string                // calls answered OK, in arrival order
 	events    map[string][]string     // session id → ids of its delivered events
+	hold      chan struct{}           // non-nil: every call waits for it to close after it is recorded
 }
 
 func (s *sessionService) receive(kind string, r *sessionv1.RouteRef) error {
@@ -44,6 +45,11 @@ func (s *sessionService) receive(kind string, r *sessionv1.RouteRef) error {
 	defer s.mu.Unlock()
 	call := kind + " " + r.GetSessionId()
 	s.attempts = append(s.attempts, call)
+	if s.hold != nil {
+		s.mu.Unlock()
+		<-s.hold
+		s.mu.Lock()
+	}
 	if next := s.fail[r.GetSessionId()]; len(next) > 0 {
 		s.fail[r.GetSessionId()] = next[1:]
 		return status.Error(next[0], "scripted failure")
@@ -331,6 +337,34 @@ func TestStopsRetryingWhenRunEnds(t *testing.T) {
 	require.Empty(t, delivered)
 	require.NotContains(t, attempts, "lost s1", "the session's next waits for its first")
 	require.Equal(t, 2, n.Depth(), "both notifications wait for Drain")
+}
+
+func TestStopsWhenRunEndsDuringASend(t *testing.T) {
+	// Run's context ends while a notification is being sent: the send
+	// fails with it and the notification stays first for Drain. Run
+	// returns; it used to take that lane again at once (no backoff was
+	// set) and fail again, forever, so the sandbox service's shutdown
+	// never ended.
+	svc := &sessionService{fail: map[string][]codes.Code{}, hold: make(chan struct{})}
+	n := New(serve(t, svc), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
+	t.Cleanup(func() { close(svc.hold) }) // before the server stops
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); n.Run(ctx) }()
+
+	n.Reconnecting(ref("s1"))
+	require.Eventually(t, func() bool { attempts, _ := svc.calls(); return len(attempts) == 1 }, 10*time.Second, time.Millisecond,
+		"the send is in flight")
+	cancel()
+	select {
+	case <-stopped:
+	case <-time.After(time.Minute): // a bound against hanging, not a measure
+		t.Fatal("Run did not return after its context ended during a send")
+	}
+	attempts, delivered := svc.calls()
+	require.Equal(t, []string{"reconnecting s1"}, attempts, "not sent again after Run's end")
+	require.Empty(t, delivered)
+	require.Equal(t, 1, n.Depth(), "the notification waits for Drain")
 }
 
 func TestDrainSendsWhatRunLeftInOrder(t *testing.T) {
