@@ -75,12 +75,17 @@ const (
 	imageWrapper = "/usr/local/bin/agentplane-wrapper"
 )
 
-// renderChartShape renders the chart with the default CI values and redisURL.
-func renderChartShape(t *testing.T, redisURL string) *chartShape {
+// renderChartShape renders the chart with the default CI values and redisURL
+// and the --set values sets.
+func renderChartShape(t *testing.T, redisURL string, sets ...string) *chartShape {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	helmDir := filepath.Join(filepath.Dir(file), "..", "..", "..", "deploy", "helm")
-	cmd := exec.Command("go", "run", "./cmd/podshape", "-f", "agentplane/ci/default-values.yaml", "--set", "redis.url="+redisURL)
+	args := []string{"run", "./cmd/podshape", "-f", "agentplane/ci/default-values.yaml", "--set", "redis.url=" + redisURL}
+	for _, kv := range sets {
+		args = append(args, "--set", kv)
+	}
+	cmd := exec.Command("go", args...)
 	cmd.Dir = helmDir
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	var stderr strings.Builder
@@ -399,21 +404,29 @@ func rootArgs(t *testing.T, targets map[string]bindSpec, unmasked bool) []string
 	return append(args, "--remount-ro", "/")
 }
 
+// startChartSuite starts the four services in the chart's shape, rendered with the --set values
+// sets, after root made the sandbox cgroup parents; it returns their stack, the suite that talks
+// to them, the processes and the shape.
+func startChartSuite(t *testing.T, sets ...string) (*stack, *suite, map[string]*chartProc, *chartShape) {
+	t.Helper()
+	requireChartShapeTools(t)
+	rootMadeCgroupParents(t)
+	st := newStack(t, stackOptions{logLevel: "info"})
+	shape := renderChartShape(t, st.env[svcSession]["REDIS_URL"], sets...)
+	procs := startChartShaped(t, st, shape)
+	return st, st.suite(), procs, shape
+}
+
 // TestChartShapedSession (issue 34): the four services started as the chart's pods run them,
 // a scripted session end to end: a turn whose runtime calls the provider through the
 // credential proxy, with the sandbox service as uid 65532 launching the wrapper under the
 // chart's isolation (namespaces).
 func TestChartShapedSession(t *testing.T) {
-	requireChartShapeTools(t)
-	rootMadeCgroupParents(t)
-	st := newStack(t, stackOptions{logLevel: "info"})
-	shape := renderChartShape(t, st.env[svcSession]["REDIS_URL"])
+	st, s, procs, shape := startChartSuite(t)
 	sbx := shape.Services[svcSandbox]
 	require.EqualValues(t, 65532, sbx.UID, "the chart runs the sandbox service as 65532")
 	require.True(t, sbx.RunAsNonRoot)
 	require.Contains(t, sbx.Env, shapeEnv{Name: "AGENTPLANE_SANDBOX_ISOLATION", Value: "namespaces"})
-	procs := startChartShaped(t, st, shape)
-	s := st.suite()
 
 	// What the pod's process is: uid, gids, capabilities, no_new_privs (from /proc, as root),
 	// once bubblewrap has made the mounts and executed it.

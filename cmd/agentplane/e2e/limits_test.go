@@ -48,7 +48,7 @@ func TestSandboxMemoryHogStopsWithMemoryLimit(t *testing.T) {
 	require.NoError(t, err)
 	got := s.messageFailure(t, id, "m2")
 	if got != "memory_limit" {
-		for _, l := range strings.Split(s.logs.String(), "\n") {
+		for _, l := range strings.Split(logsOf(s), "\n") {
 			if strings.Contains(l, "cgroup") || strings.Contains(l, "limit") || strings.Contains(l, "isolation") {
 				t.Log(l)
 			}
@@ -66,6 +66,14 @@ func TestSandboxMemoryHogStopsWithMemoryLimit(t *testing.T) {
 func TestSandboxDiskQuota(t *testing.T) {
 	s := startSuiteWith(t, nil, func(c *sandbox.Config) { c.DiskQuota = 64 << 20 })
 	a := s.create(t, "sbx-disk-a", "/work/e2e-repo", newSecret()).GetSessionId()
+	requireDiskQuotaHolds(t, s, a, func() string { return s.create(t, "sbx-disk-b", "/work/e2e-repo", newSecret()).GetSessionId() })
+}
+
+// requireDiskQuotaHolds: session a's sandbox (quota 64 MiB) writes 100 MiB;
+// its runtime is stopped and its route then fails with disk_quota, while
+// the session newB creates (another sandbox) is admitted and its turn runs.
+func requireDiskQuotaHolds(t *testing.T, s *suite, a string, newB func() string) {
+	t.Helper()
 	s.turn(t, a, "m1", "hello")
 	s.turn(t, a, "m2", "run: dd if=/dev/zero of=filler bs=1M count=100")
 
@@ -82,7 +90,7 @@ func TestSandboxDiskQuota(t *testing.T) {
 	}, 90*time.Second, 100*time.Millisecond, "A's route fails with disk_quota")
 	if !ok {
 		t.Log(s.routeView(t, a))
-		for _, l := range strings.Split(s.logs.String(), "\n") {
+		for _, l := range strings.Split(logsOf(s), "\n") {
 			if strings.Contains(l, "quota") || strings.Contains(l, "limit") || strings.Contains(l, "admission") || strings.Contains(l, "route") {
 				t.Log(l)
 			}
@@ -91,6 +99,14 @@ func TestSandboxDiskQuota(t *testing.T) {
 	}
 	require.NotEmpty(t, s.messageFailure(t, a, "m3"), "A's next message fails")
 
-	b := s.create(t, "sbx-disk-b", "/work/e2e-repo", newSecret()).GetSessionId()
+	b := newB()
 	s.turn(t, b, "m1", "hello from another tenant")
+}
+
+// logsOf is the suite's captured log ("" when its services run as processes).
+func logsOf(s *suite) string {
+	if s.logs == nil {
+		return ""
+	}
+	return s.logs.String()
 }

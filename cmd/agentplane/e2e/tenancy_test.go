@@ -21,7 +21,6 @@ import (
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	sandbox "agentplane.dev/services/sandbox/server"
 )
 
 var (
@@ -30,8 +29,8 @@ var (
 	ctlprobeErr  error
 )
 
-// ctlprobe builds testdata/ctlprobe (a hostile runtime's gRPC client) into
-// a directory of its own, which the suite binds read-only into sandboxes.
+// ctlprobe builds testdata/ctlprobe (a hostile peer's gRPC client of the
+// control sockets) into a directory of its own.
 func ctlprobe(t *testing.T) string {
 	ctlprobeOnce.Do(func() {
 		dir := filepath.Join(filepath.Dir(wrapperBin), "probe")
@@ -49,13 +48,10 @@ func ctlprobe(t *testing.T) string {
 	return ctlprobeBin
 }
 
-// tenantSuite is a suite whose sandboxes can run ctlprobe.
+// tenantSuite is a suite (the internal token off with noToken) and ctlprobe.
 func tenantSuite(t *testing.T, noToken bool) (*suite, string) {
 	probe := ctlprobe(t)
-	s := startSuiteTuned(t, stackOptions{noToken: noToken}, func(c *sandbox.Config) {
-		c.ReadOnlyPaths = strings.Trim(c.ReadOnlyPaths+":"+filepath.Dir(probe), ":")
-	}, nil)
-	return s, probe
+	return startSuiteTuned(t, stackOptions{noToken: noToken}, nil, nil), probe
 }
 
 // createAs creates a session of tenant tn in sandbox sb; it returns the
@@ -81,16 +77,24 @@ func runIn(t *testing.T, s *suite, sessionID, messageID string, argv ...string) 
 	return ""
 }
 
-// requireControlSocketServesOnlyTheWrapper runs ctlprobe in the session's
-// runtime against the control sockets handed into its sandbox, naming
-// victim's sandbox and session with victim's tenant: every SandboxService
-// method and reflection is refused, health and the wrapper's stream answer.
+// requireControlSocketServesOnlyTheWrapper: the session's runtime, in the
+// agent's nested sandbox, finds no control socket at all (its /run is
+// covered: decision 57); a hostile peer that does reach one — ctlprobe run
+// on the host against every control socket of the sandbox root, naming
+// victim's sandbox and session with victim's tenant — gets every
+// SandboxService method and reflection refused, and only health and the
+// wrapper's stream answer.
 func requireControlSocketServesOnlyTheWrapper(t *testing.T, s *suite, probe, sessionID string, victim *sessionv1.Session) {
-	out := runIn(t, s, sessionID, "probe", probe, "/run/agentplane/control", victim.GetSandboxId(), victim.GetSessionId(),
+	t.Helper()
+	out := runIn(t, s, sessionID, "probe", "ls", "/run/agentplane/control")
+	require.Contains(t, out, "No such file or directory", "the runtime sees no control socket: %s", out)
+	cmd := exec.Command(probe, filepath.Join(s.root, ".sockets", "control"), victim.GetSandboxId(), victim.GetSessionId(),
 		victim.GetOrgId(), victim.GetUserId())
-	t.Logf("ctlprobe from inside the sandbox:\n%s", out)
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	t.Logf("ctlprobe on the control sockets:\n%s", b)
 	got := map[string]string{}
-	for line := range strings.Lines(strings.TrimSpace(out)) {
+	for line := range strings.Lines(strings.TrimSpace(string(b))) {
 		f := strings.Fields(line)
 		require.Len(t, f, 3, "line %q", line)
 		require.NotContains(t, got, f[0], "one control socket per replica: one answer")
@@ -112,25 +116,13 @@ func defaultSandbox(org, user string) string {
 	return "sbx-" + hex.EncodeToString(sum[:8])
 }
 
-// TestTenantsCannotReachEachOther (issue 31 items 1 and 5): two tenants
-// of different orgs on one suite with the internal token on. Mallory's
-// CreateSession naming alice's sandbox, or alice's default sandbox, is
-// refused; her direct SandboxService calls naming alice's sandbox are
-// refused exactly as for a sandbox nobody named; her runtime, calling the
-// SandboxService through the control socket in its sandbox as alice,
-// reaches nothing but the wrapper's stream and health. Alice's work goes on.
-func TestTenantsCannotReachEachOther(t *testing.T) {
-	s, probe := tenantSuite(t, false)
-	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
-	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
-	var a *sessionv1.Session
-	require.Eventually(t, func() bool {
-		var err error
-		a, err = createAs(s, alice, "sbx-alice-"+s.run, "/work/alice")
-		return err == nil
-	}, 30e9, 50e6, "the services come up")
-	s.turn(t, a.GetSessionId(), "a1", "write: secret.txt alice-secret")
-
+// requireJoinRefused: mallory's CreateSession naming alice's sandbox, or
+// alice's default sandbox, is refused PERMISSION_DENIED
+// SANDBOX_TENANT_MISMATCH; her direct SandboxService calls (with the
+// internal token) naming alice's sandbox are refused exactly as for a
+// sandbox nobody named, and so are Prepare and ClaimSandbox as mallory.
+func requireJoinRefused(t *testing.T, s *suite, alice, mallory *sandboxv1.Tenant, a *sessionv1.Session) {
+	t.Helper()
 	// The join: alice's sandbox, and alice's default sandbox.
 	for _, sb := range []string{a.GetSandboxId(), defaultSandbox(alice.GetOrgId(), alice.GetUserId())} {
 		_, err := createAs(s, mallory, sb, "/work/alice")
@@ -170,8 +162,30 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 	require.Equal(t, "SANDBOX_TENANT_MISMATCH", apierr.Reason(err), "%v", err)
 	_, err = s.sbx.ClaimSandbox(context.Background(), &sandboxv1.ClaimSandboxRequest{SandboxId: a.GetSandboxId(), Tenant: mallory})
 	require.Equal(t, "SANDBOX_TENANT_MISMATCH", apierr.Reason(err), "%v", err)
+}
 
-	// Mallory's own runtime turns hostile on the control socket.
+// TestTenantsCannotReachEachOther (issue 31 items 1 and 5): two tenants
+// of different orgs on one suite with the internal token on. Mallory's
+// CreateSession naming alice's sandbox, or alice's default sandbox, is
+// refused; her direct SandboxService calls naming alice's sandbox are
+// refused exactly as for a sandbox nobody named; her runtime, calling the
+// SandboxService through the control socket in its sandbox as alice,
+// reaches nothing but the wrapper's stream and health. Alice's work goes on.
+func TestTenantsCannotReachEachOther(t *testing.T) {
+	s, probe := tenantSuite(t, false)
+	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
+	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
+	var a *sessionv1.Session
+	require.Eventually(t, func() bool {
+		var err error
+		a, err = createAs(s, alice, "sbx-alice-"+s.run, "/work/alice")
+		return err == nil
+	}, 30e9, 50e6, "the services come up")
+	s.turn(t, a.GetSessionId(), "a1", "write: secret.txt alice-secret")
+
+	requireJoinRefused(t, s, alice, mallory, a)
+
+	// Mallory's own runtime looks for the control socket; a peer that has one calls it as alice.
 	m, err := createAs(s, mallory, "sbx-mallory-"+s.run, "/work/mallory")
 	require.NoError(t, err)
 	requireControlSocketServesOnlyTheWrapper(t, s, probe, m.GetSessionId(), a)

@@ -1,5 +1,7 @@
-// Command ctlprobe is what a hostile runtime runs inside its sandbox
-// (e2e TestTenantsCannotReachEachOther): it dials each control socket in
+// Command ctlprobe is a hostile peer of the control sockets (e2e
+// TestTenantsCannotReachEachOther; a runtime in the agent's nested sandbox
+// does not even see them, so the tests run it on the host): it dials each
+// control socket in
 // the directory named by its first argument and calls every
 // SandboxService method, naming the sandbox and session of its other
 // arguments with their tenant (a runtime can forge any field), then

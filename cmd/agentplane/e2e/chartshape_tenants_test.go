@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+)
+
+// Hostile scripts a tenant's scripted runtime writes into its worktree ("write:") and runs
+// ("run: sh <file>") in the agent's nested sandbox. perl is the host's (/usr is in every sandbox).
+const (
+	// seeProcesses lists every process the runtime can name, tries each one's environ for a
+	// launch credential, and SIGSTOPs any wrapper it can name.
+	seeProcesses = `for d in /proc/[0-9]*; do
+p=${d#/proc/}
+[ "$p" = "$$" ] && continue
+set -- $(tr '\0' ' ' < $d/cmdline 2>/dev/null)
+echo "visible $p $1 $2"
+if grep -q aplc_ $d/environ 2>/dev/null; then echo "credential $p"; fi
+if [ "$2" = wrapper ] && kill -STOP $p 2>/dev/null; then echo "stopped $p"; fi
+done
+echo done`
+
+	// hideProcess leaves a process behind that made itself non-dumpable: its /proc files
+	// belong to a root its sandbox does not map, unreadable to the sandbox service's uid.
+	hideProcess = `setsid perl -e 'syscall(157, 4, 0, 0, 0, 0); $0 = "hidden-nodump"; sleep 600' </dev/null >/dev/null 2>&1 &
+echo hidden`
+
+	// floodSockets holds up to 900 connections (the sandbox's nofile is 1024) from each of
+	// 4 processes to the wrapper's proxy listener (proxy_url, relayed to the service's proxy
+	// socket) and to the egress listener (relayed to the service's egress socket), for 60 s.
+	floodSockets = `for i in 1 2 3 4; do
+setsid perl -MIO::Socket::INET -e '
+my @held; my @to = ("127.0.0.1:7405");
+push @to, $1 if ($ENV{HTTP_PROXY} // "") =~ m{//([^/]+)};
+for my $n (1..900) { my $s = IO::Socket::INET->new(PeerAddr => $to[$n % @to], Timeout => 2) or next; push @held, $s; }
+sleep 60' </dev/null >/dev/null 2>&1 &
+done
+echo flooding`
+
+	// requestHead sends a 200 MiB request line, then (on a new connection) 200 MiB of
+	// headers, to the egress listener, and prints the status lines it got back.
+	requestHead = `perl -MIO::Socket::INET -e '
+$SIG{PIPE} = "IGNORE";
+my ($to) = ($ENV{HTTP_PROXY} // "") =~ m{//([^/]+)} or die "no egress listener\n";
+for my $kind ("line", "headers") {
+  my $s = IO::Socket::INET->new(PeerAddr => $to, Timeout => 10) or die "connect $to: $!\n";
+  my $chunk = "a" x (1 << 20);
+  print $s ($kind eq "line" ? "GET http://example.com/" : "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n");
+  for (1..200) { print $s ($kind eq "line" ? $chunk : "X-$_: $chunk\r\n") or last; }
+  my $got = <$s> // "closed\n";
+  print "$kind $got";
+}'`
+)
+
+// TestChartShapedTenants (issue 31 acceptance, issue 34): two tenants of different orgs (and a
+// third) on one deployment in the chart's shape (separate non-root uids, the sandbox service
+// as 65532 with the chart's securityContext, secrets as files, the internal token on), each
+// observation of issue 31 attempted by a hostile caller or a hostile scripted runtime, and
+// refused. The memory and CPU hogs are not here: on a cgroup v1 host a non-root service
+// cannot make cgroups, and reports those limits unavailable (docs/sandbox.md "Between tenants").
+func TestChartShapedTenants(t *testing.T) {
+	_, s, procs, _ := startChartSuite(t, "sandbox.limits.diskQuota=64MiB")
+	service := procs[svcSandbox].pid
+	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
+	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
+	bob := &sandboxv1.Tenant{OrgId: "orgB-" + s.run, UserId: "bob"}
+	create := func(t *testing.T, tn *sandboxv1.Tenant, sb string) *sessionv1.Session {
+		t.Helper()
+		var out *sessionv1.Session
+		require.Eventually(t, func() bool {
+			var err error
+			out, err = createAs(s, tn, sb+"-"+s.run, "/work/"+tn.GetUserId())
+			return err == nil
+		}, 60*time.Second, 50*time.Millisecond, "create %s's session in %s", tn.GetUserId(), sb)
+		return out
+	}
+	hostile := func(t *testing.T, sessionID, name, script string) string {
+		t.Helper()
+		s.turn(t, sessionID, name+"-w", "write: "+name+".sh "+script)
+		return runIn(t, s, sessionID, name+"-r", "sh", name+".sh")
+	}
+
+	var a, m *sessionv1.Session
+	t.Run("session works", func(t *testing.T) {
+		a = create(t, alice, "sbx-alice")
+		s.turn(t, a.GetSessionId(), "a1", "write: secret.txt alice-secret")
+		require.Contains(t, runIn(t, s, a.GetSessionId(), "a2", "cat", "secret.txt"), "alice-secret")
+		m = create(t, mallory, "sbx-mallory")
+		s.turn(t, m.GetSessionId(), "m1", "hello")
+	})
+	require.False(t, t.Failed(), "no session: nothing else can be tried")
+
+	t.Run("sandbox join", func(t *testing.T) {
+		requireJoinRefused(t, s, alice, mallory, a)
+	})
+
+	t.Run("wrapper out of reach", func(t *testing.T) {
+		out := hostile(t, m.GetSessionId(), "see", seeProcesses)
+		t.Logf("what mallory's runtime sees:\n%s", out)
+		require.Contains(t, out, "done")
+		require.Contains(t, out, "visible", "it sees its own nested sandbox")
+		require.NotContains(t, out, "credential", "a launch credential in a visible environ")
+		require.NotContains(t, out, "stopped", "a wrapper was stopped")
+		for line := range strings.Lines(out) {
+			if f := strings.Fields(line); len(f) == 4 && f[0] == "visible" {
+				require.NotEqual(t, "wrapper", f[3], "a wrapper is visible from inside: %s", line)
+			}
+		}
+		// The second wall: each wrapper is non-dumpable, so even the sandbox's own uid on the
+		// host (the service's) cannot read its environ or memory; none was stopped.
+		wrappers := 0
+		for _, pid := range descendants(t, service) {
+			if argv := cmdline(pid); len(argv) > 1 && argv[1] == "wrapper" {
+				wrappers++
+				require.NotEqual(t, "T", procState(pid), "wrapper %d was stopped", pid)
+				for _, f := range []string{"environ", "mem"} {
+					out, err := exec.Command("setpriv", "--reuid=65532", "--regid=65532", "--clear-groups",
+						"head", "-c", "1", fmt.Sprintf("/proc/%d/%s", pid, f)).CombinedOutput()
+					require.Error(t, err, "wrapper %d's %s read as 65532", pid, f)
+					require.Contains(t, string(out), "Permission denied", "wrapper %d's %s", pid, f)
+				}
+			}
+		}
+		require.GreaterOrEqual(t, wrappers, 2, "alice's and mallory's wrappers")
+	})
+
+	t.Run("non-dumpable runtime does not blind discovery", func(t *testing.T) {
+		require.Contains(t, hostile(t, m.GetSessionId(), "hide", hideProcess), "hidden")
+		var hidden int
+		require.Eventually(t, func() bool {
+			for _, pid := range descendants(t, service) {
+				if argv := cmdline(pid); len(argv) > 0 && argv[0] == "hidden-nodump" {
+					hidden = pid
+				}
+			}
+			return hidden > 0
+		}, 30*time.Second, 50*time.Millisecond, "mallory's hidden process runs")
+		out, err := exec.Command("setpriv", "--reuid=65532", "--regid=65532", "--clear-groups",
+			"head", "-c", "1", fmt.Sprintf("/proc/%d/environ", hidden)).CombinedOutput()
+		require.Error(t, err, "the hidden process's environ is unreadable to the service's uid")
+		require.Contains(t, string(out), "Permission denied")
+		// Bob launches, works and deletes sessions (deletion verifies his wrapper absent).
+		for i := range 2 {
+			b := create(t, bob, fmt.Sprintf("sbx-bob-%d", i))
+			s.turn(t, b.GetSessionId(), "b1", "hello from bob")
+			s.deleteSession(t, b.GetSessionId())
+		}
+		require.Contains(t, runIn(t, s, a.GetSessionId(), "a3", "cat", "secret.txt"), "alice-secret")
+	})
+
+	t.Run("request head", func(t *testing.T) {
+		before := vmKiB(t, service, "VmRSS")
+		out := hostile(t, m.GetSessionId(), "head", requestHead)
+		t.Logf("request heads:\n%s", out)
+		require.Contains(t, out, "line HTTP/1.1 414")
+		require.Contains(t, out, "headers HTTP/1.1 431")
+		peak := vmKiB(t, service, "VmHWM")
+		t.Logf("sandbox service RSS before %d KiB, peak after %d KiB", before, peak)
+		require.Less(t, peak-before, 64<<10, "the sandbox service's RSS grew by 64 MiB or more")
+	})
+
+	t.Run("control socket serves only the wrapper", func(t *testing.T) {
+		requireControlSocketServesOnlyTheWrapper(t, s, ctlprobe(t), m.GetSessionId(), a)
+	})
+
+	t.Run("fd flood on the handed-in sockets", func(t *testing.T) {
+		require.Contains(t, hostile(t, m.GetSessionId(), "flood", floodSockets), "flooding")
+		require.Eventually(t, func() bool { return countOpen(descendants(t, service)) > 2000 }, 60*time.Second, 100*time.Millisecond,
+			"mallory's flooders hold their connections")
+		t.Logf("sandbox service descriptors under the flood: %d", countOpen([]int{service}))
+		// Bob's cold first turn in a new sandbox, while the flood holds.
+		b := create(t, bob, "sbx-bob-flood")
+		events := s.turn(t, b.GetSessionId(), "b1", "hello under a flood")
+		require.NotEmpty(t, runtimeEvents(events, "b1"), "bob's runtime answered")
+	})
+
+	t.Run("disk filler", func(t *testing.T) {
+		filler := create(t, mallory, "sbx-mallory-disk")
+		requireDiskQuotaHolds(t, s, filler.GetSessionId(), func() string {
+			return create(t, bob, "sbx-bob-disk").GetSessionId()
+		})
+	})
+
+	// Alice's session outlived all of it.
+	require.Contains(t, runIn(t, s, a.GetSessionId(), "a9", "cat", "secret.txt"), "alice-secret")
+}
+
+// descendants lists every live process below pid (host pids).
+func descendants(t *testing.T, pid int) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	parent := map[int]int{}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 1 {
+			parent[p], _ = strconv.Atoi(f[1])
+		}
+	}
+	var out []int
+	for p := range parent {
+		for q := parent[p]; q > 1; q = parent[q] {
+			if q == pid {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func cmdline(pid int) []string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	return strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))[0]
+}
+
+// countOpen counts the open descriptors of pids (read as root).
+func countOpen(pids []int) int {
+	n := 0
+	for _, p := range pids {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		n += len(ents)
+	}
+	return n
+}
+
+// vmKiB is a field of /proc/<pid>/status in KiB (VmRSS, VmHWM).
+func vmKiB(t *testing.T, pid int, field string) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
