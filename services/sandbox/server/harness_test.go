@@ -374,8 +374,23 @@ func innerWrappersOf(t *testing.T, sandbox string) []proc {
 	return ws
 }
 
-// runtimesOf returns runtime processes supervised by wrappers of a sandbox.
+// runtimesOf returns the runtime processes supervised by wrappers of a
+// sandbox: the agent itself, not the bubblewrap that nests it (its two
+// processes carry the same environment).
 func runtimesOf(t *testing.T, instances map[string]bool) []proc {
+	var rs []proc
+	for _, p := range runtimeTreesOf(t, instances) {
+		if argv0, _, _ := bytes.Cut(p.Cmdline, []byte{0}); filepath.Base(string(argv0)) != "bwrap" {
+			rs = append(rs, p)
+		}
+	}
+	return rs
+}
+
+// runtimeTreesOf returns every process of the runtimes supervised by
+// wrappers of a sandbox, the nesting bubblewrap's included: what must be
+// gone once a runtime is stopped.
+func runtimeTreesOf(t *testing.T, instances map[string]bool) []proc {
 	var rs []proc
 	for _, p := range procs(t) {
 		if inst, ok := p.Env["AGENTPLANE_RUNTIME_PARENT"]; ok && instances[inst] {

@@ -44,7 +44,7 @@ func TestWrapperKilledRouteLostThenNewInstance(t *testing.T) {
 	lost, li := n.wait(t, ri, "lost", "s1")
 	require.NotEmpty(t, lost.Reason)
 	// The runtime of the killed wrapper dies with it (parent-death signal).
-	require.Eventually(t, func() bool { return len(runtimesOf(t, oldInstances)) == 0 }, 30*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return len(runtimeTreesOf(t, oldInstances)) == 0 }, 30*time.Second, 50*time.Millisecond)
 
 	// Not ready now: nothing is written.
 	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY, deliver(t, svc, sb, "s1", "m2", "hi"))
@@ -128,7 +128,7 @@ func TestWrapperExitsAfterReconnectWindow(t *testing.T) {
 
 	stop() // the control plane is gone
 	require.Eventually(t, func() bool {
-		return len(wrappersOf(t, sb)) == 0 && len(runtimesOf(t, inst)) == 0
+		return len(wrappersOf(t, sb)) == 0 && len(runtimeTreesOf(t, inst)) == 0
 	}, 60*time.Second, 100*time.Millisecond, "wrapper and runtime exit after the reconnect window")
 }
 
@@ -182,7 +182,7 @@ func TestWrapperHeartbeatLossRouteReconnectingThenLost(t *testing.T) {
 
 	// The stop escalates to SIGKILL, which a stopped process cannot ignore.
 	require.Eventually(t, func() bool {
-		return len(wrappersOf(t, sb)) == 0 && len(runtimesOf(t, inst)) == 0
+		return len(wrappersOf(t, sb)) == 0 && len(runtimeTreesOf(t, inst)) == 0
 	}, 60*time.Second, 100*time.Millisecond, "wrapper and runtime gone after the stop")
 	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_NOT_READY, deliver(t, svc, sb, "s1", "m1", "hi"))
 }
