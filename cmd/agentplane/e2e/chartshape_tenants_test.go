@@ -1,18 +1,23 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testenv"
 )
 
 // Hostile scripts a tenant's scripted runtime writes into its worktree ("write:") and runs
@@ -69,7 +74,10 @@ for my $kind ("line", "headers") {
 // refused. The memory and CPU hogs are not here: on a cgroup v1 host a non-root service
 // cannot make cgroups, and reports those limits unavailable (docs/sandbox.md "Between tenants").
 func TestChartShapedTenants(t *testing.T) {
-	_, s, procs, _ := startChartSuite(t, "sandbox.limits.diskQuota=64MiB")
+	if _, err := exec.LookPath("perl"); err != nil {
+		testenv.Missing(t, "perl (the hostile runtime's scripts): %v", err)
+	}
+	_, s, procs, _ := startChartSuite(t, chartOptions{sets: []string{"sandbox.limits.diskQuota=64MiB"}})
 	service := procs[svcSandbox].pid
 	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
 	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
@@ -264,4 +272,59 @@ func vmKiB(t *testing.T, pid int, field string) int {
 	}
 	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
+}
+
+// imageAgents is where an image carrying the pinned agents would hold them.
+const imageAgents = "/opt/agentplane/agents"
+
+// TestChartShapedTenantsOpenCode: the same deployment shape with opencode (the pinned agent,
+// the fake model as the provider upstream, the agents bound where an image would carry them):
+// alice's opencode session works as uid 65532 in the nested sandbox, and mallory cannot join
+// alice's sandbox.
+func TestChartShapedTenantsOpenCode(t *testing.T) {
+	dir := requireAgent(t, "opencode")
+	model := fakemodel.New()
+	_, s, _, _ := startChartSuite(t, chartOptions{
+		stack: stackOptions{upstream: model},
+		sets: []string{"sandbox.extraEnv[0].name=AGENTPLANE_AGENTS_DIR", "sandbox.extraEnv[0].value=" + imageAgents,
+			"sandbox.extraEnv[1].name=AGENTPLANE_AGENT_MODEL", "sandbox.extraEnv[1].value=fake-model"},
+		binds: map[string]string{imageAgents: dir},
+	})
+	as := &acpSuite{suite: s, model: model}
+	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
+	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
+	secret := newSecret()
+	var a *sessionv1.Session
+	t.Run("session works", func(t *testing.T) {
+		require.Eventually(t, func() bool {
+			resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+				UserId: alice.GetUserId(), OrgId: alice.GetOrgId(), SandboxId: "sbx-alice-oc-" + s.run,
+				Worktree:   &sessionv1.Worktree{Directory: "/work/alice"},
+				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: secret},
+				Agent:      &sessionv1.Agent{Profile: "opencode"},
+			})
+			a = resp.GetSession()
+			return err == nil
+		}, 60*time.Second, 100*time.Millisecond)
+		require.Equal(t, "opencode", a.GetAgent().GetProfile())
+		_, o := as.watchTurn(t, a.GetSessionId(), "m1", "Please create hello.txt", nil)
+		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
+		files := findFile(t, s.root, "hello.txt")
+		require.Len(t, files, 1, "opencode wrote one hello.txt under the sandbox root")
+		b, err := os.ReadFile(files[0])
+		require.NoError(t, err)
+		require.Equal(t, fakemodel.FileContent, string(b))
+		st, err := os.Stat(files[0])
+		require.NoError(t, err)
+		require.EqualValues(t, 65532, st.Sys().(*syscall.Stat_t).Uid, "written as the chart's uid")
+		reqs := model.Requests()
+		require.NotEmpty(t, reqs)
+		for _, r := range reqs {
+			require.Equal(t, "Bearer "+secret, r.Authorization, "the model sees the backing secret")
+		}
+	})
+	require.False(t, t.Failed(), "no session: nothing else can be tried")
+	t.Run("sandbox join", func(t *testing.T) {
+		requireJoinRefused(t, s, alice, mallory, a)
+	})
 }

@@ -146,7 +146,7 @@ type chartProc struct {
 
 // startChartShaped starts the four services of st in the chart's shape; the returned suite
 // talks to them at st's addresses.
-func startChartShaped(t *testing.T, st *stack, shape *chartShape) map[string]*chartProc {
+func startChartShaped(t *testing.T, st *stack, shape *chartShape, binds map[string]string) map[string]*chartProc {
 	t.Helper()
 	st.releaseListeners()
 	secrets := map[string]string{
@@ -156,7 +156,11 @@ func startChartShaped(t *testing.T, st *stack, shape *chartShape) map[string]*ch
 	}
 	procs := map[string]*chartProc{}
 	for _, svc := range []string{svcCredential, svcIngest, svcSandbox, svcSession} {
-		procs[svc] = startChartProc(t, st, svc, shape.Services[svc], secrets)
+		var b map[string]string
+		if svc == svcSandbox {
+			b = binds
+		}
+		procs[svc] = startChartProc(t, st, svc, shape.Services[svc], secrets, b)
 	}
 	return procs
 }
@@ -218,13 +222,18 @@ func chartEnv(t *testing.T, st *stack, svc string, p *podShape) []string {
 	return env
 }
 
-func startChartProc(t *testing.T, st *stack, svc string, p *podShape, secrets map[string]string) *chartProc {
+// binds are what the image would carry besides the binaries (the installed agents): host paths
+// bound read-only at their image paths.
+func startChartProc(t *testing.T, st *stack, svc string, p *podShape, secrets, binds map[string]string) *chartProc {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.Chmod(dir, 0o755))
 	targets := map[string]bindSpec{
 		imageBinary:  {src: agentplaneBinary(t), file: true},
 		imageWrapper: {src: wrapperBin, file: true},
+	}
+	for at, src := range binds {
+		targets[at] = bindSpec{src: src}
 	}
 	for _, m := range p.Mounts {
 		switch m.Kind {
@@ -404,16 +413,25 @@ func rootArgs(t *testing.T, targets map[string]bindSpec, unmasked bool) []string
 	return append(args, "--remount-ro", "/")
 }
 
-// startChartSuite starts the four services in the chart's shape, rendered with the --set values
-// sets, after root made the sandbox cgroup parents; it returns their stack, the suite that talks
-// to them, the processes and the shape.
-func startChartSuite(t *testing.T, sets ...string) (*stack, *suite, map[string]*chartProc, *chartShape) {
+// chartOptions: the stack's options (its log level is info), the chart's --set values, and
+// binds into the sandbox service's root (image path -> host path, read-only).
+type chartOptions struct {
+	stack stackOptions
+	sets  []string
+	binds map[string]string
+}
+
+// startChartSuite starts the four services in the chart's shape as o says, after root made the
+// sandbox cgroup parents; it returns their stack, the suite that talks to them, the processes
+// and the shape.
+func startChartSuite(t *testing.T, o chartOptions) (*stack, *suite, map[string]*chartProc, *chartShape) {
 	t.Helper()
 	requireChartShapeTools(t)
 	rootMadeCgroupParents(t)
-	st := newStack(t, stackOptions{logLevel: "info"})
-	shape := renderChartShape(t, st.env[svcSession]["REDIS_URL"], sets...)
-	procs := startChartShaped(t, st, shape)
+	o.stack.logLevel = "info"
+	st := newStack(t, o.stack)
+	shape := renderChartShape(t, st.env[svcSession]["REDIS_URL"], o.sets...)
+	procs := startChartShaped(t, st, shape, o.binds)
 	return st, st.suite(), procs, shape
 }
 
@@ -422,7 +440,7 @@ func startChartSuite(t *testing.T, sets ...string) (*stack, *suite, map[string]*
 // credential proxy, with the sandbox service as uid 65532 launching the wrapper under the
 // chart's isolation (namespaces).
 func TestChartShapedSession(t *testing.T) {
-	st, s, procs, shape := startChartSuite(t)
+	st, s, procs, shape := startChartSuite(t, chartOptions{})
 	sbx := shape.Services[svcSandbox]
 	require.EqualValues(t, 65532, sbx.UID, "the chart runs the sandbox service as 65532")
 	require.True(t, sbx.RunAsNonRoot)
