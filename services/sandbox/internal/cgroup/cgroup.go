@@ -8,6 +8,7 @@ package cgroup
 
 import (
 	"bufio"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -136,7 +137,11 @@ func detectV2(root, own, available string) (*Manager, string) {
 // every launch (DESIGN.md 3.3 "Limits per sandbox": "a limit the host
 // cannot enforce is reported at start-up").
 func (m *Manager) probe() error {
-	name := fmt.Sprintf("probe-%d", os.Getpid())
+	// Random: replicas in PID namespaces of their own may share a pid
+	// (and, as root, a parent).
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	name := fmt.Sprintf("probe-%d-%x", os.Getpid(), r)
 	g, err := m.Create(name, Limits{MemoryBytes: DefaultLimits.MemoryBytes, CPUMillis: DefaultLimits.CPUMillis, Pids: DefaultLimits.Pids})
 	if err != nil {
 		return fmt.Errorf("cgroup v%d: cannot make a sandbox group under %s: %w", m.version, m.parents[0], err)
