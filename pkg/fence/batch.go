@@ -31,9 +31,18 @@ import (
 // median) and still batch well at 64.
 const lanes = 6
 
-// batchers holds one batcher per client. Clients live as long as the
-// process, so the map stays small.
-var batchers sync.Map // redis.Scripter -> *batcher
+// batchers holds one batcher per client, and on a Redis Cluster client one
+// per hash slot (issue 33 item 14): a batch, and a lane, then only ever
+// waits for one node, so the calls of a master that died (hanging until the
+// client's timeouts, retried until a replica is promoted) never hold the
+// lanes that calls to healthy slots need. Clients live as long as the
+// process and a cluster has 16384 slots, so the map stays bounded.
+var batchers sync.Map // batcherKey -> *batcher
+
+type batcherKey struct {
+	rdb  redis.Scripter
+	slot int // -1 for a single-node client
+}
 
 // pipeliner is what batching needs from a client; *redis.Client and
 // *redis.ClusterClient have it (the cluster client splits a pipeline by
@@ -46,17 +55,21 @@ type pipeliner interface {
 // run runs script with EVALSHA (EVAL when Redis lost its script cache).
 func run(ctx context.Context, rdb redis.Scripter, script *luaScript, keys []string, args ...any) *redis.Cmd {
 	var p pipeliner
+	key := batcherKey{rdb: rdb, slot: -1}
 	switch c := rdb.(type) {
 	case *redis.Client:
 		p = c
 	case *redis.ClusterClient:
 		p = c
+		if len(keys) > 0 {
+			key.slot = Slot(keys[0]) // every key of a script shares its hash tag
+		}
 	default:
 		return runScript(ctx, rdb, script, keys, args)
 	}
-	b, ok := batchers.Load(rdb)
+	b, ok := batchers.Load(key)
 	if !ok {
-		b, _ = batchers.LoadOrStore(rdb, &batcher{rdb: p})
+		b, _ = batchers.LoadOrStore(key, &batcher{rdb: p})
 	}
 	return b.(*batcher).run(ctx, script, keys, args)
 }
@@ -149,4 +162,21 @@ func (b *batcher) send(q []*call) {
 	for _, c := range q[1:] {
 		c.wake <- struct{}{}
 	}
+}
+
+// Slot is the Redis Cluster hash slot of key: CRC16-CCITT (XMODEM) of its
+// hash tag, modulo 16384.
+func Slot(key string) int {
+	var crc uint16
+	for _, c := range []byte(HashTag(key)) {
+		crc ^= uint16(c) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc % 16384)
 }

@@ -1,6 +1,9 @@
 package fence_test
 
 import (
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,4 +83,51 @@ func TestAllScriptKeysShareOneSlot(t *testing.T) {
 	// acquire, renew, release, the one-op and ops scripts and the custom
 	// script.
 	require.Len(t, scripts, 6)
+}
+
+// Issue 33 item 14: on a Redis Cluster, calls to the slots of a master that
+// stopped answering (SIGSTOP: every call to it hangs until the client's
+// timeouts) do not hold the batcher's lanes for calls to healthy slots: a
+// guarded write on another master completes while every call to the
+// stopped one is still waiting.
+func TestAStoppedMasterDoesNotBlockHealthySlots(t *testing.T) {
+	c := redistest.StartCluster(t)
+	rdb := c.Client(t)
+	require.EqualValues(t, slot("{x}:y"), fence.Slot("{x}:y"))
+	stoppedRes, healthyRes := "", ""
+	stopped, err := c.MasterOf(ctx, fence.TokenKey("r0"))
+	require.NoError(t, err)
+	for i := 0; stoppedRes == "" || healthyRes == ""; i++ {
+		res := "r" + strconv.Itoa(i)
+		m, err := c.MasterOf(ctx, fence.TokenKey(res))
+		require.NoError(t, err)
+		if m == stopped && stoppedRes == "" {
+			stoppedRes = res
+		} else if m != stopped && healthyRes == "" {
+			healthyRes = res
+		}
+	}
+	healthy, err := fence.Acquire(ctx, rdb, healthyRes, "o", time.Minute)
+	require.NoError(t, err)
+	stale, err := fence.Acquire(ctx, rdb, stoppedRes, "o", time.Minute)
+	require.NoError(t, err)
+
+	require.NoError(t, stopped.Pause())
+	t.Cleanup(func() { _ = stopped.Resume() })
+	const hung = 3 * fence.Lanes
+	var returned atomic.Int64
+	var wg sync.WaitGroup
+	for range hung {
+		wg.Go(func() {
+			_ = stale.Guard(ctx, fence.Set(fence.Key(stoppedRes, "s"), "v", 0))
+			returned.Add(1)
+		})
+	}
+	// Every lane of the stopped master's calls is taken and the rest queue.
+	require.Eventually(t, func() bool { return fence.QueuedForTest(rdb) >= hung-fence.Lanes },
+		30*time.Second, time.Millisecond)
+	require.NoError(t, healthy.Guard(ctx, fence.Set(fence.Key(healthyRes, "s"), "v", 0)))
+	require.Zero(t, returned.Load(), "the healthy slot's write completed while the stopped master's calls still hang")
+	require.NoError(t, stopped.Resume())
+	wg.Wait()
 }
