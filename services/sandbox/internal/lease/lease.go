@@ -29,7 +29,8 @@ type Policy struct {
 	Watchdog       time.Duration   // bound of one stop attempt (stopping claim)
 	RetryDelays    []time.Duration // delay before attempt n+1 after attempt n was not confirmed
 	MaxAttempts    int             // attempts before the lease is exhausted
-	RecheckEvery   time.Duration   // exhausted: re-observe this often ...
+	RecheckFirst   time.Duration   // exhausted: first re-observation this long after exhaustion, then doubling ...
+	RecheckEvery   time.Duration   // ... up to this interval ...
 	RecheckFor     time.Duration   // ... for this long after exhaustion
 	StartupTimeout time.Duration   // launch → startup verified
 	ReadyTimeout   time.Duration   // startup verified (workspace ready) → first work
@@ -38,7 +39,8 @@ type Policy struct {
 }
 
 // DefaultPolicy is DESIGN.md 3.2: 45 s watchdog; retries after 5, 10, 10,
-// 10 s; exhausted after 5 attempts; recheck every 10 min for 60 min;
+// 10 s; exhausted after 5 attempts; rechecks 10 s after exhaustion, then
+// at doubling intervals up to every 10 min, for 60 min;
 // startup 10 min, then 60 s once the workspace is ready; keep-warm 5 min;
 // idle 15 min.
 func DefaultPolicy() Policy {
@@ -46,6 +48,7 @@ func DefaultPolicy() Policy {
 		Watchdog:       45 * time.Second,
 		RetryDelays:    []time.Duration{5 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second},
 		MaxAttempts:    5,
+		RecheckFirst:   10 * time.Second,
 		RecheckEvery:   10 * time.Minute,
 		RecheckFor:     60 * time.Minute,
 		StartupTimeout: 10 * time.Minute,
@@ -333,16 +336,29 @@ func (l Lease) exhaust(p Policy, now time.Time) Lease {
 }
 
 // recheck schedules the next observation of an exhausted lease on a fixed
-// grid (ExhaustedAt + k·RecheckEvery, up to RecheckFor), so a slow
-// observation does not push the schedule; after the window only a Final
-// attempt runs.
+// grid that starts short and backs off: ExhaustedAt + RecheckFirst, then
+// intervals doubling up to RecheckEvery, up to RecheckFor (a slow
+// observation does not push the schedule). Attempts exhausted by an
+// inspection outage (an unreadable /proc is never absence) so see the
+// recovered inspection soon after it recovers, not only at the next
+// 10-minute step (issue 33 item 7); a wrapper that truly cannot be stopped
+// is looked at no more often than every RecheckEvery once the backoff
+// reaches it. After the window only a Final attempt runs.
 func (l Lease) recheck(p Policy, now time.Time) Lease {
 	l.NextAttemptAt = time.Time{}
 	if p.RecheckEvery <= 0 || l.ExhaustedAt.IsZero() {
 		return l
 	}
-	k := now.Sub(l.ExhaustedAt)/p.RecheckEvery + 1
-	if next := l.ExhaustedAt.Add(k * p.RecheckEvery); !next.After(l.ExhaustedAt.Add(p.RecheckFor)) {
+	step := min(p.RecheckFirst, p.RecheckEvery)
+	if step <= 0 {
+		step = p.RecheckEvery
+	}
+	next := l.ExhaustedAt.Add(step)
+	for !next.After(now) {
+		step = min(2*step, p.RecheckEvery)
+		next = next.Add(step)
+	}
+	if !next.After(l.ExhaustedAt.Add(p.RecheckFor)) {
 		l.NextAttemptAt = next
 	}
 	return l

@@ -437,3 +437,50 @@ func TestStoppedHookFiresWhenARefusedKeyIsFree(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, []string{e.sb + "/k"}, stopped)
 }
+
+// Issue 33 item 7: stop attempts exhausted by an inspection outage (an
+// unreadable /proc entry is never absence) see the recovered inspection at
+// the exhausted lease's first recheck, 10 s after exhaustion, and the
+// deletion completes then, not at the next 10-minute step. The provider's
+// /proc is a symlink: to a tree with an unreadable entry during the outage,
+// to the host's /proc after it.
+func TestExhaustedByAnInspectionOutageRechecksSoon(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	blindProc := t.TempDir()
+	bad := filepath.Join(blindProc, "42")
+	require.NoError(t, os.MkdirAll(filepath.Join(bad, "environ"), 0o755)) // read fails: EISDIR
+	require.NoError(t, os.WriteFile(filepath.Join(bad, "status"), []byte("Uid:\t0\t0\t0\t0\nCapPrm:\t0000000000000000\n"), 0o644))
+	proc := filepath.Join(t.TempDir(), "proc")
+	require.NoError(t, os.Symlink(blindProc, proc))
+	blind, err := process.New(process.Config{Root: t.TempDir(), ProcRoot: proc, Sleep: func(context.Context, time.Duration) error { return nil }})
+	require.NoError(t, err)
+	r := e.reconciler(t, blind, nil)
+
+	require.NoError(t, r.RequestStop(ctx, e.sb, "k", "session-delete"))
+	var l lease.Lease
+	for range 20 {
+		ok, _, err := r.DeletionAllowed(ctx, e.sb, "k")
+		require.NoError(t, err)
+		require.False(t, ok, "blind: never absence")
+		if l, err = r.Lease(ctx, e.sb, "k"); err != nil || l.Exhausted {
+			break
+		}
+		e.clock.Add(10 * time.Second)
+	}
+	require.NoError(t, err)
+	require.True(t, l.Exhausted, "the attempts are exhausted by the outage")
+	require.Equal(t, l.ExhaustedAt.Add(10*time.Second), l.NextAttemptAt, "the first recheck comes soon")
+
+	// /proc readable again, and nothing of the sandbox runs.
+	require.NoError(t, os.Remove(proc))
+	require.NoError(t, os.Symlink("/proc", proc))
+	e.clock.Add(10 * time.Second)
+	ok, _, err := r.DeletionAllowed(ctx, e.sb, "k")
+	require.NoError(t, err)
+	l2, _ := r.Lease(ctx, e.sb, "k")
+	require.True(t, ok, "the recheck after the outage verifies absence: %+v", l2)
+	l, err = r.Lease(ctx, e.sb, "k")
+	require.NoError(t, err)
+	require.Equal(t, lease.None, l.State)
+}
