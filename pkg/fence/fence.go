@@ -135,6 +135,24 @@ end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 `, false) // safe to repeat
 
+// reclaimScript is renewScript for a holder that lost contact with Redis
+// (renewals it could not confirm): it extends the lease if it still holds
+// token:owner, and recreates it if it expired meanwhile while the token key
+// still holds this token, that is, nobody was granted the resource since
+// (every grant moves the token key). Anything else is lost. KEYS: lease,
+// token. ARGV: "token:owner", ttl ms, token.
+var reclaimScript = newLua(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not v and redis.call('GET', KEYS[2]) == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return redis.error_reply('`+lostReply+`')
+`, false) // safe to repeat
+
 // releaseScript deletes the lease only if it holds exactly this token:owner.
 // The token key stays: it is the floor for the next grant.
 var releaseScript = newLua(`
@@ -271,6 +289,17 @@ func (l *Lease) Renew(ctx context.Context) error {
 	err := run(ctx, l.rdb, renewScript, []string{l.leaseKey()}, l.value(), l.TTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", l.Resource, mapErr(err))
+	}
+	return nil
+}
+
+// reclaim is Renew for a holder that could not confirm its renewals: it
+// also recreates the lease if it expired while no one else was granted it
+// (reclaimScript).
+func (l *Lease) reclaim(ctx context.Context) error {
+	err := run(ctx, l.rdb, reclaimScript, []string{l.leaseKey(), l.tokenKey()}, l.value(), l.TTL.Milliseconds(), l.tokenArg()).Err()
+	if err != nil {
+		return fmt.Errorf("reclaim %s: %w", l.Resource, mapErr(err))
 	}
 	return nil
 }

@@ -331,18 +331,25 @@ func (s *suite) wrappers(t *testing.T) []int {
 	return pids
 }
 
-// TestSentinelFailoverKeepsSandboxes (issue 20 item 5): across a SENTINEL
-// FAILOVER the sandbox replica's owner leases survive (renewals Redis could
-// not answer are retried within the lease's deadline), so its sandboxes keep
-// running — the same wrapper processes — and the next message is served,
-// rather than the sandboxes being dropped and relaunched after the TTL. The
-// owner TTL is short (renewal every 2s) so that renewals fall in the
-// failover.
+// TestSentinelFailoverKeepsSandboxes (issue 20 item 5, issue 33 item 5):
+// the sole sandbox replica, with AGENTPLANE_REDIS_MIN_REPLICAS=1, through a
+// SENTINEL FAILOVER and then a stretch where no write can be confirmed (the
+// new master's replica paused) until every owner lease is past its deadline
+// unconfirmed: it keeps its sandboxes — no "owner lease lost", no "another
+// replica drives", no lease loss counted, the same wrapper processes — and
+// once writes are confirmed again every session is served. A renewal that
+// could not be confirmed is not a lease another replica took. The owner TTL
+// is short (renewal every 2s) so that renewals fall in the failover.
 func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	g := redistest.StartSentinel(t)
-	s := startSuiteAt(t, nil, func(c *sandbox.Config) { c.OwnerTTL = 6 * time.Second }, store{URL: g.URL(), MinReplicas: 1})
+	metricsAddr := freeAddr(t)
+	s := startSuiteAt(t, nil, func(c *sandbox.Config) {
+		c.OwnerTTL = 6 * time.Second
+		c.MetricsAddr = metricsAddr
+	}, store{URL: g.URL(), MinReplicas: 1})
+	metrics := "http://" + metricsAddr + "/metrics"
 	var ids []string
-	for i := range 2 {
+	for i := range 3 {
 		dir := filepath.Join(s.root, fmt.Sprintf("k%d", i))
 		require.NoError(t, os.MkdirAll(dir, 0o755))
 		id := s.create(t, fmt.Sprintf("sbx-keep%d", i), dir, "sk-keep").GetSessionId()
@@ -351,6 +358,7 @@ func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	}
 	before := s.wrappers(t)
 	require.NotEmpty(t, before, "the sandboxes' wrappers (and their runtimes) run")
+	require.Equal(t, float64(len(ids)), scrape(t, metrics)["sandbox_owned_sandboxes"])
 
 	ctx := t.Context()
 	began := time.Now()
@@ -359,8 +367,43 @@ func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	// write (renewals too) is STORE_NOT_REPLICATED.
 	require.NoError(t, g.WaitHealthy(ctx))
 	t.Logf("group healthy again %v after the failover began", time.Since(began).Round(time.Millisecond))
+
+	// No write is confirmed while the new master's one replica (the old
+	// master) is paused: hold it until every owner lease is past its
+	// deadline without a confirmed renewal.
+	master, err := g.MasterAddr(ctx)
+	require.NoError(t, err)
+	replica := g.Replica
+	if replica.Addr() == master {
+		replica = g.Master
+	}
+	require.NoError(t, replica.Pause())
+	t.Logf("%v: replica %s paused (master %s)", time.Since(began).Round(time.Millisecond), replica.Addr(), master)
+	require.Eventually(t, func() bool {
+		return scrape(t, metrics)["sandbox_owner_leases_unconfirmed"] == float64(len(ids))
+	}, 60*time.Second, 100*time.Millisecond, "every owner lease unconfirmed past its deadline")
+	require.NoError(t, replica.Resume())
+	t.Logf("%v: every owner lease unconfirmed; replica resumed", time.Since(began).Round(time.Millisecond))
+	require.Eventually(t, func() bool { return scrape(t, metrics)["sandbox_owner_leases_unconfirmed"] == 0 },
+		60*time.Second, 100*time.Millisecond, "the owner leases are confirmed again")
+	t.Logf("%v: owner leases confirmed again", time.Since(began).Round(time.Millisecond))
+	require.NoError(t, g.WaitHealthy(ctx))
+
 	for _, id := range ids {
 		s.turn(t, id, "m-2", "after")
 	}
+	m := scrape(t, metrics)
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		if strings.Contains(line, "driving") || strings.Contains(line, "lease") || strings.Contains(line, "took over") {
+			t.Log(line)
+		}
+	}
+	require.Equal(t, float64(len(ids)), m["sandbox_owned_sandboxes"], "the replica kept every sandbox")
+	require.Zero(t, m["sandbox_owner_leases_unconfirmed"])
+	require.Zero(t, m["sandbox_owner_lease_losses_total"], "no owner lease counted lost")
+	logs := s.logs.String()
+	require.NotContains(t, logs, "owner lease lost")
+	require.NotContains(t, logs, "another sandbox-service replica drives")
+	require.NotContains(t, logs, "stale fencing token")
 	require.Equal(t, before, s.wrappers(t), "the same wrappers serve after the failover")
 }

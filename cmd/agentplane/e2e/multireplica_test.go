@@ -32,7 +32,9 @@ type replicated struct {
 	ing                   ingestv1.IngestServiceClient
 }
 
-func startReplicated(t *testing.T) *replicated {
+// startReplicated starts two replicas of each service; sandboxKV is more
+// environment of the sandbox replicas.
+func startReplicated(t *testing.T, sandboxKV ...string) *replicated {
 	st := newStack(t, stackOptions{logLevel: "info"})
 	st.releaseListeners()
 	r := &replicated{stack: st}
@@ -53,7 +55,7 @@ func startReplicated(t *testing.T) *replicated {
 		r.cred = append(r.cred, st.process(svcCredential, "credential-"+n, "GRPC_ADDR", cred[i], "PROXY_ADDR", prox[i]))
 	}
 	for i, n := range []string{"a", "b"} {
-		r.sandbox = append(r.sandbox, st.startSandboxReplica("sandbox-"+n, sbx[i], r.sbxLB.addr()))
+		r.sandbox = append(r.sandbox, st.startSandboxReplica("sandbox-"+n, sbx[i], r.sbxLB.addr(), sandboxKV...))
 		r.session = append(r.session, st.process(svcSession, "session-"+n, "GRPC_ADDR", ses[i], "SESSION_REPLICA", "session-"+n))
 	}
 	r.client = sessionv1.NewSessionServiceClient(st.dial(r.sesLB.addr()))

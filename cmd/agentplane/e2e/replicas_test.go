@@ -74,9 +74,10 @@ func (b *balancer) proxy(c net.Conn) {
 // sandboxReplica is one sandbox-service replica as its own process.
 type sandboxReplica struct {
 	*proc
-	addr   string
-	conn   grpc.ClientConnInterface
-	client sandboxv1.SandboxServiceClient
+	addr    string
+	metrics string // its /metrics URL
+	conn    grpc.ClientConnInterface
+	client  sandboxv1.SandboxServiceClient
 }
 
 const replicaOwnerTTL = 2 * time.Second
@@ -86,10 +87,12 @@ const replicaOwnerTTL = 2 * time.Second
 // Service); kv overrides more settings.
 func (st *stack) startSandboxReplica(name, addr, controlAddr string, kv ...string) *sandboxReplica {
 	t := st.t
-	r := &sandboxReplica{addr: addr, proc: st.process(svcSandbox, name, append([]string{
+	metrics := freeAddr(t)
+	r := &sandboxReplica{addr: addr, metrics: "http://" + metrics + "/metrics", proc: st.process(svcSandbox, name, append([]string{
 		"GRPC_ADDR", addr, "SANDBOX_ADVERTISE_ADDR", addr, "SANDBOX_CONTROL_ADDRS", controlAddr,
 		"SANDBOX_OWNER_TTL", replicaOwnerTTL.String(), "SANDBOX_HEARTBEAT", "200ms",
 		"SANDBOX_DEAD_AFTER", "3s", "SANDBOX_RECONNECT_WINDOW", "60s", "LOG_FORMAT", "text",
+		"SANDBOX_EMPTY_GRACE", "10m", "METRICS_ADDR", metrics,
 	}, kv...)...)}
 	r.conn = st.dial(addr)
 	r.client = sandboxv1.NewSandboxServiceClient(r.conn)
@@ -101,13 +104,18 @@ func (st *stack) startSandboxReplica(name, addr, controlAddr string, kv ...strin
 var e2eTenant = &sandboxv1.Tenant{OrgId: "o-e2e", UserId: "u-e2e"}
 
 // warm makes the replica c reaches own sandboxID before any session exists:
-// the sandbox is claimed for e2eTenant, and an Abort of an unknown message
-// makes the replica asked take it.
+// the sandbox is claimed for e2eTenant, and a release of an unknown session
+// makes the replica asked take it (it must verify the session's key absent);
+// the replicas keep an empty sandbox for SANDBOX_EMPTY_GRACE (10m here).
+// An Abort no longer does: a call that only talks to a route never takes a
+// sandbox over (issue 33 item 4).
 func warm(t *testing.T, c sandboxv1.SandboxServiceClient, sandboxID string) {
 	_, err := c.ClaimSandbox(context.Background(), &sandboxv1.ClaimSandboxRequest{SandboxId: sandboxID, Tenant: e2eTenant})
 	require.NoError(t, err)
 	_, err = c.Abort(context.Background(), &sandboxv1.AbortRequest{SandboxId: sandboxID, SessionId: "warm", MessageId: "warm", Tenant: e2eTenant})
 	require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+	_, err = c.ReleaseRoute(context.Background(), &sandboxv1.ReleaseRouteRequest{SandboxId: sandboxID, SessionId: "warm", Reason: "warm", Tenant: e2eTenant})
+	require.NoError(t, err)
 }
 
 // serving reports whether the server on conn answers health SERVING.

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"agentplane.dev/pkg/apierr"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -53,6 +55,9 @@ const (
 // not orphans.
 var allowedKey = []*regexp.Regexp{
 	regexp.MustCompile(`^fence:\{[^}]+\}:token$`),
+	// A sandbox's tenant binding stays with its tree on disk (one per
+	// sandbox, never per session; internal/tenancy).
+	regexp.MustCompile(`^sbx:\{sbx/[^}]+\}:tenant$`),
 	regexp.MustCompile(`^ses:wipe:\{ses/[^}]+\}$`),
 	regexp.MustCompile(`^ing:\{rs_[^}]+\}:meta$`),
 }
@@ -73,7 +78,8 @@ type rssSample struct {
 // process's RSS in the last minute is within 20% of the first minute's.
 func TestChurnSoak(t *testing.T) {
 	d := soakDuration(t)
-	r := startReplicated(t)
+	// Empty sandboxes are let go of 1s after their last session.
+	r := startReplicated(t, "SANDBOX_EMPTY_GRACE", "1s")
 	services := append(append(append(slices.Clone(r.session), r.cred...), r.ingest...), r.sandbox[0].proc, r.sandbox[1].proc)
 
 	start := time.Now()
@@ -143,6 +149,9 @@ func TestChurnSoak(t *testing.T) {
 
 	// 0 orphaned keys.
 	r.requireOnlyAllowedKeys(t)
+
+	// Nothing a sandbox replica holds grows with the number of sessions.
+	r.requireFlatSandboxReplicas(t)
 
 	// Memory flat: the peak RSS of the last window within 20% of the first's.
 	window := min(time.Minute, elapsed/4)
@@ -303,4 +312,97 @@ func (r *replicated) requireOnlyAllowedKeys(t *testing.T) {
 		t.Logf("key shape %s: %d", s, shapes[s])
 	}
 	require.Empty(t, orphans, "keys other than tombstones and fence counters")
+}
+
+// sandboxFootprint is what the sandbox replicas hold once every session is
+// gone: per replica its goroutines, and the sandbox keys in Redis (every
+// sbx:* key but the tenant bindings, and the sandboxes' owner leases).
+type sandboxFootprint struct {
+	goroutines []float64
+	keys       int
+}
+
+// footprint waits until no sandbox replica owns a sandbox (each lets its
+// empty sandboxes go) and reads the footprint.
+func (r *replicated) footprint(t *testing.T) sandboxFootprint {
+	t.Helper()
+	var f sandboxFootprint
+	for _, rep := range r.sandbox {
+		require.Eventually(t, func() bool { return scrape(t, rep.metrics)["sandbox_owned_sandboxes"] == 0 },
+			60*time.Second, 200*time.Millisecond, "%s still owns sandboxes after every session was deleted", rep.name)
+		f.goroutines = append(f.goroutines, scrape(t, rep.metrics)["go_goroutines"])
+	}
+	rdb := r.rs.Client(t)
+	ctx := context.Background()
+	for _, pattern := range []string{"sbx:*", "fence:{sbx/*}:lease"} {
+		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			if !strings.HasSuffix(iter.Val(), ":tenant") {
+				f.keys++
+			}
+		}
+		require.NoError(t, iter.Err())
+	}
+	return f
+}
+
+// requireFlatSandboxReplicas (issue 33 item 4): after the soak, every
+// session deleted, no replica owns a sandbox; another round of sessions in
+// every worktree, and calls that only talk to the soak's sandboxes (Abort,
+// Deliver, UpdateEgressPolicy, Status of unknown sessions) at each replica,
+// leave the same footprint: owned sandboxes 0, goroutines and sandbox keys
+// no more than before.
+func (r *replicated) requireFlatSandboxReplicas(t *testing.T) {
+	t.Helper()
+	before := r.footprint(t)
+	var stuck atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, soakWorktrees)
+	for w := range soakWorktrees {
+		wg.Go(func() {
+			if err := r.churnOnce(fmt.Sprintf("sbx-soak%d-%s", w%soakSandboxes, r.run), fmt.Sprintf("/work/soak-%d", w), &stuck); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	// The extra sessions' sandboxes are let go of again; then the calls
+	// that only talk find no route and take nothing over.
+	r.footprint(t)
+	ctx := context.Background()
+	tenant := &sandboxv1.Tenant{OrgId: "o-soak", UserId: "u-soak"}
+	for _, rep := range r.sandbox {
+		for i := range soakSandboxes {
+			sb := fmt.Sprintf("sbx-soak%d-%s", i, r.run)
+			for j := range 25 {
+				s := fmt.Sprintf("talk-%d", j)
+				_, err := rep.client.Abort(ctx, &sandboxv1.AbortRequest{Tenant: tenant, SandboxId: sb, SessionId: s, MessageId: "m"})
+				require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+				_, err = rep.client.Deliver(ctx, &sandboxv1.DeliverRequest{Tenant: tenant, SandboxId: sb, SessionId: s,
+					Messages: []*sandboxv1.DeliveryMessage{{MessageId: "m", Content: "talk"}}})
+				require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+				up, err := rep.client.UpdateEgressPolicy(ctx, &sandboxv1.UpdateEgressPolicyRequest{Tenant: tenant, SandboxId: sb, SessionId: s, Version: 1})
+				require.NoError(t, err)
+				require.False(t, up.GetApplied())
+				_, err = rep.client.Status(ctx, &sandboxv1.StatusRequest{Tenant: tenant, SandboxId: sb, SessionId: s})
+				require.NoError(t, err)
+			}
+		}
+	}
+	for _, rep := range r.sandbox {
+		require.Zero(t, scrape(t, rep.metrics)["sandbox_owned_sandboxes"], "%s took sandboxes over it was only asked about", rep.name)
+	}
+	after := r.footprint(t)
+	t.Logf("sandbox replicas with no session: goroutines %v then %v, sandbox keys %d then %d",
+		before.goroutines, after.goroutines, before.keys, after.keys)
+	require.LessOrEqual(t, after.keys, before.keys, "sandbox keys grew with the sessions")
+	for i, rep := range r.sandbox {
+		require.Eventually(t, func() bool {
+			return scrape(t, rep.metrics)["go_goroutines"] <= before.goroutines[i]+10
+		}, 60*time.Second, 500*time.Millisecond, "%s goroutines grew with the sessions (from %v)", rep.name, before.goroutines[i])
+	}
 }

@@ -330,7 +330,7 @@ func (p *proc) start() {
 	p.n++
 	logf, err := os.OpenFile(p.logs, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	require.NoError(p.t, err)
-	cmd := exec.Command(agentplaneBinary(p.t), p.service)
+	cmd := exec.Command(agentplaneBinary(p.t), "serve", p.service)
 	cmd.Env = slices.Clone(p.env)
 	if p.service == svcSandbox {
 		replica := p.name

@@ -49,6 +49,9 @@ type Config struct {
 	// when that names a host (or the Listener's address).
 	AdvertiseAddr string
 	OwnerTTL      time.Duration // SANDBOX_OWNER_TTL: owner lease TTL (renewed every TTL/3)
+	// EmptyGrace (SANDBOX_EMPTY_GRACE) is how long a sandbox with no
+	// session left stays owned before the replica lets it go.
+	EmptyGrace time.Duration
 
 	Timers allocation.Timers // SANDBOX_CREATE_TIMEOUT, _HELLO_TIMEOUT, _HEARTBEAT, _DEAD_AFTER, _RECONNECT_WINDOW, _IDLE_STOP
 
@@ -99,6 +102,7 @@ func DefaultConfig() Config {
 		ProxyURL:    "http://127.0.0.1:7405",
 		ReplicaID:   fmt.Sprintf("%s-%d", host, os.Getpid()),
 		OwnerTTL:    15 * time.Second,
+		EmptyGrace:  30 * time.Second,
 		NotifyDrain: 5 * time.Second,
 		Timers:      allocation.DefaultTimers(),
 
@@ -143,6 +147,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.ReplicaID, "SANDBOX_REPLICA", c.ReplicaID, "this replica's name in owner leases")
 	l.String(&c.AdvertiseAddr, "SANDBOX_ADVERTISE_ADDR", c.AdvertiseAddr, "host:port callers reach this replica at, named in its owner leases; empty: GRPC_ADDR when it names a host")
 	l.Duration(&c.OwnerTTL, "SANDBOX_OWNER_TTL", c.OwnerTTL, "owner lease TTL of a sandbox")
+	l.Duration(&c.EmptyGrace, "SANDBOX_EMPTY_GRACE", c.EmptyGrace, "how long a sandbox with no session left stays owned before the replica lets it go")
 	l.Duration(&c.Timers.Create, "SANDBOX_CREATE_TIMEOUT", c.Timers.Create, "bound on creating a sandbox")
 	l.Duration(&c.Timers.FirstHello, "SANDBOX_HELLO_TIMEOUT", c.Timers.FirstHello, "launch → first Hello bound")
 	l.Duration(&c.Timers.Heartbeat, "SANDBOX_HEARTBEAT", c.Timers.Heartbeat, "wrapper heartbeat interval")
@@ -232,6 +237,9 @@ func (c *Config) validateAddrs(bad func(string, error)) {
 // wrapper declared dead only after more than a heartbeat, and the bounds
 // that depend on them.
 func (c *Config) validateTimers(bad func(string, error)) {
+	if c.EmptyGrace < 0 {
+		bad("SANDBOX_EMPTY_GRACE", errors.New("must not be negative"))
+	}
 	if c.NotifyDrain < 0 {
 		bad("SANDBOX_NOTIFY_DRAIN", errors.New("must not be negative"))
 	}

@@ -91,7 +91,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	control, proxyURL := cfg.wrapperReach(bnd, ls.GRPC)
 	drv := driver.New(driver.Config{
 		Redis: rdb, Provider: prov, Wrappers: rec, Notifier: notifier, Credentials: credclient.New(credClient),
-		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(ls.GRPC), OwnerTTL: cfg.OwnerTTL, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
+		ReplicaID: cfg.ReplicaID, AdvertiseAddr: cfg.advertiseAddr(ls.GRPC), OwnerTTL: cfg.OwnerTTL, EmptyGrace: cfg.EmptyGrace, Timers: cfg.Timers, WrapperCommand: wrapperCmd,
 		ControlAddrs: control, ProxyURL: proxyURL, Logger: log.With("component", "driver"), Agents: cfg.Agents(),
 		Admission: coldAdmission{prov: prov, admit: capacity.New(prov, capacity.Config{Reserved: prov.Reserved,
 			ThresholdBytes: uint64(cfg.CapacityThreshold), StaleAge: cfg.StaleAge, Logger: log.With("component", "capacity")}), results: admissions},
@@ -263,6 +263,12 @@ func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
 		func() float64 { return float64(d.Metrics.LeaseLosses.Load()) })
 	counter("sandbox_takeovers_total", "Sandboxes this replica took over from a dead owner.",
 		func() float64 { return float64(d.Metrics.Takeovers.Load()) })
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandbox_owned_sandboxes",
+		Help: "Sandboxes this replica drives now (owner leases held)."},
+		func() float64 { return float64(d.OwnedCount()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandbox_owner_leases_unconfirmed",
+		Help: "Owned sandboxes whose owner lease is past its deadline without a confirmed renewal (Redis unreachable or failing over); deliveries wait."},
+		func() float64 { return float64(d.UnconfirmedCount()) }))
 	counter("sandbox_capacity_rejections_total", "Cold workspaces refused by capacity admission (CAPACITY_REJECTED).",
 		func() float64 { return float64(d.Metrics.CapacityRejections.Load()) })
 }

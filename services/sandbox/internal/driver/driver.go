@@ -89,8 +89,11 @@ type Config struct {
 	// Admission is cold-workspace capacity admission, run before a wrapper
 	// is launched; nil admits everything.
 	Admission Admission
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// EmptyGrace is how long a sandbox stays owned with no session left
+	// before the replica lets it go (releaseIfEmpty); 0: at the next tick.
+	EmptyGrace time.Duration
+	Logger     *slog.Logger
+	Now        func() time.Time
 }
 
 // OwnedElsewhereError is ErrOwnedElsewhere naming the replica that owns
@@ -214,6 +217,10 @@ type sandbox struct {
 	// (recovery.go); recoveryCause is that evidence.
 	recovering    bool
 	recoveryCause error
+	// emptySince is when the sandbox was first seen with nothing to drive
+	// (zero while it has something): releaseIfEmpty lets it go after
+	// EmptyGrace.
+	emptySince time.Time
 }
 
 // stopSignal returns the channel the next completed stop closes. The
@@ -455,6 +462,12 @@ func (d *Driver) watchOwner(sb *sandbox) {
 	case <-sb.ctx.Done():
 		return
 	}
+	sb.mu.Lock()
+	released := sb.dropped // let go of (empty): the release closed Done
+	sb.mu.Unlock()
+	if released {
+		return
+	}
 	d.Metrics.LeaseLosses.Add(1)
 	// Persist the last observation with a guarded write: if another replica
 	// took the sandbox the fence rejects it, which is how a paused replica
@@ -474,7 +487,7 @@ func (d *Driver) watchOwner(sb *sandbox) {
 	if err != nil {
 		d.staleWrite(sb, err)
 	}
-	d.drop(sb, fmt.Errorf("%w: owner lease lost", ErrOwnedElsewhere))
+	d.drop(sb, fmt.Errorf("%w: owner lease lost (%w)", ErrOwnedElsewhere, sb.owner.Err()))
 }
 
 func (d *Driver) staleWrite(sb *sandbox, err error) {

@@ -33,7 +33,10 @@ type EgressRoute struct {
 // fenced write succeeded). False: no such route yet (Prepare will carry
 // the policy) or a newer version is in force.
 func (d *Driver) UpdateEgress(ctx context.Context, sandboxID, sessionID string, p egresspolicy.Policy, version uint64) (bool, error) {
-	sb, err := d.own(ctx, sandboxID)
+	sb, err := d.ownStored(ctx, sandboxID)
+	if errors.Is(err, ErrRouteNotFound) {
+		return false, nil // no route yet: Prepare will carry the policy
+	}
 	if err != nil {
 		return false, err
 	}

@@ -27,7 +27,7 @@ type Rotated struct {
 // handle resolves for the credential service's overlap window, which covers
 // requests already under way.
 func (d *Driver) RotateHandle(ctx context.Context, sandboxID, sessionID string) (Rotated, error) {
-	sb, err := d.own(ctx, sandboxID)
+	sb, err := d.ownStored(ctx, sandboxID)
 	if err != nil {
 		return Rotated{}, err
 	}

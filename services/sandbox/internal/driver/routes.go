@@ -41,6 +41,11 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	}
 	rememberRoute(ctx, spec.SandboxID, spec.SessionID)
 	sb.mu.Lock()
+	if sb.dropped {
+		// Let go of (empty, or its lease lost) since own returned it: ask again.
+		sb.mu.Unlock()
+		return d.Prepare(ctx, spec)
+	}
 	r := sb.routes[spec.SessionID]
 	var cur route.Route
 	if r != nil {
@@ -428,7 +433,7 @@ type Message struct{ ID, Content string }
 // Deliver writes messages to the route's wrapper; false means NOT_READY and
 // nothing was written.
 func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs []Message) (bool, store.Route, error) {
-	sb, err := d.own(ctx, sandboxID)
+	sb, err := d.ownStored(ctx, sandboxID)
 	if err != nil {
 		return false, store.Route{}, err
 	}
@@ -441,7 +446,9 @@ func (d *Driver) Deliver(ctx context.Context, sandboxID, sessionID string, msgs 
 	view := *r // r changes under sb.mu: read only the copy from here on
 	c := sb.conns[r.RuntimeKey]
 	sb.mu.Unlock()
-	if view.State != store.RouteReady || c == nil {
+	// An owner lease past its deadline unconfirmed may have been granted to
+	// another replica: deliver nothing until a renewal is confirmed.
+	if view.State != store.RouteReady || c == nil || sb.owner.Unconfirmed() {
 		return false, view, nil
 	}
 	l, err := d.cfg.Wrappers.Lease(ctx, sb.id, view.RuntimeKey)
@@ -466,7 +473,7 @@ func (d *Driver) activity(sb *sandbox, key string) {
 
 // Abort sends a best-effort abort; it reports whether a frame was written.
 func (d *Driver) Abort(ctx context.Context, sandboxID, sessionID, messageID string) (bool, error) {
-	sb, err := d.own(ctx, sandboxID)
+	sb, err := d.ownStored(ctx, sandboxID)
 	if err != nil {
 		return false, err
 	}
@@ -890,7 +897,10 @@ func (d *Driver) forgetRoute(sb *sandbox, sessionID string) {
 
 // Route returns a route's view (for Status).
 func (d *Driver) Route(ctx context.Context, sandboxID, sessionID string) (store.Route, bool, error) {
-	sb, err := d.own(ctx, sandboxID)
+	sb, err := d.ownStored(ctx, sandboxID)
+	if errors.Is(err, ErrRouteNotFound) {
+		return store.Route{}, false, nil
+	}
 	if err != nil {
 		return store.Route{}, false, err
 	}

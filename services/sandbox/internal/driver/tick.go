@@ -77,6 +77,7 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 	d.checkStopped(ctx, sb)
 	d.checkRecovery(ctx, sb)
 	d.retryMemberReleases(sb)
+	d.releaseIfEmpty(ctx, sb)
 }
 
 // stopping handles a timer-driven stop: routes of the key are lost (or fail

@@ -58,7 +58,7 @@ func (d *Driver) PushWorktree(ctx context.Context, sandboxID, sessionID, branch,
 // worktreeCall sends req to the wrapper serving the route and waits, within
 // bound, for its result. A wrapper that goes away meanwhile ends the wait.
 func (d *Driver) worktreeCall(ctx context.Context, sandboxID, sessionID string, bound time.Duration, req WorktreeRequest) (WorktreeResult, error) {
-	sb, err := d.own(ctx, sandboxID)
+	sb, err := d.ownStored(ctx, sandboxID)
 	if err != nil {
 		return WorktreeResult{}, err
 	}

@@ -76,6 +76,14 @@ func (o *Owner) Token() uint64 { return o.h.Token() }
 // Done closes when the lease is lost or released.
 func (o *Owner) Done() <-chan struct{} { return o.h.Done() }
 
+// Unconfirmed reports whether the lease's deadline passed without a
+// confirmed renewal (Redis unreachable or failing over): not lost, but
+// another replica may have been granted it meanwhile (fence.Holder).
+func (o *Owner) Unconfirmed() bool { return o.h.Unconfirmed() }
+
+// Err says why Done closed (nil while held).
+func (o *Owner) Err() error { return o.h.Err() }
+
 // Guard runs a guarded write under the owner's token.
 func (o *Owner) Guard(ctx context.Context, ops ...fence.Op) error { return o.h.Guard(ctx, ops...) }
 

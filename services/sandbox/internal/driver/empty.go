@@ -1,0 +1,141 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"agentplane.dev/pkg/fence"
+	"agentplane.dev/services/sandbox/internal/leasestore"
+	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/store"
+)
+
+// ErrSandboxEmpty is why a replica let go of a sandbox with nothing to drive.
+var ErrSandboxEmpty = errors.New("the sandbox has no session left")
+
+// ownStored returns the sandbox for a call that only talks to a route
+// (Deliver, Abort, UpdateEgress, Route, handle and worktree calls): the one
+// this replica drives, or, when the sandbox has stored routes and no live
+// owner, the one it takes over (that owner died). A sandbox with no stored
+// route is not acquired (issue 33 item 4): the call answers ErrRouteNotFound,
+// or names the replica that holds it. A replica so never takes a sandbox
+// over, with its owner lease, renewals and goroutines, because a caller asked
+// about an id.
+func (d *Driver) ownStored(ctx context.Context, id string) (*sandbox, error) {
+	d.mu.Lock()
+	sb := d.sandboxes[id]
+	d.mu.Unlock()
+	if sb != nil {
+		return sb, nil
+	}
+	n, err := d.cfg.Redis.Exists(ctx, store.Key(id, "routes")).Result()
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 {
+		return d.own(ctx, id)
+	}
+	h, _, err := ownership.CurrentHolder(ctx, d.cfg.Redis, id)
+	if err == nil && h.Replica != "" && h.Replica != d.cfg.ReplicaID {
+		return nil, &OwnedElsewhereError{Owner: h}
+	}
+	return nil, ErrRouteNotFound
+}
+
+// OwnedCount is the number of sandboxes this replica drives now.
+func (d *Driver) OwnedCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.sandboxes)
+}
+
+// UnconfirmedCount is the number of owned sandboxes whose owner lease is
+// past its deadline without a confirmed renewal.
+func (d *Driver) UnconfirmedCount() int {
+	n := 0
+	for _, sb := range d.owned() {
+		if sb.owner.Unconfirmed() {
+			n++
+		}
+	}
+	return n
+}
+
+// emptyLocked reports whether sb has nothing in memory to drive: no route,
+// no runtime key, no wrapper stream, no preparation, no recovery and no
+// member release pending. The caller holds sb.mu.
+func (sb *sandbox) emptyLocked() bool {
+	return !sb.dropped && len(sb.routes) == 0 && len(sb.keyAllocations) == 0 && len(sb.conns) == 0 &&
+		len(sb.preparing) == 0 && !sb.recovering && !sb.memberRetrying
+}
+
+// releaseIfEmpty lets go of a sandbox that has been empty for EmptyGrace
+// (the tick calls it): its last session is gone, the reconciler tracks no
+// wrapper lease of it and no process of it runs. Its records go from Redis
+// (but the tenant binding, which the sandbox's tree on disk keeps), it
+// leaves sbx:index, and the owner lease is released, so a replica holds
+// only sandboxes with something to drive. Anything short of that certainty
+// (a lease record left, an inspection that failed) keeps the sandbox.
+func (d *Driver) releaseIfEmpty(ctx context.Context, sb *sandbox) {
+	now := d.cfg.Now()
+	sb.mu.Lock()
+	if !sb.emptyLocked() {
+		sb.emptySince = time.Time{}
+		sb.mu.Unlock()
+		return
+	}
+	if sb.emptySince.IsZero() {
+		sb.emptySince = now
+	}
+	due := now.Sub(sb.emptySince) >= d.cfg.EmptyGrace
+	sb.mu.Unlock()
+	if !due {
+		return
+	}
+	if n, err := d.cfg.Redis.HLen(ctx, leasestore.Key(ownership.Resource(sb.id))).Result(); err != nil || n > 0 {
+		return
+	}
+	if inv, ok := d.cfg.Provider.(provider.Inventory); ok {
+		if disc := inv.DiscoverSandbox(ctx, sb.id); disc.Kind != provider.Absent {
+			return
+		}
+	}
+	d.letGo(ctx, sb)
+}
+
+// letGo deletes an empty sandbox's records, takes it out of sbx:index and
+// releases its owner lease, in that order: the index entry goes while this
+// replica still holds the lease, so it never removes the entry of a replica
+// that acquires the sandbox next.
+func (d *Driver) letGo(ctx context.Context, sb *sandbox) {
+	d.mu.Lock()
+	sb.mu.Lock()
+	if !sb.emptyLocked() || d.sandboxes[sb.id] != sb {
+		sb.mu.Unlock()
+		d.mu.Unlock()
+		return
+	}
+	// Out of the map first: a Prepare from now on acquires anew, one that
+	// already holds sb sees it dropped.
+	delete(d.sandboxes, sb.id)
+	sb.dropped = true
+	sb.mu.Unlock()
+	d.mu.Unlock()
+	keys := []string{store.Key(sb.id, "meta"), store.Key(sb.id, "routes"), store.Key(sb.id, "scopes"),
+		store.Key(sb.id, "wrappers"), store.Key(sb.id, "slots")}
+	err := sb.owner.Guard(ctx, fence.Del(keys...))
+	if err == nil {
+		err = d.cfg.Redis.SRem(ctx, store.IndexKey, sb.id).Err()
+	}
+	if err == nil {
+		err = sb.owner.Release(ctx)
+	}
+	if err != nil {
+		d.log.Warn("empty sandbox not fully released", "sandbox", sb.id, "err", err)
+	}
+	d.cfg.Wrappers.Forget(sb.id)
+	sb.stop()
+	d.log.Info("stopped driving sandbox", "sandbox", sb.id, "why", ErrSandboxEmpty.Error())
+}
