@@ -482,7 +482,7 @@ func TestHolderDoneOnLoss(t *testing.T) {
 		h, err := fence.Hold(ctx, rdb, "h", "a", 150*time.Millisecond)
 		require.NoError(t, err)
 		require.NoError(t, srv.Pause())
-		// The renewal hangs; the holder gives up after 3 TTLs unconfirmed.
+		// The renewal hangs; the holder gives up after 5 TTLs unconfirmed.
 		waitDone(t, h)
 		require.NoError(t, srv.Resume())
 		require.ErrorIs(t, h.Release(ctx), fence.ErrLeaseLost)

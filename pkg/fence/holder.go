@@ -43,7 +43,7 @@ type Holder struct {
 
 // giveUpTTLs is how many TTLs without a confirmed renewal a holder waits
 // before it gives the lease up.
-const giveUpTTLs = 3
+const giveUpTTLs = 5
 
 // Hold acquires the lease (see Acquire) and starts renewing it. ctx bounds
 // the holder's life: when it ends, renewal stops and Done closes.

@@ -339,12 +339,14 @@ func (s *suite) wrappers(t *testing.T) []int {
 // replica drives", no lease loss counted, the same wrapper processes — and
 // once writes are confirmed again every session is served. A renewal that
 // could not be confirmed is not a lease another replica took. The owner TTL
-// is short (renewal every 2s) so that renewals fall in the failover.
+// is short (renewal every 2.7s) so that renewals fall in the failover; after
+// the resume the replica's resync took 12-16 s here before writes were
+// confirmed again, within the 5 TTLs a holder waits before it lets go.
 func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	g := redistest.StartSentinel(t)
 	metricsAddr := freeAddr(t)
 	s := startSuiteAt(t, nil, func(c *sandbox.Config) {
-		c.OwnerTTL = 6 * time.Second
+		c.OwnerTTL = 8 * time.Second
 		c.MetricsAddr = metricsAddr
 	}, store{URL: g.URL(), MinReplicas: 1})
 	metrics := "http://" + metricsAddr + "/metrics"
