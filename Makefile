@@ -8,7 +8,8 @@
 #   make helm-check render and strictly decode the Helm chart, strict lint, and run it on the
 #                   test cluster (install/upgrade/uninstall, PodSecurity, namespace admin)
 #   make cluster    build (or reuse) the test cluster's binaries (deploy/cluster/build.sh);
-#                   the cluster tests run when it is built (AGENTPLANE_TEST_CLUSTER=required: must)
+#                   make helm-check builds it first; its tests are required under CI=true
+#                   or AGENTPLANE_TEST_CLUSTER=required (skipped only in a bare `go test`)
 
 SHELL := /bin/bash
 BIN   := $(CURDIR)/.cache/bin
@@ -73,8 +74,9 @@ test:
 	  $(FAILED_REPORT)
 
 # The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kwok, helm) built from the Go module proxy at pinned versions into a cache outside the
-# repository (${XDG_CACHE_HOME:-~/.cache}/agentplane/cluster/<version>); reused when built.
+# kwok, helm) built from the Go module proxy at the versions pinned by deploy/cluster/go.mod
+# into a cache outside the repository (${XDG_CACHE_HOME:-~/.cache}/agentplane/cluster/<version>);
+# reused when built (docs/development.md "The test cluster": cold and warm times).
 cluster:
 	bash deploy/cluster/build.sh
 
@@ -94,7 +96,8 @@ test-redis-topologies:
 	  (cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/) || failed="$$failed failover-e2e"; \
 	  $(FAILED_REPORT)
 
-helm-check:
+# The chart checks need the test cluster: built here when it is not (reused when it is).
+helm-check: cluster
 	bash deploy/helm/check.sh
 
 bench: tools

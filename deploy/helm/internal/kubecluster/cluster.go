@@ -60,14 +60,17 @@ func buildScript() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "..", "cluster", "build.sh")
 }
 
-// Required says whether a missing cluster fails the tests (AGENTPLANE_TEST_CLUSTER=required).
-func Required() bool { return os.Getenv("AGENTPLANE_TEST_CLUSTER") == "required" }
+// Required says whether a missing cluster fails the tests: under CI=true (CI builds it) or
+// with AGENTPLANE_TEST_CLUSTER=required.
+func Required() bool {
+	return os.Getenv("AGENTPLANE_TEST_CLUSTER") == "required" || os.Getenv("CI") == "true"
+}
 
 var binaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
 
 // Start starts a cluster with nodes kwok nodes and stops it when the test ends. Without the
-// built binaries it skips, or fails with AGENTPLANE_TEST_CLUSTER=required (what CI sets once
-// it builds the cluster: then a missing component is a failure).
+// built binaries it skips, or fails when Required (under CI=true a missing component is a
+// failure, never a skip).
 func Start(t testing.TB, nodes int) *Cluster {
 	t.Helper()
 	dir, err := BinDir()
