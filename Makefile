@@ -12,6 +12,7 @@
 #                   or AGENTPLANE_TEST_CLUSTER=required (skipped only in a bare `go test`)
 
 SHELL := /bin/bash
+comma := ,
 BIN   := $(CURDIR)/.cache/bin
 BUF   := $(BIN)/buf
 # Modules of go.work; `go list ./...` does not work at a workspace root.
@@ -47,23 +48,31 @@ proto-lint: $(BUF)
 
 # The loops below run every module whatever fails before it, and end with
 # the list of what failed (non-zero exit when anything did): one flaky
-# module must not hide the others' results.
+# module must not hide the others' results. Each step ends with a line
+# saying how long it took (`== go test X (took N s)`, FAILED when it did),
+# so every run shows where the time goes.
 FAILED_REPORT = if [ -n "$$failed" ]; then echo; echo "FAILED:$$failed"; exit 1; fi
+# $(call TIMED,label,command,failure name): runs command, prints its time.
+TIMED = echo "== $(1)"; t0=$$SECONDS; if ( $(2) ); then r=""; else r=" FAILED"; failed="$$failed $(3)"; fi; \
+  echo "== $(1)$$r (took $$((SECONDS - t0)) s)"
 
+# go vet alone; `make lint` does not run it: golangci-lint's standard set
+# includes govet (the same default analyzers), and running both type-checked
+# every module twice.
 vet:
-	@failed=""; for m in $(MODULES); do echo "go vet $$m"; (cd $$m && go vet ./...) || failed="$$failed $$m"; done; \
+	@failed=""; for m in $(MODULES); do $(call TIMED,go vet $$m,cd $$m && go vet ./...,$$m); done; \
 	  $(FAILED_REPORT)
 
 golangci: $(BIN)/golangci-lint
-	@failed=""; for m in $(MODULES) $(CURDIR)/deploy/helm; do echo "golangci-lint $$m"; \
+	@failed=""; for m in $(MODULES) $(CURDIR)/deploy/helm; do \
 	  if [ "$$m" = "$(CURDIR)/deploy/helm" ]; then g=off; else g=; fi; \
-	  (cd $$m && GOWORK=$$g $(BIN)/golangci-lint run --allow-parallel-runners ./...) || failed="$$failed $$m"; done; \
+	  $(call TIMED,golangci-lint $$m,cd $$m && GOWORK=$$g $(BIN)/golangci-lint run --allow-parallel-runners ./...,$$m); done; \
 	  $(FAILED_REPORT)
 
-lint: proto-lint vet golangci
+lint: proto-lint golangci
 
 test-go:
-	@failed=""; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test $(GOTEST_FLAGS) ./...) || failed="$$failed $$m"; done; \
+	@failed=""; for m in $(MODULES); do $(call TIMED,go test $$m,cd $$m && go test $(GOTEST_FLAGS) ./...,$$m); done; \
 	  $(FAILED_REPORT)
 
 # helm-check runs even when test-go failed (make -k would also run it; this
@@ -88,12 +97,11 @@ REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ servi
 REDIS_FAILOVER_E2E = ^(TestSentinelFailover(Acks|KeepsSandboxes)|TestClusterFailoverKill)$$
 test-redis-topologies:
 	@failed=""; for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
-	  m=$${s%%:*}; p=$${s#*:}; echo "== AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//,/ }"; \
-	  (cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//,/ }) || failed="$$failed $$topo:$$s"; done; done; \
-	  echo "== go test pkg ./replication/ (WAIT on a replica pair and a Cluster)"; \
-	  (cd pkg && go test $(GOTEST_FLAGS) ./replication/) || failed="$$failed pkg:./replication/"; \
-	  echo "== go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)'"; \
-	  (cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/) || failed="$$failed failover-e2e"; \
+	  m=$${s%%:*}; p=$${s#*:}; \
+	  $(call TIMED,AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//$(comma)/ },cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//$(comma)/ },$$topo:$$s); \
+	  done; done; \
+	  $(call TIMED,go test pkg ./replication/ (WAIT on a replica pair and a Cluster),cd pkg && go test $(GOTEST_FLAGS) ./replication/,pkg:./replication/); \
+	  $(call TIMED,go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)',cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/,failover-e2e); \
 	  $(FAILED_REPORT)
 
 # The chart checks need the test cluster: built here when it is not (reused when it is).
