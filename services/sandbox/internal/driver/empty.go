@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/fence"
+	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/internal/leasestore"
 	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/internal/provider"
@@ -79,6 +80,7 @@ func (sb *sandbox) emptyLocked() bool {
 // only sandboxes with something to drive. Anything short of that certainty
 // (a lease record left, an inspection that failed) keeps the sandbox.
 func (d *Driver) releaseIfEmpty(ctx context.Context, sb *sandbox) {
+	d.forgetLeftoverKeys(ctx, sb)
 	now := d.cfg.Now()
 	sb.mu.Lock()
 	if !sb.emptyLocked() {
@@ -138,4 +140,39 @@ func (d *Driver) letGo(ctx context.Context, sb *sandbox) {
 	d.cfg.Wrappers.Forget(sb.id)
 	sb.stop()
 	d.log.Info("stopped driving sandbox", "sandbox", sb.id, "why", ErrSandboxEmpty.Error())
+}
+
+// forgetLeftoverKeys finishes the runtime keys a sandbox with no route and
+// no preparation still has: a release forgets its key only when it verified
+// the key's absence then (best effort), so a key whose wrapper was still
+// live, or whose records a failed write kept, would hold the sandbox for
+// good. Such a key gets a stop (its allocation and its wrapper lease), and
+// once its absence is verified its records go (forgetKey).
+func (d *Driver) forgetLeftoverKeys(ctx context.Context, sb *sandbox) {
+	sb.mu.Lock()
+	if sb.dropped || len(sb.routes) > 0 || len(sb.preparing) > 0 || sb.recovering || len(sb.keyAllocations) == 0 {
+		sb.mu.Unlock()
+		return
+	}
+	dirs := map[string]string{}
+	var stop []string
+	for key, s := range sb.keyAllocations {
+		dirs[key] = s.Directory
+		if s.Alloc.Live() {
+			s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: d.cfg.Now(), Reason: "no_session"})
+			d.persistAllocations(sb, []*store.KeyAllocation{s})
+			stop = append(stop, key)
+		}
+	}
+	sb.mu.Unlock()
+	for _, key := range stop {
+		if err := d.cfg.Wrappers.RequestStop(ctx, sb.id, key, "no_session"); err != nil {
+			d.log.Warn("stop of a runtime key with no session not requested", "sandbox", sb.id, "runtime_key", key, "err", err)
+		}
+	}
+	for key, dir := range dirs {
+		if ok, _, err := d.cfg.Wrappers.AbsenceVerified(ctx, sb.id, key); err == nil && ok {
+			d.forgetKey(ctx, sb, key, dir)
+		}
+	}
 }
