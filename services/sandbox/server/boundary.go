@@ -161,16 +161,20 @@ func CgroupLimits() (bool, string) {
 // cgroupRoot is where the host's cgroup hierarchies are mounted.
 const cgroupRoot = "/sys/fs/cgroup"
 
+// sampledLimits is what holds without cgroups (DESIGN.md 3.3, host shape
+// "neither").
+const sampledLimits = "memory per sandbox is sampled (stopped with memory_limit over SANDBOX_MEMORY_LIMIT), CPU is weighted (SANDBOX_NICE, SCHED_BATCH), not capped; processes by rlimits only"
+
 // detectCgroups finds where sandboxes' cgroups go, and reports at start-up
 // the limits this host cannot enforce.
 func detectCgroups(cfg Config, log *slog.Logger) *cgroup.Manager {
 	if cfg.Cgroups == "off" {
-		log.Warn("SANDBOX_CGROUPS=off: memory, CPU and process limits per sandbox are not enforced (rlimits are)")
+		log.Warn("SANDBOX_CGROUPS=off: "+sampledLimits, "memory_bytes", uint64(cfg.MemoryLimit), "nice", cfg.Nice)
 		return nil
 	}
 	m, why := cgroup.Detect(cgroupRoot)
 	if m == nil {
-		log.Warn("sandbox cgroup limits unavailable: memory, CPU and process limits per sandbox are not enforced (rlimits are)", "reason", why)
+		log.Warn("sandbox cgroup limits unavailable: "+sampledLimits, "reason", why, "memory_bytes", uint64(cfg.MemoryLimit), "nice", cfg.Nice)
 		return nil
 	}
 	l := cfg.cgroupLimits()

@@ -71,6 +71,9 @@ type Config struct {
 	MemoryLimit ByteSize // SANDBOX_MEMORY_LIMIT: memory per sandbox
 	CPULimit    int      // SANDBOX_CPU_LIMIT: CPU per sandbox in thousandths of a core
 	PidsLimit   int      // SANDBOX_PIDS_LIMIT: processes and threads per sandbox
+	// Nice (SANDBOX_NICE) is the nice value, with SCHED_BATCH, of every
+	// sandbox's processes where no cgroup limits CPU: weighting, not a cap.
+	Nice int
 	// SocketConns (SANDBOX_SOCKET_CONNS) bounds each sandbox's open
 	// connections to every socket handed into it (control, credential proxy,
 	// egress, OTLP); SocketIdle (SANDBOX_SOCKET_IDLE) closes one that read
@@ -120,6 +123,7 @@ func DefaultConfig() Config {
 		MemoryLimit:       ByteSize(cgroup.DefaultLimits.MemoryBytes),
 		CPULimit:          int(cgroup.DefaultLimits.CPUMillis),
 		PidsLimit:         int(cgroup.DefaultLimits.Pids),
+		Nice:              10,
 		Egress:            DefaultEgressConfig(),
 	}
 }
@@ -166,6 +170,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Var(&c.MemoryLimit, "SANDBOX_MEMORY_LIMIT", &mem, "memory per sandbox (bytes, or with KiB/MiB/GiB); over it the sandbox stops with memory_limit")
 	l.Int(&c.CPULimit, "SANDBOX_CPU_LIMIT", c.CPULimit, "CPU per sandbox in thousandths of a core (1000: one core)")
 	l.Int(&c.PidsLimit, "SANDBOX_PIDS_LIMIT", c.PidsLimit, "processes and threads per sandbox")
+	l.Int(&c.Nice, "SANDBOX_NICE", c.Nice, "without cgroup limits: nice value (0-19, with SCHED_BATCH) of every sandbox's processes; 0: none")
 	quota := c.DiskQuota
 	l.Var(&c.DiskQuota, "SANDBOX_DISK_QUOTA", &quota, "disk per sandbox, workspaces and homes (bytes, or with KiB/MiB/GiB); 0: none")
 	l.Int(&c.SocketConns, "SANDBOX_SOCKET_CONNS", c.SocketConns, "open connections of one sandbox to each socket handed into it")
@@ -200,6 +205,9 @@ func (c *Config) Validate() error {
 		bad("SANDBOX_CAPACITY_THRESHOLD", errors.New("must be positive"))
 	}
 	c.validateBoundary(bad)
+	if c.Nice < 0 || c.Nice > 19 {
+		bad("SANDBOX_NICE", errors.New("must be 0 to 19"))
+	}
 	if c.SocketConns <= 0 {
 		bad("SANDBOX_SOCKET_CONNS", errors.New("must be positive"))
 	}

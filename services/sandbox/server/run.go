@@ -121,7 +121,8 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 func newProvider(cfg Config, bnd *boundarySetup, log *slog.Logger) (*process.Provider, error) {
 	return process.New(process.Config{Root: cfg.SandboxRoot, Logger: log.With("component", "provider"),
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv),
-		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits(), DiskQuota: uint64(cfg.DiskQuota)})
+		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits(), DiskQuota: uint64(cfg.DiskQuota),
+		MemoryLimit: uint64(cfg.MemoryLimit), Nice: cfg.Nice})
 }
 
 // serve runs srv until ctx ends (a cancelled context is a clean stop).

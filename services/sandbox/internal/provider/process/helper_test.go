@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +36,15 @@ func TestMain(m *testing.M) {
 		_ = exec.Command("/bin/sh", "-c", "sleep 600 &").Run()
 		_ = os.WriteFile("ready", nil, 0o644)
 		time.Sleep(time.Hour)
+	case "hog":
+		// A runtime that holds 256 MiB of touched anonymous memory.
+		b := make([]byte, 256<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		_ = os.WriteFile("ready", nil, 0o644)
+		time.Sleep(time.Hour)
+		runtime.KeepAlive(b)
 	case "ignore-term":
 		signal.Ignore(syscall.SIGTERM)
 		_ = os.WriteFile("ready", nil, 0o644)

@@ -22,6 +22,7 @@ type groups struct {
 	live map[string]*liveGroup
 	keys map[string]map[string]int // sandbox → runtime key → launches whose namespace runs
 	disk map[string]*diskSample    // sandbox → its last usage sample
+	mem  memWatch                  // the sampled memory limit (memory.go)
 }
 
 type liveGroup struct {
@@ -60,6 +61,11 @@ func (p *Provider) groupName(m provider.Markers) string {
 // is created inside the group.
 func (p *Provider) enterGroup(m provider.Markers, pid int, f *launchFiles) (launchRec, error) {
 	l := launchRec{m: provider.Markers{SandboxID: m.SandboxID, RuntimeKey: m.RuntimeKey}}
+	if p.cfg.Cgroups == nil && f != nil && f.blockW != nil {
+		if err := p.weigh(pid, f); err != nil {
+			return launchRec{}, err
+		}
+	}
 	if p.cfg.Cgroups != nil && f != nil && f.blockW != nil {
 		defer f.blockW.Close()
 		name := p.groupName(m)
@@ -135,7 +141,8 @@ func (p *Provider) leaveGroup(l launchRec) {
 // OverLimit lists the runtime keys that passed a limit since the last
 // call: a cgroup that reached its memory limit (provider.ReasonMemoryLimit)
 // and every live key of a sandbox over its disk quota
-// (provider.ReasonDiskQuota).
+// (provider.ReasonDiskQuota). Without cgroups, a key whose sampled memory
+// passed the limit (memory.go) is provider.ReasonMemoryLimit too.
 func (p *Provider) OverLimit() []provider.Breach {
 	var out []provider.Breach
 	p.groups.mu.Lock()
@@ -152,6 +159,7 @@ func (p *Provider) OverLimit() []provider.Breach {
 		sandboxes = append(sandboxes, sb)
 	}
 	p.groups.mu.Unlock()
+	out = append(out, p.memoryBreaches(sandboxes)...)
 	if p.cfg.DiskQuota == 0 {
 		return out
 	}

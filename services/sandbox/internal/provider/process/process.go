@@ -76,6 +76,13 @@ type Config struct {
 	// DiskQuota bounds each sandbox's directory (workspaces, homes, logs);
 	// 0: none (limits.go).
 	DiskQuota uint64
+	// MemoryLimit is sampled per runtime key when Cgroups is nil (memory.go);
+	// 0: none.
+	MemoryLimit uint64
+	// Nice, when Cgroups is nil and the boundary is on, lowers each
+	// sandbox's scheduling weight (nice value and SCHED_BATCH, sched.go):
+	// weighting, not a cap. 0: none.
+	Nice int
 }
 
 // DeploymentOf is the default deployment id of a sandbox root.
@@ -378,7 +385,7 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, e
 	lf := &launchFiles{boundary: bf, infoW: infoW, infoR: infoR}
 	args := []string{"--info-fd", strconv.Itoa(firstFD + len(inherited))}
 	extra := []*os.File{infoW}
-	if p.cfg.Cgroups != nil {
+	if p.cfg.Cgroups != nil || p.cfg.Nice != 0 {
 		if lf.blockR, lf.blockW, err = os.Pipe(); err != nil {
 			lf.started()
 			lf.close()
