@@ -131,6 +131,8 @@ spec:
           value: {{ $c.limits.memory | quote }}
         - name: AGENTPLANE_SANDBOX_CPU_LIMIT
           value: {{ int $c.limits.cpuMillis | quote }}
+        - name: AGENTPLANE_SANDBOX_NICE
+          value: {{ int $c.limits.nice | quote }}
         - name: AGENTPLANE_SANDBOX_PIDS_LIMIT
           value: {{ int $c.limits.pids | quote }}
         - name: AGENTPLANE_SANDBOX_DISK_QUOTA
