@@ -360,7 +360,7 @@ func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	}
 	before := s.wrappers(t)
 	require.NotEmpty(t, before, "the sandboxes' wrappers (and their runtimes) run")
-	require.Equal(t, float64(len(ids)), scrape(t, metrics)["sandbox_owned_sandboxes"])
+	require.InDelta(t, float64(len(ids)), scrape(t, metrics)["sandbox_owned_sandboxes"], 0)
 
 	ctx := t.Context()
 	began := time.Now()
@@ -400,7 +400,7 @@ func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 			t.Log(line)
 		}
 	}
-	require.Equal(t, float64(len(ids)), m["sandbox_owned_sandboxes"], "the replica kept every sandbox")
+	require.InDelta(t, float64(len(ids)), m["sandbox_owned_sandboxes"], 0, "the replica kept every sandbox")
 	require.Zero(t, m["sandbox_owner_leases_unconfirmed"])
 	require.Zero(t, m["sandbox_owner_lease_losses_total"], "no owner lease counted lost")
 	logs := s.logs.String()
