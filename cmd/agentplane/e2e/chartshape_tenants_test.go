@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -77,7 +78,7 @@ func TestChartShapedTenants(t *testing.T) {
 	if _, err := exec.LookPath("perl"); err != nil {
 		testenv.Missing(t, "perl (the hostile runtime's scripts): %v", err)
 	}
-	_, s, procs, _ := startChartSuite(t, chartOptions{sets: []string{"sandbox.limits.diskQuota=64MiB"}})
+	_, s, procs, _ := startChartSuite(t, chartOptions{sets: []string{"sandbox.limits.diskQuota=64MiB", "sandbox.limits.memory=256MiB"}})
 	service := procs[svcSandbox].pid
 	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
 	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
@@ -192,6 +193,44 @@ func TestChartShapedTenants(t *testing.T) {
 		require.NotEmpty(t, runtimeEvents(events, "b1"), "bob's runtime answered")
 	})
 
+	// No cgroup can be made here (cgroup v1, the service not root): the sampling enforcer
+	// stops a runtime key over its memory limit, and CPU is weighted (nice 10, SCHED_BATCH).
+	t.Run("memory hog", func(t *testing.T) {
+		b := create(t, bob, "sbx-bob-mem")
+		s.turn(t, b.GetSessionId(), "b1", "hello before the hog")
+		hog := create(t, mallory, "sbx-mallory-mem")
+		s.turn(t, hog.GetSessionId(), "h1", `write: hog.sh perl -e '$x = "a" x (512 << 20); print "held\n"; sleep 600'`)
+		_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: hog.GetSessionId(), MessageId: "h2",
+			Content: "run: sh hog.sh"})
+		require.NoError(t, err)
+		require.Equal(t, "memory_limit", s.messageFailure(t, hog.GetSessionId(), "h2"))
+		s.turn(t, b.GetSessionId(), "b2", "hello after the hog")
+	})
+
+	t.Run("CPU hog", func(t *testing.T) {
+		hog := create(t, mallory, "sbx-mallory-cpu")
+		require.Contains(t, hostile(t, hog.GetSessionId(), "spin", spinAllCores), "spinning")
+		var spinners []int
+		require.Eventually(t, func() bool {
+			spinners = spinners[:0]
+			for _, pid := range descendants(t, service) {
+				if argv := cmdline(pid); len(argv) > 0 && argv[0] == "cpu-hog" {
+					spinners = append(spinners, pid)
+				}
+			}
+			return len(spinners) >= runtime.NumCPU()
+		}, 30*time.Second, 50*time.Millisecond, "mallory's spinners run")
+		for _, pid := range spinners {
+			nice, policy := schedOf(t, pid)
+			require.Equal(t, 10, nice, "spinner %d's nice value", pid)
+			require.Equal(t, 3, policy, "spinner %d's policy: SCHED_BATCH", pid)
+		}
+		// Bob's turn completes while every core spins (its duration is not asserted).
+		b := create(t, bob, "sbx-bob-cpu")
+		require.NotEmpty(t, runtimeEvents(s.turn(t, b.GetSessionId(), "b1", "hello under a CPU hog"), "b1"), "bob's runtime answered")
+		s.deleteSession(t, hog.GetSessionId())
+	})
+
 	t.Run("disk filler", func(t *testing.T) {
 		filler := create(t, mallory, "sbx-mallory-disk")
 		requireDiskQuotaHolds(t, s, filler.GetSessionId(), func() string {
@@ -201,6 +240,22 @@ func TestChartShapedTenants(t *testing.T) {
 
 	// Alice's session outlived all of it.
 	require.Contains(t, runIn(t, s, a.GetSessionId(), "a9", "cat", "secret.txt"), "alice-secret")
+}
+
+// spinAllCores starts two busy loops per core, named cpu-hog, in the background.
+const spinAllCores = `n=$(($(nproc) * 2)); i=0; while [ $i -lt $n ]; do setsid perl -e '$0 = "cpu-hog"; 1 while 1' </dev/null >/dev/null 2>&1 & i=$((i + 1)); done; echo spinning`
+
+// schedOf reads a process's nice value and scheduling policy (stat fields 19 and 41).
+func schedOf(t *testing.T, pid int) (int, int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	nice, err := strconv.Atoi(f[16])
+	require.NoError(t, err)
+	policy, err := strconv.Atoi(f[38])
+	require.NoError(t, err)
+	return nice, policy
 }
 
 // descendants lists every live process below pid (host pids).
