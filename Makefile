@@ -18,7 +18,7 @@ BIN   := $(CURDIR)/.cache/bin
 BUF   := $(BIN)/buf
 # Modules of go.work; `go list ./...` does not work at a workspace root.
 MODULES = $(shell go list -m -f '{{.Dir}}')
-GOTEST_FLAGS ?= -race -count=1 -timeout 20m
+GOTEST_FLAGS ?= -race -count=1 -timeout 30m
 
 .PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go test-redis-topologies bench helm-check cluster test-cluster dev build clean
 

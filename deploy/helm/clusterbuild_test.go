@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -50,7 +51,8 @@ func goList(t *testing.T, dir string, args ...string) []string {
 	out, err := cmd.Output()
 	if err != nil {
 		msg := err.Error()
-		if ee, ok := err.(*exec.ExitError); ok {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			msg += ": " + string(ee.Stderr)
 		}
 		t.Fatalf("go %s in %s: %s", strings.Join(args, " "), dir, msg)
