@@ -11,14 +11,15 @@ import (
 // mirroredServices are the registered services whose health follows readiness (""):
 // everything but health and reflection themselves.
 func (s *Server) mirroredServices() []string {
-	names := []string{""}
+	var names []string
 	for name := range s.grpc.GetServiceInfo() {
 		if name == healthpb.Health_ServiceDesc.ServiceName || isReflection(name) {
 			continue
 		}
 		names = append(names, name)
 	}
-	return names
+	// The overall name last: a client that sees "" SERVING finds every service SERVING too.
+	return append(names, "")
 }
 
 // isReflection matches the v1 and v1alpha reflection services.

@@ -345,7 +345,11 @@ func (s *Server) serve(ctx context.Context) error {
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	checkCtx, stopCheck := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCheck()
-	wg.Go(func() { s.checkRedis(checkCtx, s.mirroredServices()) })
+	mirrored := s.mirroredServices()
+	for _, name := range mirrored { // known (not ready) from the start, never "unknown service"
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	wg.Go(func() { s.checkRedis(checkCtx, mirrored) })
 
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- s.grpc.Serve(lis) })
