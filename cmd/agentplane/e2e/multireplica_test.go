@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -259,6 +260,10 @@ func keysOf(m map[string]bool) string {
 // each while a round of turns runs, loses no message (ListMessages), no
 // event (a full WatchSession replay against what the watchers were
 // delivered) and no history item (Export).
+// mrTenant is the tenant of TestMultiReplicaKillEachService's sessions: the
+// session service claims their sandboxes for it, so Status must name it.
+var mrTenant = &sandboxv1.Tenant{OrgId: "o-mr", UserId: "u-mr"}
+
 func TestMultiReplicaKillEachService(t *testing.T) {
 	r := startReplicated(t)
 
@@ -269,7 +274,7 @@ func TestMultiReplicaKillEachService(t *testing.T) {
 		require.Eventually(t, func() bool {
 			var err error
 			resp, err = r.client.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-				UserId: "u-mr", OrgId: "o-mr", SandboxId: sandboxID,
+				UserId: mrTenant.GetUserId(), OrgId: mrTenant.GetOrgId(), SandboxId: sandboxID,
 				Worktree:   &sessionv1.Worktree{Directory: fmt.Sprintf("/work/mr-%d", i)},
 				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 			})
@@ -283,25 +288,25 @@ func TestMultiReplicaKillEachService(t *testing.T) {
 
 	// kill -9 the sandbox replica owning the first sandbox.
 	victim, survivor := r.sandbox[0], r.sandbox[1]
-	if survivor.owner(all[0].sandbox) == survivor.name {
+	if survivor.ownerFor(mrTenant, all[0].sandbox) == survivor.name {
 		victim, survivor = survivor, victim
 	}
 	owned := 0
 	for _, s := range all[:4] {
-		if survivor.owner(s.sandbox) == victim.name {
+		if survivor.ownerFor(mrTenant, s.sandbox) == victim.name {
 			owned++
 		}
 	}
 	victim.kill9()
 	killed := time.Now()
-	require.Eventually(t, func() bool { return survivor.owner(all[0].sandbox) == survivor.name },
+	require.Eventually(t, func() bool { return survivor.ownerFor(mrTenant, all[0].sandbox) == survivor.name },
 		60*time.Second, 20*time.Millisecond, "the sandbox moves to the survivor")
 	// Owner TTL plus one renewal (TTL/3) is the bound; logged, not asserted (a loaded machine stretches it).
 	t.Logf("sandbox replica %s killed (owned %d of 4 sandboxes): ownership moved after %v (owner TTL %v + one renewal %v)",
 		victim.name, owned, time.Since(killed), replicaOwnerTTL, replicaOwnerTTL/3)
 	r.round(t, all, "m2", nil)
 	for _, s := range all[:4] {
-		require.Equal(t, survivor.name, survivor.owner(s.sandbox))
+		require.Equal(t, survivor.name, survivor.ownerFor(mrTenant, s.sandbox))
 	}
 
 	// kill -9 of one replica of each other service, each during a round.

@@ -237,7 +237,11 @@ func fillInodes(t *testing.T, dir string) int {
 // lets the next messages complete.
 func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
 	root := tmpfsRoot(t, 512)
-	s, _, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"SANDBOX_CAPACITY_THRESHOLD", "1MiB"}})
+	// The root is a 64 MiB tmpfs: admission counts every other live
+	// sandbox's unused SANDBOX_DISK_QUOTA as used (decision 55), so the
+	// default 4 GiB of sbx-enospc-other would leave 0 bytes and reject
+	// sbx-enospc before the inode exhaustion this test is about.
+	s, _, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"SANDBOX_CAPACITY_THRESHOLD", "1MiB", "SANDBOX_DISK_QUOTA", "16MiB"}})
 	other := s.create(t, "sbx-enospc-other", "/work/e2e-enospc", newSecret())
 	s.turn(t, other.GetSessionId(), "m1", "another sandbox")
 	warm := s.create(t, "sbx-enospc", "/work/e2e-enospc-warm", newSecret())

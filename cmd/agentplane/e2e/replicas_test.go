@@ -125,9 +125,16 @@ func serving(conn grpc.ClientConnInterface) bool {
 }
 
 func (r *sandboxReplica) owner(sandboxID string) string {
+	return r.ownerFor(e2eTenant, sandboxID)
+}
+
+// ownerFor is owner for a sandbox of tenant tn: Status names the tenant,
+// and another tenant's Status is refused (SANDBOX_TENANT_MISMATCH), which
+// reads here as no owner.
+func (r *sandboxReplica) ownerFor(tn *sandboxv1.Tenant, sandboxID string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := r.client.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sandboxID, Tenant: e2eTenant})
+	st, err := r.client.Status(ctx, &sandboxv1.StatusRequest{SandboxId: sandboxID, Tenant: tn})
 	if err != nil {
 		return ""
 	}
