@@ -295,11 +295,20 @@ func testAgentAbortAndSharedWorktree(t *testing.T, agent string) {
 }
 
 // agentProcesses lists the pids of agent runtimes a wrapper instance started
-// (AGENTPLANE_RUNTIME_PARENT), leaving out their own children.
+// (AGENTPLANE_RUNTIME_PARENT): the agent itself, the topmost process of its
+// tree that is not bubblewrap. Since c2e4a5e the wrapper runs each agent in a
+// nested bubblewrap whose processes carry the agent's environment and lead
+// process groups, so neither the environment nor group leadership alone
+// tells the agent; its own children (language servers, tools) have the agent
+// as parent and are left out.
 func agentProcesses(t *testing.T, instance string) []int {
 	entries, err := os.ReadDir("/proc")
 	require.NoError(t, err)
-	var pids []int
+	type node struct {
+		ppid  int
+		bwrap bool
+	}
+	tree := map[int]node{}
 	for _, e := range entries {
 		if strings.Trim(e.Name(), "0123456789") != "" {
 			continue
@@ -312,13 +321,37 @@ func agentProcesses(t *testing.T, instance string) []int {
 		if err != nil || strings.Contains(string(stat), ") Z ") {
 			continue
 		}
-		// A process group leader is the runtime itself; its children
-		// (language servers, tools) share its group.
-		if pid, pgrp, ok := statGroup(string(stat)); ok && pid == pgrp {
+		pid, ppid, ok := statParent(string(stat))
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if !ok || err != nil {
+			continue
+		}
+		argv0, _, _ := strings.Cut(string(cmdline), "\x00")
+		tree[pid] = node{ppid: ppid, bwrap: filepath.Base(argv0) == "bwrap"}
+	}
+	var pids []int
+	for pid, n := range tree {
+		if parent, inTree := tree[n.ppid]; !n.bwrap && (!inTree || parent.bwrap) {
 			pids = append(pids, pid)
 		}
 	}
+	slices.Sort(pids)
 	return pids
+}
+
+// statParent reads the pid and the parent pid from /proc/<pid>/stat.
+func statParent(stat string) (pid, ppid int, ok bool) {
+	open, end := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
+	if open < 0 || end < open {
+		return 0, 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(stat[:open]))
+	fields := strings.Fields(stat[end+1:])
+	if err != nil || len(fields) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return pid, ppid, err == nil
 }
 
 // TestAgentResumesAfterWrapperKill: kill -9 of the wrapper takes its
@@ -378,22 +411,6 @@ func turnRequest(t *testing.T, reqs []fakemodel.Request, text string) fakemodel.
 	}
 	t.Fatalf("no model request of the turn %q; requests: %v", text, seen)
 	return fakemodel.Request{}
-}
-
-// statGroup reads pid and process group from /proc/<pid>/stat (the
-// command name may hold spaces: fields are counted after its ')').
-func statGroup(stat string) (pid, pgrp int, ok bool) {
-	open, end := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
-	if open < 0 || end < open {
-		return 0, 0, false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(stat[:open]))
-	fields := strings.Fields(stat[end+1:])
-	if err != nil || len(fields) < 3 {
-		return 0, 0, false
-	}
-	pgrp, err = strconv.Atoi(fields[2])
-	return pid, pgrp, err == nil
 }
 
 func readSessionMap(t *testing.T, file string) map[string]string {

@@ -84,10 +84,10 @@ func startReceiver(t *testing.T) (*otlpReceiver, string) {
 	return rec, lis.Addr().String()
 }
 
-// startProcess runs `agentplane <service>` as its own process with env; it is stopped
+// startProcess runs `agentplane serve <service>` as its own process with env; it is stopped
 // (SIGTERM, so it flushes its spans) at cleanup.
 func startProcess(t *testing.T, bin, service string, env []string) {
-	cmd := exec.Command(bin, service)
+	cmd := exec.Command(bin, "serve", service)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Stdout, cmd.Stderr = t.Output(), t.Output()
 	require.NoError(t, cmd.Start(), service)
