@@ -211,6 +211,67 @@ func (FileChangeKind) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{2}
 }
 
+// WorktreeFileType is what a worktree directory entry is.
+type WorktreeFileType int32
+
+const (
+	// Not set.
+	WorktreeFileType_WORKTREE_FILE_TYPE_UNSPECIFIED WorktreeFileType = 0
+	// A regular file.
+	WorktreeFileType_WORKTREE_FILE_TYPE_FILE WorktreeFileType = 1
+	// A directory.
+	WorktreeFileType_WORKTREE_FILE_TYPE_DIRECTORY WorktreeFileType = 2
+	// A symbolic link (not followed when listed).
+	WorktreeFileType_WORKTREE_FILE_TYPE_SYMLINK WorktreeFileType = 3
+	// Anything else (fifo, socket, device).
+	WorktreeFileType_WORKTREE_FILE_TYPE_OTHER WorktreeFileType = 4
+)
+
+// Enum value maps for WorktreeFileType.
+var (
+	WorktreeFileType_name = map[int32]string{
+		0: "WORKTREE_FILE_TYPE_UNSPECIFIED",
+		1: "WORKTREE_FILE_TYPE_FILE",
+		2: "WORKTREE_FILE_TYPE_DIRECTORY",
+		3: "WORKTREE_FILE_TYPE_SYMLINK",
+		4: "WORKTREE_FILE_TYPE_OTHER",
+	}
+	WorktreeFileType_value = map[string]int32{
+		"WORKTREE_FILE_TYPE_UNSPECIFIED": 0,
+		"WORKTREE_FILE_TYPE_FILE":        1,
+		"WORKTREE_FILE_TYPE_DIRECTORY":   2,
+		"WORKTREE_FILE_TYPE_SYMLINK":     3,
+		"WORKTREE_FILE_TYPE_OTHER":       4,
+	}
+)
+
+func (x WorktreeFileType) Enum() *WorktreeFileType {
+	p := new(WorktreeFileType)
+	*p = x
+	return p
+}
+
+func (x WorktreeFileType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WorktreeFileType) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentplane_runtime_v1_runtime_proto_enumTypes[3].Descriptor()
+}
+
+func (WorktreeFileType) Type() protoreflect.EnumType {
+	return &file_agentplane_runtime_v1_runtime_proto_enumTypes[3]
+}
+
+func (x WorktreeFileType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WorktreeFileType.Descriptor instead.
+func (WorktreeFileType) EnumDescriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{3}
+}
+
 // RuntimeEvent is one event a runtime emitted while working on a turn.
 type RuntimeEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -337,7 +398,12 @@ type TurnOutcome struct {
 	// Short summary of the turn for watchers; may be empty.
 	Summary string `protobuf:"bytes,6,opt,name=summary,proto3" json:"summary,omitempty"`
 	// When the runtime finished the turn.
-	Time          *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=time,proto3" json:"time,omitempty"`
+	Time *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=time,proto3" json:"time,omitempty"`
+	// Output only: the provider tokens of the turn as the credential proxy
+	// read them from the provider's responses (every response reported since
+	// the session's previous outcome). Absent when no response reported
+	// usage. Added.
+	Usage         *TokenUsage `protobuf:"bytes,8,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -421,6 +487,107 @@ func (x *TurnOutcome) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *TurnOutcome) GetUsage() *TokenUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// TokenUsage counts provider tokens as the credential proxy read them from
+// the provider's responses (usage.prompt_tokens, completion_tokens and
+// prompt_tokens_details.cached_tokens). Added.
+type TokenUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Prompt (input) tokens, cached ones included.
+	InputTokens uint64 `protobuf:"varint,1,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// Completion (output) tokens.
+	OutputTokens uint64 `protobuf:"varint,2,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// Prompt tokens the provider served from its cache (part of input_tokens).
+	CachedTokens uint64 `protobuf:"varint,3,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// Provider responses that reported usage.
+	Requests uint64 `protobuf:"varint,4,opt,name=requests,proto3" json:"requests,omitempty"`
+	// The model of the last response that named one.
+	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// Cost in US dollars of the responses whose model the session service's
+	// price table (AGENTPLANE_SESSION_PRICE_TABLE) prices; 0 without one.
+	CostUsd       float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenUsage) Reset() {
+	*x = TokenUsage{}
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenUsage) ProtoMessage() {}
+
+func (x *TokenUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenUsage.ProtoReflect.Descriptor instead.
+func (*TokenUsage) Descriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TokenUsage) GetInputTokens() uint64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *TokenUsage) GetOutputTokens() uint64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *TokenUsage) GetCachedTokens() uint64 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *TokenUsage) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *TokenUsage) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *TokenUsage) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
 // ProgressStep is one step of preparing a route (worktree checkout, runtime
 // start, ...), reported while a session waits for its route to become ready.
 type ProgressStep struct {
@@ -437,7 +604,7 @@ type ProgressStep struct {
 
 func (x *ProgressStep) Reset() {
 	*x = ProgressStep{}
-	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[2]
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +616,7 @@ func (x *ProgressStep) String() string {
 func (*ProgressStep) ProtoMessage() {}
 
 func (x *ProgressStep) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[2]
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +629,7 @@ func (x *ProgressStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProgressStep.ProtoReflect.Descriptor instead.
 func (*ProgressStep) Descriptor() ([]byte, []int) {
-	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ProgressStep) GetStep() string {
@@ -499,7 +666,7 @@ type FileChange struct {
 
 func (x *FileChange) Reset() {
 	*x = FileChange{}
-	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[3]
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +678,7 @@ func (x *FileChange) String() string {
 func (*FileChange) ProtoMessage() {}
 
 func (x *FileChange) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[3]
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +691,7 @@ func (x *FileChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileChange.ProtoReflect.Descriptor instead.
 func (*FileChange) Descriptor() ([]byte, []int) {
-	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *FileChange) GetPath() string {
@@ -561,7 +728,7 @@ type WorktreeChanges struct {
 
 func (x *WorktreeChanges) Reset() {
 	*x = WorktreeChanges{}
-	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[4]
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +740,7 @@ func (x *WorktreeChanges) String() string {
 func (*WorktreeChanges) ProtoMessage() {}
 
 func (x *WorktreeChanges) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[4]
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +753,7 @@ func (x *WorktreeChanges) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChanges.ProtoReflect.Descriptor instead.
 func (*WorktreeChanges) Descriptor() ([]byte, []int) {
-	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorktreeChanges) GetFiles() []*FileChange {
@@ -624,6 +791,145 @@ func (x *WorktreeChanges) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
+// WorktreeFile is one entry of a worktree directory.
+type WorktreeFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The entry's name (one path component).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What it is.
+	Type WorktreeFileType `protobuf:"varint,2,opt,name=type,proto3,enum=agentplane.runtime.v1.WorktreeFileType" json:"type,omitempty"`
+	// Size in bytes (a symlink: its target's length).
+	Size int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// Permission bits (0o7777).
+	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeFile) Reset() {
+	*x = WorktreeFile{}
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeFile) ProtoMessage() {}
+
+func (x *WorktreeFile) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeFile.ProtoReflect.Descriptor instead.
+func (*WorktreeFile) Descriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WorktreeFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WorktreeFile) GetType() WorktreeFileType {
+	if x != nil {
+		return x.Type
+	}
+	return WorktreeFileType_WORKTREE_FILE_TYPE_UNSPECIFIED
+}
+
+func (x *WorktreeFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *WorktreeFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+// WorktreeFileWrite is one file to write into a worktree.
+type WorktreeFileWrite struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// File relative to the worktree root (no absolute path, no ".."); missing
+	// parent directories are created.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The file's whole new content.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// Permission bits (at most 0o777); 0 keeps an existing file's and gives
+	// a new one 0o644.
+	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeFileWrite) Reset() {
+	*x = WorktreeFileWrite{}
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeFileWrite) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeFileWrite) ProtoMessage() {}
+
+func (x *WorktreeFileWrite) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_runtime_v1_runtime_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeFileWrite.ProtoReflect.Descriptor instead.
+func (*WorktreeFileWrite) Descriptor() ([]byte, []int) {
+	return file_agentplane_runtime_v1_runtime_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WorktreeFileWrite) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WorktreeFileWrite) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WorktreeFileWrite) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
 var File_agentplane_runtime_v1_runtime_proto protoreflect.FileDescriptor
 
 const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
@@ -638,7 +944,7 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x04text\x18\x05 \x01(\tR\x04text\x12\x1b\n" +
 	"\ttool_name\x18\x06 \x01(\tR\btoolName\x12+\n" +
 	"\x04data\x18\a \x01(\v2\x17.google.protobuf.StructR\x04data\x12.\n" +
-	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xa8\x02\n" +
+	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xe1\x02\n" +
 	"\vTurnOutcome\x12\x17\n" +
 	"\aturn_id\x18\x01 \x01(\tR\x06turnId\x12,\n" +
 	"\x12runtime_session_id\x18\x02 \x01(\tR\x10runtimeSessionId\x12&\n" +
@@ -646,7 +952,16 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x06result\x18\x04 \x01(\x0e2!.agentplane.runtime.v1.TurnResultR\x06result\x12%\n" +
 	"\x0efailure_reason\x18\x05 \x01(\tR\rfailureReason\x12\x18\n" +
 	"\asummary\x18\x06 \x01(\tR\asummary\x12.\n" +
-	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"j\n" +
+	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x127\n" +
+	"\x05usage\x18\b \x01(\v2!.agentplane.runtime.v1.TokenUsageR\x05usage\"\xc6\x01\n" +
+	"\n" +
+	"TokenUsage\x12!\n" +
+	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12#\n" +
+	"\routput_tokens\x18\x02 \x01(\x04R\foutputTokens\x12#\n" +
+	"\rcached_tokens\x18\x03 \x01(\x04R\fcachedTokens\x12\x1a\n" +
+	"\brequests\x18\x04 \x01(\x04R\brequests\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12\x19\n" +
+	"\bcost_usd\x18\x06 \x01(\x01R\acostUsd\"j\n" +
 	"\fProgressStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12.\n" +
@@ -661,7 +976,16 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x0ediff_truncated\x18\x03 \x01(\bR\rdiffTruncated\x12\x1f\n" +
 	"\vhead_commit\x18\x04 \x01(\tR\n" +
 	"headCommit\x12.\n" +
-	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time*\xa1\x02\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x87\x01\n" +
+	"\fWorktreeFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
+	"\x04type\x18\x02 \x01(\x0e2'.agentplane.runtime.v1.WorktreeFileTypeR\x04type\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\"O\n" +
+	"\x11WorktreeFileWrite\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode*\xa1\x02\n" +
 	"\x10RuntimeEventKind\x12\"\n" +
 	"\x1eRUNTIME_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bRUNTIME_EVENT_KIND_PROGRESS\x10\x01\x12$\n" +
@@ -681,7 +1005,13 @@ const file_agentplane_runtime_v1_runtime_proto_rawDesc = "" +
 	"\x1cFILE_CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FILE_CHANGE_KIND_ADDED\x10\x01\x12\x1d\n" +
 	"\x19FILE_CHANGE_KIND_MODIFIED\x10\x02\x12\x1c\n" +
-	"\x18FILE_CHANGE_KIND_DELETED\x10\x03B\xd7\x01\n" +
+	"\x18FILE_CHANGE_KIND_DELETED\x10\x03*\xb3\x01\n" +
+	"\x10WorktreeFileType\x12\"\n" +
+	"\x1eWORKTREE_FILE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17WORKTREE_FILE_TYPE_FILE\x10\x01\x12 \n" +
+	"\x1cWORKTREE_FILE_TYPE_DIRECTORY\x10\x02\x12\x1e\n" +
+	"\x1aWORKTREE_FILE_TYPE_SYMLINK\x10\x03\x12\x1c\n" +
+	"\x18WORKTREE_FILE_TYPE_OTHER\x10\x04B\xd7\x01\n" +
 	"\x19com.agentplane.runtime.v1B\fRuntimeProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/runtime/v1;runtimev1\xa2\x02\x03ARX\xaa\x02\x15Agentplane.Runtime.V1\xca\x02\x15Agentplane\\Runtime\\V1\xe2\x02!Agentplane\\Runtime\\V1\\GPBMetadata\xea\x02\x17Agentplane::Runtime::V1b\x06proto3"
 
 var (
@@ -696,35 +1026,41 @@ func file_agentplane_runtime_v1_runtime_proto_rawDescGZIP() []byte {
 	return file_agentplane_runtime_v1_runtime_proto_rawDescData
 }
 
-var file_agentplane_runtime_v1_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_agentplane_runtime_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_agentplane_runtime_v1_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_agentplane_runtime_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_agentplane_runtime_v1_runtime_proto_goTypes = []any{
 	(RuntimeEventKind)(0),         // 0: agentplane.runtime.v1.RuntimeEventKind
 	(TurnResult)(0),               // 1: agentplane.runtime.v1.TurnResult
 	(FileChangeKind)(0),           // 2: agentplane.runtime.v1.FileChangeKind
-	(*RuntimeEvent)(nil),          // 3: agentplane.runtime.v1.RuntimeEvent
-	(*TurnOutcome)(nil),           // 4: agentplane.runtime.v1.TurnOutcome
-	(*ProgressStep)(nil),          // 5: agentplane.runtime.v1.ProgressStep
-	(*FileChange)(nil),            // 6: agentplane.runtime.v1.FileChange
-	(*WorktreeChanges)(nil),       // 7: agentplane.runtime.v1.WorktreeChanges
-	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(WorktreeFileType)(0),         // 3: agentplane.runtime.v1.WorktreeFileType
+	(*RuntimeEvent)(nil),          // 4: agentplane.runtime.v1.RuntimeEvent
+	(*TurnOutcome)(nil),           // 5: agentplane.runtime.v1.TurnOutcome
+	(*TokenUsage)(nil),            // 6: agentplane.runtime.v1.TokenUsage
+	(*ProgressStep)(nil),          // 7: agentplane.runtime.v1.ProgressStep
+	(*FileChange)(nil),            // 8: agentplane.runtime.v1.FileChange
+	(*WorktreeChanges)(nil),       // 9: agentplane.runtime.v1.WorktreeChanges
+	(*WorktreeFile)(nil),          // 10: agentplane.runtime.v1.WorktreeFile
+	(*WorktreeFileWrite)(nil),     // 11: agentplane.runtime.v1.WorktreeFileWrite
+	(*structpb.Struct)(nil),       // 12: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_agentplane_runtime_v1_runtime_proto_depIdxs = []int32{
-	0, // 0: agentplane.runtime.v1.RuntimeEvent.kind:type_name -> agentplane.runtime.v1.RuntimeEventKind
-	8, // 1: agentplane.runtime.v1.RuntimeEvent.data:type_name -> google.protobuf.Struct
-	9, // 2: agentplane.runtime.v1.RuntimeEvent.time:type_name -> google.protobuf.Timestamp
-	1, // 3: agentplane.runtime.v1.TurnOutcome.result:type_name -> agentplane.runtime.v1.TurnResult
-	9, // 4: agentplane.runtime.v1.TurnOutcome.time:type_name -> google.protobuf.Timestamp
-	9, // 5: agentplane.runtime.v1.ProgressStep.time:type_name -> google.protobuf.Timestamp
-	2, // 6: agentplane.runtime.v1.FileChange.kind:type_name -> agentplane.runtime.v1.FileChangeKind
-	6, // 7: agentplane.runtime.v1.WorktreeChanges.files:type_name -> agentplane.runtime.v1.FileChange
-	9, // 8: agentplane.runtime.v1.WorktreeChanges.time:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	0,  // 0: agentplane.runtime.v1.RuntimeEvent.kind:type_name -> agentplane.runtime.v1.RuntimeEventKind
+	12, // 1: agentplane.runtime.v1.RuntimeEvent.data:type_name -> google.protobuf.Struct
+	13, // 2: agentplane.runtime.v1.RuntimeEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 3: agentplane.runtime.v1.TurnOutcome.result:type_name -> agentplane.runtime.v1.TurnResult
+	13, // 4: agentplane.runtime.v1.TurnOutcome.time:type_name -> google.protobuf.Timestamp
+	6,  // 5: agentplane.runtime.v1.TurnOutcome.usage:type_name -> agentplane.runtime.v1.TokenUsage
+	13, // 6: agentplane.runtime.v1.ProgressStep.time:type_name -> google.protobuf.Timestamp
+	2,  // 7: agentplane.runtime.v1.FileChange.kind:type_name -> agentplane.runtime.v1.FileChangeKind
+	8,  // 8: agentplane.runtime.v1.WorktreeChanges.files:type_name -> agentplane.runtime.v1.FileChange
+	13, // 9: agentplane.runtime.v1.WorktreeChanges.time:type_name -> google.protobuf.Timestamp
+	3,  // 10: agentplane.runtime.v1.WorktreeFile.type:type_name -> agentplane.runtime.v1.WorktreeFileType
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_runtime_v1_runtime_proto_init() }
@@ -737,8 +1073,8 @@ func file_agentplane_runtime_v1_runtime_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_runtime_v1_runtime_proto_rawDesc), len(file_agentplane_runtime_v1_runtime_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   5,
+			NumEnums:      4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -77,6 +77,127 @@ func (DeliveryResult) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
 }
 
+// SuspendRouteRequest names the route to suspend.
+type SuspendRouteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The caller's tenant (the session's org and user); every call that names
+	// a sandbox is refused with SANDBOX_TENANT_MISMATCH unless the sandbox
+	// belongs to it.
+	Tenant        *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendRouteRequest) Reset() {
+	*x = SuspendRouteRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendRouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendRouteRequest) ProtoMessage() {}
+
+func (x *SuspendRouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendRouteRequest.ProtoReflect.Descriptor instead.
+func (*SuspendRouteRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SuspendRouteRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SuspendRouteRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SuspendRouteRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+// SuspendRouteResponse reports the stop.
+type SuspendRouteResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the runtime key's wrapper is verified absent.
+	AbsenceVerified bool `protobuf:"varint,1,opt,name=absence_verified,json=absenceVerified,proto3" json:"absence_verified,omitempty"`
+	// When absence is not verified yet: how long before asking again.
+	RetryAfter    *durationpb.Duration `protobuf:"bytes,2,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendRouteResponse) Reset() {
+	*x = SuspendRouteResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendRouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendRouteResponse) ProtoMessage() {}
+
+func (x *SuspendRouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendRouteResponse.ProtoReflect.Descriptor instead.
+func (*SuspendRouteResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SuspendRouteResponse) GetAbsenceVerified() bool {
+	if x != nil {
+		return x.AbsenceVerified
+	}
+	return false
+}
+
+func (x *SuspendRouteResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
 // ClaimSandboxRequest names a sandbox and the tenant claiming it.
 type ClaimSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -90,7 +211,7 @@ type ClaimSandboxRequest struct {
 
 func (x *ClaimSandboxRequest) Reset() {
 	*x = ClaimSandboxRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -102,7 +223,7 @@ func (x *ClaimSandboxRequest) String() string {
 func (*ClaimSandboxRequest) ProtoMessage() {}
 
 func (x *ClaimSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[0]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -115,7 +236,7 @@ func (x *ClaimSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ClaimSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ClaimSandboxRequest) GetSandboxId() string {
@@ -141,7 +262,7 @@ type ClaimSandboxResponse struct {
 
 func (x *ClaimSandboxResponse) Reset() {
 	*x = ClaimSandboxResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -153,7 +274,7 @@ func (x *ClaimSandboxResponse) String() string {
 func (*ClaimSandboxResponse) ProtoMessage() {}
 
 func (x *ClaimSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[1]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -166,7 +287,7 @@ func (x *ClaimSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ClaimSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
 }
 
 // CheckWorktreeRequest names the directory a new session asks to join.
@@ -186,7 +307,7 @@ type CheckWorktreeRequest struct {
 
 func (x *CheckWorktreeRequest) Reset() {
 	*x = CheckWorktreeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -198,7 +319,7 @@ func (x *CheckWorktreeRequest) String() string {
 func (*CheckWorktreeRequest) ProtoMessage() {}
 
 func (x *CheckWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[2]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -211,7 +332,7 @@ func (x *CheckWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*CheckWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CheckWorktreeRequest) GetSandboxId() string {
@@ -251,7 +372,7 @@ type CheckWorktreeResponse struct {
 
 func (x *CheckWorktreeResponse) Reset() {
 	*x = CheckWorktreeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +384,7 @@ func (x *CheckWorktreeResponse) String() string {
 func (*CheckWorktreeResponse) ProtoMessage() {}
 
 func (x *CheckWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[3]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +397,7 @@ func (x *CheckWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*CheckWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
 }
 
 // UpdateEgressPolicyRequest carries a session's new egress policy.
@@ -300,7 +421,7 @@ type UpdateEgressPolicyRequest struct {
 
 func (x *UpdateEgressPolicyRequest) Reset() {
 	*x = UpdateEgressPolicyRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +433,7 @@ func (x *UpdateEgressPolicyRequest) String() string {
 func (*UpdateEgressPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[4]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +446,7 @@ func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateEgressPolicyRequest) GetSessionId() string {
@@ -375,7 +496,7 @@ type UpdateEgressPolicyResponse struct {
 
 func (x *UpdateEgressPolicyResponse) Reset() {
 	*x = UpdateEgressPolicyResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +508,7 @@ func (x *UpdateEgressPolicyResponse) String() string {
 func (*UpdateEgressPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[5]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +521,7 @@ func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateEgressPolicyResponse) GetApplied() bool {
@@ -421,7 +542,7 @@ type CheckAgentRequest struct {
 
 func (x *CheckAgentRequest) Reset() {
 	*x = CheckAgentRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +554,7 @@ func (x *CheckAgentRequest) String() string {
 func (*CheckAgentRequest) ProtoMessage() {}
 
 func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[6]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +567,7 @@ func (x *CheckAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentRequest.ProtoReflect.Descriptor instead.
 func (*CheckAgentRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckAgentRequest) GetAgent() *Agent {
@@ -469,7 +590,7 @@ type CheckAgentResponse struct {
 
 func (x *CheckAgentResponse) Reset() {
 	*x = CheckAgentResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +602,7 @@ func (x *CheckAgentResponse) String() string {
 func (*CheckAgentResponse) ProtoMessage() {}
 
 func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[7]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +615,7 @@ func (x *CheckAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckAgentResponse.ProtoReflect.Descriptor instead.
 func (*CheckAgentResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckAgentResponse) GetAgent() *Agent {
@@ -515,14 +636,20 @@ func (x *CheckAgentResponse) GetProtocol() string {
 type PrepareRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The route to prepare.
-	Route         *RouteSpec `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	Route *RouteSpec `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	// Continue a route that failed resume_state_lost (its workspace or its
+	// runtime's home is gone) with a new conversation: a new runtime session
+	// id, a fresh home for a per-session runtime, an empty workspace (cloned
+	// again). Without it such a route fails again; any other route ignores
+	// it. Added.
+	Restart       bool `protobuf:"varint,2,opt,name=restart,proto3" json:"restart,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +661,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[8]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +674,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PrepareRequest) GetRoute() *RouteSpec {
@@ -555,6 +682,13 @@ func (x *PrepareRequest) GetRoute() *RouteSpec {
 		return x.Route
 	}
 	return nil
+}
+
+func (x *PrepareRequest) GetRestart() bool {
+	if x != nil {
+		return x.Restart
+	}
+	return false
 }
 
 // PrepareResponse returns the current route view.
@@ -568,7 +702,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +714,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[9]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +727,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrepareResponse) GetRoute() *RouteView {
@@ -622,7 +756,7 @@ type DeliverRequest struct {
 
 func (x *DeliverRequest) Reset() {
 	*x = DeliverRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +768,7 @@ func (x *DeliverRequest) String() string {
 func (*DeliverRequest) ProtoMessage() {}
 
 func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[10]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +781,7 @@ func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
 func (*DeliverRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeliverRequest) GetSessionId() string {
@@ -691,7 +825,7 @@ type DeliverResponse struct {
 
 func (x *DeliverResponse) Reset() {
 	*x = DeliverResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +837,7 @@ func (x *DeliverResponse) String() string {
 func (*DeliverResponse) ProtoMessage() {}
 
 func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[11]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +850,7 @@ func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
 func (*DeliverResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeliverResponse) GetResult() DeliveryResult {
@@ -750,7 +884,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +896,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[12]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +909,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusRequest) GetSandboxId() string {
@@ -812,7 +946,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +958,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[13]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +971,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatusResponse) GetSandbox() *SandboxStatus {
@@ -873,7 +1007,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +1019,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[14]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +1032,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AbortRequest) GetSessionId() string {
@@ -940,7 +1074,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1086,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[15]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1099,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AbortResponse) GetSent() bool {
@@ -994,7 +1128,7 @@ type ReleaseRouteRequest struct {
 
 func (x *ReleaseRouteRequest) Reset() {
 	*x = ReleaseRouteRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1140,7 @@ func (x *ReleaseRouteRequest) String() string {
 func (*ReleaseRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[16]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1153,7 @@ func (x *ReleaseRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReleaseRouteRequest) GetSessionId() string {
@@ -1068,7 +1202,7 @@ type ReleaseRouteResponse struct {
 
 func (x *ReleaseRouteResponse) Reset() {
 	*x = ReleaseRouteResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1214,7 @@ func (x *ReleaseRouteResponse) String() string {
 func (*ReleaseRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[17]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1227,7 @@ func (x *ReleaseRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRouteResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReleaseRouteResponse) GetLastMember() bool {
@@ -1141,7 +1275,7 @@ type GetScopeRequest struct {
 
 func (x *GetScopeRequest) Reset() {
 	*x = GetScopeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1287,7 @@ func (x *GetScopeRequest) String() string {
 func (*GetScopeRequest) ProtoMessage() {}
 
 func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[18]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1300,7 @@ func (x *GetScopeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeRequest.ProtoReflect.Descriptor instead.
 func (*GetScopeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetScopeRequest) GetSandboxId() string {
@@ -1201,7 +1335,7 @@ type GetScopeResponse struct {
 
 func (x *GetScopeResponse) Reset() {
 	*x = GetScopeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1347,7 @@ func (x *GetScopeResponse) String() string {
 func (*GetScopeResponse) ProtoMessage() {}
 
 func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[19]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1360,7 @@ func (x *GetScopeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetScopeResponse.ProtoReflect.Descriptor instead.
 func (*GetScopeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetScopeResponse) GetScope() *WorktreeScope {
@@ -1253,7 +1387,7 @@ type WorktreeChangesRequest struct {
 
 func (x *WorktreeChangesRequest) Reset() {
 	*x = WorktreeChangesRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1399,7 @@ func (x *WorktreeChangesRequest) String() string {
 func (*WorktreeChangesRequest) ProtoMessage() {}
 
 func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1412,7 @@ func (x *WorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WorktreeChangesRequest) GetSessionId() string {
@@ -1313,7 +1447,7 @@ type WorktreeChangesResponse struct {
 
 func (x *WorktreeChangesResponse) Reset() {
 	*x = WorktreeChangesResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1459,7 @@ func (x *WorktreeChangesResponse) String() string {
 func (*WorktreeChangesResponse) ProtoMessage() {}
 
 func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[21]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1472,7 @@ func (x *WorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*WorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{21}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -1374,7 +1508,7 @@ type PushWorktreeRequest struct {
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1520,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[22]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1533,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{22}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1451,6 +1585,426 @@ func (x *PushWorktreeRequest) GetAuthorEmail() string {
 	return ""
 }
 
+// ListWorktreeFilesRequest names a directory of a route's worktree.
+type ListWorktreeFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The caller's tenant (the session's org and user).
+	Tenant *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Directory relative to the worktree root (no absolute path, no "..").
+	Path string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// Only entries whose name sorts after this one ("" from the first).
+	After string `protobuf:"bytes,5,opt,name=after,proto3" json:"after,omitempty"`
+	// At most this many entries (1 to 1000).
+	Limit         int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorktreeFilesRequest) Reset() {
+	*x = ListWorktreeFilesRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorktreeFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorktreeFilesRequest) ProtoMessage() {}
+
+func (x *ListWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorktreeFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListWorktreeFilesRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListWorktreeFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListWorktreeFilesRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListWorktreeFilesRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+func (x *ListWorktreeFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListWorktreeFilesRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *ListWorktreeFilesRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// ListWorktreeFilesResponse is one page of a directory.
+type ListWorktreeFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries sorted by name.
+	Files []*v1.WorktreeFile `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// Whether entries after the last one remain.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorktreeFilesResponse) Reset() {
+	*x = ListWorktreeFilesResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorktreeFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorktreeFilesResponse) ProtoMessage() {}
+
+func (x *ListWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorktreeFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListWorktreeFilesResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListWorktreeFilesResponse) GetFiles() []*v1.WorktreeFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ListWorktreeFilesResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// ReadWorktreeFileRequest names a range of a worktree file.
+type ReadWorktreeFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The caller's tenant (the session's org and user).
+	Tenant *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// File relative to the worktree root (no absolute path, no "..").
+	Path string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// First byte to read.
+	Offset int64 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Bytes to read (1 to 1 MiB).
+	Length        int32 `protobuf:"varint,6,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadWorktreeFileRequest) Reset() {
+	*x = ReadWorktreeFileRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadWorktreeFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadWorktreeFileRequest) ProtoMessage() {}
+
+func (x *ReadWorktreeFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadWorktreeFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadWorktreeFileRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReadWorktreeFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadWorktreeFileRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ReadWorktreeFileRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+func (x *ReadWorktreeFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadWorktreeFileRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ReadWorktreeFileRequest) GetLength() int32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+// ReadWorktreeFileResponse carries the bytes read.
+type ReadWorktreeFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The bytes read.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// The file's size when it was read.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadWorktreeFileResponse) Reset() {
+	*x = ReadWorktreeFileResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadWorktreeFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadWorktreeFileResponse) ProtoMessage() {}
+
+func (x *ReadWorktreeFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadWorktreeFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadWorktreeFileResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReadWorktreeFileResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ReadWorktreeFileResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// WriteWorktreeFilesRequest writes files into a route's worktree.
+type WriteWorktreeFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox id.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The caller's tenant (the session's org and user).
+	Tenant *Tenant `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The files, in order (1 to 100, at most 3 MiB of data in all).
+	Files         []*v1.WorktreeFileWrite `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteWorktreeFilesRequest) Reset() {
+	*x = WriteWorktreeFilesRequest{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteWorktreeFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteWorktreeFilesRequest) ProtoMessage() {}
+
+func (x *WriteWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteWorktreeFilesRequest.ProtoReflect.Descriptor instead.
+func (*WriteWorktreeFilesRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WriteWorktreeFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteWorktreeFilesRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WriteWorktreeFilesRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+func (x *WriteWorktreeFilesRequest) GetFiles() []*v1.WorktreeFileWrite {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+// WriteWorktreeFilesResponse reports the batch.
+type WriteWorktreeFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Files written.
+	FilesWritten int32 `protobuf:"varint,1,opt,name=files_written,json=filesWritten,proto3" json:"files_written,omitempty"`
+	// Bytes written in all.
+	BytesWritten  int64 `protobuf:"varint,2,opt,name=bytes_written,json=bytesWritten,proto3" json:"bytes_written,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteWorktreeFilesResponse) Reset() {
+	*x = WriteWorktreeFilesResponse{}
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteWorktreeFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteWorktreeFilesResponse) ProtoMessage() {}
+
+func (x *WriteWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteWorktreeFilesResponse.ProtoReflect.Descriptor instead.
+func (*WriteWorktreeFilesResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WriteWorktreeFilesResponse) GetFilesWritten() int32 {
+	if x != nil {
+		return x.FilesWritten
+	}
+	return 0
+}
+
+func (x *WriteWorktreeFilesResponse) GetBytesWritten() int64 {
+	if x != nil {
+		return x.BytesWritten
+	}
+	return 0
+}
+
 // RotateHandleRequest names the route whose worktree handle to rotate.
 type RotateHandleRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1468,7 +2022,7 @@ type RotateHandleRequest struct {
 
 func (x *RotateHandleRequest) Reset() {
 	*x = RotateHandleRequest{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +2034,7 @@ func (x *RotateHandleRequest) String() string {
 func (*RotateHandleRequest) ProtoMessage() {}
 
 func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[23]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +2047,7 @@ func (x *RotateHandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleRequest.ProtoReflect.Descriptor instead.
 func (*RotateHandleRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{23}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RotateHandleRequest) GetSessionId() string {
@@ -1531,7 +2085,7 @@ type RotateHandleResponse struct {
 
 func (x *RotateHandleResponse) Reset() {
 	*x = RotateHandleResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[24]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +2097,7 @@ func (x *RotateHandleResponse) String() string {
 func (*RotateHandleResponse) ProtoMessage() {}
 
 func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[24]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +2110,7 @@ func (x *RotateHandleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateHandleResponse.ProtoReflect.Descriptor instead.
 func (*RotateHandleResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{24}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RotateHandleResponse) GetSessionIds() []string {
@@ -1588,7 +2142,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[25]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +2154,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[25]
+	mi := &file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +2167,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{25}
+	return file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1641,7 +2195,17 @@ var File_agentplane_sandbox_v1_sandbox_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
+	"+agentplane/sandbox/v1/sandbox_service.proto\x12\x15agentplane.sandbox.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/sandbox/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x01\n" +
+	"\x13SuspendRouteRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\"}\n" +
+	"\x14SuspendRouteResponse\x12)\n" +
+	"\x10absence_verified\x18\x01 \x01(\bR\x0fabsenceVerified\x12:\n" +
+	"\vretry_after\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\"k\n" +
 	"\x13ClaimSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x125\n" +
@@ -1668,9 +2232,10 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\"d\n" +
 	"\x12CheckAgentResponse\x122\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.agentplane.sandbox.v1.AgentR\x05agent\x12\x1a\n" +
-	"\bprotocol\x18\x02 \x01(\tR\bprotocol\"H\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\"b\n" +
 	"\x0ePrepareRequest\x126\n" +
-	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteSpecR\x05route\"I\n" +
+	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteSpecR\x05route\x12\x18\n" +
+	"\arestart\x18\x02 \x01(\bR\arestart\"I\n" +
 	"\x0fPrepareResponse\x126\n" +
 	"\x05route\x18\x01 \x01(\v2 .agentplane.sandbox.v1.RouteViewR\x05route\"\xc9\x01\n" +
 	"\x0eDeliverRequest\x12\x1d\n" +
@@ -1742,7 +2307,41 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x06tenant\x18\x05 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\x12\x1f\n" +
 	"\vauthor_name\x18\x06 \x01(\tR\n" +
 	"authorName\x12!\n" +
-	"\fauthor_email\x18\a \x01(\tR\vauthorEmail\"\x8a\x01\n" +
+	"\fauthor_email\x18\a \x01(\tR\vauthorEmail\"\xcf\x01\n" +
+	"\x18ListWorktreeFilesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x14\n" +
+	"\x05after\x18\x05 \x01(\tR\x05after\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x05R\x05limit\"j\n" +
+	"\x19ListWorktreeFilesResponse\x129\n" +
+	"\x05files\x18\x01 \x03(\v2#.agentplane.runtime.v1.WorktreeFileR\x05files\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"\xd2\x01\n" +
+	"\x17ReadWorktreeFileRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
+	"\x06offset\x18\x05 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x06 \x01(\x05R\x06length\"B\n" +
+	"\x18ReadWorktreeFileResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"\xd0\x01\n" +
+	"\x19WriteWorktreeFilesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x125\n" +
+	"\x06tenant\x18\x03 \x01(\v2\x1d.agentplane.sandbox.v1.TenantR\x06tenant\x12>\n" +
+	"\x05files\x18\x04 \x03(\v2(.agentplane.runtime.v1.WorktreeFileWriteR\x05files\"f\n" +
+	"\x1aWriteWorktreeFilesResponse\x12#\n" +
+	"\rfiles_written\x18\x01 \x01(\x05R\ffilesWritten\x12#\n" +
+	"\rbytes_written\x18\x02 \x01(\x03R\fbytesWritten\"\x8a\x01\n" +
 	"\x13RotateHandleRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1760,8 +2359,7 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\x0eDeliveryResult\x12\x1f\n" +
 	"\x1bDELIVERY_RESULT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELIVERY_RESULT_SENT\x10\x01\x12\x1d\n" +
-	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xac\n" +
-	"\n" +
+	"\x19DELIVERY_RESULT_NOT_READY\x10\x022\xfd\r\n" +
 	"\x0eSandboxService\x12X\n" +
 	"\aPrepare\x12%.agentplane.sandbox.v1.PrepareRequest\x1a&.agentplane.sandbox.v1.PrepareResponse\x12X\n" +
 	"\aDeliver\x12%.agentplane.sandbox.v1.DeliverRequest\x1a&.agentplane.sandbox.v1.DeliverResponse\x12U\n" +
@@ -1772,11 +2370,15 @@ const file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc = "" +
 	"\n" +
 	"CheckAgent\x12(.agentplane.sandbox.v1.CheckAgentRequest\x1a).agentplane.sandbox.v1.CheckAgentResponse\x12p\n" +
 	"\x0fWorktreeChanges\x12-.agentplane.sandbox.v1.WorktreeChangesRequest\x1a..agentplane.sandbox.v1.WorktreeChangesResponse\x12g\n" +
-	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponse\x12g\n" +
+	"\fPushWorktree\x12*.agentplane.sandbox.v1.PushWorktreeRequest\x1a+.agentplane.sandbox.v1.PushWorktreeResponse\x12v\n" +
+	"\x11ListWorktreeFiles\x12/.agentplane.sandbox.v1.ListWorktreeFilesRequest\x1a0.agentplane.sandbox.v1.ListWorktreeFilesResponse\x12s\n" +
+	"\x10ReadWorktreeFile\x12..agentplane.sandbox.v1.ReadWorktreeFileRequest\x1a/.agentplane.sandbox.v1.ReadWorktreeFileResponse\x12y\n" +
+	"\x12WriteWorktreeFiles\x120.agentplane.sandbox.v1.WriteWorktreeFilesRequest\x1a1.agentplane.sandbox.v1.WriteWorktreeFilesResponse\x12g\n" +
 	"\fRotateHandle\x12*.agentplane.sandbox.v1.RotateHandleRequest\x1a+.agentplane.sandbox.v1.RotateHandleResponse\x12y\n" +
 	"\x12UpdateEgressPolicy\x120.agentplane.sandbox.v1.UpdateEgressPolicyRequest\x1a1.agentplane.sandbox.v1.UpdateEgressPolicyResponse\x12g\n" +
 	"\fClaimSandbox\x12*.agentplane.sandbox.v1.ClaimSandboxRequest\x1a+.agentplane.sandbox.v1.ClaimSandboxResponse\x12j\n" +
-	"\rCheckWorktree\x12+.agentplane.sandbox.v1.CheckWorktreeRequest\x1a,.agentplane.sandbox.v1.CheckWorktreeResponseB\xde\x01\n" +
+	"\rCheckWorktree\x12+.agentplane.sandbox.v1.CheckWorktreeRequest\x1a,.agentplane.sandbox.v1.CheckWorktreeResponse\x12g\n" +
+	"\fSuspendRoute\x12*.agentplane.sandbox.v1.SuspendRouteRequest\x1a+.agentplane.sandbox.v1.SuspendRouteResponseB\xde\x01\n" +
 	"\x19com.agentplane.sandbox.v1B\x13SandboxServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/sandbox/v1;sandboxv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Sandbox.V1\xca\x02\x15Agentplane\\Sandbox\\V1\xe2\x02!Agentplane\\Sandbox\\V1\\GPBMetadata\xea\x02\x17Agentplane::Sandbox::V1b\x06proto3"
 
 var (
@@ -1792,106 +2394,131 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_sandbox_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_agentplane_sandbox_v1_sandbox_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_agentplane_sandbox_v1_sandbox_service_proto_goTypes = []any{
 	(DeliveryResult)(0),                // 0: agentplane.sandbox.v1.DeliveryResult
-	(*ClaimSandboxRequest)(nil),        // 1: agentplane.sandbox.v1.ClaimSandboxRequest
-	(*ClaimSandboxResponse)(nil),       // 2: agentplane.sandbox.v1.ClaimSandboxResponse
-	(*CheckWorktreeRequest)(nil),       // 3: agentplane.sandbox.v1.CheckWorktreeRequest
-	(*CheckWorktreeResponse)(nil),      // 4: agentplane.sandbox.v1.CheckWorktreeResponse
-	(*UpdateEgressPolicyRequest)(nil),  // 5: agentplane.sandbox.v1.UpdateEgressPolicyRequest
-	(*UpdateEgressPolicyResponse)(nil), // 6: agentplane.sandbox.v1.UpdateEgressPolicyResponse
-	(*CheckAgentRequest)(nil),          // 7: agentplane.sandbox.v1.CheckAgentRequest
-	(*CheckAgentResponse)(nil),         // 8: agentplane.sandbox.v1.CheckAgentResponse
-	(*PrepareRequest)(nil),             // 9: agentplane.sandbox.v1.PrepareRequest
-	(*PrepareResponse)(nil),            // 10: agentplane.sandbox.v1.PrepareResponse
-	(*DeliverRequest)(nil),             // 11: agentplane.sandbox.v1.DeliverRequest
-	(*DeliverResponse)(nil),            // 12: agentplane.sandbox.v1.DeliverResponse
-	(*StatusRequest)(nil),              // 13: agentplane.sandbox.v1.StatusRequest
-	(*StatusResponse)(nil),             // 14: agentplane.sandbox.v1.StatusResponse
-	(*AbortRequest)(nil),               // 15: agentplane.sandbox.v1.AbortRequest
-	(*AbortResponse)(nil),              // 16: agentplane.sandbox.v1.AbortResponse
-	(*ReleaseRouteRequest)(nil),        // 17: agentplane.sandbox.v1.ReleaseRouteRequest
-	(*ReleaseRouteResponse)(nil),       // 18: agentplane.sandbox.v1.ReleaseRouteResponse
-	(*GetScopeRequest)(nil),            // 19: agentplane.sandbox.v1.GetScopeRequest
-	(*GetScopeResponse)(nil),           // 20: agentplane.sandbox.v1.GetScopeResponse
-	(*WorktreeChangesRequest)(nil),     // 21: agentplane.sandbox.v1.WorktreeChangesRequest
-	(*WorktreeChangesResponse)(nil),    // 22: agentplane.sandbox.v1.WorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),        // 23: agentplane.sandbox.v1.PushWorktreeRequest
-	(*RotateHandleRequest)(nil),        // 24: agentplane.sandbox.v1.RotateHandleRequest
-	(*RotateHandleResponse)(nil),       // 25: agentplane.sandbox.v1.RotateHandleResponse
-	(*PushWorktreeResponse)(nil),       // 26: agentplane.sandbox.v1.PushWorktreeResponse
-	(*Tenant)(nil),                     // 27: agentplane.sandbox.v1.Tenant
-	(*Agent)(nil),                      // 28: agentplane.sandbox.v1.Agent
-	(*EgressPolicy)(nil),               // 29: agentplane.sandbox.v1.EgressPolicy
-	(*RouteSpec)(nil),                  // 30: agentplane.sandbox.v1.RouteSpec
-	(*RouteView)(nil),                  // 31: agentplane.sandbox.v1.RouteView
-	(*DeliveryMessage)(nil),            // 32: agentplane.sandbox.v1.DeliveryMessage
-	(*SandboxStatus)(nil),              // 33: agentplane.sandbox.v1.SandboxStatus
-	(LeaseState)(0),                    // 34: agentplane.sandbox.v1.LeaseState
-	(*durationpb.Duration)(nil),        // 35: google.protobuf.Duration
-	(*WorktreeScope)(nil),              // 36: agentplane.sandbox.v1.WorktreeScope
-	(*v1.WorktreeChanges)(nil),         // 37: agentplane.runtime.v1.WorktreeChanges
-	(*timestamppb.Timestamp)(nil),      // 38: google.protobuf.Timestamp
+	(*SuspendRouteRequest)(nil),        // 1: agentplane.sandbox.v1.SuspendRouteRequest
+	(*SuspendRouteResponse)(nil),       // 2: agentplane.sandbox.v1.SuspendRouteResponse
+	(*ClaimSandboxRequest)(nil),        // 3: agentplane.sandbox.v1.ClaimSandboxRequest
+	(*ClaimSandboxResponse)(nil),       // 4: agentplane.sandbox.v1.ClaimSandboxResponse
+	(*CheckWorktreeRequest)(nil),       // 5: agentplane.sandbox.v1.CheckWorktreeRequest
+	(*CheckWorktreeResponse)(nil),      // 6: agentplane.sandbox.v1.CheckWorktreeResponse
+	(*UpdateEgressPolicyRequest)(nil),  // 7: agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 8: agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	(*CheckAgentRequest)(nil),          // 9: agentplane.sandbox.v1.CheckAgentRequest
+	(*CheckAgentResponse)(nil),         // 10: agentplane.sandbox.v1.CheckAgentResponse
+	(*PrepareRequest)(nil),             // 11: agentplane.sandbox.v1.PrepareRequest
+	(*PrepareResponse)(nil),            // 12: agentplane.sandbox.v1.PrepareResponse
+	(*DeliverRequest)(nil),             // 13: agentplane.sandbox.v1.DeliverRequest
+	(*DeliverResponse)(nil),            // 14: agentplane.sandbox.v1.DeliverResponse
+	(*StatusRequest)(nil),              // 15: agentplane.sandbox.v1.StatusRequest
+	(*StatusResponse)(nil),             // 16: agentplane.sandbox.v1.StatusResponse
+	(*AbortRequest)(nil),               // 17: agentplane.sandbox.v1.AbortRequest
+	(*AbortResponse)(nil),              // 18: agentplane.sandbox.v1.AbortResponse
+	(*ReleaseRouteRequest)(nil),        // 19: agentplane.sandbox.v1.ReleaseRouteRequest
+	(*ReleaseRouteResponse)(nil),       // 20: agentplane.sandbox.v1.ReleaseRouteResponse
+	(*GetScopeRequest)(nil),            // 21: agentplane.sandbox.v1.GetScopeRequest
+	(*GetScopeResponse)(nil),           // 22: agentplane.sandbox.v1.GetScopeResponse
+	(*WorktreeChangesRequest)(nil),     // 23: agentplane.sandbox.v1.WorktreeChangesRequest
+	(*WorktreeChangesResponse)(nil),    // 24: agentplane.sandbox.v1.WorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 25: agentplane.sandbox.v1.PushWorktreeRequest
+	(*ListWorktreeFilesRequest)(nil),   // 26: agentplane.sandbox.v1.ListWorktreeFilesRequest
+	(*ListWorktreeFilesResponse)(nil),  // 27: agentplane.sandbox.v1.ListWorktreeFilesResponse
+	(*ReadWorktreeFileRequest)(nil),    // 28: agentplane.sandbox.v1.ReadWorktreeFileRequest
+	(*ReadWorktreeFileResponse)(nil),   // 29: agentplane.sandbox.v1.ReadWorktreeFileResponse
+	(*WriteWorktreeFilesRequest)(nil),  // 30: agentplane.sandbox.v1.WriteWorktreeFilesRequest
+	(*WriteWorktreeFilesResponse)(nil), // 31: agentplane.sandbox.v1.WriteWorktreeFilesResponse
+	(*RotateHandleRequest)(nil),        // 32: agentplane.sandbox.v1.RotateHandleRequest
+	(*RotateHandleResponse)(nil),       // 33: agentplane.sandbox.v1.RotateHandleResponse
+	(*PushWorktreeResponse)(nil),       // 34: agentplane.sandbox.v1.PushWorktreeResponse
+	(*Tenant)(nil),                     // 35: agentplane.sandbox.v1.Tenant
+	(*durationpb.Duration)(nil),        // 36: google.protobuf.Duration
+	(*Agent)(nil),                      // 37: agentplane.sandbox.v1.Agent
+	(*EgressPolicy)(nil),               // 38: agentplane.sandbox.v1.EgressPolicy
+	(*RouteSpec)(nil),                  // 39: agentplane.sandbox.v1.RouteSpec
+	(*RouteView)(nil),                  // 40: agentplane.sandbox.v1.RouteView
+	(*DeliveryMessage)(nil),            // 41: agentplane.sandbox.v1.DeliveryMessage
+	(*SandboxStatus)(nil),              // 42: agentplane.sandbox.v1.SandboxStatus
+	(LeaseState)(0),                    // 43: agentplane.sandbox.v1.LeaseState
+	(*WorktreeScope)(nil),              // 44: agentplane.sandbox.v1.WorktreeScope
+	(*v1.WorktreeChanges)(nil),         // 45: agentplane.runtime.v1.WorktreeChanges
+	(*v1.WorktreeFile)(nil),            // 46: agentplane.runtime.v1.WorktreeFile
+	(*v1.WorktreeFileWrite)(nil),       // 47: agentplane.runtime.v1.WorktreeFileWrite
+	(*timestamppb.Timestamp)(nil),      // 48: google.protobuf.Timestamp
 }
 var file_agentplane_sandbox_v1_sandbox_service_proto_depIdxs = []int32{
-	27, // 0: agentplane.sandbox.v1.ClaimSandboxRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	28, // 1: agentplane.sandbox.v1.CheckWorktreeRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	29, // 2: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
-	27, // 3: agentplane.sandbox.v1.UpdateEgressPolicyRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	28, // 4: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
-	28, // 5: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
-	30, // 6: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
-	31, // 7: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	32, // 8: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	27, // 9: agentplane.sandbox.v1.DeliverRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	0,  // 10: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
-	31, // 11: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	27, // 12: agentplane.sandbox.v1.StatusRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	33, // 13: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
-	31, // 14: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
-	27, // 15: agentplane.sandbox.v1.AbortRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	27, // 16: agentplane.sandbox.v1.ReleaseRouteRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	34, // 17: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
-	35, // 18: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
-	27, // 19: agentplane.sandbox.v1.GetScopeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	36, // 20: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
-	27, // 21: agentplane.sandbox.v1.WorktreeChangesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	37, // 22: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	27, // 23: agentplane.sandbox.v1.PushWorktreeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	27, // 24: agentplane.sandbox.v1.RotateHandleRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
-	38, // 25: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
-	9,  // 26: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
-	11, // 27: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
-	13, // 28: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
-	15, // 29: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
-	17, // 30: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
-	19, // 31: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
-	7,  // 32: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
-	21, // 33: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
-	23, // 34: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
-	24, // 35: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
-	5,  // 36: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
-	1,  // 37: agentplane.sandbox.v1.SandboxService.ClaimSandbox:input_type -> agentplane.sandbox.v1.ClaimSandboxRequest
-	3,  // 38: agentplane.sandbox.v1.SandboxService.CheckWorktree:input_type -> agentplane.sandbox.v1.CheckWorktreeRequest
-	10, // 39: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
-	12, // 40: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
-	14, // 41: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
-	16, // 42: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
-	18, // 43: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
-	20, // 44: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
-	8,  // 45: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
-	22, // 46: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
-	26, // 47: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
-	25, // 48: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
-	6,  // 49: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
-	2,  // 50: agentplane.sandbox.v1.SandboxService.ClaimSandbox:output_type -> agentplane.sandbox.v1.ClaimSandboxResponse
-	4,  // 51: agentplane.sandbox.v1.SandboxService.CheckWorktree:output_type -> agentplane.sandbox.v1.CheckWorktreeResponse
-	39, // [39:52] is the sub-list for method output_type
-	26, // [26:39] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	35, // 0: agentplane.sandbox.v1.SuspendRouteRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	36, // 1: agentplane.sandbox.v1.SuspendRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	35, // 2: agentplane.sandbox.v1.ClaimSandboxRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	37, // 3: agentplane.sandbox.v1.CheckWorktreeRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	38, // 4: agentplane.sandbox.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.sandbox.v1.EgressPolicy
+	35, // 5: agentplane.sandbox.v1.UpdateEgressPolicyRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	37, // 6: agentplane.sandbox.v1.CheckAgentRequest.agent:type_name -> agentplane.sandbox.v1.Agent
+	37, // 7: agentplane.sandbox.v1.CheckAgentResponse.agent:type_name -> agentplane.sandbox.v1.Agent
+	39, // 8: agentplane.sandbox.v1.PrepareRequest.route:type_name -> agentplane.sandbox.v1.RouteSpec
+	40, // 9: agentplane.sandbox.v1.PrepareResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	41, // 10: agentplane.sandbox.v1.DeliverRequest.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	35, // 11: agentplane.sandbox.v1.DeliverRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	0,  // 12: agentplane.sandbox.v1.DeliverResponse.result:type_name -> agentplane.sandbox.v1.DeliveryResult
+	40, // 13: agentplane.sandbox.v1.DeliverResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	35, // 14: agentplane.sandbox.v1.StatusRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	42, // 15: agentplane.sandbox.v1.StatusResponse.sandbox:type_name -> agentplane.sandbox.v1.SandboxStatus
+	40, // 16: agentplane.sandbox.v1.StatusResponse.route:type_name -> agentplane.sandbox.v1.RouteView
+	35, // 17: agentplane.sandbox.v1.AbortRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	35, // 18: agentplane.sandbox.v1.ReleaseRouteRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	43, // 19: agentplane.sandbox.v1.ReleaseRouteResponse.lease_state:type_name -> agentplane.sandbox.v1.LeaseState
+	36, // 20: agentplane.sandbox.v1.ReleaseRouteResponse.retry_after:type_name -> google.protobuf.Duration
+	35, // 21: agentplane.sandbox.v1.GetScopeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	44, // 22: agentplane.sandbox.v1.GetScopeResponse.scope:type_name -> agentplane.sandbox.v1.WorktreeScope
+	35, // 23: agentplane.sandbox.v1.WorktreeChangesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	45, // 24: agentplane.sandbox.v1.WorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	35, // 25: agentplane.sandbox.v1.PushWorktreeRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	35, // 26: agentplane.sandbox.v1.ListWorktreeFilesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	46, // 27: agentplane.sandbox.v1.ListWorktreeFilesResponse.files:type_name -> agentplane.runtime.v1.WorktreeFile
+	35, // 28: agentplane.sandbox.v1.ReadWorktreeFileRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	35, // 29: agentplane.sandbox.v1.WriteWorktreeFilesRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	47, // 30: agentplane.sandbox.v1.WriteWorktreeFilesRequest.files:type_name -> agentplane.runtime.v1.WorktreeFileWrite
+	35, // 31: agentplane.sandbox.v1.RotateHandleRequest.tenant:type_name -> agentplane.sandbox.v1.Tenant
+	48, // 32: agentplane.sandbox.v1.RotateHandleResponse.previous_valid_until:type_name -> google.protobuf.Timestamp
+	11, // 33: agentplane.sandbox.v1.SandboxService.Prepare:input_type -> agentplane.sandbox.v1.PrepareRequest
+	13, // 34: agentplane.sandbox.v1.SandboxService.Deliver:input_type -> agentplane.sandbox.v1.DeliverRequest
+	15, // 35: agentplane.sandbox.v1.SandboxService.Status:input_type -> agentplane.sandbox.v1.StatusRequest
+	17, // 36: agentplane.sandbox.v1.SandboxService.Abort:input_type -> agentplane.sandbox.v1.AbortRequest
+	19, // 37: agentplane.sandbox.v1.SandboxService.ReleaseRoute:input_type -> agentplane.sandbox.v1.ReleaseRouteRequest
+	21, // 38: agentplane.sandbox.v1.SandboxService.GetScope:input_type -> agentplane.sandbox.v1.GetScopeRequest
+	9,  // 39: agentplane.sandbox.v1.SandboxService.CheckAgent:input_type -> agentplane.sandbox.v1.CheckAgentRequest
+	23, // 40: agentplane.sandbox.v1.SandboxService.WorktreeChanges:input_type -> agentplane.sandbox.v1.WorktreeChangesRequest
+	25, // 41: agentplane.sandbox.v1.SandboxService.PushWorktree:input_type -> agentplane.sandbox.v1.PushWorktreeRequest
+	26, // 42: agentplane.sandbox.v1.SandboxService.ListWorktreeFiles:input_type -> agentplane.sandbox.v1.ListWorktreeFilesRequest
+	28, // 43: agentplane.sandbox.v1.SandboxService.ReadWorktreeFile:input_type -> agentplane.sandbox.v1.ReadWorktreeFileRequest
+	30, // 44: agentplane.sandbox.v1.SandboxService.WriteWorktreeFiles:input_type -> agentplane.sandbox.v1.WriteWorktreeFilesRequest
+	32, // 45: agentplane.sandbox.v1.SandboxService.RotateHandle:input_type -> agentplane.sandbox.v1.RotateHandleRequest
+	7,  // 46: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:input_type -> agentplane.sandbox.v1.UpdateEgressPolicyRequest
+	3,  // 47: agentplane.sandbox.v1.SandboxService.ClaimSandbox:input_type -> agentplane.sandbox.v1.ClaimSandboxRequest
+	5,  // 48: agentplane.sandbox.v1.SandboxService.CheckWorktree:input_type -> agentplane.sandbox.v1.CheckWorktreeRequest
+	1,  // 49: agentplane.sandbox.v1.SandboxService.SuspendRoute:input_type -> agentplane.sandbox.v1.SuspendRouteRequest
+	12, // 50: agentplane.sandbox.v1.SandboxService.Prepare:output_type -> agentplane.sandbox.v1.PrepareResponse
+	14, // 51: agentplane.sandbox.v1.SandboxService.Deliver:output_type -> agentplane.sandbox.v1.DeliverResponse
+	16, // 52: agentplane.sandbox.v1.SandboxService.Status:output_type -> agentplane.sandbox.v1.StatusResponse
+	18, // 53: agentplane.sandbox.v1.SandboxService.Abort:output_type -> agentplane.sandbox.v1.AbortResponse
+	20, // 54: agentplane.sandbox.v1.SandboxService.ReleaseRoute:output_type -> agentplane.sandbox.v1.ReleaseRouteResponse
+	22, // 55: agentplane.sandbox.v1.SandboxService.GetScope:output_type -> agentplane.sandbox.v1.GetScopeResponse
+	10, // 56: agentplane.sandbox.v1.SandboxService.CheckAgent:output_type -> agentplane.sandbox.v1.CheckAgentResponse
+	24, // 57: agentplane.sandbox.v1.SandboxService.WorktreeChanges:output_type -> agentplane.sandbox.v1.WorktreeChangesResponse
+	34, // 58: agentplane.sandbox.v1.SandboxService.PushWorktree:output_type -> agentplane.sandbox.v1.PushWorktreeResponse
+	27, // 59: agentplane.sandbox.v1.SandboxService.ListWorktreeFiles:output_type -> agentplane.sandbox.v1.ListWorktreeFilesResponse
+	29, // 60: agentplane.sandbox.v1.SandboxService.ReadWorktreeFile:output_type -> agentplane.sandbox.v1.ReadWorktreeFileResponse
+	31, // 61: agentplane.sandbox.v1.SandboxService.WriteWorktreeFiles:output_type -> agentplane.sandbox.v1.WriteWorktreeFilesResponse
+	33, // 62: agentplane.sandbox.v1.SandboxService.RotateHandle:output_type -> agentplane.sandbox.v1.RotateHandleResponse
+	8,  // 63: agentplane.sandbox.v1.SandboxService.UpdateEgressPolicy:output_type -> agentplane.sandbox.v1.UpdateEgressPolicyResponse
+	4,  // 64: agentplane.sandbox.v1.SandboxService.ClaimSandbox:output_type -> agentplane.sandbox.v1.ClaimSandboxResponse
+	6,  // 65: agentplane.sandbox.v1.SandboxService.CheckWorktree:output_type -> agentplane.sandbox.v1.CheckWorktreeResponse
+	2,  // 66: agentplane.sandbox.v1.SandboxService.SuspendRoute:output_type -> agentplane.sandbox.v1.SuspendRouteResponse
+	50, // [50:67] is the sub-list for method output_type
+	33, // [33:50] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_sandbox_service_proto_init() }
@@ -1906,7 +2533,7 @@ func file_agentplane_sandbox_v1_sandbox_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc), len(file_agentplane_sandbox_v1_sandbox_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

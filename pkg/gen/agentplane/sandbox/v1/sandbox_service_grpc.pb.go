@@ -28,10 +28,14 @@ const (
 	SandboxService_CheckAgent_FullMethodName         = "/agentplane.sandbox.v1.SandboxService/CheckAgent"
 	SandboxService_WorktreeChanges_FullMethodName    = "/agentplane.sandbox.v1.SandboxService/WorktreeChanges"
 	SandboxService_PushWorktree_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/PushWorktree"
+	SandboxService_ListWorktreeFiles_FullMethodName  = "/agentplane.sandbox.v1.SandboxService/ListWorktreeFiles"
+	SandboxService_ReadWorktreeFile_FullMethodName   = "/agentplane.sandbox.v1.SandboxService/ReadWorktreeFile"
+	SandboxService_WriteWorktreeFiles_FullMethodName = "/agentplane.sandbox.v1.SandboxService/WriteWorktreeFiles"
 	SandboxService_RotateHandle_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/RotateHandle"
 	SandboxService_UpdateEgressPolicy_FullMethodName = "/agentplane.sandbox.v1.SandboxService/UpdateEgressPolicy"
 	SandboxService_ClaimSandbox_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/ClaimSandbox"
 	SandboxService_CheckWorktree_FullMethodName      = "/agentplane.sandbox.v1.SandboxService/CheckWorktree"
+	SandboxService_SuspendRoute_FullMethodName       = "/agentplane.sandbox.v1.SandboxService/SuspendRoute"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -69,6 +73,15 @@ type SandboxServiceClient interface {
 	// PushWorktree asks the wrapper serving the route to commit and push its
 	// worktree. Bounded; the wrapper's failure comes back with its reason.
 	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
+	// ListWorktreeFiles asks the wrapper serving the route to list a
+	// directory of its worktree (confined to it). Added.
+	ListWorktreeFiles(ctx context.Context, in *ListWorktreeFilesRequest, opts ...grpc.CallOption) (*ListWorktreeFilesResponse, error)
+	// ReadWorktreeFile asks the wrapper serving the route to read a range of
+	// a worktree file (confined to it). Added.
+	ReadWorktreeFile(ctx context.Context, in *ReadWorktreeFileRequest, opts ...grpc.CallOption) (*ReadWorktreeFileResponse, error)
+	// WriteWorktreeFiles asks the wrapper serving the route to write a
+	// bounded batch of files into its worktree (confined to it). Added.
+	WriteWorktreeFiles(ctx context.Context, in *WriteWorktreeFilesRequest, opts ...grpc.CallOption) (*WriteWorktreeFilesResponse, error)
 	// RotateHandle rotates the canonical handle of the route's worktree scope
 	// (credential RotateHandle under this replica's fence) and pushes the new
 	// handle to the wrapper serving it, whose runtime uses it for every
@@ -93,6 +106,13 @@ type SandboxServiceClient interface {
 	// shared runtime runs another agent profile or model. It only reads: no
 	// sandbox is taken over. Added.
 	CheckWorktree(ctx context.Context, in *CheckWorktreeRequest, opts ...grpc.CallOption) (*CheckWorktreeResponse, error)
+	// SuspendRoute stops the runtime key of the session's route as the idle
+	// stop does (stop reason suspend; the route stays, with its workspace and
+	// home) and says whether the absence of its wrapper is verified; repeat
+	// until it is. A key other member sessions route to is refused with
+	// FAILED_PRECONDITION RUNTIME_SHARED. A session without a route has
+	// nothing running: verified at once. The next Prepare relaunches. Added.
+	SuspendRoute(ctx context.Context, in *SuspendRouteRequest, opts ...grpc.CallOption) (*SuspendRouteResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -193,6 +213,36 @@ func (c *sandboxServiceClient) PushWorktree(ctx context.Context, in *PushWorktre
 	return out, nil
 }
 
+func (c *sandboxServiceClient) ListWorktreeFiles(ctx context.Context, in *ListWorktreeFilesRequest, opts ...grpc.CallOption) (*ListWorktreeFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWorktreeFilesResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListWorktreeFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ReadWorktreeFile(ctx context.Context, in *ReadWorktreeFileRequest, opts ...grpc.CallOption) (*ReadWorktreeFileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadWorktreeFileResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ReadWorktreeFile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) WriteWorktreeFiles(ctx context.Context, in *WriteWorktreeFilesRequest, opts ...grpc.CallOption) (*WriteWorktreeFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteWorktreeFilesResponse)
+	err := c.cc.Invoke(ctx, SandboxService_WriteWorktreeFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sandboxServiceClient) RotateHandle(ctx context.Context, in *RotateHandleRequest, opts ...grpc.CallOption) (*RotateHandleResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RotateHandleResponse)
@@ -227,6 +277,16 @@ func (c *sandboxServiceClient) CheckWorktree(ctx context.Context, in *CheckWorkt
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckWorktreeResponse)
 	err := c.cc.Invoke(ctx, SandboxService_CheckWorktree_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) SuspendRoute(ctx context.Context, in *SuspendRouteRequest, opts ...grpc.CallOption) (*SuspendRouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspendRouteResponse)
+	err := c.cc.Invoke(ctx, SandboxService_SuspendRoute_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -268,6 +328,15 @@ type SandboxServiceServer interface {
 	// PushWorktree asks the wrapper serving the route to commit and push its
 	// worktree. Bounded; the wrapper's failure comes back with its reason.
 	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
+	// ListWorktreeFiles asks the wrapper serving the route to list a
+	// directory of its worktree (confined to it). Added.
+	ListWorktreeFiles(context.Context, *ListWorktreeFilesRequest) (*ListWorktreeFilesResponse, error)
+	// ReadWorktreeFile asks the wrapper serving the route to read a range of
+	// a worktree file (confined to it). Added.
+	ReadWorktreeFile(context.Context, *ReadWorktreeFileRequest) (*ReadWorktreeFileResponse, error)
+	// WriteWorktreeFiles asks the wrapper serving the route to write a
+	// bounded batch of files into its worktree (confined to it). Added.
+	WriteWorktreeFiles(context.Context, *WriteWorktreeFilesRequest) (*WriteWorktreeFilesResponse, error)
 	// RotateHandle rotates the canonical handle of the route's worktree scope
 	// (credential RotateHandle under this replica's fence) and pushes the new
 	// handle to the wrapper serving it, whose runtime uses it for every
@@ -292,6 +361,13 @@ type SandboxServiceServer interface {
 	// shared runtime runs another agent profile or model. It only reads: no
 	// sandbox is taken over. Added.
 	CheckWorktree(context.Context, *CheckWorktreeRequest) (*CheckWorktreeResponse, error)
+	// SuspendRoute stops the runtime key of the session's route as the idle
+	// stop does (stop reason suspend; the route stays, with its workspace and
+	// home) and says whether the absence of its wrapper is verified; repeat
+	// until it is. A key other member sessions route to is refused with
+	// FAILED_PRECONDITION RUNTIME_SHARED. A session without a route has
+	// nothing running: verified at once. The next Prepare relaunches. Added.
+	SuspendRoute(context.Context, *SuspendRouteRequest) (*SuspendRouteResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -329,6 +405,15 @@ func (UnimplementedSandboxServiceServer) WorktreeChanges(context.Context, *Workt
 func (UnimplementedSandboxServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
 }
+func (UnimplementedSandboxServiceServer) ListWorktreeFiles(context.Context, *ListWorktreeFilesRequest) (*ListWorktreeFilesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWorktreeFiles not implemented")
+}
+func (UnimplementedSandboxServiceServer) ReadWorktreeFile(context.Context, *ReadWorktreeFileRequest) (*ReadWorktreeFileResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadWorktreeFile not implemented")
+}
+func (UnimplementedSandboxServiceServer) WriteWorktreeFiles(context.Context, *WriteWorktreeFilesRequest) (*WriteWorktreeFilesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteWorktreeFiles not implemented")
+}
 func (UnimplementedSandboxServiceServer) RotateHandle(context.Context, *RotateHandleRequest) (*RotateHandleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RotateHandle not implemented")
 }
@@ -340,6 +425,9 @@ func (UnimplementedSandboxServiceServer) ClaimSandbox(context.Context, *ClaimSan
 }
 func (UnimplementedSandboxServiceServer) CheckWorktree(context.Context, *CheckWorktreeRequest) (*CheckWorktreeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckWorktree not implemented")
+}
+func (UnimplementedSandboxServiceServer) SuspendRoute(context.Context, *SuspendRouteRequest) (*SuspendRouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendRoute not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -524,6 +612,60 @@ func _SandboxService_PushWorktree_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_ListWorktreeFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorktreeFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListWorktreeFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListWorktreeFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListWorktreeFiles(ctx, req.(*ListWorktreeFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ReadWorktreeFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadWorktreeFileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ReadWorktreeFile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ReadWorktreeFile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ReadWorktreeFile(ctx, req.(*ReadWorktreeFileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_WriteWorktreeFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteWorktreeFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).WriteWorktreeFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_WriteWorktreeFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).WriteWorktreeFiles(ctx, req.(*WriteWorktreeFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SandboxService_RotateHandle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RotateHandleRequest)
 	if err := dec(in); err != nil {
@@ -596,6 +738,24 @@ func _SandboxService_CheckWorktree_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_SuspendRoute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendRouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).SuspendRoute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_SuspendRoute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).SuspendRoute(ctx, req.(*SuspendRouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -640,6 +800,18 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _SandboxService_PushWorktree_Handler,
 		},
 		{
+			MethodName: "ListWorktreeFiles",
+			Handler:    _SandboxService_ListWorktreeFiles_Handler,
+		},
+		{
+			MethodName: "ReadWorktreeFile",
+			Handler:    _SandboxService_ReadWorktreeFile_Handler,
+		},
+		{
+			MethodName: "WriteWorktreeFiles",
+			Handler:    _SandboxService_WriteWorktreeFiles_Handler,
+		},
+		{
 			MethodName: "RotateHandle",
 			Handler:    _SandboxService_RotateHandle_Handler,
 		},
@@ -654,6 +826,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckWorktree",
 			Handler:    _SandboxService_CheckWorktree_Handler,
+		},
+		{
+			MethodName: "SuspendRoute",
+			Handler:    _SandboxService_SuspendRoute_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

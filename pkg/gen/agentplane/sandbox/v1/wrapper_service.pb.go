@@ -1524,6 +1524,9 @@ type WorktreeRequest struct {
 	//
 	//	*WorktreeRequest_Changes
 	//	*WorktreeRequest_Push
+	//	*WorktreeRequest_List
+	//	*WorktreeRequest_Read
+	//	*WorktreeRequest_Write
 	Action        isWorktreeRequest_Action `protobuf_oneof:"action"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1598,6 +1601,33 @@ func (x *WorktreeRequest) GetPush() *WorktreePushAction {
 	return nil
 }
 
+func (x *WorktreeRequest) GetList() *WorktreeListAction {
+	if x != nil {
+		if x, ok := x.Action.(*WorktreeRequest_List); ok {
+			return x.List
+		}
+	}
+	return nil
+}
+
+func (x *WorktreeRequest) GetRead() *WorktreeReadAction {
+	if x != nil {
+		if x, ok := x.Action.(*WorktreeRequest_Read); ok {
+			return x.Read
+		}
+	}
+	return nil
+}
+
+func (x *WorktreeRequest) GetWrite() *WorktreeWriteAction {
+	if x != nil {
+		if x, ok := x.Action.(*WorktreeRequest_Write); ok {
+			return x.Write
+		}
+	}
+	return nil
+}
+
 type isWorktreeRequest_Action interface {
 	isWorktreeRequest_Action()
 }
@@ -1612,9 +1642,30 @@ type WorktreeRequest_Push struct {
 	Push *WorktreePushAction `protobuf:"bytes,4,opt,name=push,proto3,oneof"`
 }
 
+type WorktreeRequest_List struct {
+	// List a directory (confined to the worktree). Added.
+	List *WorktreeListAction `protobuf:"bytes,5,opt,name=list,proto3,oneof"`
+}
+
+type WorktreeRequest_Read struct {
+	// Read a range of a file (confined to the worktree). Added.
+	Read *WorktreeReadAction `protobuf:"bytes,6,opt,name=read,proto3,oneof"`
+}
+
+type WorktreeRequest_Write struct {
+	// Write files (confined to the worktree). Added.
+	Write *WorktreeWriteAction `protobuf:"bytes,7,opt,name=write,proto3,oneof"`
+}
+
 func (*WorktreeRequest_Changes) isWorktreeRequest_Action() {}
 
 func (*WorktreeRequest_Push) isWorktreeRequest_Action() {}
+
+func (*WorktreeRequest_List) isWorktreeRequest_Action() {}
+
+func (*WorktreeRequest_Read) isWorktreeRequest_Action() {}
+
+func (*WorktreeRequest_Write) isWorktreeRequest_Action() {}
 
 // WorktreeChangesAction reports the change set.
 type WorktreeChangesAction struct {
@@ -1660,6 +1711,11 @@ type WorktreePushAction struct {
 	Branch string `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	// Commit message.
 	CommitMessage string `protobuf:"bytes,2,opt,name=commit_message,json=commitMessage,proto3" json:"commit_message,omitempty"`
+	// Commit author's name and email (empty: the agentplane identity, which
+	// stays the committer). Added.
+	AuthorName string `protobuf:"bytes,3,opt,name=author_name,json=authorName,proto3" json:"author_name,omitempty"`
+	// Added.
+	AuthorEmail   string `protobuf:"bytes,4,opt,name=author_email,json=authorEmail,proto3" json:"author_email,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1708,6 +1764,195 @@ func (x *WorktreePushAction) GetCommitMessage() string {
 	return ""
 }
 
+func (x *WorktreePushAction) GetAuthorName() string {
+	if x != nil {
+		return x.AuthorName
+	}
+	return ""
+}
+
+func (x *WorktreePushAction) GetAuthorEmail() string {
+	if x != nil {
+		return x.AuthorEmail
+	}
+	return ""
+}
+
+// WorktreeListAction lists a directory of the worktree, sorted by name.
+type WorktreeListAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Directory relative to the worktree root.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Only entries whose name sorts after this one.
+	After string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	// At most this many entries.
+	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeListAction) Reset() {
+	*x = WorktreeListAction{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeListAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeListAction) ProtoMessage() {}
+
+func (x *WorktreeListAction) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeListAction.ProtoReflect.Descriptor instead.
+func (*WorktreeListAction) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WorktreeListAction) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WorktreeListAction) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *WorktreeListAction) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// WorktreeReadAction reads a range of a regular file of the worktree.
+type WorktreeReadAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// File relative to the worktree root.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// First byte.
+	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// At most this many bytes.
+	Length        int32 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeReadAction) Reset() {
+	*x = WorktreeReadAction{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeReadAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeReadAction) ProtoMessage() {}
+
+func (x *WorktreeReadAction) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeReadAction.ProtoReflect.Descriptor instead.
+func (*WorktreeReadAction) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WorktreeReadAction) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WorktreeReadAction) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WorktreeReadAction) GetLength() int32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+// WorktreeWriteAction writes files into the worktree, in order; a refused
+// file stops the batch.
+type WorktreeWriteAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The files.
+	Files         []*v1.WorktreeFileWrite `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorktreeWriteAction) Reset() {
+	*x = WorktreeWriteAction{}
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorktreeWriteAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorktreeWriteAction) ProtoMessage() {}
+
+func (x *WorktreeWriteAction) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorktreeWriteAction.ProtoReflect.Descriptor instead.
+func (*WorktreeWriteAction) Descriptor() ([]byte, []int) {
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WorktreeWriteAction) GetFiles() []*v1.WorktreeFileWrite {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
 // WorktreeResult answers a WorktreeRequest.
 type WorktreeResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1725,14 +1970,27 @@ type WorktreeResult struct {
 	// REPO_AUTH_FAILED, REPO_UNREACHABLE, WORKTREE_UNAVAILABLE, ...).
 	ErrorReason string `protobuf:"bytes,6,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
 	// Human-readable detail of the failure (no secrets).
-	ErrorDetail   string `protobuf:"bytes,7,opt,name=error_detail,json=errorDetail,proto3" json:"error_detail,omitempty"`
+	ErrorDetail string `protobuf:"bytes,7,opt,name=error_detail,json=errorDetail,proto3" json:"error_detail,omitempty"`
+	// The directory's entries (list action). Added.
+	Files []*v1.WorktreeFile `protobuf:"bytes,8,rep,name=files,proto3" json:"files,omitempty"`
+	// Whether entries remain after the last one (list action). Added.
+	FilesMore bool `protobuf:"varint,9,opt,name=files_more,json=filesMore,proto3" json:"files_more,omitempty"`
+	// The bytes read (read action). Added.
+	Data []byte `protobuf:"bytes,10,opt,name=data,proto3" json:"data,omitempty"`
+	// The file's size (read action). Added.
+	FileSize int64 `protobuf:"varint,11,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
+	// Files and bytes written (write action; on a refusal, those before
+	// the refused file). Added.
+	FilesWritten int32 `protobuf:"varint,12,opt,name=files_written,json=filesWritten,proto3" json:"files_written,omitempty"`
+	// Added.
+	BytesWritten  int64 `protobuf:"varint,13,opt,name=bytes_written,json=bytesWritten,proto3" json:"bytes_written,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorktreeResult) Reset() {
 	*x = WorktreeResult{}
-	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +2002,7 @@ func (x *WorktreeResult) String() string {
 func (*WorktreeResult) ProtoMessage() {}
 
 func (x *WorktreeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[20]
+	mi := &file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +2015,7 @@ func (x *WorktreeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorktreeResult.ProtoReflect.Descriptor instead.
 func (*WorktreeResult) Descriptor() ([]byte, []int) {
-	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WorktreeResult) GetRequestId() string {
@@ -1807,6 +2065,48 @@ func (x *WorktreeResult) GetErrorDetail() string {
 		return x.ErrorDetail
 	}
 	return ""
+}
+
+func (x *WorktreeResult) GetFiles() []*v1.WorktreeFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *WorktreeResult) GetFilesMore() bool {
+	if x != nil {
+		return x.FilesMore
+	}
+	return false
+}
+
+func (x *WorktreeResult) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WorktreeResult) GetFileSize() int64 {
+	if x != nil {
+		return x.FileSize
+	}
+	return 0
+}
+
+func (x *WorktreeResult) GetFilesWritten() int32 {
+	if x != nil {
+		return x.FilesWritten
+	}
+	return 0
+}
+
+func (x *WorktreeResult) GetBytesWritten() int64 {
+	if x != nil {
+		return x.BytesWritten
+	}
+	return 0
 }
 
 var File_agentplane_sandbox_v1_wrapper_service_proto protoreflect.FileDescriptor
@@ -1926,19 +2226,35 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\"-\n" +
 	"\fReleaseRoute\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\xe4\x01\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\xaa\x03\n" +
 	"\x0fWorktreeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12H\n" +
 	"\achanges\x18\x03 \x01(\v2,.agentplane.sandbox.v1.WorktreeChangesActionH\x00R\achanges\x12?\n" +
-	"\x04push\x18\x04 \x01(\v2).agentplane.sandbox.v1.WorktreePushActionH\x00R\x04pushB\b\n" +
+	"\x04push\x18\x04 \x01(\v2).agentplane.sandbox.v1.WorktreePushActionH\x00R\x04push\x12?\n" +
+	"\x04list\x18\x05 \x01(\v2).agentplane.sandbox.v1.WorktreeListActionH\x00R\x04list\x12?\n" +
+	"\x04read\x18\x06 \x01(\v2).agentplane.sandbox.v1.WorktreeReadActionH\x00R\x04read\x12B\n" +
+	"\x05write\x18\a \x01(\v2*.agentplane.sandbox.v1.WorktreeWriteActionH\x00R\x05writeB\b\n" +
 	"\x06action\"\x17\n" +
-	"\x15WorktreeChangesAction\"S\n" +
+	"\x15WorktreeChangesAction\"\x97\x01\n" +
 	"\x12WorktreePushAction\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12%\n" +
-	"\x0ecommit_message\x18\x02 \x01(\tR\rcommitMessage\"\x84\x02\n" +
+	"\x0ecommit_message\x18\x02 \x01(\tR\rcommitMessage\x12\x1f\n" +
+	"\vauthor_name\x18\x03 \x01(\tR\n" +
+	"authorName\x12!\n" +
+	"\fauthor_email\x18\x04 \x01(\tR\vauthorEmail\"T\n" +
+	"\x12WorktreeListAction\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"X\n" +
+	"\x12WorktreeReadAction\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x05R\x06length\"U\n" +
+	"\x13WorktreeWriteAction\x12>\n" +
+	"\x05files\x18\x01 \x03(\v2(.agentplane.runtime.v1.WorktreeFileWriteR\x05files\"\xd9\x03\n" +
 	"\x0eWorktreeResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12@\n" +
@@ -1947,7 +2263,15 @@ const file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc = "" +
 	"\x03ref\x18\x04 \x01(\tR\x03ref\x12\x1c\n" +
 	"\tcommitted\x18\x05 \x01(\bR\tcommitted\x12!\n" +
 	"\ferror_reason\x18\x06 \x01(\tR\verrorReason\x12!\n" +
-	"\ferror_detail\x18\a \x01(\tR\verrorDetail*\xe0\x01\n" +
+	"\ferror_detail\x18\a \x01(\tR\verrorDetail\x129\n" +
+	"\x05files\x18\b \x03(\v2#.agentplane.runtime.v1.WorktreeFileR\x05files\x12\x1d\n" +
+	"\n" +
+	"files_more\x18\t \x01(\bR\tfilesMore\x12\x12\n" +
+	"\x04data\x18\n" +
+	" \x01(\fR\x04data\x12\x1b\n" +
+	"\tfile_size\x18\v \x01(\x03R\bfileSize\x12#\n" +
+	"\rfiles_written\x18\f \x01(\x05R\ffilesWritten\x12#\n" +
+	"\rbytes_written\x18\r \x01(\x03R\fbytesWritten*\xe0\x01\n" +
 	"\x0eShutdownReason\x12\x1f\n" +
 	"\x1bSHUTDOWN_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" SHUTDOWN_REASON_STALE_ALLOCATION\x10\x01\x12\x1f\n" +
@@ -1972,7 +2296,7 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agentplane_sandbox_v1_wrapper_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_agentplane_sandbox_v1_wrapper_service_proto_goTypes = []any{
 	(ShutdownReason)(0),           // 0: agentplane.sandbox.v1.ShutdownReason
 	(*ConnectRequest)(nil),        // 1: agentplane.sandbox.v1.ConnectRequest
@@ -1995,16 +2319,21 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_goTypes = []any{
 	(*WorktreeRequest)(nil),       // 18: agentplane.sandbox.v1.WorktreeRequest
 	(*WorktreeChangesAction)(nil), // 19: agentplane.sandbox.v1.WorktreeChangesAction
 	(*WorktreePushAction)(nil),    // 20: agentplane.sandbox.v1.WorktreePushAction
-	(*WorktreeResult)(nil),        // 21: agentplane.sandbox.v1.WorktreeResult
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*v1.ProgressStep)(nil),       // 23: agentplane.runtime.v1.ProgressStep
-	(*v1.RuntimeEvent)(nil),       // 24: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 25: agentplane.runtime.v1.TurnOutcome
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(RuntimeContract)(0),          // 27: agentplane.sandbox.v1.RuntimeContract
-	(*Agent)(nil),                 // 28: agentplane.sandbox.v1.Agent
-	(*DeliveryMessage)(nil),       // 29: agentplane.sandbox.v1.DeliveryMessage
-	(*v1.WorktreeChanges)(nil),    // 30: agentplane.runtime.v1.WorktreeChanges
+	(*WorktreeListAction)(nil),    // 21: agentplane.sandbox.v1.WorktreeListAction
+	(*WorktreeReadAction)(nil),    // 22: agentplane.sandbox.v1.WorktreeReadAction
+	(*WorktreeWriteAction)(nil),   // 23: agentplane.sandbox.v1.WorktreeWriteAction
+	(*WorktreeResult)(nil),        // 24: agentplane.sandbox.v1.WorktreeResult
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*v1.ProgressStep)(nil),       // 26: agentplane.runtime.v1.ProgressStep
+	(*v1.RuntimeEvent)(nil),       // 27: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 28: agentplane.runtime.v1.TurnOutcome
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(RuntimeContract)(0),          // 30: agentplane.sandbox.v1.RuntimeContract
+	(*Agent)(nil),                 // 31: agentplane.sandbox.v1.Agent
+	(*DeliveryMessage)(nil),       // 32: agentplane.sandbox.v1.DeliveryMessage
+	(*v1.WorktreeFileWrite)(nil),  // 33: agentplane.runtime.v1.WorktreeFileWrite
+	(*v1.WorktreeChanges)(nil),    // 34: agentplane.runtime.v1.WorktreeChanges
+	(*v1.WorktreeFile)(nil),       // 35: agentplane.runtime.v1.WorktreeFile
 }
 var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	2,  // 0: agentplane.sandbox.v1.ConnectRequest.hello:type_name -> agentplane.sandbox.v1.Hello
@@ -2014,12 +2343,12 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	7,  // 4: agentplane.sandbox.v1.ConnectRequest.route_failed:type_name -> agentplane.sandbox.v1.RouteFailed
 	8,  // 5: agentplane.sandbox.v1.ConnectRequest.runtime_events:type_name -> agentplane.sandbox.v1.RuntimeEvents
 	9,  // 6: agentplane.sandbox.v1.ConnectRequest.outcome:type_name -> agentplane.sandbox.v1.TurnOutcome
-	21, // 7: agentplane.sandbox.v1.ConnectRequest.worktree_result:type_name -> agentplane.sandbox.v1.WorktreeResult
+	24, // 7: agentplane.sandbox.v1.ConnectRequest.worktree_result:type_name -> agentplane.sandbox.v1.WorktreeResult
 	3,  // 8: agentplane.sandbox.v1.Hello.routes:type_name -> agentplane.sandbox.v1.ActiveRoute
-	22, // 9: agentplane.sandbox.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	23, // 10: agentplane.sandbox.v1.RouteProgress.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	24, // 11: agentplane.sandbox.v1.RuntimeEvents.events:type_name -> agentplane.runtime.v1.RuntimeEvent
-	25, // 12: agentplane.sandbox.v1.TurnOutcome.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	25, // 9: agentplane.sandbox.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	26, // 10: agentplane.sandbox.v1.RouteProgress.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	27, // 11: agentplane.sandbox.v1.RuntimeEvents.events:type_name -> agentplane.runtime.v1.RuntimeEvent
+	28, // 12: agentplane.sandbox.v1.TurnOutcome.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
 	11, // 13: agentplane.sandbox.v1.ConnectResponse.hello_ack:type_name -> agentplane.sandbox.v1.HelloAck
 	12, // 14: agentplane.sandbox.v1.ConnectResponse.prepare_route:type_name -> agentplane.sandbox.v1.PrepareRoute
 	13, // 15: agentplane.sandbox.v1.ConnectResponse.deliver:type_name -> agentplane.sandbox.v1.Deliver
@@ -2028,24 +2357,29 @@ var file_agentplane_sandbox_v1_wrapper_service_proto_depIdxs = []int32{
 	16, // 18: agentplane.sandbox.v1.ConnectResponse.shutdown:type_name -> agentplane.sandbox.v1.Shutdown
 	17, // 19: agentplane.sandbox.v1.ConnectResponse.release_route:type_name -> agentplane.sandbox.v1.ReleaseRoute
 	18, // 20: agentplane.sandbox.v1.ConnectResponse.worktree_request:type_name -> agentplane.sandbox.v1.WorktreeRequest
-	26, // 21: agentplane.sandbox.v1.HelloAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	26, // 22: agentplane.sandbox.v1.HelloAck.reconnect_window:type_name -> google.protobuf.Duration
-	27, // 23: agentplane.sandbox.v1.HelloAck.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	27, // 24: agentplane.sandbox.v1.PrepareRoute.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
-	28, // 25: agentplane.sandbox.v1.PrepareRoute.agent:type_name -> agentplane.sandbox.v1.Agent
-	29, // 26: agentplane.sandbox.v1.Deliver.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
-	22, // 27: agentplane.sandbox.v1.Credentials.expire_time:type_name -> google.protobuf.Timestamp
+	29, // 21: agentplane.sandbox.v1.HelloAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	29, // 22: agentplane.sandbox.v1.HelloAck.reconnect_window:type_name -> google.protobuf.Duration
+	30, // 23: agentplane.sandbox.v1.HelloAck.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	30, // 24: agentplane.sandbox.v1.PrepareRoute.contract:type_name -> agentplane.sandbox.v1.RuntimeContract
+	31, // 25: agentplane.sandbox.v1.PrepareRoute.agent:type_name -> agentplane.sandbox.v1.Agent
+	32, // 26: agentplane.sandbox.v1.Deliver.messages:type_name -> agentplane.sandbox.v1.DeliveryMessage
+	25, // 27: agentplane.sandbox.v1.Credentials.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 28: agentplane.sandbox.v1.Shutdown.reason:type_name -> agentplane.sandbox.v1.ShutdownReason
 	19, // 29: agentplane.sandbox.v1.WorktreeRequest.changes:type_name -> agentplane.sandbox.v1.WorktreeChangesAction
 	20, // 30: agentplane.sandbox.v1.WorktreeRequest.push:type_name -> agentplane.sandbox.v1.WorktreePushAction
-	30, // 31: agentplane.sandbox.v1.WorktreeResult.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	1,  // 32: agentplane.sandbox.v1.WrapperControlService.Connect:input_type -> agentplane.sandbox.v1.ConnectRequest
-	10, // 33: agentplane.sandbox.v1.WrapperControlService.Connect:output_type -> agentplane.sandbox.v1.ConnectResponse
-	33, // [33:34] is the sub-list for method output_type
-	32, // [32:33] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	21, // 31: agentplane.sandbox.v1.WorktreeRequest.list:type_name -> agentplane.sandbox.v1.WorktreeListAction
+	22, // 32: agentplane.sandbox.v1.WorktreeRequest.read:type_name -> agentplane.sandbox.v1.WorktreeReadAction
+	23, // 33: agentplane.sandbox.v1.WorktreeRequest.write:type_name -> agentplane.sandbox.v1.WorktreeWriteAction
+	33, // 34: agentplane.sandbox.v1.WorktreeWriteAction.files:type_name -> agentplane.runtime.v1.WorktreeFileWrite
+	34, // 35: agentplane.sandbox.v1.WorktreeResult.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	35, // 36: agentplane.sandbox.v1.WorktreeResult.files:type_name -> agentplane.runtime.v1.WorktreeFile
+	1,  // 37: agentplane.sandbox.v1.WrapperControlService.Connect:input_type -> agentplane.sandbox.v1.ConnectRequest
+	10, // 38: agentplane.sandbox.v1.WrapperControlService.Connect:output_type -> agentplane.sandbox.v1.ConnectResponse
+	38, // [38:39] is the sub-list for method output_type
+	37, // [37:38] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_sandbox_v1_wrapper_service_proto_init() }
@@ -2077,6 +2411,9 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_init() {
 	file_agentplane_sandbox_v1_wrapper_service_proto_msgTypes[17].OneofWrappers = []any{
 		(*WorktreeRequest_Changes)(nil),
 		(*WorktreeRequest_Push)(nil),
+		(*WorktreeRequest_List)(nil),
+		(*WorktreeRequest_Read)(nil),
+		(*WorktreeRequest_Write)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2084,7 +2421,7 @@ func file_agentplane_sandbox_v1_wrapper_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc), len(file_agentplane_sandbox_v1_wrapper_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

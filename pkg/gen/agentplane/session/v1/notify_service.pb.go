@@ -758,6 +758,117 @@ func (*NotifyTurnOutcomeResponse) Descriptor() ([]byte, []int) {
 	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{14}
 }
 
+// NotifyUsageRequest is the usage of one provider response.
+type NotifyUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session the proxied request's handle resolved through.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox of the handle (a report for another sandbox than the
+	// session's is dropped).
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The runtime session of the handle's member.
+	RuntimeSessionId string `protobuf:"bytes,3,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
+	// The usage (requests is 1).
+	Usage         *v1.TokenUsage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyUsageRequest) Reset() {
+	*x = NotifyUsageRequest{}
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyUsageRequest) ProtoMessage() {}
+
+func (x *NotifyUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyUsageRequest.ProtoReflect.Descriptor instead.
+func (*NotifyUsageRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *NotifyUsageRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *NotifyUsageRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *NotifyUsageRequest) GetRuntimeSessionId() string {
+	if x != nil {
+		return x.RuntimeSessionId
+	}
+	return ""
+}
+
+func (x *NotifyUsageRequest) GetUsage() *v1.TokenUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// NotifyUsageResponse acknowledges.
+type NotifyUsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyUsageResponse) Reset() {
+	*x = NotifyUsageResponse{}
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyUsageResponse) ProtoMessage() {}
+
+func (x *NotifyUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyUsageResponse.ProtoReflect.Descriptor instead.
+func (*NotifyUsageResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{16}
+}
+
 var File_agentplane_session_v1_notify_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_notify_service_proto_rawDesc = "" +
@@ -800,7 +911,15 @@ const file_agentplane_session_v1_notify_service_proto_rawDesc = "" +
 	"\x18NotifyTurnOutcomeRequest\x125\n" +
 	"\x05route\x18\x01 \x01(\v2\x1f.agentplane.session.v1.RouteRefR\x05route\x12<\n" +
 	"\aoutcome\x18\x02 \x01(\v2\".agentplane.runtime.v1.TurnOutcomeR\aoutcome\"\x1b\n" +
-	"\x19NotifyTurnOutcomeResponse2\xf4\x06\n" +
+	"\x19NotifyTurnOutcomeResponse\"\xb9\x01\n" +
+	"\x12NotifyUsageRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12,\n" +
+	"\x12runtime_session_id\x18\x03 \x01(\tR\x10runtimeSessionId\x127\n" +
+	"\x05usage\x18\x04 \x01(\v2!.agentplane.runtime.v1.TokenUsageR\x05usage\"\x15\n" +
+	"\x13NotifyUsageResponse2\xda\a\n" +
 	"\x14SessionNotifyService\x12|\n" +
 	"\x13NotifyRouteProgress\x121.agentplane.session.v1.NotifyRouteProgressRequest\x1a2.agentplane.session.v1.NotifyRouteProgressResponse\x12s\n" +
 	"\x10NotifyRouteReady\x12..agentplane.session.v1.NotifyRouteReadyRequest\x1a/.agentplane.session.v1.NotifyRouteReadyResponse\x12\x88\x01\n" +
@@ -808,7 +927,8 @@ const file_agentplane_session_v1_notify_service_proto_rawDesc = "" +
 	"\x11NotifyRouteFailed\x12/.agentplane.session.v1.NotifyRouteFailedRequest\x1a0.agentplane.session.v1.NotifyRouteFailedResponse\x12p\n" +
 	"\x0fNotifyRouteLost\x12-.agentplane.session.v1.NotifyRouteLostRequest\x1a..agentplane.session.v1.NotifyRouteLostResponse\x12|\n" +
 	"\x13NotifyRuntimeEvents\x121.agentplane.session.v1.NotifyRuntimeEventsRequest\x1a2.agentplane.session.v1.NotifyRuntimeEventsResponse\x12v\n" +
-	"\x11NotifyTurnOutcome\x12/.agentplane.session.v1.NotifyTurnOutcomeRequest\x1a0.agentplane.session.v1.NotifyTurnOutcomeResponseB\xdd\x01\n" +
+	"\x11NotifyTurnOutcome\x12/.agentplane.session.v1.NotifyTurnOutcomeRequest\x1a0.agentplane.session.v1.NotifyTurnOutcomeResponse\x12d\n" +
+	"\vNotifyUsage\x12).agentplane.session.v1.NotifyUsageRequest\x1a*.agentplane.session.v1.NotifyUsageResponseB\xdd\x01\n" +
 	"\x19com.agentplane.session.v1B\x12NotifyServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -823,7 +943,7 @@ func file_agentplane_session_v1_notify_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_notify_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_notify_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_agentplane_session_v1_notify_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_agentplane_session_v1_notify_service_proto_goTypes = []any{
 	(*RouteRef)(nil),                        // 0: agentplane.session.v1.RouteRef
 	(*NotifyRouteProgressRequest)(nil),      // 1: agentplane.session.v1.NotifyRouteProgressRequest
@@ -840,42 +960,48 @@ var file_agentplane_session_v1_notify_service_proto_goTypes = []any{
 	(*NotifyRuntimeEventsResponse)(nil),     // 12: agentplane.session.v1.NotifyRuntimeEventsResponse
 	(*NotifyTurnOutcomeRequest)(nil),        // 13: agentplane.session.v1.NotifyTurnOutcomeRequest
 	(*NotifyTurnOutcomeResponse)(nil),       // 14: agentplane.session.v1.NotifyTurnOutcomeResponse
-	(*timestamppb.Timestamp)(nil),           // 15: google.protobuf.Timestamp
-	(*v1.ProgressStep)(nil),                 // 16: agentplane.runtime.v1.ProgressStep
-	(*v1.RuntimeEvent)(nil),                 // 17: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),                  // 18: agentplane.runtime.v1.TurnOutcome
+	(*NotifyUsageRequest)(nil),              // 15: agentplane.session.v1.NotifyUsageRequest
+	(*NotifyUsageResponse)(nil),             // 16: agentplane.session.v1.NotifyUsageResponse
+	(*timestamppb.Timestamp)(nil),           // 17: google.protobuf.Timestamp
+	(*v1.ProgressStep)(nil),                 // 18: agentplane.runtime.v1.ProgressStep
+	(*v1.RuntimeEvent)(nil),                 // 19: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),                  // 20: agentplane.runtime.v1.TurnOutcome
+	(*v1.TokenUsage)(nil),                   // 21: agentplane.runtime.v1.TokenUsage
 }
 var file_agentplane_session_v1_notify_service_proto_depIdxs = []int32{
-	15, // 0: agentplane.session.v1.RouteRef.observe_time:type_name -> google.protobuf.Timestamp
+	17, // 0: agentplane.session.v1.RouteRef.observe_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: agentplane.session.v1.NotifyRouteProgressRequest.route:type_name -> agentplane.session.v1.RouteRef
-	16, // 2: agentplane.session.v1.NotifyRouteProgressRequest.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	18, // 2: agentplane.session.v1.NotifyRouteProgressRequest.progress:type_name -> agentplane.runtime.v1.ProgressStep
 	0,  // 3: agentplane.session.v1.NotifyRouteReadyRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 4: agentplane.session.v1.NotifyRouteReconnectingRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 5: agentplane.session.v1.NotifyRouteFailedRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 6: agentplane.session.v1.NotifyRouteLostRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 7: agentplane.session.v1.NotifyRuntimeEventsRequest.route:type_name -> agentplane.session.v1.RouteRef
-	17, // 8: agentplane.session.v1.NotifyRuntimeEventsRequest.events:type_name -> agentplane.runtime.v1.RuntimeEvent
+	19, // 8: agentplane.session.v1.NotifyRuntimeEventsRequest.events:type_name -> agentplane.runtime.v1.RuntimeEvent
 	0,  // 9: agentplane.session.v1.NotifyTurnOutcomeRequest.route:type_name -> agentplane.session.v1.RouteRef
-	18, // 10: agentplane.session.v1.NotifyTurnOutcomeRequest.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	1,  // 11: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:input_type -> agentplane.session.v1.NotifyRouteProgressRequest
-	3,  // 12: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:input_type -> agentplane.session.v1.NotifyRouteReadyRequest
-	5,  // 13: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:input_type -> agentplane.session.v1.NotifyRouteReconnectingRequest
-	7,  // 14: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:input_type -> agentplane.session.v1.NotifyRouteFailedRequest
-	9,  // 15: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:input_type -> agentplane.session.v1.NotifyRouteLostRequest
-	11, // 16: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:input_type -> agentplane.session.v1.NotifyRuntimeEventsRequest
-	13, // 17: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:input_type -> agentplane.session.v1.NotifyTurnOutcomeRequest
-	2,  // 18: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:output_type -> agentplane.session.v1.NotifyRouteProgressResponse
-	4,  // 19: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:output_type -> agentplane.session.v1.NotifyRouteReadyResponse
-	6,  // 20: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:output_type -> agentplane.session.v1.NotifyRouteReconnectingResponse
-	8,  // 21: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:output_type -> agentplane.session.v1.NotifyRouteFailedResponse
-	10, // 22: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:output_type -> agentplane.session.v1.NotifyRouteLostResponse
-	12, // 23: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:output_type -> agentplane.session.v1.NotifyRuntimeEventsResponse
-	14, // 24: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:output_type -> agentplane.session.v1.NotifyTurnOutcomeResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	20, // 10: agentplane.session.v1.NotifyTurnOutcomeRequest.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	21, // 11: agentplane.session.v1.NotifyUsageRequest.usage:type_name -> agentplane.runtime.v1.TokenUsage
+	1,  // 12: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:input_type -> agentplane.session.v1.NotifyRouteProgressRequest
+	3,  // 13: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:input_type -> agentplane.session.v1.NotifyRouteReadyRequest
+	5,  // 14: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:input_type -> agentplane.session.v1.NotifyRouteReconnectingRequest
+	7,  // 15: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:input_type -> agentplane.session.v1.NotifyRouteFailedRequest
+	9,  // 16: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:input_type -> agentplane.session.v1.NotifyRouteLostRequest
+	11, // 17: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:input_type -> agentplane.session.v1.NotifyRuntimeEventsRequest
+	13, // 18: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:input_type -> agentplane.session.v1.NotifyTurnOutcomeRequest
+	15, // 19: agentplane.session.v1.SessionNotifyService.NotifyUsage:input_type -> agentplane.session.v1.NotifyUsageRequest
+	2,  // 20: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:output_type -> agentplane.session.v1.NotifyRouteProgressResponse
+	4,  // 21: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:output_type -> agentplane.session.v1.NotifyRouteReadyResponse
+	6,  // 22: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:output_type -> agentplane.session.v1.NotifyRouteReconnectingResponse
+	8,  // 23: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:output_type -> agentplane.session.v1.NotifyRouteFailedResponse
+	10, // 24: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:output_type -> agentplane.session.v1.NotifyRouteLostResponse
+	12, // 25: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:output_type -> agentplane.session.v1.NotifyRuntimeEventsResponse
+	14, // 26: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:output_type -> agentplane.session.v1.NotifyTurnOutcomeResponse
+	16, // 27: agentplane.session.v1.SessionNotifyService.NotifyUsage:output_type -> agentplane.session.v1.NotifyUsageResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_notify_service_proto_init() }
@@ -889,7 +1015,7 @@ func file_agentplane_session_v1_notify_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_notify_service_proto_rawDesc), len(file_agentplane_session_v1_notify_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

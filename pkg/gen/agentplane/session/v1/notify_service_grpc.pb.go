@@ -26,6 +26,7 @@ const (
 	SessionNotifyService_NotifyRouteLost_FullMethodName         = "/agentplane.session.v1.SessionNotifyService/NotifyRouteLost"
 	SessionNotifyService_NotifyRuntimeEvents_FullMethodName     = "/agentplane.session.v1.SessionNotifyService/NotifyRuntimeEvents"
 	SessionNotifyService_NotifyTurnOutcome_FullMethodName       = "/agentplane.session.v1.SessionNotifyService/NotifyTurnOutcome"
+	SessionNotifyService_NotifyUsage_FullMethodName             = "/agentplane.session.v1.SessionNotifyService/NotifyUsage"
 )
 
 // SessionNotifyServiceClient is the client API for SessionNotifyService service.
@@ -52,6 +53,11 @@ type SessionNotifyServiceClient interface {
 	NotifyRuntimeEvents(ctx context.Context, in *NotifyRuntimeEventsRequest, opts ...grpc.CallOption) (*NotifyRuntimeEventsResponse, error)
 	// NotifyTurnOutcome settles accepted messages up to last_message_id.
 	NotifyTurnOutcome(ctx context.Context, in *NotifyTurnOutcomeRequest, opts ...grpc.CallOption) (*NotifyTurnOutcomeResponse, error)
+	// NotifyUsage reports the token usage of one provider response; the
+	// credential proxy calls it before the response ends for the runtime.
+	// It adds to the session's totals and to the usage of the session's next
+	// turn outcome. Not idempotent: the proxy sends each report once. Added.
+	NotifyUsage(ctx context.Context, in *NotifyUsageRequest, opts ...grpc.CallOption) (*NotifyUsageResponse, error)
 }
 
 type sessionNotifyServiceClient struct {
@@ -132,6 +138,16 @@ func (c *sessionNotifyServiceClient) NotifyTurnOutcome(ctx context.Context, in *
 	return out, nil
 }
 
+func (c *sessionNotifyServiceClient) NotifyUsage(ctx context.Context, in *NotifyUsageRequest, opts ...grpc.CallOption) (*NotifyUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NotifyUsageResponse)
+	err := c.cc.Invoke(ctx, SessionNotifyService_NotifyUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionNotifyServiceServer is the server API for SessionNotifyService service.
 // All implementations must embed UnimplementedSessionNotifyServiceServer
 // for forward compatibility.
@@ -156,6 +172,11 @@ type SessionNotifyServiceServer interface {
 	NotifyRuntimeEvents(context.Context, *NotifyRuntimeEventsRequest) (*NotifyRuntimeEventsResponse, error)
 	// NotifyTurnOutcome settles accepted messages up to last_message_id.
 	NotifyTurnOutcome(context.Context, *NotifyTurnOutcomeRequest) (*NotifyTurnOutcomeResponse, error)
+	// NotifyUsage reports the token usage of one provider response; the
+	// credential proxy calls it before the response ends for the runtime.
+	// It adds to the session's totals and to the usage of the session's next
+	// turn outcome. Not idempotent: the proxy sends each report once. Added.
+	NotifyUsage(context.Context, *NotifyUsageRequest) (*NotifyUsageResponse, error)
 	mustEmbedUnimplementedSessionNotifyServiceServer()
 }
 
@@ -186,6 +207,9 @@ func (UnimplementedSessionNotifyServiceServer) NotifyRuntimeEvents(context.Conte
 }
 func (UnimplementedSessionNotifyServiceServer) NotifyTurnOutcome(context.Context, *NotifyTurnOutcomeRequest) (*NotifyTurnOutcomeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method NotifyTurnOutcome not implemented")
+}
+func (UnimplementedSessionNotifyServiceServer) NotifyUsage(context.Context, *NotifyUsageRequest) (*NotifyUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NotifyUsage not implemented")
 }
 func (UnimplementedSessionNotifyServiceServer) mustEmbedUnimplementedSessionNotifyServiceServer() {}
 func (UnimplementedSessionNotifyServiceServer) testEmbeddedByValue()                              {}
@@ -334,6 +358,24 @@ func _SessionNotifyService_NotifyTurnOutcome_Handler(srv interface{}, ctx contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionNotifyService_NotifyUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NotifyUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionNotifyServiceServer).NotifyUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionNotifyService_NotifyUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionNotifyServiceServer).NotifyUsage(ctx, req.(*NotifyUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionNotifyService_ServiceDesc is the grpc.ServiceDesc for SessionNotifyService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -368,6 +410,10 @@ var SessionNotifyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "NotifyTurnOutcome",
 			Handler:    _SessionNotifyService_NotifyTurnOutcome_Handler,
+		},
+		{
+			MethodName: "NotifyUsage",
+			Handler:    _SessionNotifyService_NotifyUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -10,6 +10,7 @@ import (
 	v1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -151,6 +152,10 @@ const (
 	RouteState_ROUTE_STATE_RECONNECTING RouteState = 4
 	// Preparation failed; failure_reason says why.
 	RouteState_ROUTE_STATE_FAILED RouteState = 5
+	// SuspendSession stopped the route's runtime and verified its processes
+	// absent; the workspace, the agent's home and the history are kept. The
+	// next SendMessage or ResumeSession starts the runtime again. Added.
+	RouteState_ROUTE_STATE_SUSPENDED RouteState = 6
 )
 
 // Enum value maps for RouteState.
@@ -162,6 +167,7 @@ var (
 		3: "ROUTE_STATE_READY",
 		4: "ROUTE_STATE_RECONNECTING",
 		5: "ROUTE_STATE_FAILED",
+		6: "ROUTE_STATE_SUSPENDED",
 	}
 	RouteState_value = map[string]int32{
 		"ROUTE_STATE_UNSPECIFIED":  0,
@@ -170,6 +176,7 @@ var (
 		"ROUTE_STATE_READY":        3,
 		"ROUTE_STATE_RECONNECTING": 4,
 		"ROUTE_STATE_FAILED":       5,
+		"ROUTE_STATE_SUSPENDED":    6,
 	}
 )
 
@@ -352,9 +359,19 @@ type GitCredentialInput struct {
 	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	// Optional user name sent with the token in Basic authentication;
 	// empty: x-access-token.
-	Username      string `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Username string `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	// Optional branch prefix the session's pushes are confined to, by
+	// PushWorktree and by the agent's own git through the credential proxy's
+	// git route (docs/worktrees.md "Push policy"): only branches
+	// refs/heads/<prefix><name> may be created or updated, never deleted.
+	// Empty: "agent/". Otherwise a valid git branch path ending in "/", at
+	// most 100 bytes ("team/bot/"). The default branch is never pushable
+	// unless it is itself named under the prefix (the route does not know
+	// which branch is the default: pick a prefix no protected branch is
+	// under). Added.
+	PushBranchPrefix string `protobuf:"bytes,3,opt,name=push_branch_prefix,json=pushBranchPrefix,proto3" json:"push_branch_prefix,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GitCredentialInput) Reset() {
@@ -397,6 +414,13 @@ func (x *GitCredentialInput) GetToken() string {
 func (x *GitCredentialInput) GetUsername() string {
 	if x != nil {
 		return x.Username
+	}
+	return ""
+}
+
+func (x *GitCredentialInput) GetPushBranchPrefix() string {
+	if x != nil {
+		return x.PushBranchPrefix
 	}
 	return ""
 }
@@ -603,6 +627,16 @@ type Session struct {
 	Egress *EgressPolicy `protobuf:"bytes,13,opt,name=egress,proto3" json:"egress,omitempty"`
 	// Version of egress: 1 at creation, one more per UpdateEgressPolicy. Added.
 	EgressVersion uint64 `protobuf:"varint,14,opt,name=egress_version,json=egressVersion,proto3" json:"egress_version,omitempty"`
+	// The suspend_after asked at creation (absent: the agent profile's
+	// default of the session service applies). Added.
+	SuspendAfter *durationpb.Duration `protobuf:"bytes,15,opt,name=suspend_after,json=suspendAfter,proto3" json:"suspend_after,omitempty"`
+	// Output only: the branch prefix the session's pushes are confined to
+	// (git_credential.push_branch_prefix, "agent/" when it was empty); empty
+	// for a session without worktree.repo_url. Added.
+	PushBranchPrefix string `protobuf:"bytes,16,opt,name=push_branch_prefix,json=pushBranchPrefix,proto3" json:"push_branch_prefix,omitempty"`
+	// Output only: the session's provider tokens so far, every response the
+	// credential proxy read usage from (between turns too). Added.
+	Usage         *v1.TokenUsage `protobuf:"bytes,17,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +767,27 @@ func (x *Session) GetEgressVersion() uint64 {
 		return x.EgressVersion
 	}
 	return 0
+}
+
+func (x *Session) GetSuspendAfter() *durationpb.Duration {
+	if x != nil {
+		return x.SuspendAfter
+	}
+	return nil
+}
+
+func (x *Session) GetPushBranchPrefix() string {
+	if x != nil {
+		return x.PushBranchPrefix
+	}
+	return ""
+}
+
+func (x *Session) GetUsage() *v1.TokenUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
 }
 
 // EgressPolicy says where the session's runtime may connect through the
@@ -1205,15 +1260,16 @@ var File_agentplane_session_v1_session_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"#agentplane/session/v1/session.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
+	"#agentplane/session/v1/session.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
 	"\bWorktree\x12\x19\n" +
 	"\brepo_url\x18\x01 \x01(\tR\arepoUrl\x12\x1c\n" +
 	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x12\x10\n" +
 	"\x03ref\x18\x03 \x01(\tR\x03ref\x12\x14\n" +
-	"\x05depth\x18\x04 \x01(\rR\x05depth\"F\n" +
+	"\x05depth\x18\x04 \x01(\rR\x05depth\"t\n" +
 	"\x12GitCredentialInput\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1a\n" +
-	"\busername\x18\x02 \x01(\tR\busername\"g\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12,\n" +
+	"\x12push_branch_prefix\x18\x03 \x01(\tR\x10pushBranchPrefix\"g\n" +
 	"\x0fCredentialInput\x12<\n" +
 	"\x05class\x18\x01 \x01(\x0e2&.agentplane.session.v1.CredentialClassR\x05class\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xe8\x02\n" +
@@ -1227,7 +1283,7 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\x10wrapper_instance\x18\x06 \x01(\tR\x0fwrapperInstance\x12;\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x122\n" +
-	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\"\x8b\x06\n" +
+	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\"\xb2\a\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1247,7 +1303,10 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\x06labels\x18\v \x03(\v2*.agentplane.session.v1.Session.LabelsEntryR\x06labels\x122\n" +
 	"\x05agent\x18\f \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x12;\n" +
 	"\x06egress\x18\r \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x12%\n" +
-	"\x0eegress_version\x18\x0e \x01(\x04R\regressVersion\x1a9\n" +
+	"\x0eegress_version\x18\x0e \x01(\x04R\regressVersion\x12>\n" +
+	"\rsuspend_after\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\fsuspendAfter\x12,\n" +
+	"\x12push_branch_prefix\x18\x10 \x01(\tR\x10pushBranchPrefix\x127\n" +
+	"\x05usage\x18\x11 \x01(\v2!.agentplane.runtime.v1.TokenUsageR\x05usage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"r\n" +
@@ -1293,7 +1352,7 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SESSION_STATE_ACTIVE\x10\x01\x12\x19\n" +
 	"\x15SESSION_STATE_STOPPED\x10\x02\x12\x1a\n" +
-	"\x16SESSION_STATE_DELETING\x10\x03*\xaa\x01\n" +
+	"\x16SESSION_STATE_DELETING\x10\x03*\xc5\x01\n" +
 	"\n" +
 	"RouteState\x12\x1b\n" +
 	"\x17ROUTE_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -1301,7 +1360,8 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\x15ROUTE_STATE_PREPARING\x10\x02\x12\x15\n" +
 	"\x11ROUTE_STATE_READY\x10\x03\x12\x1c\n" +
 	"\x18ROUTE_STATE_RECONNECTING\x10\x04\x12\x16\n" +
-	"\x12ROUTE_STATE_FAILED\x10\x05*\xb7\x01\n" +
+	"\x12ROUTE_STATE_FAILED\x10\x05\x12\x19\n" +
+	"\x15ROUTE_STATE_SUSPENDED\x10\x06*\xb7\x01\n" +
 	"\fMessageState\x12\x1d\n" +
 	"\x19MESSAGE_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14MESSAGE_STATE_QUEUED\x10\x01\x12\x1a\n" +
@@ -1342,9 +1402,11 @@ var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(*SessionEvent)(nil),          // 13: agentplane.session.v1.SessionEvent
 	nil,                           // 14: agentplane.session.v1.Session.LabelsEntry
 	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*v1.RuntimeEvent)(nil),       // 16: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 17: agentplane.runtime.v1.TurnOutcome
-	(*v1.ProgressStep)(nil),       // 18: agentplane.runtime.v1.ProgressStep
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*v1.TokenUsage)(nil),         // 17: agentplane.runtime.v1.TokenUsage
+	(*v1.RuntimeEvent)(nil),       // 18: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 19: agentplane.runtime.v1.TurnOutcome
+	(*v1.ProgressStep)(nil),       // 20: agentplane.runtime.v1.ProgressStep
 }
 var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: agentplane.session.v1.CredentialInput.class:type_name -> agentplane.session.v1.CredentialClass
@@ -1360,22 +1422,24 @@ var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	14, // 10: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
 	11, // 11: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
 	9,  // 12: agentplane.session.v1.Session.egress:type_name -> agentplane.session.v1.EgressPolicy
-	10, // 13: agentplane.session.v1.EgressPolicy.allow:type_name -> agentplane.session.v1.EgressRule
-	3,  // 14: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
-	15, // 15: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
-	15, // 16: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
-	15, // 17: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	7,  // 18: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
-	12, // 19: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
-	16, // 20: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
-	17, // 21: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	18, // 22: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	8,  // 23: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	16, // 13: agentplane.session.v1.Session.suspend_after:type_name -> google.protobuf.Duration
+	17, // 14: agentplane.session.v1.Session.usage:type_name -> agentplane.runtime.v1.TokenUsage
+	10, // 15: agentplane.session.v1.EgressPolicy.allow:type_name -> agentplane.session.v1.EgressRule
+	3,  // 16: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
+	15, // 17: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	15, // 18: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
+	15, // 19: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	7,  // 20: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
+	12, // 21: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
+	18, // 22: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
+	19, // 23: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	20, // 24: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	8,  // 25: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_proto_init() }

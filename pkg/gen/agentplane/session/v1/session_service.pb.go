@@ -11,6 +11,7 @@ import (
 	v1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -22,6 +23,211 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// SuspendSessionRequest suspends a session.
+type SuspendSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Cancel queued and accepted work (an abort is sent to a running turn)
+	// instead of failing with TURN_RUNNING.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendSessionRequest) Reset() {
+	*x = SuspendSessionRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendSessionRequest) ProtoMessage() {}
+
+func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
+func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SuspendSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SuspendSessionRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+// SuspendSessionResponse returns the suspended session.
+type SuspendSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session; its route is SUSPENDED.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendSessionResponse) Reset() {
+	*x = SuspendSessionResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendSessionResponse) ProtoMessage() {}
+
+func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
+func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SuspendSessionResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// ResumeSessionRequest resumes a session.
+type ResumeSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// When the route failed resume_state_lost, continue with a new
+	// conversation (a new runtime session id, an empty workspace, a new agent
+	// session) instead of failing again. Ignored otherwise. Added.
+	Restart       bool `protobuf:"varint,2,opt,name=restart,proto3" json:"restart,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSessionRequest) Reset() {
+	*x = ResumeSessionRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSessionRequest) ProtoMessage() {}
+
+func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ResumeSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ResumeSessionRequest) GetRestart() bool {
+	if x != nil {
+		return x.Restart
+	}
+	return false
+}
+
+// ResumeSessionResponse returns the resumed session.
+type ResumeSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session; its route is READY.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSessionResponse) Reset() {
+	*x = ResumeSessionResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSessionResponse) ProtoMessage() {}
+
+func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ResumeSessionResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
 
 // UpdateEgressPolicyRequest replaces a session's egress policy.
 type UpdateEgressPolicyRequest struct {
@@ -38,7 +244,7 @@ type UpdateEgressPolicyRequest struct {
 
 func (x *UpdateEgressPolicyRequest) Reset() {
 	*x = UpdateEgressPolicyRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +256,7 @@ func (x *UpdateEgressPolicyRequest) String() string {
 func (*UpdateEgressPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +269,7 @@ func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *UpdateEgressPolicyRequest) GetSessionId() string {
@@ -100,7 +306,7 @@ type UpdateEgressPolicyResponse struct {
 
 func (x *UpdateEgressPolicyResponse) Reset() {
 	*x = UpdateEgressPolicyResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -112,7 +318,7 @@ func (x *UpdateEgressPolicyResponse) String() string {
 func (*UpdateEgressPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -125,7 +331,7 @@ func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpdateEgressPolicyResponse) GetEgress() *EgressPolicy {
@@ -167,14 +373,20 @@ type CreateSessionRequest struct {
 	GitCredential *GitCredentialInput `protobuf:"bytes,9,opt,name=git_credential,json=gitCredential,proto3" json:"git_credential,omitempty"`
 	// Optional egress policy (default deny; the deployment's default applies
 	// besides). Added.
-	Egress        *EgressPolicy `protobuf:"bytes,10,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress *EgressPolicy `protobuf:"bytes,10,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Optional idle time after which the session's runtime is suspended
+	// (its turn ended and nothing is queued): absent or zero takes the
+	// session service's default for the agent profile; otherwise 1 s to
+	// 30 days. A negative or out-of-range value is INVALID_ARGUMENT
+	// (INVALID_REQUEST) with a field violation on suspend_after. Added.
+	SuspendAfter  *durationpb.Duration `protobuf:"bytes,11,opt,name=suspend_after,json=suspendAfter,proto3" json:"suspend_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +398,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,7 +411,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSessionRequest) GetSessionId() string {
@@ -272,6 +484,13 @@ func (x *CreateSessionRequest) GetEgress() *EgressPolicy {
 	return nil
 }
 
+func (x *CreateSessionRequest) GetSuspendAfter() *durationpb.Duration {
+	if x != nil {
+		return x.SuspendAfter
+	}
+	return nil
+}
+
 // CreateSessionResponse returns the new session.
 type CreateSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -283,7 +502,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +514,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +527,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateSessionResponse) GetSession() *Session {
@@ -329,7 +548,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +560,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +573,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -375,7 +594,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +606,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +619,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetSessionResponse) GetSession() *Session {
@@ -427,7 +646,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +658,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +671,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListSessionsRequest) GetOrgId() string {
@@ -496,7 +715,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +727,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +740,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -553,7 +772,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +784,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +797,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SendMessageRequest) GetSessionId() string {
@@ -613,7 +832,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +844,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +857,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SendMessageResponse) GetMessage() *Message {
@@ -661,7 +880,7 @@ type GetMessageRequest struct {
 
 func (x *GetMessageRequest) Reset() {
 	*x = GetMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +892,7 @@ func (x *GetMessageRequest) String() string {
 func (*GetMessageRequest) ProtoMessage() {}
 
 func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +905,7 @@ func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
 func (*GetMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetMessageRequest) GetSessionId() string {
@@ -714,7 +933,7 @@ type GetMessageResponse struct {
 
 func (x *GetMessageResponse) Reset() {
 	*x = GetMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +945,7 @@ func (x *GetMessageResponse) String() string {
 func (*GetMessageResponse) ProtoMessage() {}
 
 func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +958,7 @@ func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
 func (*GetMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetMessageResponse) GetMessage() *Message {
@@ -764,7 +983,7 @@ type ListMessagesRequest struct {
 
 func (x *ListMessagesRequest) Reset() {
 	*x = ListMessagesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +995,7 @@ func (x *ListMessagesRequest) String() string {
 func (*ListMessagesRequest) ProtoMessage() {}
 
 func (x *ListMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +1008,7 @@ func (x *ListMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMessagesRequest.ProtoReflect.Descriptor instead.
 func (*ListMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListMessagesRequest) GetSessionId() string {
@@ -826,7 +1045,7 @@ type ListMessagesResponse struct {
 
 func (x *ListMessagesResponse) Reset() {
 	*x = ListMessagesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +1057,7 @@ func (x *ListMessagesResponse) String() string {
 func (*ListMessagesResponse) ProtoMessage() {}
 
 func (x *ListMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +1070,7 @@ func (x *ListMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMessagesResponse.ProtoReflect.Descriptor instead.
 func (*ListMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListMessagesResponse) GetMessages() []*Message {
@@ -881,7 +1100,7 @@ type CancelMessageRequest struct {
 
 func (x *CancelMessageRequest) Reset() {
 	*x = CancelMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1112,7 @@ func (x *CancelMessageRequest) String() string {
 func (*CancelMessageRequest) ProtoMessage() {}
 
 func (x *CancelMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1125,7 @@ func (x *CancelMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMessageRequest.ProtoReflect.Descriptor instead.
 func (*CancelMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CancelMessageRequest) GetSessionId() string {
@@ -934,7 +1153,7 @@ type CancelMessageResponse struct {
 
 func (x *CancelMessageResponse) Reset() {
 	*x = CancelMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1165,7 @@ func (x *CancelMessageResponse) String() string {
 func (*CancelMessageResponse) ProtoMessage() {}
 
 func (x *CancelMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1178,7 @@ func (x *CancelMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMessageResponse.ProtoReflect.Descriptor instead.
 func (*CancelMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CancelMessageResponse) GetMessage() *Message {
@@ -980,7 +1199,7 @@ type StopSessionRequest struct {
 
 func (x *StopSessionRequest) Reset() {
 	*x = StopSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1211,7 @@ func (x *StopSessionRequest) String() string {
 func (*StopSessionRequest) ProtoMessage() {}
 
 func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1224,7 @@ func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionRequest.ProtoReflect.Descriptor instead.
 func (*StopSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StopSessionRequest) GetSessionId() string {
@@ -1026,7 +1245,7 @@ type StopSessionResponse struct {
 
 func (x *StopSessionResponse) Reset() {
 	*x = StopSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1257,7 @@ func (x *StopSessionResponse) String() string {
 func (*StopSessionResponse) ProtoMessage() {}
 
 func (x *StopSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1270,7 @@ func (x *StopSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionResponse.ProtoReflect.Descriptor instead.
 func (*StopSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StopSessionResponse) GetSession() *Session {
@@ -1072,7 +1291,7 @@ type DeleteSessionRequest struct {
 
 func (x *DeleteSessionRequest) Reset() {
 	*x = DeleteSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1303,7 @@ func (x *DeleteSessionRequest) String() string {
 func (*DeleteSessionRequest) ProtoMessage() {}
 
 func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1316,7 @@ func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteSessionRequest) GetSessionId() string {
@@ -1116,7 +1335,7 @@ type DeleteSessionResponse struct {
 
 func (x *DeleteSessionResponse) Reset() {
 	*x = DeleteSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1347,7 @@ func (x *DeleteSessionResponse) String() string {
 func (*DeleteSessionResponse) ProtoMessage() {}
 
 func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1360,7 @@ func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
 }
 
 // WatchSessionRequest opens the event stream.
@@ -1158,7 +1377,7 @@ type WatchSessionRequest struct {
 
 func (x *WatchSessionRequest) Reset() {
 	*x = WatchSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1389,7 @@ func (x *WatchSessionRequest) String() string {
 func (*WatchSessionRequest) ProtoMessage() {}
 
 func (x *WatchSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1402,7 @@ func (x *WatchSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSessionRequest.ProtoReflect.Descriptor instead.
 func (*WatchSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchSessionRequest) GetSessionId() string {
@@ -1211,7 +1430,7 @@ type WatchSessionResponse struct {
 
 func (x *WatchSessionResponse) Reset() {
 	*x = WatchSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1442,7 @@ func (x *WatchSessionResponse) String() string {
 func (*WatchSessionResponse) ProtoMessage() {}
 
 func (x *WatchSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1455,7 @@ func (x *WatchSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSessionResponse.ProtoReflect.Descriptor instead.
 func (*WatchSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchSessionResponse) GetEvent() *SessionEvent {
@@ -1257,7 +1476,7 @@ type GetWorktreeChangesRequest struct {
 
 func (x *GetWorktreeChangesRequest) Reset() {
 	*x = GetWorktreeChangesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1488,7 @@ func (x *GetWorktreeChangesRequest) String() string {
 func (*GetWorktreeChangesRequest) ProtoMessage() {}
 
 func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1501,7 @@ func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*GetWorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetWorktreeChangesRequest) GetSessionId() string {
@@ -1303,7 +1522,7 @@ type GetWorktreeChangesResponse struct {
 
 func (x *GetWorktreeChangesResponse) Reset() {
 	*x = GetWorktreeChangesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1534,7 @@ func (x *GetWorktreeChangesResponse) String() string {
 func (*GetWorktreeChangesResponse) ProtoMessage() {}
 
 func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1547,7 @@ func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*GetWorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetWorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -1359,7 +1578,7 @@ type PushWorktreeRequest struct {
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1590,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1603,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{24}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1438,7 +1657,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1669,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1682,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{25}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1487,6 +1706,384 @@ func (x *PushWorktreeResponse) GetCommitted() bool {
 	return false
 }
 
+// ListWorktreeFilesRequest names a directory of a session's worktree.
+type ListWorktreeFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Directory relative to the worktree root ("" or "." is the root); no
+	// absolute path, no ".." component, at most 4096 bytes.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Entries per page: 0 is 1000, at most 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page ("" for the first).
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorktreeFilesRequest) Reset() {
+	*x = ListWorktreeFilesRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorktreeFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorktreeFilesRequest) ProtoMessage() {}
+
+func (x *ListWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorktreeFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListWorktreeFilesRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListWorktreeFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListWorktreeFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListWorktreeFilesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListWorktreeFilesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListWorktreeFilesResponse is one page of a directory.
+type ListWorktreeFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries sorted by name; symlinks are not followed.
+	Files []*v1.WorktreeFile `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// Token of the next page; "" on the last one.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorktreeFilesResponse) Reset() {
+	*x = ListWorktreeFilesResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorktreeFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorktreeFilesResponse) ProtoMessage() {}
+
+func (x *ListWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorktreeFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListWorktreeFilesResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListWorktreeFilesResponse) GetFiles() []*v1.WorktreeFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ListWorktreeFilesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ReadWorktreeFileRequest names a range of a worktree file.
+type ReadWorktreeFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// File relative to the worktree root (ListWorktreeFilesRequest.path's
+	// rules; not empty).
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// First byte to read (>= 0).
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Bytes to read: 0 is 1 MiB, at most 1 MiB (1048576).
+	Length        int32 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadWorktreeFileRequest) Reset() {
+	*x = ReadWorktreeFileRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadWorktreeFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadWorktreeFileRequest) ProtoMessage() {}
+
+func (x *ReadWorktreeFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadWorktreeFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadWorktreeFileRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ReadWorktreeFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadWorktreeFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadWorktreeFileRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ReadWorktreeFileRequest) GetLength() int32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+// ReadWorktreeFileResponse carries the bytes read.
+type ReadWorktreeFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The bytes from offset: shorter than asked at the end of the file.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// The file's size when it was read.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadWorktreeFileResponse) Reset() {
+	*x = ReadWorktreeFileResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadWorktreeFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadWorktreeFileResponse) ProtoMessage() {}
+
+func (x *ReadWorktreeFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadWorktreeFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadWorktreeFileResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ReadWorktreeFileResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ReadWorktreeFileResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// WriteWorktreeFilesRequest writes files into a session's worktree.
+type WriteWorktreeFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The files, written in order: 1 to 100, at most 3 MiB of data in all.
+	Files []*v1.WorktreeFileWrite `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	// Write even while a turn is running or queued (the agent may be
+	// changing the same files).
+	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteWorktreeFilesRequest) Reset() {
+	*x = WriteWorktreeFilesRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteWorktreeFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteWorktreeFilesRequest) ProtoMessage() {}
+
+func (x *WriteWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteWorktreeFilesRequest.ProtoReflect.Descriptor instead.
+func (*WriteWorktreeFilesRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *WriteWorktreeFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteWorktreeFilesRequest) GetFiles() []*v1.WorktreeFileWrite {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *WriteWorktreeFilesRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+// WriteWorktreeFilesResponse reports the batch.
+type WriteWorktreeFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Files written.
+	FilesWritten int32 `protobuf:"varint,1,opt,name=files_written,json=filesWritten,proto3" json:"files_written,omitempty"`
+	// Bytes written in all.
+	BytesWritten  int64 `protobuf:"varint,2,opt,name=bytes_written,json=bytesWritten,proto3" json:"bytes_written,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteWorktreeFilesResponse) Reset() {
+	*x = WriteWorktreeFilesResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteWorktreeFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteWorktreeFilesResponse) ProtoMessage() {}
+
+func (x *WriteWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteWorktreeFilesResponse.ProtoReflect.Descriptor instead.
+func (*WriteWorktreeFilesResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *WriteWorktreeFilesResponse) GetFilesWritten() int32 {
+	if x != nil {
+		return x.FilesWritten
+	}
+	return 0
+}
+
+func (x *WriteWorktreeFilesResponse) GetBytesWritten() int64 {
+	if x != nil {
+		return x.BytesWritten
+	}
+	return 0
+}
+
 // ExportHistoryRequest asks for one page of a session's history.
 type ExportHistoryRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1503,7 +2100,7 @@ type ExportHistoryRequest struct {
 
 func (x *ExportHistoryRequest) Reset() {
 	*x = ExportHistoryRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +2112,7 @@ func (x *ExportHistoryRequest) String() string {
 func (*ExportHistoryRequest) ProtoMessage() {}
 
 func (x *ExportHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +2125,7 @@ func (x *ExportHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportHistoryRequest.ProtoReflect.Descriptor instead.
 func (*ExportHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{26}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExportHistoryRequest) GetSessionId() string {
@@ -1565,7 +2162,7 @@ type ExportHistoryResponse struct {
 
 func (x *ExportHistoryResponse) Reset() {
 	*x = ExportHistoryResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +2174,7 @@ func (x *ExportHistoryResponse) String() string {
 func (*ExportHistoryResponse) ProtoMessage() {}
 
 func (x *ExportHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +2187,7 @@ func (x *ExportHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportHistoryResponse.ProtoReflect.Descriptor instead.
 func (*ExportHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{27}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExportHistoryResponse) GetItems() []*HistoryItem {
@@ -1620,7 +2217,7 @@ type HistoryItem struct {
 
 func (x *HistoryItem) Reset() {
 	*x = HistoryItem{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +2229,7 @@ func (x *HistoryItem) String() string {
 func (*HistoryItem) ProtoMessage() {}
 
 func (x *HistoryItem) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +2242,7 @@ func (x *HistoryItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryItem.ProtoReflect.Descriptor instead.
 func (*HistoryItem) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{28}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HistoryItem) GetRuntimeSessionId() string {
@@ -1666,7 +2263,19 @@ var File_agentplane_session_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a!agentplane/ingest/v1/ingest.proto\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\"\xa2\x01\n" +
+	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a!agentplane/ingest/v1/ingest.proto\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\x1a\x1egoogle/protobuf/duration.proto\"L\n" +
+	"\x15SuspendSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"R\n" +
+	"\x16SuspendSessionResponse\x128\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.agentplane.session.v1.SessionR\asession\"O\n" +
+	"\x14ResumeSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x18\n" +
+	"\arestart\x18\x02 \x01(\bR\arestart\"Q\n" +
+	"\x15ResumeSessionResponse\x128\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.agentplane.session.v1.SessionR\asession\"\xa2\x01\n" +
 	"\x19UpdateEgressPolicyRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12;\n" +
@@ -1674,7 +2283,7 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x10expected_version\x18\x03 \x01(\x04R\x0fexpectedVersion\"s\n" +
 	"\x1aUpdateEgressPolicyResponse\x12;\n" +
 	"\x06egress\x18\x01 \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x04R\aversion\"\xd8\x04\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\x98\x05\n" +
 	"\x14CreateSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -1690,7 +2299,8 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x05agent\x18\b \x01(\v2\x1c.agentplane.session.v1.AgentR\x05agent\x12P\n" +
 	"\x0egit_credential\x18\t \x01(\v2).agentplane.session.v1.GitCredentialInputR\rgitCredential\x12;\n" +
 	"\x06egress\x18\n" +
-	" \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x1a9\n" +
+	" \x01(\v2#.agentplane.session.v1.EgressPolicyR\x06egress\x12>\n" +
+	"\rsuspend_after\x18\v \x01(\v2\x19.google.protobuf.DurationR\fsuspendAfter\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
@@ -1772,7 +2382,34 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x14PushWorktreeResponse\x12\x1b\n" +
 	"\tcommit_id\x18\x01 \x01(\tR\bcommitId\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1c\n" +
-	"\tcommitted\x18\x03 \x01(\bR\tcommitted\"q\n" +
+	"\tcommitted\x18\x03 \x01(\bR\tcommitted\"\x89\x01\n" +
+	"\x18ListWorktreeFilesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"~\n" +
+	"\x19ListWorktreeFilesResponse\x129\n" +
+	"\x05files\x18\x01 \x03(\v2#.agentplane.runtime.v1.WorktreeFileR\x05files\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"|\n" +
+	"\x17ReadWorktreeFileRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x04 \x01(\x05R\x06length\"B\n" +
+	"\x18ReadWorktreeFileResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"\x90\x01\n" +
+	"\x19WriteWorktreeFilesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12>\n" +
+	"\x05files\x18\x02 \x03(\v2(.agentplane.runtime.v1.WorktreeFileWriteR\x05files\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\"f\n" +
+	"\x1aWriteWorktreeFilesResponse\x12#\n" +
+	"\rfiles_written\x18\x01 \x01(\x05R\ffilesWritten\x12#\n" +
+	"\rbytes_written\x18\x02 \x01(\x03R\fbytesWritten\"q\n" +
 	"\x14ExportHistoryRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
@@ -1784,7 +2421,7 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"k\n" +
 	"\vHistoryItem\x12,\n" +
 	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\x12.\n" +
-	"\x04item\x18\x02 \x01(\v2\x1a.agentplane.ingest.v1.ItemR\x04item2\xee\v\n" +
+	"\x04item\x18\x02 \x01(\v2\x1a.agentplane.ingest.v1.ItemR\x04item2\xb1\x10\n" +
 	"\x0eSessionService\x12j\n" +
 	"\rCreateSession\x12+.agentplane.session.v1.CreateSessionRequest\x1a,.agentplane.session.v1.CreateSessionResponse\x12a\n" +
 	"\n" +
@@ -1799,9 +2436,14 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\rDeleteSession\x12+.agentplane.session.v1.DeleteSessionRequest\x1a,.agentplane.session.v1.DeleteSessionResponse\x12i\n" +
 	"\fWatchSession\x12*.agentplane.session.v1.WatchSessionRequest\x1a+.agentplane.session.v1.WatchSessionResponse0\x01\x12y\n" +
 	"\x12GetWorktreeChanges\x120.agentplane.session.v1.GetWorktreeChangesRequest\x1a1.agentplane.session.v1.GetWorktreeChangesResponse\x12g\n" +
-	"\fPushWorktree\x12*.agentplane.session.v1.PushWorktreeRequest\x1a+.agentplane.session.v1.PushWorktreeResponse\x12y\n" +
+	"\fPushWorktree\x12*.agentplane.session.v1.PushWorktreeRequest\x1a+.agentplane.session.v1.PushWorktreeResponse\x12v\n" +
+	"\x11ListWorktreeFiles\x12/.agentplane.session.v1.ListWorktreeFilesRequest\x1a0.agentplane.session.v1.ListWorktreeFilesResponse\x12s\n" +
+	"\x10ReadWorktreeFile\x12..agentplane.session.v1.ReadWorktreeFileRequest\x1a/.agentplane.session.v1.ReadWorktreeFileResponse\x12y\n" +
+	"\x12WriteWorktreeFiles\x120.agentplane.session.v1.WriteWorktreeFilesRequest\x1a1.agentplane.session.v1.WriteWorktreeFilesResponse\x12y\n" +
 	"\x12UpdateEgressPolicy\x120.agentplane.session.v1.UpdateEgressPolicyRequest\x1a1.agentplane.session.v1.UpdateEgressPolicyResponse\x12j\n" +
-	"\rExportHistory\x12+.agentplane.session.v1.ExportHistoryRequest\x1a,.agentplane.session.v1.ExportHistoryResponseB\xde\x01\n" +
+	"\rExportHistory\x12+.agentplane.session.v1.ExportHistoryRequest\x1a,.agentplane.session.v1.ExportHistoryResponse\x12m\n" +
+	"\x0eSuspendSession\x12,.agentplane.session.v1.SuspendSessionRequest\x1a-.agentplane.session.v1.SuspendSessionResponse\x12j\n" +
+	"\rResumeSession\x12+.agentplane.session.v1.ResumeSessionRequest\x1a,.agentplane.session.v1.ResumeSessionResponseB\xde\x01\n" +
 	"\x19com.agentplane.session.v1B\x13SessionServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -1816,103 +2458,131 @@ func file_agentplane_session_v1_session_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_session_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_agentplane_session_v1_session_service_proto_goTypes = []any{
-	(*UpdateEgressPolicyRequest)(nil),  // 0: agentplane.session.v1.UpdateEgressPolicyRequest
-	(*UpdateEgressPolicyResponse)(nil), // 1: agentplane.session.v1.UpdateEgressPolicyResponse
-	(*CreateSessionRequest)(nil),       // 2: agentplane.session.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),      // 3: agentplane.session.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),          // 4: agentplane.session.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),         // 5: agentplane.session.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),        // 6: agentplane.session.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),       // 7: agentplane.session.v1.ListSessionsResponse
-	(*SendMessageRequest)(nil),         // 8: agentplane.session.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),        // 9: agentplane.session.v1.SendMessageResponse
-	(*GetMessageRequest)(nil),          // 10: agentplane.session.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),         // 11: agentplane.session.v1.GetMessageResponse
-	(*ListMessagesRequest)(nil),        // 12: agentplane.session.v1.ListMessagesRequest
-	(*ListMessagesResponse)(nil),       // 13: agentplane.session.v1.ListMessagesResponse
-	(*CancelMessageRequest)(nil),       // 14: agentplane.session.v1.CancelMessageRequest
-	(*CancelMessageResponse)(nil),      // 15: agentplane.session.v1.CancelMessageResponse
-	(*StopSessionRequest)(nil),         // 16: agentplane.session.v1.StopSessionRequest
-	(*StopSessionResponse)(nil),        // 17: agentplane.session.v1.StopSessionResponse
-	(*DeleteSessionRequest)(nil),       // 18: agentplane.session.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil),      // 19: agentplane.session.v1.DeleteSessionResponse
-	(*WatchSessionRequest)(nil),        // 20: agentplane.session.v1.WatchSessionRequest
-	(*WatchSessionResponse)(nil),       // 21: agentplane.session.v1.WatchSessionResponse
-	(*GetWorktreeChangesRequest)(nil),  // 22: agentplane.session.v1.GetWorktreeChangesRequest
-	(*GetWorktreeChangesResponse)(nil), // 23: agentplane.session.v1.GetWorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),        // 24: agentplane.session.v1.PushWorktreeRequest
-	(*PushWorktreeResponse)(nil),       // 25: agentplane.session.v1.PushWorktreeResponse
-	(*ExportHistoryRequest)(nil),       // 26: agentplane.session.v1.ExportHistoryRequest
-	(*ExportHistoryResponse)(nil),      // 27: agentplane.session.v1.ExportHistoryResponse
-	(*HistoryItem)(nil),                // 28: agentplane.session.v1.HistoryItem
-	nil,                                // 29: agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	(*EgressPolicy)(nil),               // 30: agentplane.session.v1.EgressPolicy
-	(*Worktree)(nil),                   // 31: agentplane.session.v1.Worktree
-	(*CredentialInput)(nil),            // 32: agentplane.session.v1.CredentialInput
-	(*Agent)(nil),                      // 33: agentplane.session.v1.Agent
-	(*GitCredentialInput)(nil),         // 34: agentplane.session.v1.GitCredentialInput
-	(*Session)(nil),                    // 35: agentplane.session.v1.Session
-	(*Message)(nil),                    // 36: agentplane.session.v1.Message
-	(*SessionEvent)(nil),               // 37: agentplane.session.v1.SessionEvent
-	(*v1.WorktreeChanges)(nil),         // 38: agentplane.runtime.v1.WorktreeChanges
-	(*v11.Item)(nil),                   // 39: agentplane.ingest.v1.Item
+	(*SuspendSessionRequest)(nil),      // 0: agentplane.session.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),     // 1: agentplane.session.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),       // 2: agentplane.session.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),      // 3: agentplane.session.v1.ResumeSessionResponse
+	(*UpdateEgressPolicyRequest)(nil),  // 4: agentplane.session.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 5: agentplane.session.v1.UpdateEgressPolicyResponse
+	(*CreateSessionRequest)(nil),       // 6: agentplane.session.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 7: agentplane.session.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),          // 8: agentplane.session.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),         // 9: agentplane.session.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),        // 10: agentplane.session.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),       // 11: agentplane.session.v1.ListSessionsResponse
+	(*SendMessageRequest)(nil),         // 12: agentplane.session.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),        // 13: agentplane.session.v1.SendMessageResponse
+	(*GetMessageRequest)(nil),          // 14: agentplane.session.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),         // 15: agentplane.session.v1.GetMessageResponse
+	(*ListMessagesRequest)(nil),        // 16: agentplane.session.v1.ListMessagesRequest
+	(*ListMessagesResponse)(nil),       // 17: agentplane.session.v1.ListMessagesResponse
+	(*CancelMessageRequest)(nil),       // 18: agentplane.session.v1.CancelMessageRequest
+	(*CancelMessageResponse)(nil),      // 19: agentplane.session.v1.CancelMessageResponse
+	(*StopSessionRequest)(nil),         // 20: agentplane.session.v1.StopSessionRequest
+	(*StopSessionResponse)(nil),        // 21: agentplane.session.v1.StopSessionResponse
+	(*DeleteSessionRequest)(nil),       // 22: agentplane.session.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),      // 23: agentplane.session.v1.DeleteSessionResponse
+	(*WatchSessionRequest)(nil),        // 24: agentplane.session.v1.WatchSessionRequest
+	(*WatchSessionResponse)(nil),       // 25: agentplane.session.v1.WatchSessionResponse
+	(*GetWorktreeChangesRequest)(nil),  // 26: agentplane.session.v1.GetWorktreeChangesRequest
+	(*GetWorktreeChangesResponse)(nil), // 27: agentplane.session.v1.GetWorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 28: agentplane.session.v1.PushWorktreeRequest
+	(*PushWorktreeResponse)(nil),       // 29: agentplane.session.v1.PushWorktreeResponse
+	(*ListWorktreeFilesRequest)(nil),   // 30: agentplane.session.v1.ListWorktreeFilesRequest
+	(*ListWorktreeFilesResponse)(nil),  // 31: agentplane.session.v1.ListWorktreeFilesResponse
+	(*ReadWorktreeFileRequest)(nil),    // 32: agentplane.session.v1.ReadWorktreeFileRequest
+	(*ReadWorktreeFileResponse)(nil),   // 33: agentplane.session.v1.ReadWorktreeFileResponse
+	(*WriteWorktreeFilesRequest)(nil),  // 34: agentplane.session.v1.WriteWorktreeFilesRequest
+	(*WriteWorktreeFilesResponse)(nil), // 35: agentplane.session.v1.WriteWorktreeFilesResponse
+	(*ExportHistoryRequest)(nil),       // 36: agentplane.session.v1.ExportHistoryRequest
+	(*ExportHistoryResponse)(nil),      // 37: agentplane.session.v1.ExportHistoryResponse
+	(*HistoryItem)(nil),                // 38: agentplane.session.v1.HistoryItem
+	nil,                                // 39: agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	(*Session)(nil),                    // 40: agentplane.session.v1.Session
+	(*EgressPolicy)(nil),               // 41: agentplane.session.v1.EgressPolicy
+	(*Worktree)(nil),                   // 42: agentplane.session.v1.Worktree
+	(*CredentialInput)(nil),            // 43: agentplane.session.v1.CredentialInput
+	(*Agent)(nil),                      // 44: agentplane.session.v1.Agent
+	(*GitCredentialInput)(nil),         // 45: agentplane.session.v1.GitCredentialInput
+	(*durationpb.Duration)(nil),        // 46: google.protobuf.Duration
+	(*Message)(nil),                    // 47: agentplane.session.v1.Message
+	(*SessionEvent)(nil),               // 48: agentplane.session.v1.SessionEvent
+	(*v1.WorktreeChanges)(nil),         // 49: agentplane.runtime.v1.WorktreeChanges
+	(*v1.WorktreeFile)(nil),            // 50: agentplane.runtime.v1.WorktreeFile
+	(*v1.WorktreeFileWrite)(nil),       // 51: agentplane.runtime.v1.WorktreeFileWrite
+	(*v11.Item)(nil),                   // 52: agentplane.ingest.v1.Item
 }
 var file_agentplane_session_v1_session_service_proto_depIdxs = []int32{
-	30, // 0: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
-	30, // 1: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
-	31, // 2: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
-	32, // 3: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
-	29, // 4: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	33, // 5: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
-	34, // 6: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
-	30, // 7: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
-	35, // 8: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
-	35, // 9: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
-	35, // 10: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
-	36, // 11: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
-	36, // 12: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
-	36, // 13: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
-	36, // 14: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
-	35, // 15: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
-	37, // 16: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
-	38, // 17: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	28, // 18: agentplane.session.v1.ExportHistoryResponse.items:type_name -> agentplane.session.v1.HistoryItem
-	39, // 19: agentplane.session.v1.HistoryItem.item:type_name -> agentplane.ingest.v1.Item
-	2,  // 20: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
-	4,  // 21: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
-	6,  // 22: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
-	8,  // 23: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
-	10, // 24: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
-	12, // 25: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
-	14, // 26: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
-	16, // 27: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
-	18, // 28: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
-	20, // 29: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
-	22, // 30: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
-	24, // 31: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
-	0,  // 32: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
-	26, // 33: agentplane.session.v1.SessionService.ExportHistory:input_type -> agentplane.session.v1.ExportHistoryRequest
-	3,  // 34: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
-	5,  // 35: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
-	7,  // 36: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
-	9,  // 37: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
-	11, // 38: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
-	13, // 39: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
-	15, // 40: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
-	17, // 41: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
-	19, // 42: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
-	21, // 43: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
-	23, // 44: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
-	25, // 45: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
-	1,  // 46: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
-	27, // 47: agentplane.session.v1.SessionService.ExportHistory:output_type -> agentplane.session.v1.ExportHistoryResponse
-	34, // [34:48] is the sub-list for method output_type
-	20, // [20:34] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	40, // 0: agentplane.session.v1.SuspendSessionResponse.session:type_name -> agentplane.session.v1.Session
+	40, // 1: agentplane.session.v1.ResumeSessionResponse.session:type_name -> agentplane.session.v1.Session
+	41, // 2: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	41, // 3: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
+	42, // 4: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
+	43, // 5: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
+	39, // 6: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	44, // 7: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
+	45, // 8: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
+	41, // 9: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	46, // 10: agentplane.session.v1.CreateSessionRequest.suspend_after:type_name -> google.protobuf.Duration
+	40, // 11: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
+	40, // 12: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
+	40, // 13: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
+	47, // 14: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
+	47, // 15: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
+	47, // 16: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
+	47, // 17: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
+	40, // 18: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
+	48, // 19: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
+	49, // 20: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	50, // 21: agentplane.session.v1.ListWorktreeFilesResponse.files:type_name -> agentplane.runtime.v1.WorktreeFile
+	51, // 22: agentplane.session.v1.WriteWorktreeFilesRequest.files:type_name -> agentplane.runtime.v1.WorktreeFileWrite
+	38, // 23: agentplane.session.v1.ExportHistoryResponse.items:type_name -> agentplane.session.v1.HistoryItem
+	52, // 24: agentplane.session.v1.HistoryItem.item:type_name -> agentplane.ingest.v1.Item
+	6,  // 25: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
+	8,  // 26: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
+	10, // 27: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
+	12, // 28: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
+	14, // 29: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
+	16, // 30: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
+	18, // 31: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
+	20, // 32: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
+	22, // 33: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
+	24, // 34: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
+	26, // 35: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
+	28, // 36: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
+	30, // 37: agentplane.session.v1.SessionService.ListWorktreeFiles:input_type -> agentplane.session.v1.ListWorktreeFilesRequest
+	32, // 38: agentplane.session.v1.SessionService.ReadWorktreeFile:input_type -> agentplane.session.v1.ReadWorktreeFileRequest
+	34, // 39: agentplane.session.v1.SessionService.WriteWorktreeFiles:input_type -> agentplane.session.v1.WriteWorktreeFilesRequest
+	4,  // 40: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
+	36, // 41: agentplane.session.v1.SessionService.ExportHistory:input_type -> agentplane.session.v1.ExportHistoryRequest
+	0,  // 42: agentplane.session.v1.SessionService.SuspendSession:input_type -> agentplane.session.v1.SuspendSessionRequest
+	2,  // 43: agentplane.session.v1.SessionService.ResumeSession:input_type -> agentplane.session.v1.ResumeSessionRequest
+	7,  // 44: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
+	9,  // 45: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
+	11, // 46: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
+	13, // 47: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
+	15, // 48: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
+	17, // 49: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
+	19, // 50: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
+	21, // 51: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
+	23, // 52: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
+	25, // 53: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
+	27, // 54: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
+	29, // 55: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
+	31, // 56: agentplane.session.v1.SessionService.ListWorktreeFiles:output_type -> agentplane.session.v1.ListWorktreeFilesResponse
+	33, // 57: agentplane.session.v1.SessionService.ReadWorktreeFile:output_type -> agentplane.session.v1.ReadWorktreeFileResponse
+	35, // 58: agentplane.session.v1.SessionService.WriteWorktreeFiles:output_type -> agentplane.session.v1.WriteWorktreeFilesResponse
+	5,  // 59: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
+	37, // 60: agentplane.session.v1.SessionService.ExportHistory:output_type -> agentplane.session.v1.ExportHistoryResponse
+	1,  // 61: agentplane.session.v1.SessionService.SuspendSession:output_type -> agentplane.session.v1.SuspendSessionResponse
+	3,  // 62: agentplane.session.v1.SessionService.ResumeSession:output_type -> agentplane.session.v1.ResumeSessionResponse
+	44, // [44:63] is the sub-list for method output_type
+	25, // [25:44] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_service_proto_init() }
@@ -1927,7 +2597,7 @@ func file_agentplane_session_v1_session_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_service_proto_rawDesc), len(file_agentplane_session_v1_session_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,8 +31,13 @@ const (
 	SessionService_WatchSession_FullMethodName       = "/agentplane.session.v1.SessionService/WatchSession"
 	SessionService_GetWorktreeChanges_FullMethodName = "/agentplane.session.v1.SessionService/GetWorktreeChanges"
 	SessionService_PushWorktree_FullMethodName       = "/agentplane.session.v1.SessionService/PushWorktree"
+	SessionService_ListWorktreeFiles_FullMethodName  = "/agentplane.session.v1.SessionService/ListWorktreeFiles"
+	SessionService_ReadWorktreeFile_FullMethodName   = "/agentplane.session.v1.SessionService/ReadWorktreeFile"
+	SessionService_WriteWorktreeFiles_FullMethodName = "/agentplane.session.v1.SessionService/WriteWorktreeFiles"
 	SessionService_UpdateEgressPolicy_FullMethodName = "/agentplane.session.v1.SessionService/UpdateEgressPolicy"
 	SessionService_ExportHistory_FullMethodName      = "/agentplane.session.v1.SessionService/ExportHistory"
+	SessionService_SuspendSession_FullMethodName     = "/agentplane.session.v1.SessionService/SuspendSession"
+	SessionService_ResumeSession_FullMethodName      = "/agentplane.session.v1.SessionService/ResumeSession"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -82,18 +87,51 @@ type SessionServiceClient interface {
 	// fails with FAILED_PRECONDITION PUSH_REJECTED (or REPO_AUTH_FAILED,
 	// REPO_UNREACHABLE) and the remote's reason.
 	PushWorktree(ctx context.Context, in *PushWorktreeRequest, opts ...grpc.CallOption) (*PushWorktreeResponse, error)
+	// ListWorktreeFiles lists a directory of the session's worktree, sorted
+	// by name and paged, as the wrapper that serves it sees it (the service
+	// never reads the sandbox's disk). Paths stay inside the worktree: a
+	// symlink leading out is refused with FAILED_PRECONDITION
+	// PATH_ESCAPES_WORKTREE. FAILED_PRECONDITION WORKTREE_UNAVAILABLE when
+	// no wrapper serves the route now. Added.
+	ListWorktreeFiles(ctx context.Context, in *ListWorktreeFilesRequest, opts ...grpc.CallOption) (*ListWorktreeFilesResponse, error)
+	// ReadWorktreeFile reads a range (at most 1 MiB) of a regular file of
+	// the session's worktree, with ListWorktreeFiles' confinement. Added.
+	ReadWorktreeFile(ctx context.Context, in *ReadWorktreeFileRequest, opts ...grpc.CallOption) (*ReadWorktreeFileResponse, error)
+	// WriteWorktreeFiles writes a bounded batch of files (at most 100, 3 MiB
+	// of data in all) into the session's worktree, in order, with
+	// ListWorktreeFiles' confinement; a refused file stops the batch.
+	// FAILED_PRECONDITION TURN_RUNNING while the session has queued or
+	// accepted work, unless force. Added.
+	WriteWorktreeFiles(ctx context.Context, in *WriteWorktreeFilesRequest, opts ...grpc.CallOption) (*WriteWorktreeFilesResponse, error)
 	// UpdateEgressPolicy replaces the session's egress policy. Versioned
 	// (expected_version, when set, must be the current one: ABORTED
 	// EGRESS_VERSION_CONFLICT otherwise) and applied to every connection the
 	// runtime opens after the call returns. Added.
 	UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error)
 	// ExportHistory pages the session's whole history: the items of every
-	// runtime session the session's route ever had (a re-prepared route, after
-	// a loss or an idle stop, starts a new one), runtime session by runtime
+	// runtime session the session's route ever had (a route prepared again
+	// after a loss, an idle stop or a suspend keeps its runtime session;
+	// sessions from before that may hold several), runtime session by runtime
 	// session in the order the route got them, each in the history's order.
 	// Callers never need the internal ingest API. NOT_FOUND once the session
 	// is being deleted. Added.
 	ExportHistory(ctx context.Context, in *ExportHistoryRequest, opts ...grpc.CallOption) (*ExportHistoryResponse, error)
+	// SuspendSession stops the runtime of the session's route and returns once
+	// its processes are verified absent (the route is then SUSPENDED); the
+	// workspace, the agent's home and the history are kept. Idempotent. With
+	// a queued or accepted message it fails with FAILED_PRECONDITION
+	// TURN_RUNNING unless force is set, which cancels that work first. A
+	// runtime shared with other sessions of the worktree is not suspended
+	// (FAILED_PRECONDITION RUNTIME_SHARED). Until absence is verified it fails
+	// with UNAVAILABLE SUSPEND_PENDING and RetryInfo; the stop goes on. Added.
+	SuspendSession(ctx context.Context, in *SuspendSessionRequest, opts ...grpc.CallOption) (*SuspendSessionResponse, error)
+	// ResumeSession starts the route's runtime again (as any SendMessage
+	// does) and returns once the route is READY. Idempotent: a ready route is
+	// returned as it is. A route that fails to prepare answers
+	// FAILED_PRECONDITION ROUTE_FAILED with the route's failure reason; a
+	// route whose kept state is gone (workspace or agent home) fails
+	// resume_state_lost until a ResumeSession with restart. Added.
+	ResumeSession(ctx context.Context, in *ResumeSessionRequest, opts ...grpc.CallOption) (*ResumeSessionResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -233,6 +271,36 @@ func (c *sessionServiceClient) PushWorktree(ctx context.Context, in *PushWorktre
 	return out, nil
 }
 
+func (c *sessionServiceClient) ListWorktreeFiles(ctx context.Context, in *ListWorktreeFilesRequest, opts ...grpc.CallOption) (*ListWorktreeFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWorktreeFilesResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListWorktreeFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) ReadWorktreeFile(ctx context.Context, in *ReadWorktreeFileRequest, opts ...grpc.CallOption) (*ReadWorktreeFileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadWorktreeFileResponse)
+	err := c.cc.Invoke(ctx, SessionService_ReadWorktreeFile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) WriteWorktreeFiles(ctx context.Context, in *WriteWorktreeFilesRequest, opts ...grpc.CallOption) (*WriteWorktreeFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteWorktreeFilesResponse)
+	err := c.cc.Invoke(ctx, SessionService_WriteWorktreeFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionServiceClient) UpdateEgressPolicy(ctx context.Context, in *UpdateEgressPolicyRequest, opts ...grpc.CallOption) (*UpdateEgressPolicyResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UpdateEgressPolicyResponse)
@@ -247,6 +315,26 @@ func (c *sessionServiceClient) ExportHistory(ctx context.Context, in *ExportHist
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ExportHistoryResponse)
 	err := c.cc.Invoke(ctx, SessionService_ExportHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) SuspendSession(ctx context.Context, in *SuspendSessionRequest, opts ...grpc.CallOption) (*SuspendSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspendSessionResponse)
+	err := c.cc.Invoke(ctx, SessionService_SuspendSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) ResumeSession(ctx context.Context, in *ResumeSessionRequest, opts ...grpc.CallOption) (*ResumeSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeSessionResponse)
+	err := c.cc.Invoke(ctx, SessionService_ResumeSession_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -300,18 +388,51 @@ type SessionServiceServer interface {
 	// fails with FAILED_PRECONDITION PUSH_REJECTED (or REPO_AUTH_FAILED,
 	// REPO_UNREACHABLE) and the remote's reason.
 	PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error)
+	// ListWorktreeFiles lists a directory of the session's worktree, sorted
+	// by name and paged, as the wrapper that serves it sees it (the service
+	// never reads the sandbox's disk). Paths stay inside the worktree: a
+	// symlink leading out is refused with FAILED_PRECONDITION
+	// PATH_ESCAPES_WORKTREE. FAILED_PRECONDITION WORKTREE_UNAVAILABLE when
+	// no wrapper serves the route now. Added.
+	ListWorktreeFiles(context.Context, *ListWorktreeFilesRequest) (*ListWorktreeFilesResponse, error)
+	// ReadWorktreeFile reads a range (at most 1 MiB) of a regular file of
+	// the session's worktree, with ListWorktreeFiles' confinement. Added.
+	ReadWorktreeFile(context.Context, *ReadWorktreeFileRequest) (*ReadWorktreeFileResponse, error)
+	// WriteWorktreeFiles writes a bounded batch of files (at most 100, 3 MiB
+	// of data in all) into the session's worktree, in order, with
+	// ListWorktreeFiles' confinement; a refused file stops the batch.
+	// FAILED_PRECONDITION TURN_RUNNING while the session has queued or
+	// accepted work, unless force. Added.
+	WriteWorktreeFiles(context.Context, *WriteWorktreeFilesRequest) (*WriteWorktreeFilesResponse, error)
 	// UpdateEgressPolicy replaces the session's egress policy. Versioned
 	// (expected_version, when set, must be the current one: ABORTED
 	// EGRESS_VERSION_CONFLICT otherwise) and applied to every connection the
 	// runtime opens after the call returns. Added.
 	UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error)
 	// ExportHistory pages the session's whole history: the items of every
-	// runtime session the session's route ever had (a re-prepared route, after
-	// a loss or an idle stop, starts a new one), runtime session by runtime
+	// runtime session the session's route ever had (a route prepared again
+	// after a loss, an idle stop or a suspend keeps its runtime session;
+	// sessions from before that may hold several), runtime session by runtime
 	// session in the order the route got them, each in the history's order.
 	// Callers never need the internal ingest API. NOT_FOUND once the session
 	// is being deleted. Added.
 	ExportHistory(context.Context, *ExportHistoryRequest) (*ExportHistoryResponse, error)
+	// SuspendSession stops the runtime of the session's route and returns once
+	// its processes are verified absent (the route is then SUSPENDED); the
+	// workspace, the agent's home and the history are kept. Idempotent. With
+	// a queued or accepted message it fails with FAILED_PRECONDITION
+	// TURN_RUNNING unless force is set, which cancels that work first. A
+	// runtime shared with other sessions of the worktree is not suspended
+	// (FAILED_PRECONDITION RUNTIME_SHARED). Until absence is verified it fails
+	// with UNAVAILABLE SUSPEND_PENDING and RetryInfo; the stop goes on. Added.
+	SuspendSession(context.Context, *SuspendSessionRequest) (*SuspendSessionResponse, error)
+	// ResumeSession starts the route's runtime again (as any SendMessage
+	// does) and returns once the route is READY. Idempotent: a ready route is
+	// returned as it is. A route that fails to prepare answers
+	// FAILED_PRECONDITION ROUTE_FAILED with the route's failure reason; a
+	// route whose kept state is gone (workspace or agent home) fails
+	// resume_state_lost until a ResumeSession with restart. Added.
+	ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -358,11 +479,26 @@ func (UnimplementedSessionServiceServer) GetWorktreeChanges(context.Context, *Ge
 func (UnimplementedSessionServiceServer) PushWorktree(context.Context, *PushWorktreeRequest) (*PushWorktreeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PushWorktree not implemented")
 }
+func (UnimplementedSessionServiceServer) ListWorktreeFiles(context.Context, *ListWorktreeFilesRequest) (*ListWorktreeFilesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWorktreeFiles not implemented")
+}
+func (UnimplementedSessionServiceServer) ReadWorktreeFile(context.Context, *ReadWorktreeFileRequest) (*ReadWorktreeFileResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadWorktreeFile not implemented")
+}
+func (UnimplementedSessionServiceServer) WriteWorktreeFiles(context.Context, *WriteWorktreeFilesRequest) (*WriteWorktreeFilesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteWorktreeFiles not implemented")
+}
 func (UnimplementedSessionServiceServer) UpdateEgressPolicy(context.Context, *UpdateEgressPolicyRequest) (*UpdateEgressPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateEgressPolicy not implemented")
 }
 func (UnimplementedSessionServiceServer) ExportHistory(context.Context, *ExportHistoryRequest) (*ExportHistoryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExportHistory not implemented")
+}
+func (UnimplementedSessionServiceServer) SuspendSession(context.Context, *SuspendSessionRequest) (*SuspendSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendSession not implemented")
+}
+func (UnimplementedSessionServiceServer) ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeSession not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -594,6 +730,60 @@ func _SessionService_PushWorktree_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ListWorktreeFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorktreeFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListWorktreeFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListWorktreeFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListWorktreeFiles(ctx, req.(*ListWorktreeFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_ReadWorktreeFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadWorktreeFileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ReadWorktreeFile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ReadWorktreeFile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ReadWorktreeFile(ctx, req.(*ReadWorktreeFileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_WriteWorktreeFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteWorktreeFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).WriteWorktreeFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_WriteWorktreeFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).WriteWorktreeFiles(ctx, req.(*WriteWorktreeFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_UpdateEgressPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UpdateEgressPolicyRequest)
 	if err := dec(in); err != nil {
@@ -626,6 +816,42 @@ func _SessionService_ExportHistory_Handler(srv interface{}, ctx context.Context,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SessionServiceServer).ExportHistory(ctx, req.(*ExportHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_SuspendSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).SuspendSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_SuspendSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).SuspendSession(ctx, req.(*SuspendSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_ResumeSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ResumeSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ResumeSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ResumeSession(ctx, req.(*ResumeSessionRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -682,12 +908,32 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _SessionService_PushWorktree_Handler,
 		},
 		{
+			MethodName: "ListWorktreeFiles",
+			Handler:    _SessionService_ListWorktreeFiles_Handler,
+		},
+		{
+			MethodName: "ReadWorktreeFile",
+			Handler:    _SessionService_ReadWorktreeFile_Handler,
+		},
+		{
+			MethodName: "WriteWorktreeFiles",
+			Handler:    _SessionService_WriteWorktreeFiles_Handler,
+		},
+		{
 			MethodName: "UpdateEgressPolicy",
 			Handler:    _SessionService_UpdateEgressPolicy_Handler,
 		},
 		{
 			MethodName: "ExportHistory",
 			Handler:    _SessionService_ExportHistory_Handler,
+		},
+		{
+			MethodName: "SuspendSession",
+			Handler:    _SessionService_SuspendSession_Handler,
+		},
+		{
+			MethodName: "ResumeSession",
+			Handler:    _SessionService_ResumeSession_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
