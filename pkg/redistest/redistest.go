@@ -452,3 +452,25 @@ func (s *Server) signalAndWait(sig syscall.Signal) error {
 	<-exited
 	return nil
 }
+
+// StartPair starts a master and one replica of it, and returns once the
+// replica's link is up (for tests of replication.Policy: Pause the replica
+// and writes cannot be confirmed).
+func StartPair(tb testing.TB) (master, replica *Server) {
+	tb.Helper()
+	master = Start(tb)
+	host, port, _ := strings.Cut(master.Addr(), ":")
+	replica = Start(tb, WithArgs("--replicaof", host, port))
+	rc := replica.Client(tb)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := rc.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return master, replica
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: the replica's link to %s is not up: %v", master.Addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -397,7 +397,10 @@ func NewSentinel(dir string) (*SentinelGroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	if g.Master, err = New(d); err != nil {
+	// Either node may be the master after a failover: each resyncs its replica at once
+	// (diskless, no 5 s wait for more replicas), as the Cluster nodes do.
+	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	if g.Master, err = New(d, WithArgs(noDelay...)); err != nil {
 		return nil, err
 	}
 	if d, err = sub("replica"); err != nil {
@@ -405,7 +408,7 @@ func NewSentinel(dir string) (*SentinelGroup, error) {
 		return nil, err
 	}
 	host, port, _ := strings.Cut(g.Master.Addr(), ":")
-	if g.Replica, err = New(d, WithArgs("--replicaof", host, port)); err != nil {
+	if g.Replica, err = New(d, WithArgs(append([]string{"--replicaof", host, port}, noDelay...)...)); err != nil {
 		_ = g.Close()
 		return nil, err
 	}

@@ -20,20 +20,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var policy = replication.Policy{Replicas: 1, Timeout: 300 * time.Millisecond}
 
-// pair is a master with one replica whose link is up.
-func pair(t *testing.T) (master, replica *redistest.Server) {
-	t.Helper()
-	master = redistest.Start(t)
-	host, port, _ := strings.Cut(master.Addr(), ":")
-	replica = redistest.Start(t, redistest.WithArgs("--replicaof", host, port))
-	rc := replica.Client(t)
-	require.Eventually(t, func() bool {
-		info, err := rc.Info(t.Context(), "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	}, 15*time.Second, 20*time.Millisecond)
-	return master, replica
-}
-
 func confirmed(t *testing.T, s *redistest.Server) *redis.Client {
 	t.Helper()
 	c := s.Client(t)
@@ -74,7 +60,7 @@ var writes = map[string]func(ctx context.Context, c *redis.Client, key string) e
 
 // Each write is on the replica when it returns: it waited for the replica.
 func TestWriteReturnsOnceOnReplica(t *testing.T) {
-	master, replica := pair(t)
+	master, replica := redistest.StartPair(t)
 	c, rc := confirmed(t, master), replica.Client(t)
 	for name, write := range writes {
 		t.Run(name, func(t *testing.T) {
@@ -93,7 +79,7 @@ func TestWriteReturnsOnceOnReplica(t *testing.T) {
 // A write the replica cannot acknowledge fails as ErrNotReplicated (and is on
 // the master: it is not acknowledged, not undone); reads still serve.
 func TestUnconfirmedWriteFails(t *testing.T) {
-	master, replica := pair(t)
+	master, replica := redistest.StartPair(t)
 	c := confirmed(t, master)
 	require.NoError(t, replica.Pause())
 	t.Cleanup(func() { _ = replica.Resume() })
