@@ -159,6 +159,7 @@ func startHarness(t testing.TB, opts ...func(*Config)) *harness {
 	cfg.ProviderUpstream = h.up.srv.URL + "/base"
 	cfg.BackendUpstream = h.up.srv.URL + "/backend"
 	cfg.IngestAddr = il.Addr().String()
+	cfg.SessionAddr = "" // no session service here: usage is read, not reported
 	cfg.OverlapWindow = time.Minute
 	// The tests' git http-backend listens on loopback, which the git
 	// route's address policy refuses unless named (never by default).

@@ -23,6 +23,7 @@ import (
 	"agentplane.dev/pkg/egresspolicy"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcserver"
 	"agentplane.dev/services/credential/attestation"
 	"agentplane.dev/services/credential/internal/grants"
@@ -41,6 +42,7 @@ type Config struct {
 	ProviderUpstream string        // PROVIDER_UPSTREAM: base URL of the OpenAI-compatible provider; empty disables the route
 	BackendUpstream  string        // BACKEND_UPSTREAM: base URL of the backend; empty disables the route
 	IngestAddr       string        // INGEST_ADDR: gRPC address of the ingest service
+	SessionAddr      string        // SESSION_ADDR: gRPC address of the session service, for usage reports; empty: not reported
 	ProviderMethods  string        // PROXY_PROVIDER_METHODS: methods the provider route forwards (comma-separated)
 	ProviderHeaders  string        // PROXY_PROVIDER_HEADERS: request headers the provider route forwards
 	BackendMethods   string        // PROXY_BACKEND_METHODS: methods the backend route forwards
@@ -59,6 +61,7 @@ func DefaultConfig() Config {
 		Common:          config.DefaultCommon("127.0.0.1:7403", "127.0.0.1:9403"),
 		ProxyAddr:       "127.0.0.1:7405",
 		IngestAddr:      "127.0.0.1:7404",
+		SessionAddr:     "127.0.0.1:7401",
 		ProviderMethods: strings.Join(proxy.DefaultProviderPolicy.Methods, ","),
 		ProviderHeaders: strings.Join(proxy.DefaultProviderPolicy.Headers, ","),
 		BackendMethods:  strings.Join(proxy.DefaultBackendPolicy.Methods, ","),
@@ -80,6 +83,7 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.ProviderUpstream, "PROVIDER_UPSTREAM", c.ProviderUpstream, "OpenAI-compatible provider base URL for the provider/* route; empty disables it")
 	l.String(&c.BackendUpstream, "BACKEND_UPSTREAM", c.BackendUpstream, "backend base URL for the backend/* route; empty disables it")
 	l.String(&c.IngestAddr, "INGEST_ADDR", c.IngestAddr, "ingest service gRPC address for the ingest/* route; "+config.PeerAddrHelp)
+	l.String(&c.SessionAddr, "SESSION_ADDR", c.SessionAddr, "session service gRPC address the proxy reports provider token usage to; empty: usage is read but not reported; "+config.PeerAddrHelp)
 	l.String(&c.ProviderMethods, "PROXY_PROVIDER_METHODS", c.ProviderMethods, "comma-separated methods the provider/* route forwards (others: 405); TRACE and CONNECT are never allowed")
 	l.String(&c.ProviderHeaders, "PROXY_PROVIDER_HEADERS", c.ProviderHeaders, "comma-separated request headers the provider/* route forwards (a trailing * matches a prefix); others are dropped")
 	l.String(&c.BackendMethods, "PROXY_BACKEND_METHODS", c.BackendMethods, "comma-separated methods the backend/* route forwards (others: 405); TRACE and CONNECT are never allowed")
@@ -118,6 +122,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := config.CheckPeerAddr("INGEST_ADDR", c.IngestAddr, true); err != nil {
+		errs = append(errs, err)
+	}
+	if err := config.CheckPeerAddr("SESSION_ADDR", c.SessionAddr, false); err != nil {
 		errs = append(errs, err)
 	}
 	if c.ResolveBudget < 0 {
@@ -268,7 +275,16 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 		return fmt.Errorf("ingest client: %w", err)
 	}
 	defer conn.Close()
-	px, pl, proxyDone, err := startProxy(ctx, cfg, srv, svc, ingestv1.NewIngestServiceClient(conn), attKey, ls.Proxy, log)
+	var sink proxy.UsageSink
+	if cfg.SessionAddr != "" {
+		sconn, err := grpcclient.Dial(cfg.SessionAddr, cfg.InternalToken)
+		if err != nil {
+			return fmt.Errorf("session client: %w", err)
+		}
+		defer sconn.Close()
+		sink = usageReporter{client: sessionv1.NewSessionNotifyServiceClient(sconn), log: log}
+	}
+	px, pl, proxyDone, err := startProxy(ctx, cfg, srv, svc, ingestv1.NewIngestServiceClient(conn), sink, attKey, ls.Proxy, log)
 	if err != nil {
 		return err
 	}
@@ -284,7 +300,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 // drain and has finished before Serve closes Redis (background work ends at
 // the close_redis step, which waits for it, also when a failed Serve began
 // the shutdown and ctx is still live). done receives Serve's result.
-func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *grants.Service, ingest ingestv1.IngestServiceClient,
+func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *grants.Service, ingest ingestv1.IngestServiceClient, sink proxy.UsageSink,
 	attKey []byte, pl net.Listener, log *slog.Logger) (px *proxy.Proxy, _ net.Listener, done chan error, err error) {
 	provider, _ := parseUpstream(cfg.ProviderUpstream)
 	backend, _ := parseUpstream(cfg.BackendUpstream)
@@ -293,7 +309,7 @@ func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *gr
 	px, err = proxy.New(proxy.Config{
 		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend, Git: svc, GitPrivateNetworks: gitNetworks,
 		Provider: providerPolicy, Backend: backendPolicy,
-		Ingest: ingest, AttestationKey: attKey,
+		Ingest: ingest, AttestationKey: attKey, Usage: sink,
 		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,
 	})
 	if err != nil {

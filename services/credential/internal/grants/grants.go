@@ -253,10 +253,23 @@ func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, revo
 		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
+		if errors.Is(err, fence.ErrStaleToken) {
+			// Another writer emptied the scope meanwhile, and its keys went
+			// with its last member, fence token included: observe the token
+			// again (refused if a newer one is there) and start over.
+			if err := s.store.ObserveFence(ctx, id, token); err != nil {
+				return nil, mapStoreErr(err)
+			}
+			continue
+		}
 		if err != nil {
 			return nil, mapStoreErr(err)
 		}
 		s.dropScope(id)
+		// A dropped entry's digest resolves to nothing now: its index key
+		// goes. Best effort: the state is written, and a key a failed DEL
+		// keeps expires with its grant (index) and resolves to no entry.
+		_ = s.store.UnindexDigests(ctx, droppedDigests(before, st))
 		if revoking || scope.Narrows(before, st) {
 			if err := s.outlastCaches(ctx); err != nil {
 				return nil, err
@@ -265,6 +278,21 @@ func (s *Service) update(ctx context.Context, sc scope.Scope, token uint64, revo
 		return st, nil
 	}
 	return nil, ErrBusy
+}
+
+// droppedDigests lists the digests of before's entries that after no longer has.
+func droppedDigests(before, after *scope.State) []string {
+	kept := make(map[string]bool, len(after.Entries))
+	for _, e := range after.Entries {
+		kept[e.Digest] = true
+	}
+	var out []string
+	for _, e := range before.Entries {
+		if !kept[e.Digest] {
+			out = append(out, e.Digest)
+		}
+	}
+	return out
 }
 
 func (s *Service) index(ctx context.Context, sc scope.Scope, e scope.Entry) error {

@@ -14,23 +14,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"agentplane.dev/pkg/fence"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testclock"
 	"agentplane.dev/services/credential/internal/handle"
 	"agentplane.dev/services/credential/internal/scope"
 	"agentplane.dev/services/credential/internal/sealer"
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // counter counts every command sent to Redis.
 type counter struct{ n atomic.Int64 }
@@ -52,7 +42,7 @@ const trustWindow = time.Second
 type env struct {
 	svc   *Service
 	rdb   *redis.Client
-	clock *clock
+	clock *testclock.Clock
 	cmds  *counter
 	key   []byte
 	waits atomic.Int64 // calls of the revocation wait
@@ -63,7 +53,7 @@ func newEnv(t *testing.T) *env {
 	rdb := srv.Client(t)
 	c := &counter{}
 	rdb.AddHook(c)
-	e := &env{rdb: rdb, clock: &clock{t: time.Now()}, cmds: c, key: sealer.RandomKey()}
+	e := &env{rdb: rdb, clock: testclock.New(time.Now()), cmds: c, key: sealer.RandomKey()}
 	e.svc = e.replica(t, policy)
 	return e
 }
@@ -618,4 +608,69 @@ func TestRefreshSeesAChangedScope(t *testing.T) {
 		c, ok := e.svc.cache.Get(handle.DigestOf(h), e.svc.now())
 		return ok && len(c.r.Grant.Members) == 2
 	}, 10*time.Second, time.Millisecond, "the refresh resolved the new version")
+}
+
+// TestLastReleaseLeavesNoScopeKey (issue 32): once the last member of a
+// scope is released and the backing credentials are deleted, nothing of
+// the scope is left in Redis: not its state, version or fence token, and
+// not the digest index of any handle it minted (the rotated one too).
+func TestLastReleaseLeavesNoScopeKey(t *testing.T) {
+	e := newEnv(t)
+	j1, j2 := e.join(t, 1, 100, "sk-1"), e.join(t, 2, 100, "sk-2")
+	_, _, _, err := e.svc.Mint(ctx, sc, j1)
+	require.NoError(t, err)
+	_, _, err = e.svc.Adopt(ctx, sc, j2)
+	require.NoError(t, err)
+	_, _, _, err = e.svc.Rotate(ctx, sc, 100)
+	require.NoError(t, err)
+	require.NotEmpty(t, e.rdb.Keys(ctx, "cred:{hd:*").Val())
+
+	_, _, err = e.svc.Release(ctx, sc, "ses-1", 100)
+	require.NoError(t, err)
+	require.NotEmpty(t, e.rdb.Keys(ctx, "cred:{hd:*").Val(), "the remaining member's handle still resolves")
+	retired, remaining, err := e.svc.Release(ctx, sc, "ses-2", 100)
+	require.NoError(t, err)
+	require.True(t, retired)
+	require.Zero(t, remaining)
+	for _, j := range []scope.Join{j1, j2} {
+		require.NoError(t, e.svc.DeleteCredential(ctx, j.Member.CredentialRef))
+	}
+	require.Empty(t, e.rdb.Keys(ctx, "*").Val(), "no key of the scope is left")
+
+	// A repeated release (the deletion reconciler retries) is harmless and
+	// leaves nothing either.
+	_, _, err = e.svc.Release(ctx, sc, "ses-2", 100)
+	require.NoError(t, err)
+	require.Empty(t, e.rdb.Keys(ctx, "*").Val())
+}
+
+// TestUpdateOutlivesAConcurrentEmptying: a scope's keys, fence token
+// included, go with its last member (TestLastReleaseLeavesNoScopeKey). A
+// writer that observed its token just before another writer emptied the
+// scope must write again under a fresh observation, not fail as stale: the
+// churn soak's member releases failed STALE_FENCE_TOKEN that way, and their
+// routes' runtimes were never stopped. A newer token is still refused.
+func TestUpdateOutlivesAConcurrentEmptying(t *testing.T) {
+	e := newEnv(t)
+	j1 := e.join(t, 1, 100, "sk-1")
+	_, _, _, err := e.svc.Mint(ctx, sc, j1)
+	require.NoError(t, err)
+
+	tokenKey := fence.TokenKey("cs:" + sc.ID())
+	require.Equal(t, "100", e.rdb.Get(ctx, tokenKey).Val(), "the scope's fence token key (the test's view of the store)")
+	emptied := false
+	_, err = e.svc.update(ctx, sc, 100, false, func(*scope.State) error {
+		if !emptied {
+			emptied = true
+			require.NoError(t, e.rdb.Del(ctx, tokenKey).Err(), "the other writer's emptying")
+		}
+		return nil
+	})
+	require.NoError(t, err, "written after observing the token again")
+	require.Equal(t, "100", e.rdb.Get(ctx, tokenKey).Val())
+
+	_, err = e.svc.update(ctx, sc, 100, false, func(*scope.State) error {
+		return e.rdb.Set(ctx, tokenKey, "200", 0).Err() // a newer owner meanwhile
+	})
+	require.ErrorIs(t, err, ErrStaleFence, "a newer owner's token still wins")
 }

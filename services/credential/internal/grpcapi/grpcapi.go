@@ -20,7 +20,6 @@ import (
 	"agentplane.dev/pkg/storeerr"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/handle"
-	"agentplane.dev/services/credential/internal/proxy"
 	"agentplane.dev/services/credential/internal/scope"
 )
 
@@ -205,7 +204,7 @@ func (s *Server) PutBackingCredential(ctx context.Context, req *credentialv1.Put
 	if req.GetRepoUrl() != "" || req.GetGitUsername() != "" || req.GetGitPushBranchPrefix() != "" {
 		_, err := gitrepo.Parse(req.GetRepoUrl())
 		v.need(err == nil, "repo_url", "an http(s) repository URL without credentials, query or fragment")
-		v.need(proxy.ValidPushPrefix(req.GetGitPushBranchPrefix()), "git_push_branch_prefix", "empty (agent/) or a valid git branch path of at most 100 bytes ending in /")
+		v.need(gitrepo.ValidPushPrefix(req.GetGitPushBranchPrefix()), "git_push_branch_prefix", gitrepo.PushPrefixRule)
 		v.need(len(req.GetGitUsername()) <= 256 && !strings.ContainsAny(req.GetGitUsername(), ":\r\n"), "git_username", "at most 256 bytes, no colon or line break")
 	}
 	if err := v.err(); err != nil {

@@ -114,7 +114,10 @@ const readBufferSize = 4 << 10
 // holding it, over the header bounds or with a body the proxy cannot read
 // is refused before anything is written (errEchoed, errResponseHead,
 // errEncoded).
-func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *http.Request, g echoGuard) error {
+//
+// tap, when not nil, reads the response's token usage and reports it before
+// the body's last byte is sent.
+func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *http.Request, g echoGuard, tap *usageTap) error {
 	resp, uc, err := f.roundTrip(ctx, out)
 	if err != nil {
 		return err
@@ -134,7 +137,8 @@ func (f *forwarder) forward(ctx context.Context, w http.ResponseWriter, out *htt
 		h[k] = vs
 	}
 	w.WriteHeader(resp.StatusCode)
-	err = copyBody(w, resp, g)
+	tap.start(resp)
+	err = copyBody(ctx, w, resp, g, tap)
 	FilterResponse(resp.Trailer)
 	for k, vs := range resp.Trailer {
 		if !g.inHeader(http.Header{k: vs}) {
@@ -377,8 +381,12 @@ func checkResponseHead(resp *http.Response, g echoGuard) error {
 
 // copyBody streams resp's body to w through g's scrubber, flushing every
 // chunk of a response of unknown length or an event stream (SSE) so the
-// runtime sees it at once.
-func copyBody(w http.ResponseWriter, resp *http.Response, g echoGuard) error {
+// runtime sees it at once. With an active tap it reads the usage of what
+// the caller gets and reports it before writing the chunk that completes
+// it (the JSON body's last bracket, the usage event's end): the runtime
+// cannot have read the usage, or ended its turn on it, before it is
+// recorded.
+func copyBody(ctx context.Context, w http.ResponseWriter, resp *http.Response, g echoGuard, tap *usageTap) error {
 	defer resp.Body.Close()
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
@@ -386,9 +394,21 @@ func copyBody(w http.ResponseWriter, resp *http.Response, g echoGuard) error {
 	rc := http.NewResponseController(w)
 	flush := resp.ContentLength == -1 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	sc := scrubber{g: g}
+	defer func() {
+		if tap.active() { // the body failed before its usage: report what it carried
+			tap.report(ctx)
+		}
+	}()
 	for {
 		n, rerr := resp.Body.Read(buf)
-		if out := sc.next(buf[:n], rerr == io.EOF); len(out) > 0 {
+		out := sc.next(buf[:n], rerr == io.EOF)
+		if tap.active() {
+			_, _ = tap.r.Write(out)
+			if rerr == io.EOF || tap.r.Done() {
+				tap.report(ctx) // before the bytes that end the usage reach the caller
+			}
+		}
+		if len(out) > 0 {
 			if _, err := w.Write(out); err != nil {
 				return err
 			}

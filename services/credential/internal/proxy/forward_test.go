@@ -34,7 +34,7 @@ func front(t *testing.T, f *forwarder, upstream string) (*httptest.Server, chan 
 		if r.ContentLength == 0 {
 			out.Body = nil
 		}
-		err := f.forward(r.Context(), w, out, echoGuard{})
+		err := f.forward(r.Context(), w, out, echoGuard{}, nil)
 		errs <- err
 		if err != nil && !errors.Is(err, errAfterHeaders) {
 			w.WriteHeader(http.StatusBadGateway)

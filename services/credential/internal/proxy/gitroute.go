@@ -122,7 +122,7 @@ func (p *Proxy) serveGit(w http.ResponseWriter, r *http.Request, t Target, res *
 	}
 	out, guard := p.gitOutgoing(r, t, repo, acc, body)
 	start := time.Now()
-	err := p.gitFwd.forward(r.Context(), w, out, guard)
+	err := p.gitFwd.forward(r.Context(), w, out, guard, nil)
 	p.metrics.upstream.WithLabelValues(string(RouteGit)).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:

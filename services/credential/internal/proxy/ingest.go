@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -96,7 +97,7 @@ func (p *Proxy) serveIngest(w http.ResponseWriter, r *http.Request, t Target, re
 		writeError(w, http.StatusBadRequest, "body is not a JSON batch")
 		return
 	}
-	if err := p.register(r, res, rsid); err != nil {
+	if err := p.register(r.Context(), res, rsid); err != nil {
 		writeGRPCError(w, err)
 		return
 	}
@@ -132,7 +133,7 @@ func (p *Proxy) ingest(w http.ResponseWriter, r *http.Request, req *ingestv1.Ing
 // (not the sandbox) because it is the one place that sees both the grant's
 // member and the first write; CreateRuntimeSession is idempotent, so other
 // replicas and restarts repeating it are harmless.
-func (p *Proxy) register(r *http.Request, res *grants.Resolved, rsid string) error {
+func (p *Proxy) register(ctx context.Context, res *grants.Resolved, rsid string) error {
 	if _, ok := p.registered.Load(rsid); ok {
 		return nil
 	}
@@ -142,7 +143,7 @@ func (p *Proxy) register(r *http.Request, res *grants.Resolved, rsid string) err
 			sessionID = m.SessionID
 		}
 	}
-	_, err := p.cfg.Ingest.CreateRuntimeSession(r.Context(), &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
+	_, err := p.cfg.Ingest.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
 		RuntimeSessionId: rsid, SessionId: sessionID, SandboxId: res.Grant.Scope.SandboxID, Directory: res.Grant.Scope.Directory,
 	}})
 	if err != nil {

@@ -16,7 +16,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentplane_credential_proxy_denials_total",
-			Help: "Proxy requests refused, by reason (headers_too_large, bad_path, unknown_route, method, missing_handle, invalid_handle, unknown_handle, no_live_member, sandbox_mismatch, policy, unavailable, git_not_granted, git_repo_denied, git_endpoint_denied, git_address_denied, method_not_allowed, git_push_ref_denied, git_push_delete_denied, git_push_malformed, git_push_cert_denied, git_push_encoded; response_echo, response_headers_too_large, response_encoded for upstream responses refused).",
+			Help: "Proxy requests refused, by reason (headers_too_large, bad_path, unknown_route, method, missing_handle, invalid_handle, unknown_handle, no_live_member, sandbox_mismatch, policy, unavailable, git_not_granted, git_repo_denied, git_endpoint_denied, git_address_denied, method_not_allowed, git_push_ref_denied, git_push_delete_denied, git_push_malformed, git_push_cert_denied, git_push_encoded, request_body; response_echo, response_headers_too_large, response_encoded for upstream responses refused).",
 		}, []string{"reason"}),
 		upstreamErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentplane_credential_proxy_upstream_errors_total",

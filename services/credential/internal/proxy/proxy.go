@@ -27,6 +27,7 @@ import (
 	"agentplane.dev/services/credential/attestation"
 	"agentplane.dev/services/credential/internal/grants"
 	"agentplane.dev/services/credential/internal/scope"
+	"agentplane.dev/services/credential/internal/usage"
 )
 
 // Resolver resolves a handle for a request under a sandbox's URL.
@@ -43,7 +44,10 @@ type Config struct {
 	// zero: DefaultProviderPolicy, DefaultBackendPolicy.
 	Provider, Backend RoutePolicy
 	Ingest            ingestv1.IngestServiceClient
-	Git               GitCredentials // nil: the git route answers 404
+	// Usage takes the token usage of provider responses; nil: read but
+	// not reported (nor written to the history).
+	Usage UsageSink
+	Git   GitCredentials // nil: the git route answers 404
 	// GitPrivateNetworks are networks (CIDRs or addresses) the git route
 	// may dial although the address policy refuses them (an in-house git
 	// server, the tests' loopback git http-backend); nil, the default:
@@ -178,8 +182,20 @@ func (p *Proxy) serveUpstream(w http.ResponseWriter, r *http.Request, t Target, 
 		r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: callerBodyIdle}
 	}
 	out, att := p.outgoing(r, upstream, t, res)
+	var tap *usageTap
+	if t.Route == RouteProvider {
+		tap = &usageTap{p: p, sink: p.cfg.Usage, res: res}
+		if r.Method == http.MethodPost && usage.IsChatCompletions(t.Rest) {
+			model, err := askForUsage(out)
+			if err != nil {
+				p.deny(w, "request_body", http.StatusBadRequest, "request body unreadable")
+				return
+			}
+			tap.model = model
+		}
+	}
 	start := time.Now()
-	err := p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att))
+	err := p.fwd.forward(r.Context(), w, out, newEchoGuard(string(res.Secret), att), tap)
 	p.metrics.upstream.WithLabelValues(string(t.Route)).Observe(time.Since(start).Seconds())
 	if err == nil {
 		return

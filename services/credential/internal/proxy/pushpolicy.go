@@ -2,11 +2,9 @@ package proxy
 
 import (
 	"strings"
-)
 
-// DefaultPushBranchPrefix is the branch prefix a session's pushes are
-// confined to when its git credential names none.
-const DefaultPushBranchPrefix = "agent/"
+	"agentplane.dev/pkg/gitrepo"
+)
 
 // PushPolicy decides which ref updates the git route forwards. The rule
 // (docs/worktrees.md, "Push policy"): a command is admitted only when it
@@ -18,7 +16,7 @@ const DefaultPushBranchPrefix = "agent/"
 // the prefix is the agent's own namespace, so a forced update can only
 // rewrite a branch the agent pushed.
 type PushPolicy struct {
-	BranchPrefix string // "": DefaultPushBranchPrefix
+	BranchPrefix string // "": gitrepo.DefaultPushBranchPrefix
 }
 
 // Refusal reasons, as metric labels (agentplane_credential_proxy_denials_total).
@@ -32,13 +30,13 @@ const (
 func (p PushPolicy) Check(c PushCommand) (reason, msg string) {
 	prefix := p.BranchPrefix
 	if prefix == "" {
-		prefix = DefaultPushBranchPrefix
+		prefix = gitrepo.DefaultPushBranchPrefix
 	}
 	if c.Delete() {
 		return pushDeleteDenied, "deleting a ref is not allowed"
 	}
 	name, ok := strings.CutPrefix(c.Ref, "refs/heads/"+prefix)
-	if !ok || name == "" || !safeRefName(c.Ref) {
+	if !ok || name == "" || !gitrepo.SafeRefName(c.Ref) {
 		return pushRefDenied, "only branches " + prefix + "* may be pushed"
 	}
 	return "", ""
@@ -60,35 +58,4 @@ func (p PushPolicy) CheckAll(cmds []PushCommand) (msgs []string, reason string) 
 		msgs[i] = m
 	}
 	return msgs, reason
-}
-
-// ValidPushPrefix reports whether s may be a session's branch prefix: ""
-// (the default) or a git-valid ref path of at most 100 bytes ending in "/".
-func ValidPushPrefix(s string) bool {
-	if s == "" {
-		return true
-	}
-	return len(s) <= 100 && strings.HasSuffix(s, "/") && safeRefName("refs/heads/"+s+"x")
-}
-
-// safeRefName is a conservative form of git's check-ref-format: no
-// component that is empty or starts with ".", no "..", "@{", ".lock"
-// component ending, control character, space or ~^:?*[\ . The upstream
-// checks too; this keeps a name git would read differently from passing
-// the prefix check.
-func safeRefName(ref string) bool {
-	if strings.Contains(ref, "..") || strings.Contains(ref, "@{") || ref == "@" {
-		return false
-	}
-	for i := 0; i < len(ref); i++ {
-		if c := ref[i]; c <= ' ' || c == 0x7f || strings.IndexByte("~^:?*[\\", c) >= 0 {
-			return false
-		}
-	}
-	for comp := range strings.SplitSeq(ref, "/") {
-		if comp == "" || comp[0] == '.' || strings.HasSuffix(comp, ".lock") || strings.HasSuffix(comp, ".") {
-			return false
-		}
-	}
-	return true
 }

@@ -52,15 +52,6 @@ func TestPushPolicy(t *testing.T) {
 	}
 }
 
-func TestValidPushPrefix(t *testing.T) {
-	for s, want := range map[string]bool{
-		"": true, "agent/": true, "team/bot/": true, "bot": false, "/": false, "a//": false,
-		"../": false, ".x/": false, "a b/": false, "a~/": false, strings.Repeat("a", 100) + "/": false,
-	} {
-		require.Equal(t, want, ValidPushPrefix(s), "%q", s)
-	}
-}
-
 // pkts frames lines as pkt-lines followed by a flush.
 func pkts(lines ...string) []byte {
 	var b []byte

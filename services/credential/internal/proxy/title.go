@@ -63,7 +63,7 @@ func (p *Proxy) serveTitle(w http.ResponseWriter, r *http.Request, res *grants.R
 		writeError(w, http.StatusInternalServerError, "internal error")
 		return
 	}
-	if err := p.register(r, res, rsid); err != nil {
+	if err := p.register(r.Context(), res, rsid); err != nil {
 		writeGRPCError(w, err)
 		return
 	}

@@ -7,6 +7,9 @@
 //	cred:{hd:<digest>}         the scope id a handle digest belongs to (lookup index)
 //	fence:{cs:<scope-id>}:token   newest sandbox-owner fencing token seen for the scope
 //
+// A scope's keys go when its state empties (SaveScope of an empty state),
+// and a digest's when its entry leaves the state (UnindexDigests).
+//
 // Every scope write is a pkg/fence guarded script: the token check, a
 // compare-and-set on the version, and the write happen in one step.
 package store
@@ -142,10 +145,16 @@ func (s *Store) ObserveFence(ctx context.Context, scopeID string, token uint64) 
 }
 
 // saveScript runs after pkg/fence's token check: it compares the version
-// read by the caller, writes or deletes the state, and advances the version
-// to max(old+1, TIME µs) so it never repeats, even after the key was lost.
-// KEYS[2] state, KEYS[3] version. ARGV[2] expected version, ARGV[3] state
-// JSON (” deletes), ARGV[4] state ttl ms, ARGV[5] version ttl ms.
+// read by the caller, writes the state and advances the version to
+// max(old+1, TIME µs) so it never repeats, even after the key was lost.
+// An empty state (the last member left, no handle remains) deletes the
+// scope's keys instead, its version and fence token too (issue 32: nothing
+// of a deleted session's scope outlives it): both are floored by TIME, so
+// the next writer's version and the next owner's token still exceed every
+// earlier one, and a cached resolution no longer matches a missing version.
+// KEYS[1] fence token, KEYS[2] state, KEYS[3] version. ARGV[2] expected
+// version, ARGV[3] state JSON (” deletes), ARGV[4] state ttl ms, ARGV[5]
+// version ttl ms.
 var saveScript = fence.NewGuardedScript(`
 local v = redis.call('GET', KEYS[3]) or ''
 if v ~= ARGV[2] then return redis.error_reply('CRED_CAS') end
@@ -155,10 +164,10 @@ local last = tonumber(v)
 if last and last >= nv then nv = last + 1 end
 local s = string.format('%.0f', nv)
 if ARGV[3] == '' then
-  redis.call('DEL', KEYS[2])
-else
-  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[1])
+  return s
 end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('SET', KEYS[3], s, 'PX', ARGV[5])
 return s
 `)
@@ -191,6 +200,21 @@ func (s *Store) SaveScope(ctx context.Context, scopeID string, token uint64, exp
 // IndexDigest points a handle digest at its scope until ttl passes.
 func (s *Store) IndexDigest(ctx context.Context, digest, scopeID string, ttl time.Duration) error {
 	return s.rdb.Set(ctx, digestKey(digest), scopeID, ttl).Err()
+}
+
+// UnindexDigests drops handle digests from the index: their entries left
+// the scope, so they resolve to nothing any more. Each digest is its own
+// hash slot, so one DEL per digest (pipelined).
+func (s *Store) UnindexDigests(ctx context.Context, digests []string) error {
+	if len(digests) == 0 {
+		return nil
+	}
+	pipe := s.rdb.Pipeline()
+	for _, d := range digests {
+		pipe.Del(ctx, digestKey(d))
+	}
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // ScopeOfDigest returns the scope id a handle digest belongs to.

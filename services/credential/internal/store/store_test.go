@@ -74,14 +74,23 @@ func TestSaveScopeFencedCompareAndSet(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, mustUint(t, v2), mustUint(t, v1))
 
-	// An empty state deletes the scope's state; the version still advances.
+	// An empty state deletes the scope's keys (issue 32): state, version and
+	// fence token. A guarded write then needs its token observed again, and
+	// the next version is still above every earlier one.
 	v3, err := s.SaveScope(ctx, "sc", 5, v2, &scope.State{Scope: scope.Scope{SandboxID: "sb", Directory: "/repo"}})
 	require.NoError(t, err)
 	require.Greater(t, mustUint(t, v3), mustUint(t, v2))
 	st, v, err = s.LoadScope(ctx, "sc")
 	require.NoError(t, err)
 	require.Nil(t, st)
-	require.Equal(t, v3, v)
+	require.Empty(t, v)
+	require.Zero(t, rdb.Exists(ctx, "cred:{cs:sc}:state", "cred:{cs:sc}:version", "fence:{cs:sc}:token").Val(), "no key of the scope is left")
+	_, err = s.SaveScope(ctx, "sc", 5, "", state("d"))
+	require.ErrorIs(t, err, fence.ErrStaleToken, "a token Redis no longer holds writes nothing")
+	require.NoError(t, s.ObserveFence(ctx, "sc", 6))
+	v4, err := s.SaveScope(ctx, "sc", 6, "", state("d"))
+	require.NoError(t, err)
+	require.Greater(t, mustUint(t, v4), mustUint(t, v3))
 }
 
 func mustUint(t *testing.T, s string) uint64 {
@@ -143,6 +152,10 @@ func TestCredentialsAndDigestIndex(t *testing.T) {
 	ttl, err := rdb.PTTL(ctx, "cred:{hd:dg}").Result()
 	require.NoError(t, err)
 	require.Positive(t, ttl, "the index entry expires with its handle")
+	require.NoError(t, s.IndexDigest(ctx, "dg2", "sc", time.Minute))
+	require.NoError(t, s.UnindexDigests(ctx, []string{"dg", "dg2", "never"}))
+	require.Zero(t, rdb.Exists(ctx, "cred:{hd:dg}", "cred:{hd:dg2}").Val(), "unindexed digests are gone")
+	require.NoError(t, s.UnindexDigests(ctx, nil))
 }
 
 // Inspection failure is never absence: with Redis gone, reads fail rather
