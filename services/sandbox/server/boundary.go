@@ -112,7 +112,7 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 		uid = fmt.Sprint(cred.Uid)
 	}
 	log.Info("sandbox isolation: namespaces", "bwrap", bw, "sandbox_uid", uid, "rlimits", lim.String(),
-		"readonly_paths", iso.ReadOnly, "control_socket", ctlPath)
+		"agents", iso.Agents, "readonly_paths", iso.ReadOnly, "control_socket", ctlPath)
 	if why := lim.CheckFileTable(boundary.HostFileMax()); why != "" {
 		log.Warn("sandbox rlimits too large for this host", "reason", why)
 	}
@@ -125,7 +125,11 @@ func (c *Config) boundaryConfig() (*boundary.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SANDBOX_ISOLATION=namespaces needs bubblewrap (or set SANDBOX_ISOLATION=none explicitly): %w", err)
 	}
-	return &boundary.Config{Bwrap: bw, ReadOnly: c.readOnlyPaths(), SocketDir: filepath.Join(c.SandboxRoot, ".sockets"),
+	agentsDir := ""
+	if c.AgentsDir != "" {
+		agentsDir = filepath.Clean(c.AgentsDir)
+	}
+	return &boundary.Config{Bwrap: bw, Agents: agentsDir, ReadOnly: c.readOnlyPaths(), SocketDir: filepath.Join(c.SandboxRoot, ".sockets"),
 		UID: c.SandboxUID, GID: c.SandboxUID, Nested: true}, nil
 }
 

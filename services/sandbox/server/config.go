@@ -130,7 +130,11 @@ func DefaultConfig() Config {
 
 // Agents builds the agent profile registry of the configuration.
 func (c *Config) Agents() *agents.Registry {
-	return agents.New(agents.Config{Dir: c.AgentsDir, ACPCommand: strings.Fields(c.AgentACP), Model: c.AgentModel, Default: c.AgentDefault})
+	cfg := agents.Config{Dir: c.AgentsDir, ACPCommand: strings.Fields(c.AgentACP), Model: c.AgentModel, Default: c.AgentDefault}
+	if c.Isolation == boundary.ModeNamespaces {
+		cfg.Inside = boundary.InnerAgents // boundaryConfig binds AgentsDir there
+	}
+	return agents.New(cfg)
 }
 
 // Bind registers every setting on l with c's values as defaults.
@@ -363,15 +367,13 @@ func (c *Config) wrapperCommand() ([]string, error) {
 	return append([]string{bin, "wrapper"}, strings.Fields(c.WrapperArgs)...), nil
 }
 
-// readOnlyPaths are SANDBOX_READONLY_PATHS plus the pinned agents'
-// directory and the directory of the generic acp profile's program: an
-// agent profile the service offers must be runnable inside the boundary
-// without the operator listing its directory twice.
+// readOnlyPaths are SANDBOX_READONLY_PATHS plus the directory of the
+// generic acp profile's program: an agent profile the service offers must
+// be runnable inside the boundary without the operator listing its
+// directory twice. (The pinned agents' directory is bound at
+// boundary.InnerAgents instead.)
 func (c *Config) readOnlyPaths() []string {
 	var out []string
-	if c.AgentsDir != "" {
-		out = append(out, filepath.Clean(c.AgentsDir))
-	}
 	if f := strings.Fields(c.AgentACP); len(f) > 0 && filepath.IsAbs(f[0]) {
 		out = append(out, filepath.Dir(filepath.Clean(f[0])))
 	}

@@ -60,24 +60,17 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err != nil {
 		return fmt.Errorf("wrapper command: %w", err)
 	}
-	if err := os.MkdirAll(cfg.SandboxRoot, 0o755); err != nil {
-		return fmt.Errorf("sandbox root: %w", err)
-	}
-	bnd, err := setUpBoundary(ctx, cfg, wrapperCmd[0], log)
+	// A full sandbox root is waited out, reported (standby), not an exit.
+	ds, err := awaitDisk(ctx, cfg, wrapperCmd[0], log, &ls)
 	if err != nil {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return nil // stopped while waiting for room
+		}
 		return err
 	}
-	defer bnd.close()
-	egr, err := listenEgress(bnd, cfg.ReplicaID)
-	if err != nil {
-		return err
-	}
-	defer egr.close()
+	defer ds.close()
+	bnd, egr, prov := ds.bnd, ds.egr, ds.prov
 	wrapperCmd = append(append(wrapperCmd, bnd.wrapperFlags...), egr.wrapperFlags...)
-	prov, err := newProvider(cfg, bnd, log)
-	if err != nil {
-		return err
-	}
 	recMetrics, admissions := reconciler.NewMetrics(), newAdmissions()
 	rec, drvRef := newReconciler(rdb, prov, log, recMetrics)
 
@@ -270,8 +263,22 @@ func registerMetrics(reg *prometheus.Registry, d *driver.Driver) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandbox_owner_leases_unconfirmed",
 		Help: "Owned sandboxes whose owner lease is past its deadline without a confirmed renewal (Redis unreachable or failing over); deliveries wait."},
 		func() float64 { return float64(d.UnconfirmedCount()) }))
+	for _, runtime := range []string{"running", "stopped"} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "agentplane_sandbox_open_routes",
+			Help:        "Open routes (sessions) of the sandboxes this replica drives, by runtime: running (its wrapper up or coming up) or stopped (suspended, stopped idle, not launched). Sum over replicas.",
+			ConstLabels: prometheus.Labels{"runtime": runtime}},
+			func() float64 {
+				running, stopped := d.RouteCounts()
+				if runtime == "running" {
+					return float64(running)
+				}
+				return float64(stopped)
+			}))
+	}
 	counter("sandbox_capacity_rejections_total", "Cold workspaces refused by capacity admission (CAPACITY_REJECTED).",
 		func() float64 { return float64(d.Metrics.CapacityRejections.Load()) })
+	counter("sandbox_recovery_kept_workspaces_total", "Workspaces an ENOSPC recovery kept because they hold files (maybe changes not pushed or exported).",
+		func() float64 { return float64(d.Metrics.RecoveryKeptWorkspaces.Load()) })
 }
 
 func registerNotifyMetrics(reg *prometheus.Registry, n *notify.Notifier) {
@@ -291,14 +298,18 @@ type coldAdmission struct {
 	results *prometheus.CounterVec // by admissionResult
 }
 
-func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string) error {
+func (a coldAdmission) Admit(ctx context.Context, sandboxID, directory string, inUse []string) error {
 	_, err := os.Stat(a.prov.WorkspaceDir(sandboxID, directory))
 	warm := err == nil
 	if err := a.prov.CheckQuota(sandboxID); err != nil {
 		a.results.WithLabelValues(admissionResult(false, 0, err)).Inc()
 		return err
 	}
-	rep, err := a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), warm)
+	kept := make([]string, 0, len(inUse))
+	for _, name := range inUse {
+		kept = append(kept, process.WorkspaceName(name))
+	}
+	rep, err := a.admit.Admit(ctx, sandboxID, process.WorkspaceName(directory), warm, kept...)
 	a.results.WithLabelValues(admissionResult(warm, rep.Cleaned, err)).Inc()
 	return err
 }

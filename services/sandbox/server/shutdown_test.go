@@ -10,6 +10,7 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/server"
 )
 
 // A replica stopped with SIGTERM gives its sandboxes up before it closes
@@ -53,7 +54,11 @@ func TestSigtermReleasesOwnership(t *testing.T) {
 // session's no_outcome backstop.
 func TestShutdownSendsQueuedNotifications(t *testing.T) {
 	n := startNotify(t)
-	svc, stop := startStoppableService(t, context.Background(), n.addr, nil)
+	// The drain's bound is not what this test is about (the order is: the outcome is sent
+	// during shutdown, after the session service is back), so it is long: with the default
+	// 5 s a loaded machine could see the session service back only after the drain's
+	// doubling backoff had passed its bound.
+	svc, stop := startStoppableService(t, context.Background(), n.addr, func(c *server.Config) { c.NotifyDrain = 2 * time.Minute })
 	sb := uniqueSandbox(t)
 	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/drain"))
 

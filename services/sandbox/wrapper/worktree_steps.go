@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/ingestpost"
+	"agentplane.dev/services/sandbox/wrapper/workfiles"
 	"agentplane.dev/services/sandbox/wrapper/worktree"
 )
 
@@ -123,6 +125,7 @@ func (w *wrapper) worktreeRequest(req *sandboxv1.WorktreeRequest) {
 		out, err := worktree.Push(ctx, worktree.PushSpec{
 			Dir: dir, RepoURL: g.repoURL, ProxyURL: g.proxyURL, Handle: func() string { return w.handleOf(id) },
 			Branch: a.Push.GetBranch(), Message: a.Push.GetCommitMessage(),
+			AuthorName: a.Push.GetAuthorName(), AuthorEmail: a.Push.GetAuthorEmail(),
 		})
 		if err != nil {
 			f := worktree.AsFailure(err, worktree.PushRejected)
@@ -130,6 +133,30 @@ func (w *wrapper) worktreeRequest(req *sandboxv1.WorktreeRequest) {
 			return
 		}
 		res.CommitId, res.Ref, res.Committed = out.Commit, out.Ref, out.Committed
+	case *sandboxv1.WorktreeRequest_List:
+		es, more, err := workfiles.List(dir, a.List.GetPath(), a.List.GetAfter(), int(a.List.GetLimit()))
+		if err != nil {
+			res.ErrorReason, res.ErrorDetail = fileFailure(err)
+			return
+		}
+		res.Files, res.FilesMore = filesToProto(es), more
+	case *sandboxv1.WorktreeRequest_Read:
+		data, size, err := workfiles.Read(dir, a.Read.GetPath(), a.Read.GetOffset(), int(a.Read.GetLength()))
+		if err != nil {
+			res.ErrorReason, res.ErrorDetail = fileFailure(err)
+			return
+		}
+		res.Data, res.FileSize = data, size
+	case *sandboxv1.WorktreeRequest_Write:
+		for i, f := range a.Write.GetFiles() {
+			if err := workfiles.Write(dir, f.GetPath(), f.GetData(), f.GetMode()); err != nil {
+				reason, detail := fileFailure(err)
+				res.ErrorReason, res.ErrorDetail = reason, fmt.Sprintf("files[%d]: %s (the %d before it were written)", i, detail, i)
+				return
+			}
+			res.FilesWritten++
+			res.BytesWritten += int64(len(f.GetData()))
+		}
 	default:
 		res.ErrorReason, res.ErrorDetail = worktree.WorktreeUnavailable, "unknown worktree action"
 	}
@@ -147,6 +174,29 @@ func ChangesToProto(c *worktree.Changes) *runtimev1.WorktreeChanges {
 			k = runtimev1.FileChangeKind_FILE_CHANGE_KIND_DELETED
 		}
 		out.Files = append(out.Files, &runtimev1.FileChange{Path: f.Path, Kind: k})
+	}
+	return out
+}
+
+func fileFailure(err error) (reason, detail string) {
+	var e *workfiles.Error
+	if errors.As(err, &e) {
+		return e.Reason, e.Detail
+	}
+	return workfiles.Unavailable, "the file action failed"
+}
+
+var fileTypes = map[workfiles.Type]runtimev1.WorktreeFileType{
+	workfiles.File:      runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_FILE,
+	workfiles.Directory: runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_DIRECTORY,
+	workfiles.Symlink:   runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_SYMLINK,
+	workfiles.Other:     runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_OTHER,
+}
+
+func filesToProto(es []workfiles.Entry) []*runtimev1.WorktreeFile {
+	out := make([]*runtimev1.WorktreeFile, 0, len(es))
+	for _, e := range es {
+		out = append(out, &runtimev1.WorktreeFile{Name: e.Name, Type: fileTypes[e.Type], Size: e.Size, Mode: e.Mode})
 	}
 	return out
 }

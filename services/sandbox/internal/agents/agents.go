@@ -85,6 +85,21 @@ type Profile struct {
 	ConfigEnv      string
 	ConfigTemplate string
 	Model          string
+	// program is Command[0] as the service sees it on the host, when the
+	// sandbox shows it elsewhere (Config.Inside).
+	program string
+}
+
+// hostProgram is the program Resolve checks is installed: Command[0] on
+// the host.
+func (p Profile) hostProgram() string {
+	if p.program != "" {
+		return p.program
+	}
+	if len(p.Command) > 0 {
+		return p.Command[0]
+	}
+	return ""
 }
 
 // Spec is what the wrapper is launched with: the resolved profile and model.
@@ -129,6 +144,9 @@ type Config struct {
 	// node_modules: `make agents` installs into agents/); empty: opencode
 	// and kilo are unavailable.
 	Dir string
+	// Inside is where Dir appears to the runtime (the sandbox binds it at
+	// boundary.InnerAgents); empty: at Dir itself (no boundary).
+	Inside string
 	// ACPCommand is the generic acp profile's command line; empty: the
 	// profile is unavailable.
 	ACPCommand []string
@@ -156,11 +174,15 @@ func New(cfg Config) *Registry {
 	if cfg.Dir != "" {
 		// The native builds themselves (no node launcher): inside the
 		// sandbox boundary only this directory needs binding read-only.
-		oc, kilo := OpenCodeBinary(cfg.Dir), KiloBinary(cfg.Dir)
-		r.profiles[OpenCode] = Profile{Name: OpenCode, Protocol: ProtocolACP, Command: []string{oc, "acp"},
+		inside := cfg.Inside
+		if inside == "" {
+			inside = cfg.Dir
+		}
+		oc, kilo := OpenCodeBinary(inside), KiloBinary(inside)
+		r.profiles[OpenCode] = Profile{Name: OpenCode, Protocol: ProtocolACP, Command: []string{oc, "acp"}, program: OpenCodeBinary(cfg.Dir),
 			Env:       offline("OPENCODE", "MODELS_FETCH", "DEFAULT_PLUGINS", "LSP_DOWNLOAD", "AUTOUPDATE", "SHARE"),
 			ConfigEnv: "OPENCODE_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
-		r.profiles[Kilo] = Profile{Name: Kilo, Protocol: ProtocolACP, Command: []string{kilo, "acp"},
+		r.profiles[Kilo] = Profile{Name: Kilo, Protocol: ProtocolACP, Command: []string{kilo, "acp"}, program: KiloBinary(cfg.Dir),
 			// What Kilo's node launcher would set: its tree-sitter grammars.
 			Env: append(offline("KILO", "MODELS_FETCH", "DEFAULT_PLUGINS", "LSP_DOWNLOAD", "AUTOUPDATE", "SHARE",
 				"SESSION_INGEST", "PRESENCE", "CODEBASE_INDEXING"),
@@ -235,8 +257,8 @@ func (r *Registry) Resolve(profile, model string) (Spec, error) {
 	if !ok {
 		return Spec{}, fmt.Errorf("%w: no profile %q (configured: %s)", ErrUnavailable, profile, strings.Join(r.Names(), ", "))
 	}
-	if len(p.Command) > 0 {
-		if err := executable(p.Command[0]); err != nil {
+	if program := p.hostProgram(); program != "" {
+		if err := executable(program); err != nil {
 			return Spec{}, fmt.Errorf("%w: profile %q is not installed: %w", ErrUnavailable, profile, err)
 		}
 	}

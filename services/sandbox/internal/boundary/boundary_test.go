@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -93,6 +95,14 @@ func helper() int {
 		_ = f.Close()
 		got["write_passwd"] = "ok"
 	}
+	got["cwd"], _ = os.Getwd()
+	got["write_in_cwd"] = errno(os.WriteFile("hello.txt", []byte("hi"), 0o644))
+	_, err = os.Stat(os.Getenv("WORKSPACE_HOST"))
+	got["stat_host_workspace"] = errno(err)
+	got["home"] = os.Getenv("HOME")
+	got["write_in_home"] = errno(os.WriteFile(filepath.Join(os.Getenv("HOME"), "state"), []byte("s"), 0o600))
+	_, err = os.Stat(os.Getenv("HOME_HOST"))
+	got["stat_host_home"] = errno(err)
 	got["create_in_root"] = errno(os.WriteFile("/hostile", nil, 0o644))
 	got["create_in_tmp"] = errno(os.WriteFile("/tmp/ok", nil, 0o644))
 	fds, _ := os.ReadDir("/proc/self/fd")
@@ -127,6 +137,19 @@ func bwrapOrFail(t *testing.T) string {
 // and decodes the JSON object of probe results it prints.
 func runSelfInSandbox(t *testing.T, helper string) map[string]string {
 	t.Helper()
+	got, _ := runSelfInSandboxWith(t, helper)
+	return got
+}
+
+// runSelfInSandboxAt is runSelfInSandbox with the boundary helper; it also
+// returns the host's workspace directory.
+func runSelfInSandboxAt(t *testing.T) (map[string]string, string) {
+	t.Helper()
+	return runSelfInSandboxWith(t, "BOUNDARY_HELPER")
+}
+
+func runSelfInSandboxWith(t *testing.T, helper string) (map[string]string, string) {
+	t.Helper()
 	bw := bwrapOrFail(t)
 	self, err := os.Executable()
 	require.NoError(t, err)
@@ -136,15 +159,18 @@ func runSelfInSandbox(t *testing.T, helper string) map[string]string {
 	files, err := c.OpenFiles()
 	require.NoError(t, err)
 	defer files.Close()
-	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), self)
+	home := t.TempDir()
+	m := Mount{Workspace: dir, At: sessionDirectory, Home: home, Program: self}
+	require.NoError(t, c.Check(m))
+	args := append(c.Args(m, files, 3), self)
 	cmd := exec.Command(bw, args...)
-	cmd.Env = []string{helper + "=1"}
+	cmd.Env = []string{helper + "=1", "WORKSPACE_HOST=" + dir, "HOME_HOST=" + home, "HOME=" + home}
 	cmd.ExtraFiles = files.List()
 	out, err := cmd.Output()
 	require.NoError(t, err, "%s", exitStderr(err))
 	got := map[string]string{}
 	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
-	return got
+	return got, dir
 }
 
 // TestBoundaryRefusesWhatReachesOut runs a real program under the real
@@ -170,6 +196,59 @@ func TestBoundaryRefusesWhatReachesOut(t *testing.T) {
 	require.Equal(t, "EROFS", got["create_in_root"], "the sandbox's root is read-only")
 	require.Equal(t, "ok", got["create_in_tmp"], "its /tmp is writable")
 	require.Empty(t, got["etc_fds"], "bubblewrap closed the descriptors it copied from")
+}
+
+// sessionDirectory is a session's directory: where the tests bind the
+// workspace inside the sandbox.
+const sessionDirectory = "/home/u/repo"
+
+// TestWorkspaceIsAtTheSessionsDirectory: inside the sandbox the workspace
+// is at the session's directory, which is the working directory; a file
+// written there lands in the host's workspace, and the host's path of the
+// workspace does not exist inside (issue 32 item 5).
+func TestWorkspaceIsAtTheSessionsDirectory(t *testing.T) {
+	got, dir := runSelfInSandboxAt(t)
+	require.Equal(t, sessionDirectory, got["cwd"], "the working directory is the session's directory: %v", got)
+	require.Equal(t, "ok", got["write_in_cwd"])
+	b, err := os.ReadFile(filepath.Join(dir, "hello.txt"))
+	require.NoError(t, err, "the file landed in the host's workspace")
+	require.Equal(t, "hi", string(b))
+	require.Equal(t, "ENOENT", got["stat_host_workspace"], "the host's layout is not in the sandbox")
+	require.Equal(t, InnerHome, got["home"], "HOME is the home's own path inside, whatever the host's HOME")
+	require.Equal(t, "ok", got["write_in_home"])
+	require.Equal(t, "ENOENT", got["stat_host_home"], "the home's host path is not in the sandbox")
+}
+
+func TestCheckRefusesADirectoryTheSandboxBinds(t *testing.T) {
+	c := Config{Bwrap: "/opt/bw/bwrap", ReadOnly: []string{"/opt/agents"}, Nested: true, UID: -1, GID: -1}
+	m := Mount{Workspace: "/r/sb/workspaces/w", Home: "/r/sb/homes/w", Program: "/opt/bin/wrapper"}
+	for _, ok := range []string{"/home/u/repo", "/work/e2e", "/tmp/repo", "/opt/agentsx", "/r/sb/workspaces/other", "/srv",
+		"/r/sb/homes/w", "/r"} { // the home is bound at InnerHome, not at its host path
+		m.At = ok
+		require.NoError(t, c.Check(m), ok)
+	}
+	for _, bad := range []string{"/proc", "/usr/src", "/etc", "/tmp", "/run/agentplane", "/dev/x",
+		InnerHome, InnerHome + "/x", "/agentplane", "/opt/agents", "/opt/agents/x", "/opt", "/opt/bin/wrapper", "/opt/bw"} {
+		m.At = bad
+		require.Error(t, c.Check(m), bad)
+	}
+	m.At = ""
+	require.NoError(t, c.Check(m), "without At the workspace is at its own path")
+
+	// The pinned agents are bound at InnerAgents, not at their host path: a directory
+	// above or at them is the user's to name (`agentplane dev` run in the repository,
+	// whose agents/ holds them), and InnerAgents is reserved.
+	c.Agents = "/work/repo/agents"
+	for _, ok := range []string{"/work/repo", "/work/repo/agents", "/work"} {
+		m.At = ok
+		require.NoError(t, c.Check(m), ok)
+	}
+	m.At = InnerAgents
+	require.Error(t, c.Check(m))
+	a := c.Args(m, &Files{}, 3)
+	i := slices.Index(a, c.Agents)
+	require.Positive(t, i, "the agents are bound: %v", a)
+	require.Equal(t, []string{"--ro-bind", c.Agents, InnerAgents}, a[i-1:i+2])
 }
 
 func exitStderr(err error) string {
@@ -222,15 +301,16 @@ func TestArgsBindNothingElse(t *testing.T) {
 	files, err := c.OpenFiles()
 	require.NoError(t, err)
 	defer files.Close()
-	a := strings.Join(c.Args(Mount{Workspace: "/r/sb/workspaces/w", Home: "/r/sb/homes/w", Program: "/bin/wrapper"}, files, 4), " ")
-	require.Contains(t, a, "--bind /r/sb/workspaces/w /r/sb/workspaces/w")
-	require.Contains(t, a, "--bind /r/sb/homes/w /r/sb/homes/w")
+	a := strings.Join(c.Args(Mount{Workspace: "/r/sb/workspaces/w", At: "/home/u/repo", Home: "/r/sb/homes/w", Program: "/bin/wrapper"}, files, 4), " ")
+	require.Contains(t, a, "--bind /r/sb/workspaces/w /home/u/repo", "the workspace at the session's directory")
+	require.Contains(t, a, "--bind /r/sb/homes/w "+InnerHome, "the home at its own path inside")
 	require.Contains(t, a, "--ro-bind /opt/agents /opt/agents")
 	require.Contains(t, a, "--ro-bind /srv/sk "+InnerSocketDir)
 	require.Contains(t, a, "--seccomp 4")
 	require.Contains(t, a, "--file 5 /etc/ld.so.cache", "regular /etc files are copied in from the next descriptors")
 	require.Contains(t, a, "--ro-bind-try /etc/ssl/certs /etc/ssl/certs", "directories stay bound")
-	require.True(t, strings.HasSuffix(a, "--remount-ro / --setenv TMPDIR /tmp --chdir /r/sb/workspaces/w --"), "the root goes read-only last")
+	require.True(t, strings.HasSuffix(a, "--remount-ro / --setenv TMPDIR /tmp --setenv HOME "+InnerHome+" --chdir /home/u/repo --"), "the root goes read-only last, the session's directory is the working directory")
+	require.NotContains(t, a, "/r/sb/workspaces/w /r/sb/workspaces/w", "the host's workspace path is not bound")
 	require.NotContains(t, a, "--bind / ")
 	require.NotContains(t, a, "/r/sb ")
 	require.Less(t, strings.Index(a, "--tmpfs /tmp"), strings.Index(a, "--bind /r/sb/homes"), "tmpfs before binds that may live under /tmp")

@@ -1,7 +1,6 @@
 package boundary
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"agentplane.dev/pkg/ident"
+	"agentplane.dev/services/sandbox/internal/command"
 )
 
 // Isolation modes (SANDBOX_ISOLATION).
@@ -25,10 +27,26 @@ const (
 // control sockets, proxy/ the relays to the credential proxy.
 const InnerSocketDir = "/run/agentplane"
 
+// InnerHome is where the runtime key's home (Mount.Home) appears inside a
+// sandbox, and the wrapper's and runtime's HOME there: like the workspace,
+// never at its host path, so what an agent says of its own files (its
+// global config, its data) does not name the host's layout.
+const InnerHome = ident.SandboxOwnDir + "/home"
+
+// InnerAgents is where the pinned agents' directory (Config.Agents)
+// appears inside a sandbox: at a path of the sandbox's own, so that no
+// session directory can overlap it (a service run from a checkout keeps
+// its agents below the directory a user names: `agentplane dev` in the
+// repository) and the host's layout stays out of the agent's view.
+const InnerAgents = ident.SandboxOwnDir + "/agents"
+
 // Config is how sandboxes are isolated.
 type Config struct {
 	// Bwrap is the bubblewrap binary.
 	Bwrap string
+	// Agents is the host directory of the pinned agents, bound read-only at
+	// InnerAgents; empty: none.
+	Agents string
 	// ReadOnly are extra host paths bound read-only at the same path: the
 	// installed agent runtimes (e.g. an agents/node_modules directory).
 	ReadOnly []string
@@ -48,9 +66,53 @@ type Config struct {
 
 // Mount is what one wrapper sees besides the system directories.
 type Mount struct {
-	Workspace string // bound read-write at the same path; the working directory
-	Home      string // bound read-write at the same path
-	Program   string // the wrapper binary, bound read-only at the same path
+	Workspace string // the host directory bound read-write at At
+	// At is where the workspace appears inside the sandbox and the working
+	// directory of the wrapper and its runtime: the route's directory, so
+	// the agent, its tool calls and its history speak the session's paths,
+	// never the host's layout (DESIGN.md 3.6). Empty: Workspace's own path.
+	At      string
+	Home    string // the host directory bound read-write at InnerHome, HOME inside
+	Program string // the wrapper binary, bound read-only at the same path
+}
+
+// at is where the workspace is bound inside.
+func (m Mount) at() string {
+	if m.At == "" {
+		return m.Workspace
+	}
+	return m.At
+}
+
+// Check reports why the workspace cannot be bound at m.At: a path every
+// sandbox mounts itself (ident.ReservedDirectory: the system directories,
+// /proc, /dev, /run, /etc, /tmp itself, InnerHome), or a path at, above or
+// below another path this sandbox binds at its host path (the wrapper
+// binary, bubblewrap, the read-only agent paths) — bound over one it would
+// hide it, bound below one it would be made inside it.
+func (c Config) Check(m Mount) error {
+	at := m.at()
+	if why := ident.ReservedDirectory(at); why != "" {
+		return errors.New(why)
+	}
+	others := []string{m.Program}
+	if c.Nested && !underSystemDirs(c.Bwrap) {
+		others = append(others, c.Bwrap)
+	}
+	others = append(others, c.ReadOnly...)
+	for _, p := range others {
+		if p != "" && overlaps(at, p) {
+			return fmt.Errorf("%s overlaps %s, which the sandbox binds itself", at, p)
+		}
+	}
+	return nil
+}
+
+// overlaps reports whether one of two clean absolute paths is the other or
+// below it.
+func overlaps(a, b string) bool {
+	a, b = filepath.Clean(a), filepath.Clean(b)
+	return a == b || strings.HasPrefix(a, strings.TrimSuffix(b, "/")+"/") || strings.HasPrefix(b, strings.TrimSuffix(a, "/")+"/")
 }
 
 // etcFiles are the few files of /etc a runtime needs: the dynamic linker's
@@ -119,7 +181,9 @@ func (f *Files) Close() {
 // Order matters: bubblewrap applies the operations in turn, so /tmp is a
 // fresh tmpfs before the workspace (which may live under /tmp) is bound,
 // and the root (a tmpfs holding the copied /etc files and the mount points)
-// is made read-only last.
+// is made read-only last. The workspace is bound at m.At (its mount point,
+// and the directories above it, are made on that tmpfs) after everything
+// else, and is the working directory; Check says whether m.At can be.
 func (c Config) Args(m Mount, f *Files, firstFD int) []string {
 	a := []string{
 		"--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -163,11 +227,14 @@ func (c Config) Args(m Mount, f *Files, firstFD int) []string {
 	for _, p := range c.ReadOnly {
 		a = append(a, "--ro-bind", p, p)
 	}
+	if c.Agents != "" {
+		a = append(a, "--ro-bind", c.Agents, InnerAgents)
+	}
 	if c.SocketDir != "" {
 		a = append(a, "--ro-bind", c.SocketDir, InnerSocketDir)
 	}
-	a = append(a, "--bind", m.Home, m.Home, "--bind", m.Workspace, m.Workspace,
-		"--remount-ro", "/", "--setenv", "TMPDIR", "/tmp", "--chdir", m.Workspace, "--")
+	a = append(a, "--bind", m.Home, InnerHome, "--bind", m.Workspace, m.at(),
+		"--remount-ro", "/", "--setenv", "TMPDIR", "/tmp", "--setenv", "HOME", InnerHome, "--chdir", m.at(), "--")
 	return a
 }
 
@@ -234,6 +301,9 @@ func (c Config) Credential() *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(c.UID), Gid: uint32(c.GID), Groups: []uint32{}}
 }
 
+// probeDirectory is where Probe binds its workspace inside the sandbox.
+const probeDirectory = ident.SandboxOwnDir + "/probe"
+
 // Probe runs a command under exactly the namespaces, filesystem view and
 // seccomp filter of a wrapper — with a workspace under the directory under
 // and program (the wrapper binary; empty: none) bound as a wrapper's — and
@@ -274,7 +344,10 @@ func (c Config) Probe(ctx context.Context, under, program string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	args := probe.Args(Mount{Workspace: dir, Home: dir, Program: program}, files, 3)
+	// The workspace at a path of its own inside, as a route's directory is
+	// (its mount point made on the sandbox's root).
+	m := Mount{Workspace: dir, At: probeDirectory, Home: dir, Program: program}
+	args := probe.Args(m, files, 3)
 	extra := files.List()
 	if c.Nested {
 		// The agent's nested sandbox inside the wrapper's: its filter on
@@ -284,17 +357,13 @@ func (c Config) Probe(ctx context.Context, under, program string) error {
 			return err
 		}
 		defer inner.Close()
-		args = append(append(args, c.Bwrap), NestedArgs(3+len(extra), dir)...)
+		args = append(append(args, c.Bwrap), NestedArgs(3+len(extra), m.at())...)
 		extra = append(extra, inner)
 	}
-	cmd := exec.CommandContext(ctx, c.Bwrap, append(args, truePath)...)
-	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	cmd.ExtraFiles = extra
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.Credential()}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	cmd := command.New(ctx, command.Spec{Path: c.Bwrap, Args: append(args, truePath), Env: []string{"PATH=/usr/bin:/bin"},
+		ExtraFiles: extra, Credential: c.Credential()})
 	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
+		msg := strings.TrimSpace(command.Stderr(cmd))
 		if msg == "" {
 			msg = err.Error()
 		}

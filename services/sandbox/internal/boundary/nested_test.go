@@ -72,10 +72,15 @@ func TestNestedSandbox(t *testing.T) {
 	require.NoError(t, err)
 	defer inner.Close()
 	extra := append(files.List(), inner)
-	args := append(c.Args(Mount{Workspace: dir, Home: dir, Program: self}, files, 3), bw)
-	args = append(append(args, NestedArgs(3+len(extra)-1, dir)...), self)
+	home, err := os.MkdirTemp("", "home-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(home) })
+	require.NoError(t, os.Chmod(home, 0o777))
+	m := Mount{Workspace: dir, At: sessionDirectory, Home: home, Program: self}
+	args := append(c.Args(m, files, 3), bw)
+	args = append(append(args, NestedArgs(3+len(extra)-1, sessionDirectory)...), self)
 	cmd := exec.Command(bw, args...)
-	cmd.Env = []string{"BOUNDARY_HELPER=1"}
+	cmd.Env = []string{"BOUNDARY_HELPER=1", "WORKSPACE_HOST=" + dir, "HOME_HOST=" + home}
 	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.Credential()}
 	out, err := cmd.Output()
@@ -91,4 +96,12 @@ func TestNestedSandbox(t *testing.T) {
 	require.Equal(t, "ENOENT", got["stat_sockets"], "the host's socket directory is out of the agent's view")
 	require.Equal(t, "2", got["Seccomp_filters"], "the wrapper's filter and its own")
 	require.Equal(t, "ok", got["create_in_tmp"])
+	require.Equal(t, sessionDirectory, got["cwd"], "the agent works at the session's directory")
+	require.Equal(t, "ok", got["write_in_cwd"])
+	require.FileExists(t, filepath.Join(dir, "hello.txt"), "in the host's workspace")
+	require.Equal(t, "ENOENT", got["stat_host_workspace"])
+	require.Equal(t, InnerHome, got["home"])
+	require.Equal(t, "ok", got["write_in_home"])
+	require.FileExists(t, filepath.Join(home, "state"), "in the host's home")
+	require.Equal(t, "ENOENT", got["stat_host_home"])
 }

@@ -6,17 +6,17 @@
 // conservative stale cleanup runs and the free bytes are measured again;
 // still low → provider.CapacityRejectedError (CAPACITY_REJECTED, retryable,
 // the sandbox is kept). Cleanup removes only workspace/home directories that
-// are not the current route's, are older than StaleAge by mtime, and have no
-// live wrapper; a directory of unknown age is skipped, and a failed process
+// no stored route names (the current one's, a suspended or idle-stopped
+// session's), are older than StaleAge by mtime, and have no live wrapper; a directory of unknown age is skipped, and a failed process
 // listing skips everything. Unmeasurable capacity returns
-// provider.ErrCapacityUnmeasurable and never destroys the sandbox; only
-// provider.DestroysSandbox errors (ENOSPC evidence, failed setup) lead to
-// Recover.
+// provider.ErrCapacityUnmeasurable and removes nothing; only
+// provider.StartsRecovery errors (ENOSPC evidence, failed setup) lead to
+// the recovery of the route's runtime key (the driver's recovery.go), which
+// never destroys a sandbox.
 package capacity
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -86,8 +86,9 @@ type Report struct {
 }
 
 // Admit admits a workspace of the sandbox. current is the provider's name
-// of the route's workspace (never cleaned); warm skips the check.
-func (a *Admission) Admit(ctx context.Context, sandboxID, current string, warm bool) (Report, error) {
+// of the route's workspace and kept those of the sandbox's other stored
+// routes (workspaces and homes): never cleaned; warm skips the check.
+func (a *Admission) Admit(ctx context.Context, sandboxID, current string, warm bool, kept ...string) (Report, error) {
 	var rep Report
 	if warm {
 		return rep, nil
@@ -96,7 +97,7 @@ func (a *Admission) Admit(ctx context.Context, sandboxID, current string, warm b
 	if err != nil || avail >= a.cfg.ThresholdBytes {
 		return rep, err
 	}
-	rep.Cleaned, rep.Skipped = a.cleanup(ctx, sandboxID, current)
+	rep.Cleaned, rep.Skipped = a.cleanup(ctx, sandboxID, append(kept, current))
 	if avail, err = a.measure(ctx, sandboxID, &rep); err != nil {
 		return rep, err
 	}
@@ -128,7 +129,7 @@ func (a *Admission) measure(ctx context.Context, sandboxID string, rep *Report) 
 }
 
 // cleanup removes stale directories and counts what it removed and kept.
-func (a *Admission) cleanup(ctx context.Context, sandboxID, current string) (cleaned, skipped int) {
+func (a *Admission) cleanup(ctx context.Context, sandboxID string, kept []string) (cleaned, skipped int) {
 	dirs, err := a.disk.Workspaces(ctx, sandboxID)
 	if err != nil {
 		a.cfg.Logger.Warn("capacity cleanup: cannot list workspaces", "sandbox", sandboxID, "err", err)
@@ -139,9 +140,12 @@ func (a *Admission) cleanup(ctx context.Context, sandboxID, current string) (cle
 		a.cfg.Logger.Warn("capacity cleanup: process listing failed, cleaning nothing", "sandbox", sandboxID, "err", err)
 		return 0, len(dirs)
 	}
+	for _, name := range kept {
+		live[name] = true // a stored route's work, whether or not a process serves it
+	}
 	now := a.cfg.Now()
 	for _, d := range dirs {
-		if !a.stale(d, current, live, now) {
+		if !a.stale(d, live, now) {
 			skipped++
 			continue
 		}
@@ -156,30 +160,12 @@ func (a *Admission) cleanup(ctx context.Context, sandboxID, current string) (cle
 	return cleaned, skipped
 }
 
-func (a *Admission) stale(d provider.WorkspaceDir, current string, live map[string]bool, now time.Time) bool {
+func (a *Admission) stale(d provider.WorkspaceDir, kept map[string]bool, now time.Time) bool {
 	switch {
-	case d.Name == current, live[d.Name]:
+	case kept[d.Name]:
 		return false
 	case d.ModTimeErr != nil, d.ModTime.IsZero(), d.ModTime.After(now):
 		return false // unknown age (unreadable, or from the future)
 	}
 	return now.Sub(d.ModTime) > a.cfg.StaleAge
-}
-
-// Deleter removes a whole sandbox (provider.AgentSandbox satisfies it).
-type Deleter interface {
-	Delete(ctx context.Context, sandboxID, workspace string, reason provider.DeleteReason) error
-}
-
-// Recover destroys the sandbox only when err is in provider.DestroysSandbox's
-// table (ENOSPC evidence, failed directory setup) and reports whether it
-// did. Stop the sandbox's wrappers before calling it.
-func Recover(ctx context.Context, d Deleter, sandboxID string, err error) (bool, error) {
-	if !provider.DestroysSandbox(err) {
-		return false, nil
-	}
-	if derr := d.Delete(ctx, sandboxID, "", provider.DeleteRecovery); derr != nil {
-		return false, errors.Join(err, derr)
-	}
-	return true, nil
 }

@@ -154,10 +154,7 @@ func TestStillLowIsRejectedAndSandboxKept(t *testing.T) {
 	require.ErrorAs(t, err, &rej)
 	require.Equal(t, 2, rej.Cleaned)
 	require.Equal(t, 4, rej.Skipped)
-	require.False(t, provider.DestroysSandbox(err))
-	destroyed, err2 := Recover(context.Background(), f.p, f.sb, err)
-	require.NoError(t, err2)
-	require.False(t, destroyed)
+	require.False(t, provider.StartsRecovery(err))
 	require.DirExists(t, f.p.WorkspaceDir(f.sb, "/current"))
 }
 
@@ -178,17 +175,29 @@ func TestUnmeasurableNeverDestroys(t *testing.T) {
 	f := newFixture(t, "")
 	_, err := f.admission().Admit(context.Background(), f.sb+"-missing", "x", false)
 	require.ErrorIs(t, err, provider.ErrCapacityUnmeasurable)
-	require.False(t, provider.DestroysSandbox(err))
+	require.False(t, provider.StartsRecovery(err))
 }
 
-// A real ENOSPC during workspace setup is ENOSPC evidence; recovery
-// destroys that sandbox only.
-func TestENOSPCDuringSetupDestroysOnlyThatSandbox(t *testing.T) {
+// A real ENOSPC during workspace setup is ENOSPC evidence. The recovery
+// of the failed route's runtime key (issue 33) removes only what of that
+// key is recreatable: the half-made home of the new key goes, a workspace
+// with a file in it stays (reported kept), and another key's workspace and
+// another sandbox are not touched.
+func TestENOSPCDuringSetupRecoversOnlyTheFailedKey(t *testing.T) {
 	f := newFixture(t, "")
+	ctx := context.Background()
 	other := f.sb + "-other"
-	require.NoError(t, f.p.Create(context.Background(), other))
-	_, err := f.p.PrepareWorkspace(context.Background(), other, "/keep", "/keep")
+	require.NoError(t, f.p.Create(ctx, other))
+	_, err := f.p.PrepareWorkspace(ctx, other, "/keep", "/keep")
 	require.NoError(t, err)
+	// A user's uncommitted work in a workspace of this sandbox, and a
+	// workspace of the key that fails with a file in it too.
+	_, err = f.p.PrepareWorkspace(ctx, f.sb, "/work", "/work")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(f.p.WorkspaceDir(f.sb, "/work"), "notes.txt"), []byte("unpushed"), 0o644))
+	_, err = f.p.PrepareWorkspace(ctx, f.sb, "/failing", "/failing")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(f.p.WorkspaceDir(f.sb, "/failing"), "draft.txt"), []byte("uncommitted"), 0o644))
 
 	fill, err := os.Create(filepath.Join(f.p.SandboxDir(f.sb), "fill"))
 	require.NoError(t, err)
@@ -199,24 +208,35 @@ func TestENOSPCDuringSetupDestroysOnlyThatSandbox(t *testing.T) {
 		}
 	}
 	require.ErrorIs(t, err, syscall.ENOSPC)
-	require.NoError(t, fill.Close())
 	// Fill the last partial page too.
 	for {
 		if _, err = fill.Write([]byte{1}); err != nil {
 			break
 		}
 	}
+	require.NoError(t, fill.Close())
 
-	_, err = f.p.PrepareWorkspace(context.Background(), f.sb, "/new", "/new")
+	_, err = f.p.PrepareWorkspace(ctx, f.sb, "/new", "/new")
 	require.Error(t, err)
 	require.ErrorIs(t, err, provider.ErrENOSPC)
 	require.ErrorIs(t, err, syscall.ENOSPC, "the errno is kept")
-	require.True(t, provider.DestroysSandbox(err))
+	require.True(t, provider.StartsRecovery(err))
 
-	destroyed, err := Recover(context.Background(), f.p, f.sb, err)
+	rec, err := f.p.RecoverKey(ctx, f.sb, "/new", "/new", false)
 	require.NoError(t, err)
-	require.True(t, destroyed)
-	require.NoDirExists(t, f.p.SandboxDir(f.sb))
+	require.False(t, rec.KeptWorkspace)
+	require.NoDirExists(t, f.p.WorkspaceDir(f.sb, "/new"), "the failed key's empty workspace is recreatable")
+	require.NoDirExists(t, f.p.HomeDir(f.sb, "/new"))
+
+	rec, err = f.p.RecoverKey(ctx, f.sb, "/failing", "/failing", false)
+	require.NoError(t, err)
+	require.True(t, rec.KeptWorkspace, "a workspace with a file in it is kept and reported")
+	require.Equal(t, []string{"home"}, rec.Removed, "a home holding only its record is recreatable")
+	require.FileExists(t, filepath.Join(f.p.WorkspaceDir(f.sb, "/failing"), "draft.txt"))
+
+	require.DirExists(t, f.p.SandboxDir(f.sb), "recovery never deletes the sandbox")
+	require.FileExists(t, filepath.Join(f.p.WorkspaceDir(f.sb, "/work"), "notes.txt"), "another key's workspace is not touched")
+	require.DirExists(t, f.p.HomeDir(f.sb, "/work"))
 	require.DirExists(t, f.p.WorkspaceDir(other, "/keep"), "other sandbox on the same filesystem survives")
 }
 
@@ -225,9 +245,9 @@ func TestENOSPCEvidenceClassification(t *testing.T) {
 	require.True(t, provider.IsENOSPCEvidence(errors.New("git: write error: No space left on device"), ""))
 	require.True(t, provider.IsENOSPCEvidence(nil, "fatal: no space left on device\n"))
 	require.False(t, provider.IsENOSPCEvidence(errors.New("permission denied"), "disk low"))
-	require.True(t, provider.DestroysSandbox(provider.SetupError("mkdir", syscall.EACCES)))
-	require.False(t, provider.DestroysSandbox(provider.ErrCapacityUnmeasurable))
-	require.False(t, provider.DestroysSandbox(nil))
+	require.True(t, provider.StartsRecovery(provider.SetupError("mkdir", syscall.EACCES)))
+	require.False(t, provider.StartsRecovery(provider.ErrCapacityUnmeasurable))
+	require.False(t, provider.StartsRecovery(nil))
 }
 
 // Issue 18 item 15: the stale cleanup covers homes as well as workspaces. A
@@ -277,4 +297,20 @@ func TestReservedQuotaCountsAsUsed(t *testing.T) {
 		}})
 	_, err = reserved.Admit(context.Background(), f.sb, process.WorkspaceName("/new"), false)
 	require.ErrorIs(t, err, provider.ErrCapacityRejected)
+}
+
+// Issue 32 (data after deletion, the other way round): a stale-looking
+// workspace and home that a stored route still names (a suspended or
+// idle-stopped session: no process serves them) are a session's work and
+// are kept; only what no route names goes.
+func TestCleanupKeepsWhatAStoredRouteNames(t *testing.T) {
+	f := newFixture(t, "")
+	current := setupLow(t, f, 6*mib)
+	rep, err := f.admission().Admit(context.Background(), f.sb, current, false, process.WorkspaceName("/stale1"))
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Cleaned)
+	require.Equal(t, 5, rep.Skipped)
+	require.DirExists(t, f.p.WorkspaceDir(f.sb, "/stale1"), "a suspended session's workspace stays")
+	require.DirExists(t, f.p.HomeDir(f.sb, "/stale1"))
+	require.NoDirExists(t, f.p.WorkspaceDir(f.sb, "/stale2"), "what no route names goes")
 }

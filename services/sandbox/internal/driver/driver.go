@@ -58,11 +58,13 @@ type Wrappers interface {
 }
 
 // Admission admits the workspace of a route directory (warm: no check;
-// cold: measure, clean up stale workspaces, measure again). Its errors are
-// classified as in internal/provider (CAPACITY_REJECTED, ENOSPC evidence,
-// unmeasurable).
+// cold: measure, clean up stale workspaces, measure again). inUse names the
+// directories and runtime keys of the sandbox's stored routes: their
+// workspaces and homes are a session's work (a suspended or idle-stopped
+// one's too) and never stale. Its errors are classified as in
+// internal/provider (CAPACITY_REJECTED, ENOSPC evidence, unmeasurable).
 type Admission interface {
-	Admit(ctx context.Context, sandboxID, directory string) error
+	Admit(ctx context.Context, sandboxID, directory string, inUse []string) error
 }
 
 // Config of a Driver.
@@ -128,6 +130,9 @@ type Metrics struct {
 	LeaseLosses          atomic.Int64
 	Takeovers            atomic.Int64
 	CapacityRejections   atomic.Int64
+	// RecoveryKeptWorkspaces counts workspaces a recovery kept because
+	// they hold something (maybe changes not pushed or exported).
+	RecoveryKeptWorkspaces atomic.Int64
 }
 
 // Driver drives owned sandboxes.
@@ -212,11 +217,10 @@ type sandbox struct {
 	// member releases (retryMemberReleases).
 	memberRetrying bool
 	memberRetryAt  time.Time
-	// recovering is set from ENOSPC evidence (or a failed setup) until the
-	// sandbox's tree is deleted after its wrappers' verified absence
-	// (recovery.go); recoveryCause is that evidence.
-	recovering    bool
-	recoveryCause error
+	// recovering holds the runtime keys recovering from ENOSPC evidence (or
+	// a failed setup) until their wrappers are verified absent and what of
+	// them is recreatable is removed (recovery.go).
+	recovering map[string]*keyRecovery
 	// emptySince is when the sandbox was first seen with nothing to drive
 	// (zero while it has something): releaseIfEmpty lets it go after
 	// EmptyGrace.

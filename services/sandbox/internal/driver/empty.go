@@ -69,16 +69,18 @@ func (d *Driver) UnconfirmedCount() int {
 // member release pending. The caller holds sb.mu.
 func (sb *sandbox) emptyLocked() bool {
 	return !sb.dropped && len(sb.routes) == 0 && len(sb.keyAllocations) == 0 && len(sb.conns) == 0 &&
-		len(sb.preparing) == 0 && !sb.recovering && !sb.memberRetrying
+		len(sb.preparing) == 0 && len(sb.recovering) == 0 && !sb.memberRetrying
 }
 
 // releaseIfEmpty lets go of a sandbox that has been empty for EmptyGrace
 // (the tick calls it): its last session is gone, the reconciler tracks no
-// wrapper lease of it and no process of it runs. Its records go from Redis
-// (but the tenant binding, which the sandbox's tree on disk keeps), it
-// leaves sbx:index, and the owner lease is released, so a replica holds
-// only sandboxes with something to drive. Anything short of that certainty
-// (a lease record left, an inspection that failed) keeps the sandbox.
+// wrapper lease of it and no process of it runs. Its tree goes from disk,
+// its records, tenant binding and fencing token from Redis, it leaves
+// sbx:index, and the owner lease is released, so a replica holds only
+// sandboxes with something to drive and nothing of a sandbox outlives its
+// last session (issue 32). Anything short of that certainty (a lease
+// record left, a stored route, an inspection that failed) keeps the
+// sandbox.
 func (d *Driver) releaseIfEmpty(ctx context.Context, sb *sandbox) {
 	d.forgetLeftoverKeys(ctx, sb)
 	now := d.cfg.Now()
@@ -99,6 +101,9 @@ func (d *Driver) releaseIfEmpty(ctx context.Context, sb *sandbox) {
 	if n, err := d.cfg.Redis.HLen(ctx, leasestore.Key(ownership.Resource(sb.id))).Result(); err != nil || n > 0 {
 		return
 	}
+	if n, err := d.cfg.Redis.HLen(ctx, store.Key(sb.id, "routes")).Result(); err != nil || n > 0 {
+		return
+	}
 	if inv, ok := d.cfg.Provider.(provider.Inventory); ok {
 		if disc := inv.DiscoverSandbox(ctx, sb.id); disc.Kind != provider.Absent {
 			return
@@ -107,10 +112,15 @@ func (d *Driver) releaseIfEmpty(ctx context.Context, sb *sandbox) {
 	d.letGo(ctx, sb)
 }
 
-// letGo deletes an empty sandbox's records, takes it out of sbx:index and
-// releases its owner lease, in that order: the index entry goes while this
-// replica still holds the lease, so it never removes the entry of a replica
-// that acquires the sandbox next.
+// letGo deletes an empty sandbox's tree, its records, tenant binding and
+// fencing token, takes it out of sbx:index and releases its owner lease, in
+// that order: the tree and the index entry go while this replica still
+// holds the lease, so it never removes those of a replica that acquires the
+// sandbox next (which makes the tree again). A tree that could not be
+// removed keeps the tenant binding: whatever is left on disk stays its
+// tenant's. The fencing token may go: tokens are floored by Redis TIME, so
+// the next owner's still exceeds every earlier one, and a guarded write
+// with a token Redis no longer holds is refused.
 func (d *Driver) letGo(ctx context.Context, sb *sandbox) {
 	d.mu.Lock()
 	sb.mu.Lock()
@@ -127,6 +137,12 @@ func (d *Driver) letGo(ctx context.Context, sb *sandbox) {
 	d.mu.Unlock()
 	keys := []string{store.Key(sb.id, "meta"), store.Key(sb.id, "routes"), store.Key(sb.id, "scopes"),
 		store.Key(sb.id, "wrappers"), store.Key(sb.id, "slots")}
+	if err := d.cfg.Provider.Delete(ctx, sb.id, "", provider.DeleteReleased); err != nil {
+		d.log.Warn("tree of an empty sandbox not removed", "sandbox", sb.id, "err", err)
+	} else {
+		keys = append(keys, store.Key(sb.id, "tenant"))
+	}
+	keys = append(keys, fence.TokenKey(ownership.Resource(sb.id)))
 	err := sb.owner.Guard(ctx, fence.Del(keys...))
 	if err == nil {
 		err = d.cfg.Redis.SRem(ctx, store.IndexKey, sb.id).Err()
@@ -150,7 +166,7 @@ func (d *Driver) letGo(ctx context.Context, sb *sandbox) {
 // once its absence is verified its records go (forgetKey).
 func (d *Driver) forgetLeftoverKeys(ctx context.Context, sb *sandbox) {
 	sb.mu.Lock()
-	if sb.dropped || len(sb.routes) > 0 || len(sb.preparing) > 0 || sb.recovering || len(sb.keyAllocations) == 0 {
+	if sb.dropped || len(sb.routes) > 0 || len(sb.preparing) > 0 || len(sb.recovering) > 0 || len(sb.keyAllocations) == 0 {
 		sb.mu.Unlock()
 		return
 	}
@@ -175,4 +191,27 @@ func (d *Driver) forgetLeftoverKeys(ctx context.Context, sb *sandbox) {
 			d.forgetKey(ctx, sb, key, dir)
 		}
 	}
+}
+
+// RouteCounts counts the open routes (sessions; released ones are not
+// open) of the sandboxes this replica drives, by whether their runtime
+// key's wrapper runs or is coming up (running) or not (stopped: suspended,
+// stopped idle, or never launched). The allocation says it, not a
+// discovery: a scrape reads memory only.
+func (d *Driver) RouteCounts() (running, stopped int) {
+	for _, sb := range d.owned() {
+		sb.mu.Lock()
+		for _, r := range sb.routes {
+			if r.State == store.RouteReleased {
+				continue
+			}
+			if s := sb.keyAllocations[r.RuntimeKey]; r.RuntimeKey != "" && s != nil && s.Alloc.Live() {
+				running++
+			} else {
+				stopped++
+			}
+		}
+		sb.mu.Unlock()
+	}
+	return running, stopped
 }

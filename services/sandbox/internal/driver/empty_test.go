@@ -83,3 +83,32 @@ func TestAPreparedSandboxIsKept(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, found)
 }
+
+// Issue 35 item 5: open routes are counted by whether their runtime runs:
+// a prepared route's is running (launched), a suspended one's is stopped,
+// a released route is no longer open.
+func TestRouteCountsFollowTheRuntime(t *testing.T) {
+	prov := &recordingProvider{launched: make(chan launchedWrapper, 4)}
+	wr := &heldWrappers{stopped: make(chan string, 4), launched: map[string]provider.Markers{}}
+	d := newTestDriver(t, prov, wr, nil)
+	t.Cleanup(d.dropAll)
+	ctx := context.Background()
+	running, stopped := d.RouteCounts()
+	require.Zero(t, running+stopped, "nothing open")
+
+	_, err := d.Prepare(ctx, RouteSpec{SessionID: "s1", SandboxID: "sbx-counted", Directory: "/repo", CredentialClass: "static"})
+	require.NoError(t, err)
+	<-prov.launched
+	running, stopped = d.RouteCounts()
+	require.Equal(t, [2]int{1, 0}, [2]int{running, stopped}, "the launched runtime runs")
+
+	_, err = d.SuspendRoute(ctx, "sbx-counted", "s1")
+	require.NoError(t, err)
+	running, stopped = d.RouteCounts()
+	require.Equal(t, [2]int{0, 1}, [2]int{running, stopped}, "a suspended route is open, its runtime stopped")
+
+	_, err = d.ReleaseRoute(ctx, "sbx-counted", "s1", ReasonSessionDelete)
+	require.NoError(t, err)
+	running, stopped = d.RouteCounts()
+	require.Zero(t, running+stopped, "a released route is not open")
+}

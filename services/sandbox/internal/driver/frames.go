@@ -74,7 +74,32 @@ type WorktreeResult struct {
 	CommitID, Ref            string
 	Committed                bool
 	ErrorReason, ErrorDetail string
+	Files                    []WorktreeFile // list action
+	FilesMore                bool
+	Data                     []byte // read action
+	FileSize                 int64
+	FilesWritten             int // write action
+	BytesWritten             int64
 }
+
+// WorktreeFile is one entry of a worktree directory (not followed).
+type WorktreeFile struct {
+	Name string
+	Type FileType
+	Size int64
+	Mode uint32 // permission bits
+}
+
+// FileType is what a worktree entry is.
+type FileType string
+
+// File types.
+const (
+	FileRegular   FileType = "file"
+	FileDirectory FileType = "directory"
+	FileSymlink   FileType = "symlink"
+	FileOther     FileType = "other"
+)
 
 func (Hello) fromWrapper()          {}
 func (Heartbeat) fromWrapper()      {}
@@ -145,11 +170,39 @@ type ReleaseRoute struct{ SessionID string }
 // set) to commit and push them.
 type WorktreeRequest struct {
 	RequestID, SessionID string
-	Push                 *WorktreePush // nil: the change set
+	// At most one action; none is the change set.
+	Push  *WorktreePush
+	List  *WorktreeList
+	Read  *WorktreeRead
+	Write []WorktreeWrite
 }
 
-// WorktreePush is a WorktreeRequest's push action.
-type WorktreePush struct{ Branch, CommitMessage string }
+// WorktreeWrite is one file of a WorktreeRequest's write action; Mode 0
+// keeps an existing file's permission bits.
+type WorktreeWrite struct {
+	Path string
+	Data []byte
+	Mode uint32
+}
+
+// WorktreeList is a WorktreeRequest's list action: up to Limit entries of
+// the directory Path sorted after the name After.
+type WorktreeList struct {
+	Path, After string
+	Limit       int
+}
+
+// WorktreeRead is a WorktreeRequest's read action: up to Length bytes of
+// the file Path from Offset.
+type WorktreeRead struct {
+	Path   string
+	Offset int64
+	Length int
+}
+
+// WorktreePush is a WorktreeRequest's push action; an empty author is the
+// agentplane identity.
+type WorktreePush struct{ Branch, CommitMessage, AuthorName, AuthorEmail string }
 
 func (HelloAck) toWrapper()        {}
 func (PrepareRoute) toWrapper()    {}

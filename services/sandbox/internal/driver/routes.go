@@ -25,6 +25,9 @@ type RouteSpec struct {
 	RepoDepth                                                                               uint32
 	Egress                                                                                  egresspolicy.Policy
 	EgressVersion                                                                           uint64
+	// Restart continues a route that failed resume_state_lost with a new
+	// conversation (route.Prepare.Restart).
+	Restart bool
 }
 
 // Prepare is idempotent and returns at once with the current route view,
@@ -51,7 +54,7 @@ func (d *Driver) Prepare(ctx context.Context, spec RouteSpec) (store.Route, erro
 	if r != nil {
 		cur = r.Route
 	}
-	next, eff := route.Apply(cur, route.Prepare{Directory: spec.Directory})
+	next, eff := route.Apply(cur, route.Prepare{Directory: spec.Directory, Restart: spec.Restart})
 	if eff.Err != nil {
 		sb.mu.Unlock()
 		return store.Route{}, ErrDirectoryMoved
@@ -168,6 +171,9 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	if !d.createSandbox(ctx, sb, sessionID, dir) {
 		return 0
 	}
+	if !d.resumeState(ctx, sb, sessionID, key, dir) {
+		return 0
+	}
 	d.cfg.Notifier.Progress(d.ref(sb, sessionID), progressStep("start_wrapper", "starting the wrapper"))
 	dec, err := d.cfg.Wrappers.EnsureWrapper(ctx, sb.id, key, d.launch(sb, key, dir, agent))
 	if err != nil {
@@ -175,6 +181,53 @@ func (d *Driver) prepare(sb *sandbox, sessionID string) time.Duration {
 	}
 	d.ensured(sb, sessionID, key, dir, dec)
 	return 0
+}
+
+// resumeState runs before a route's runtime is launched again. A route a
+// runtime served needs its workspace and the runtime's home (the agent's
+// session store): when either is gone the route fails
+// route.ReasonResumeStateLost rather than come back as an agent that
+// silently forgot the conversation. A route restarting after that loss gets
+// a fresh home when no other session routes to its runtime key, so the
+// agent cannot load a conversation whose workspace is gone. It reports
+// whether the launch goes on.
+func (d *Driver) resumeState(ctx context.Context, sb *sandbox, sessionID, key, dir string) bool {
+	sb.mu.Lock()
+	r := sb.routes[sessionID]
+	if r == nil {
+		sb.mu.Unlock()
+		return false
+	}
+	if r.Restart {
+		defer sb.mu.Unlock()
+		for id, o := range sb.routes {
+			if id != sessionID && o.RuntimeKey == key && o.Member() {
+				return true // the home is the other sessions' too
+			}
+		}
+		if err := d.cfg.Provider.Delete(ctx, sb.id, key, provider.DeleteHome); err != nil {
+			d.log.Warn("restart: the old home was not removed", "sandbox", sb.id, "runtime_key", key, "err", err)
+		}
+		return true
+	}
+	served := r.Served
+	sb.mu.Unlock()
+	keeper, ok := d.cfg.Provider.(provider.StateKeeper)
+	if !served || !ok {
+		return true
+	}
+	kept, err := keeper.StateKept(ctx, sb.id, dir, key)
+	if err != nil {
+		// Never read as loss: the launch meets the same trouble and says so.
+		d.log.Warn("resume: state not inspected", "sandbox", sb.id, "runtime_key", key, "err", err)
+		return true
+	}
+	if kept {
+		return true
+	}
+	d.log.Warn("resume: the workspace or the runtime's home is gone", "sandbox", sb.id, "session", sessionID, "runtime_key", key)
+	d.failRoute(sb, sessionID, route.ReasonResumeStateLost, false)
+	return false
 }
 
 // beginPrepare keys the route and reports whether a wrapper must be
@@ -188,12 +241,6 @@ func (d *Driver) beginPrepare(ctx context.Context, sb *sandbox, sessionID string
 		sb.mu.Unlock()
 		return "", "", store.Agent{}, 0, false
 	}
-	if sb.recovering {
-		// Nothing is made in a tree that is about to be deleted.
-		d.applyLocked(sb, r, route.StepReached{Step: "wait_for_recovery"})
-		sb.mu.Unlock()
-		return "", "", store.Agent{}, time.Second, false
-	}
 	if sb.allocationID == "" {
 		sb.allocationID = newID("alloc_")
 		if err := store.PutMeta(ctx, sb.owner, sb.id, sb.allocationID); err != nil {
@@ -206,6 +253,13 @@ func (d *Driver) beginPrepare(ctx context.Context, sb *sandbox, sessionID string
 	key = scope.RuntimeKey(sc.Contract, r.Directory, sessionID)
 	// Keyed is written with the step below (or by sendPrepare's write).
 	r.Route, _ = route.Apply(r.Route, route.Keyed{RuntimeKey: key, Contract: sc.Contract})
+	if sb.recovering[key] != nil {
+		// Nothing is made for a runtime key whose wrappers are being
+		// stopped by its recovery; its end prepares the route again.
+		d.applyLocked(sb, r, route.StepReached{Step: "wait_for_recovery"})
+		sb.mu.Unlock()
+		return "", "", store.Agent{}, time.Second, false
+	}
 	if c := sb.conns[key]; c != nil {
 		d.persistRoute(sb, r)
 		sb.mu.Unlock()
@@ -225,26 +279,40 @@ func (d *Driver) beginPrepare(ctx context.Context, sb *sandbox, sessionID string
 }
 
 // createSandbox makes the sandbox and admits the directory's workspace; on
-// failure the route has failed (or the sandbox recovers).
+// failure the route has failed (or its runtime key recovers).
 func (d *Driver) createSandbox(ctx context.Context, sb *sandbox, sessionID, dir string) bool {
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timers.Create)
 	err := d.cfg.Provider.Create(cctx, sb.id)
 	cancel()
 	if err != nil {
-		if provider.DestroysSandbox(err) {
-			d.admissionFailed(sb, sessionID, err) // recovery, as for a workspace that cannot be made
+		if provider.StartsRecovery(err) {
+			d.admissionFailed(sb, sessionID, err) // the key's recovery, as for a workspace that cannot be made
 			return false
 		}
 		d.failRoute(sb, sessionID, "sandbox_create_failed", true)
 		return false
 	}
 	if d.cfg.Admission != nil {
-		if err := d.cfg.Admission.Admit(ctx, sb.id, dir); err != nil {
+		if err := d.cfg.Admission.Admit(ctx, sb.id, dir, d.inUse(sb)); err != nil {
 			d.admissionFailed(sb, sessionID, err)
 			return false
 		}
 	}
 	return true
+}
+
+// inUse lists the directories and runtime keys of the sandbox's stored
+// routes but released ones: what capacity cleanup must keep.
+func (d *Driver) inUse(sb *sandbox) []string {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	var out []string
+	for _, r := range sb.routes {
+		if r.State != store.RouteReleased {
+			out = append(out, r.Directory, r.RuntimeKey)
+		}
+	}
+	return out
 }
 
 // ensureFailed applies an EnsureWrapper error; it returns when to try again.
@@ -259,9 +327,13 @@ func (d *Driver) ensureFailed(ctx context.Context, sb *sandbox, sessionID, key s
 	case errors.Is(err, provider.ErrDiskQuota):
 		d.failRoute(sb, sessionID, provider.ReasonDiskQuota, false)
 		return 0
-	case provider.DestroysSandbox(err):
+	case errors.Is(err, provider.ErrDirectoryReserved):
+		d.log.Warn("route directory cannot be bound in the sandbox", "sandbox", sb.id, "runtime_key", key, "err", err)
+		d.failRoute(sb, sessionID, provider.ReasonDirectoryReserved, false)
+		return 0
+	case provider.StartsRecovery(err):
 		// The launch could not prepare the workspace (ENOSPC, an unwritable
-		// tree): the route fails with a reason and the sandbox recovers
+		// tree): the route fails with a reason and its runtime key recovers
 		// (DESIGN 3.4), rather than waiting for a cleanup that fixes nothing.
 		d.admissionFailed(sb, sessionID, err)
 		return 0
@@ -302,10 +374,10 @@ func (d *Driver) ensured(sb *sandbox, sessionID, key, dir string, dec reconciler
 }
 
 // admissionFailed applies DESIGN.md 3.4: low capacity fails the route
-// retryably and keeps the sandbox; ENOSPC evidence (or a failed directory
-// setup) stops the sandbox's wrappers and recovers that sandbox only, its
-// tree deleted once they are verified absent (recovery.go);
-// unmeasurable capacity destroys nothing.
+// retryably and removes nothing; ENOSPC evidence (or a failed directory
+// setup) fails the route and recovers its runtime key only (recovery.go:
+// its wrappers stopped, then only what is recreatable removed, never a
+// workspace with anything in it); unmeasurable capacity removes nothing.
 func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
 	switch {
 	case errors.Is(err, provider.ErrDiskQuota):
@@ -315,9 +387,8 @@ func (d *Driver) admissionFailed(sb *sandbox, sessionID string, err error) {
 		d.Metrics.CapacityRejections.Add(1)
 		d.log.Warn("capacity rejected", "sandbox", sb.id, "session", sessionID, "err", err)
 		d.failRoute(sb, sessionID, "capacity_rejected", true)
-	case provider.DestroysSandbox(err):
-		d.log.Warn("sandbox recovery: stopping its wrappers, then deleting its tree", "sandbox", sb.id, "err", err)
-		d.beginRecovery(sb, err)
+	case provider.StartsRecovery(err):
+		d.beginRecovery(sb, sessionID, err)
 		d.failRoute(sb, sessionID, "sandbox_recovering", true)
 	default:
 		d.log.Warn("capacity unmeasurable", "sandbox", sb.id, "err", err)
@@ -556,7 +627,7 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		d.forgetRoute(sb, sessionID)
 		return Release{LastMember: rel.last, AbsenceVerified: true, Lease: lease.OwnsWrapper}, nil
 	}
-	if rel.first {
+	if rel.first || d.stopNotRequested(ctx, sb.id, rel.key) {
 		if rel.conn != nil {
 			rel.conn.send(stopRequested(reason))
 		}
@@ -565,6 +636,16 @@ func (d *Driver) ReleaseRoute(ctx context.Context, sandboxID, sessionID, reason 
 		}
 	}
 	return d.releaseLastMember(ctx, sb, sessionID, rel, reason), nil
+}
+
+// stopNotRequested reports whether the runtime key's wrapper still runs
+// with no stop requested. A repeated release of the key's last member asks
+// for the stop then: the first release returned before asking when its
+// member release failed (the churn soak's deletions waited forever on
+// wrappers nobody had asked to stop).
+func (d *Driver) stopNotRequested(ctx context.Context, sandboxID, key string) bool {
+	l, err := d.cfg.Wrappers.Lease(ctx, sandboxID, key)
+	return err == nil && l.State == lease.OwnsWrapper
 }
 
 // routeRelease is what ReleaseRoute decided under the sandbox's lock.

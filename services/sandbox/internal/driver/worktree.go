@@ -27,6 +27,7 @@ func (e *WorktreeError) Error() string { return "worktree: " + e.Reason + ": " +
 const (
 	changesTimeout = time.Minute
 	pushTimeout    = 10 * time.Minute
+	filesTimeout   = time.Minute
 )
 
 // Pushed is the result of PushWorktree.
@@ -45,14 +46,40 @@ func (d *Driver) WorktreeChanges(ctx context.Context, sandboxID, sessionID strin
 }
 
 // PushWorktree asks the route's wrapper to commit and push its worktree.
-func (d *Driver) PushWorktree(ctx context.Context, sandboxID, sessionID, branch, message string) (Pushed, error) {
-	res, err := d.worktreeCall(ctx, sandboxID, sessionID, pushTimeout, WorktreeRequest{
-		SessionID: sessionID, Push: &WorktreePush{Branch: branch, CommitMessage: message},
-	})
+func (d *Driver) PushWorktree(ctx context.Context, sandboxID, sessionID string, push WorktreePush) (Pushed, error) {
+	res, err := d.worktreeCall(ctx, sandboxID, sessionID, pushTimeout, WorktreeRequest{SessionID: sessionID, Push: &push})
 	if err != nil {
 		return Pushed{}, err
 	}
 	return Pushed{Commit: res.CommitID, Ref: res.Ref, Committed: res.Committed}, nil
+}
+
+// ListWorktreeFiles asks the route's wrapper for a page of a worktree
+// directory: its entries and whether more remain.
+func (d *Driver) ListWorktreeFiles(ctx context.Context, sandboxID, sessionID string, l WorktreeList) ([]WorktreeFile, bool, error) {
+	res, err := d.worktreeCall(ctx, sandboxID, sessionID, filesTimeout, WorktreeRequest{SessionID: sessionID, List: &l})
+	if err != nil {
+		return nil, false, err
+	}
+	return res.Files, res.FilesMore, nil
+}
+
+// ReadWorktreeFile asks the route's wrapper for a range of a worktree file
+// and the file's size.
+func (d *Driver) ReadWorktreeFile(ctx context.Context, sandboxID, sessionID string, r WorktreeRead) ([]byte, int64, error) {
+	res, err := d.worktreeCall(ctx, sandboxID, sessionID, filesTimeout, WorktreeRequest{SessionID: sessionID, Read: &r})
+	if err != nil {
+		return nil, 0, err
+	}
+	return res.Data, res.FileSize, nil
+}
+
+// WriteWorktreeFiles asks the route's wrapper to write files, in order; it
+// returns the files and bytes written. A refused file stops the batch (its
+// WorktreeError says which).
+func (d *Driver) WriteWorktreeFiles(ctx context.Context, sandboxID, sessionID string, files []WorktreeWrite) (int, int64, error) {
+	res, err := d.worktreeCall(ctx, sandboxID, sessionID, filesTimeout, WorktreeRequest{SessionID: sessionID, Write: files})
+	return res.FilesWritten, res.BytesWritten, err
 }
 
 // worktreeCall sends req to the wrapper serving the route and waits, within

@@ -37,6 +37,7 @@ const (
 	ReasonNotWorktree       = "SCOPE_NOT_WORKTREE"
 	ReasonInvalidEgress     = "INVALID_EGRESS_POLICY"
 	ReasonTenantMismatch    = "SANDBOX_TENANT_MISMATCH"
+	ReasonRuntimeShared     = "RUNTIME_SHARED"
 )
 
 // toStatus is the service's one error translator. A store outage is
@@ -58,11 +59,14 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, driver.ErrWorktreeUnavailable):
 		return apierr.Error(codes.FailedPrecondition, ReasonWorktreeUnavail, "no wrapper serves the session's worktree now; send a message to prepare the route",
 			apierr.RetryAfter(5*time.Second))
+	case errors.Is(err, driver.ErrRuntimeShared):
+		return apierr.Error(codes.FailedPrecondition, ReasonRuntimeShared, "the session's runtime is shared with other sessions of its worktree; it is not suspended")
 	case errors.Is(err, driver.ErrNotWorktree):
 		return apierr.Error(codes.FailedPrecondition, ReasonNotWorktree, "the session's route holds a per-session handle, not a worktree handle to rotate")
 	case errors.As(err, &wt):
 		// The wrapper's reasons are the worktree reasons of docs/errors.md;
-		// the detail is git's last line (no secret ever reaches git).
+		// the detail is git's last line (no secret ever reaches git) or
+		// names a path inside the worktree.
 		return apierr.Error(worktreeCode(wt.Reason), wt.Reason, wt.Detail)
 	case errors.Is(err, driver.ErrScopeNotFound):
 		return apierr.Error(codes.NotFound, ReasonScopeNotFound, "no worktree scope for this directory")
@@ -122,6 +126,8 @@ func worktreeCode(reason string) codes.Code {
 		return codes.InvalidArgument
 	case "REPO_UNREACHABLE":
 		return codes.Unavailable
+	case "FILE_NOT_FOUND":
+		return codes.NotFound
 	}
 	return codes.FailedPrecondition
 }

@@ -60,6 +60,7 @@ func (s *Sandbox) Prepare(ctx context.Context, req *sandboxv1.PrepareRequest) (*
 		Agent:   agentToStore(r.GetAgent()),
 		RepoRef: r.GetRepoRef(), RepoDepth: r.GetRepoDepth(), GitCredentialRef: r.GetGitCredentialRef(),
 		Egress: egress, EgressVersion: r.GetEgressVersion(),
+		Restart: req.GetRestart(),
 	})
 	if err != nil {
 		return nil, toStatus(ctx, s.Log, err)
@@ -184,6 +185,30 @@ func (s *Sandbox) ReleaseRoute(ctx context.Context, req *sandboxv1.ReleaseRouteR
 	out := &sandboxv1.ReleaseRouteResponse{LastMember: rel.LastMember, AbsenceVerified: rel.AbsenceVerified, LeaseState: state}
 	if !rel.AbsenceVerified && !rel.ExhaustedFinal {
 		out.RetryAfter = durationpb.New(rel.RetryAfter)
+	}
+	return out, nil
+}
+
+// SuspendRoute stops the route's runtime key (stop reason suspend) and
+// reports whether its absence is verified.
+func (s *Sandbox) SuspendRoute(ctx context.Context, req *sandboxv1.SuspendRouteRequest) (*sandboxv1.SuspendRouteResponse, error) {
+	var v violations
+	v.check(validID(req.GetSessionId()), "session_id", idRule)
+	v.check(validSandboxID(req.GetSandboxId()), "sandbox_id", sandboxIDRule)
+	t := checkTenant(&v, "tenant", req.GetTenant())
+	if err := v.err("invalid suspend"); err != nil {
+		return nil, err
+	}
+	if err := s.ownedBy(ctx, req.GetSandboxId(), t); err != nil {
+		return nil, err
+	}
+	sus, err := s.Driver.SuspendRoute(ctx, req.GetSandboxId(), req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(ctx, s.Log, err)
+	}
+	out := &sandboxv1.SuspendRouteResponse{AbsenceVerified: sus.AbsenceVerified}
+	if !sus.AbsenceVerified {
+		out.RetryAfter = durationpb.New(sus.RetryAfter)
 	}
 	return out, nil
 }

@@ -25,6 +25,9 @@ func (v *violations) check(ok bool, field, desc string) {
 	}
 }
 
+// why records a violation when the pkg/ident check says what is wrong.
+func (v *violations) why(field, why string) { v.check(why == "", field, why) }
+
 func (v violations) err(msg string) error {
 	if len(v) == 0 {
 		return nil

@@ -128,12 +128,13 @@ type DeleteReason int
 const (
 	// DeleteWorkspace removes one workspace and its home on a shared sandbox.
 	DeleteWorkspace DeleteReason = iota + 1
-	// DeleteRecovery removes the whole sandbox tree (ENOSPC evidence or a
-	// failed directory setup).
-	DeleteRecovery
 	// DeleteHome removes a runtime key's home (the workspace argument names
 	// the key) once its wrapper is verified absent.
 	DeleteHome
+	// DeleteReleased removes the whole tree of a sandbox with no session
+	// left and no process of it running, when the owner lets it go: nothing
+	// of it outlives its sessions, its tenant binding included (issue 32).
+	DeleteReleased
 )
 
 // AgentSandbox is the provider seam. Implementations: process (this node's
@@ -154,6 +155,15 @@ type AgentSandbox interface {
 	// Delete removes a workspace (and its home), a runtime key's home or the
 	// whole sandbox.
 	Delete(ctx context.Context, sandboxID, workspace string, reason DeleteReason) error
+}
+
+// StateKeeper is implemented by providers whose workspaces and runtime
+// homes outlive a stopped runtime (process: directories on this node). A
+// resumed route checks them before its runtime is launched again.
+type StateKeeper interface {
+	// StateKept reports whether the workspace and the runtime key's home
+	// both still exist; an error is an inspection failure, never loss.
+	StateKept(ctx context.Context, sandboxID, workspace, runtimeKey string) (bool, error)
 }
 
 // Inventory is implemented by providers that can list every wrapper of a
@@ -188,6 +198,11 @@ var (
 	// ErrDiskQuota: the sandbox's workspaces and homes use its whole disk
 	// quota; its routes fail with disk_quota, other sandboxes are not touched.
 	ErrDiskQuota = errors.New("provider: disk quota exceeded")
+	// ErrDirectoryReserved: the route's directory is where the sandbox
+	// binds the workspace, and it cannot be there (a system path, the
+	// sandbox's HOME or another path it binds itself); nothing was
+	// launched, and the route fails with ReasonDirectoryReserved.
+	ErrDirectoryReserved = errors.New("provider: directory reserved")
 )
 
 // CapacityRejectedError is CAPACITY_REJECTED: free space stayed below the
@@ -223,7 +238,7 @@ func containsENOSPC(s string) bool {
 
 // SetupError classifies a failure of directory setup (op names the step):
 // ENOSPC evidence wraps ErrENOSPC, anything else ErrFilesystemSetup. Both
-// destroy the sandbox (see DestroysSandbox).
+// start the recovery of the route's runtime key (see StartsRecovery).
 func SetupError(op string, err error) error {
 	if IsENOSPCEvidence(err, "") {
 		return fmt.Errorf("%w: %s: %w", ErrENOSPC, op, err)
@@ -231,19 +246,43 @@ func SetupError(op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrFilesystemSetup, op, err)
 }
 
-// DestroysSandbox is the one table of which errors destroy a sandbox
-// (recovery, provider.Delete with DeleteRecovery):
+// StartsRecovery is the one table of which errors start the recovery of
+// the failed route's runtime key (DESIGN.md 3.4 as amended by issue 33):
 //
-//	error                              destroys the sandbox
-//	ErrENOSPC (errno or message)       yes: the disk is full, recreate elsewhere
-//	ErrFilesystemSetup                 yes: its directory tree is unusable
-//	ErrCapacityRejected                no: retryable, the sandbox is kept
+//	error                              recovery of the route's runtime key
+//	ErrENOSPC (errno or message)       yes: the disk (bytes or inodes) is full
+//	ErrFilesystemSetup                 yes: its directories could not be made
+//	ErrCapacityRejected                no: retryable, nothing removed
 //	ErrCapacityUnmeasurable            no: could not measure is not evidence
 //	inspection failures, anything else no
 //
-// Low or unmeasurable capacity never destroys a sandbox.
-func DestroysSandbox(err error) bool {
+// Recovery stops that key's wrappers and, once they are verified absent,
+// removes only what of that key is verifiably recreatable (KeyRecoverer);
+// it never destroys a sandbox, and never another key's data.
+func StartsRecovery(err error) bool {
 	return err != nil && (IsENOSPCEvidence(err, "") || errors.Is(err, ErrFilesystemSetup))
+}
+
+// KeyRecovery says what the recovery of one runtime key removed and kept.
+type KeyRecovery struct {
+	// Removed names what went ("home", "workspace"): empty directories and
+	// records the next preparation writes again.
+	Removed []string
+	// KeptWorkspace is set when the key's workspace holds anything: it may
+	// hold changes not pushed or exported, so it stays (and is reported).
+	KeptWorkspace bool
+	// KeptHome is set when the key's home holds more than its record.
+	KeptHome bool
+}
+
+// KeyRecoverer is implemented by providers that can recover one runtime
+// key's data: remove its home and workspace only where they are verifiably
+// recreatable (nothing in them but what preparation writes). shared says
+// that another runtime key of the sandbox uses the workspace (its
+// directory): it is then never touched. The caller verifies first that no
+// wrapper of the key runs.
+type KeyRecoverer interface {
+	RecoverKey(ctx context.Context, sandboxID, runtimeKey, workspace string, shared bool) (KeyRecovery, error)
 }
 
 // Limit reasons: a runtime key stopped for a limit of its sandbox
@@ -252,6 +291,9 @@ func DestroysSandbox(err error) bool {
 const (
 	ReasonMemoryLimit = "memory_limit" // the kernel's OOM killer acted in the sandbox's cgroup
 	ReasonDiskQuota   = "disk_quota"   // the sandbox's workspace and home passed its disk quota
+	// ReasonDirectoryReserved fails a route whose directory its sandbox
+	// cannot bind the workspace at (ErrDirectoryReserved).
+	ReasonDirectoryReserved = "directory_reserved"
 )
 
 // Breach is a runtime key over one of its limits.

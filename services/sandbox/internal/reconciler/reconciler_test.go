@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,28 +17,12 @@ import (
 
 	"agentplane.dev/pkg/fence"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testclock"
 	"agentplane.dev/services/sandbox/internal/lease"
 	"agentplane.dev/services/sandbox/internal/leasestore"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/provider/process"
 )
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Now().UTC().Truncate(time.Millisecond)} }
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func uniqueSandbox() string { return "t" + strconv.FormatInt(time.Now().UnixNano(), 36) }
 
@@ -73,7 +56,7 @@ func markedPIDs(t *testing.T, sb string) []int {
 type env struct {
 	rdb   *redis.Client
 	srv   *redistest.Server
-	clock *clock
+	clock *testclock.Clock
 	prov  *process.Provider
 	sb    string
 }
@@ -82,7 +65,7 @@ func setup(t *testing.T) *env {
 	srv := redistest.Start(t)
 	p, err := process.New(process.Config{Root: t.TempDir()})
 	require.NoError(t, err)
-	e := &env{rdb: srv.Client(t), srv: srv, clock: newClock(), prov: p, sb: uniqueSandbox()}
+	e := &env{rdb: srv.Client(t), srv: srv, clock: testclock.New(time.Now().UTC().Truncate(time.Millisecond)), prov: p, sb: uniqueSandbox()}
 	t.Cleanup(func() { // never leave a wrapper behind, even on failure
 		if sd := p.DiscoverSandbox(context.Background(), e.sb); sd.Kind == provider.Present {
 			for k := range sd.ByRuntimeKey {

@@ -12,7 +12,10 @@
 // Transitions, each named after the driver code it was read from
 // (services/sandbox/internal/driver; state strings in store/store.go):
 //
-//	Prepare        absent|unknown|failed|released → preparing(step allocate)
+//	Prepare        absent|unknown|failed|released → preparing(step allocate),
+//	               keeping the runtime session id, served and restart of an
+//	               unknown or failed route, except that Restart on a route failed
+//	               resume_state_lost drops the id and served and sets restart
 //	               [Admit, Persist, StartPreparing]; preparing|ready|reconnecting →
 //	               unchanged [StartPreparing when preparing]; any record but released
 //	               of another directory → unchanged [Err ErrDirectoryMoved]
@@ -30,8 +33,8 @@
 //	               preparing(step prepare_route) [Persist, SendPrepare, and
 //	               DropHandle+Restarted when another instance served it]
 //	               (conn.go Hello)
-//	RouteReady     any recorded state but released, same key → ready
-//	               [Persist, JoinScope, Notify ready] (conn.go Frame RouteReady)
+//	RouteReady     any recorded state but released, same key → ready, served,
+//	               restart done [Persist, JoinScope, Notify ready] (conn.go Frame RouteReady)
 //	RouteFailed    any recorded state but released → failed [Persist, Notify
 //	               failed] (routes.go failRoute; conn.go Frame RouteFailed and
 //	               Hello's contract downgrade; tick.go stopping)
@@ -53,6 +56,8 @@
 //	MemberReleased released with a pending member release → released
 //	               [Persist] (routes.go releaseMember)
 //	Forget         released → absent [Delete] (routes.go forgetRoute)
+//	Recreated      a served route → not served [Persist]; otherwise unchanged
+//	               (recovery.go finishRecovery removed recreatable state)
 //
 // Wired into the driver with three choices (docs/decisions.md): resume
 // persists the ready → reconnecting move it announces; sendPrepare names the
@@ -112,7 +117,19 @@ type Route struct {
 	// MemberReleasePending: the credential service may still list the
 	// session as a scope member; ReleaseMember is retried until it succeeds.
 	MemberReleasePending bool `json:"member_release_pending,omitempty"`
+	// Served: a runtime served the route, so its workspace and the
+	// runtime's home hold what a resume continues (the agent's session
+	// store); their loss fails the next launch ReasonResumeStateLost.
+	Served bool `json:"served,omitempty"`
+	// Restart: the route continues after ReasonResumeStateLost with a new
+	// conversation (Prepare.Restart); the launch starts from a fresh home.
+	Restart bool `json:"restart,omitempty"`
 }
+
+// ReasonResumeStateLost fails a served route whose workspace or runtime
+// home is gone when it is launched again (a disk lost, a node replaced):
+// never a silent empty agent. Not retryable; Prepare.Restart continues.
+const ReasonResumeStateLost = "resume_state_lost"
 
 // Notice is the session-service notification an event calls for.
 type Notice int
@@ -149,8 +166,13 @@ type Effects struct {
 // Event is one input of the transition function.
 type Event interface{ isEvent() }
 
-// Prepare: the session service asks for the route in Directory.
-type Prepare struct{ Directory string }
+// Prepare: the session service asks for the route in Directory. Restart
+// continues a route that failed ReasonResumeStateLost with a new
+// conversation.
+type Prepare struct {
+	Directory string
+	Restart   bool
+}
 
 // Keyed: preparation chose the route's runtime key under the scope's contract.
 type Keyed struct {
@@ -215,6 +237,11 @@ type MemberReleased struct{}
 // gone); the record goes.
 type Forget struct{}
 
+// Recreated: a recovery of the route's runtime key removed what of it was
+// recreatable (an empty workspace, a home holding nothing but its record):
+// nothing a resume needs was there, so its absence is no loss.
+type Recreated struct{}
+
 func (Prepare) isEvent()         {}
 func (Keyed) isEvent()           {}
 func (StepReached) isEvent()     {}
@@ -230,6 +257,7 @@ func (WrapperGone) isEvent()     {}
 func (Release) isEvent()         {}
 func (MemberReleased) isEvent()  {}
 func (Forget) isEvent()          {}
+func (Recreated) isEvent()       {}
 
 // Apply is the transition function. It is pure: the result depends only on
 // its arguments.
@@ -283,6 +311,7 @@ func fromWrapper(r Route, ev Event) (Route, Effects) {
 		}
 		r.State, r.Step, r.FailureReason = Ready, "", ""
 		r.RuntimeSessionID, r.WrapperInstance = e.RuntimeSessionID, e.Instance
+		r.Served, r.Restart = true, false
 		return r, Effects{Persist: true, JoinScope: true, Notify: NoticeReady}
 	case RouteFailed:
 		if !r.recorded() || r.State == Released || (e.RuntimeKey != "" && e.RuntimeKey != r.RuntimeKey) {
@@ -342,6 +371,11 @@ func lifecycle(r Route, ev Event) (Route, Effects) {
 		if r.State == Released {
 			return Route{}, Effects{Delete: true}
 		}
+	case Recreated:
+		if r.Served {
+			r.Served = false
+			return r, Effects{Persist: true}
+		}
 	}
 	return r, Effects{}
 }
@@ -357,7 +391,19 @@ func prepare(r Route, e Prepare) (Route, Effects) {
 	case Ready, Reconnecting:
 		return r, Effects{}
 	}
-	return Route{State: Preparing, Directory: e.Directory, Step: StepAllocate}, Effects{Admit: true, Persist: true, StartPreparing: true}
+	next := Route{State: Preparing, Directory: e.Directory, Step: StepAllocate}
+	if r.State == Unknown || r.State == Failed {
+		// A route prepared again (after a suspend, an idle stop or a lost
+		// wrapper) keeps its runtime session: the agent session/loads the
+		// same conversation, and one history holds all of it.
+		next.RuntimeSessionID, next.Served, next.Restart = r.RuntimeSessionID, r.Served, r.Restart
+		if e.Restart && r.State == Failed && r.FailureReason == ReasonResumeStateLost {
+			// The old conversation is gone: a new one, under a new runtime
+			// session, from a fresh home.
+			next.RuntimeSessionID, next.Served, next.Restart = "", false, true
+		}
+	}
+	return next, Effects{Admit: true, Persist: true, StartPreparing: true}
 }
 
 func hello(r Route, e WrapperHello) (Route, Effects) {

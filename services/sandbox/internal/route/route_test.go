@@ -45,6 +45,7 @@ func events() map[string]Event {
 		"release":          Release{Credentials: true},
 		"member_released":  MemberReleased{},
 		"forget":           Forget{},
+		"recreated":        Recreated{},
 	}
 }
 
@@ -54,45 +55,45 @@ var table = map[string]map[string]string{
 	"absent": {
 		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "=", "hello": "=",
 		"route_ready": "=", "route_failed": "=", "stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
-		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "=", "forget": "=",
+		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "=", "forget": "=", "recreated": "=",
 	},
 	"unknown": {
 		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "unknown persist", "hello": "=",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=", "wrapper_stopping": "=", "wrapper_gone": "=",
-		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
+		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=", "recreated": "=",
 	},
 	"preparing": {
 		"prepare": "= start_preparing", "keyed": "preparing persist", "step": "preparing persist", "prepare_sent": "preparing persist",
 		"hello": "preparing persist send_prepare", "route_ready": "ready persist join notify:ready",
 		"route_failed": "failed persist notify:failed", "stream_closed": "=", "owner_resumed": "= start_preparing", "key_stopped": "= start_preparing",
 		"wrapper_stopping": "failed persist notify:failed", "wrapper_gone": "=",
-		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
+		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=", "recreated": "=",
 	},
 	"ready": {
 		"prepare": "=", "keyed": "=", "step": "=", "prepare_sent": "ready persist", "hello": "ready persist notify:ready",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "reconnecting persist notify:reconnecting", "owner_resumed": "reconnecting persist notify:reconnecting",
 		"key_stopped": "=", "wrapper_stopping": "unknown persist notify:lost", "wrapper_gone": "unknown persist notify:lost",
-		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
+		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=", "recreated": "=",
 	},
 	"reconnecting": {
 		"prepare": "=", "keyed": "=", "step": "=", "prepare_sent": "reconnecting persist", "hello": "ready persist notify:ready",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
 		"wrapper_stopping": "unknown persist notify:lost", "wrapper_gone": "unknown persist notify:lost",
-		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
+		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=", "recreated": "=",
 	},
 	"failed": {
 		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "failed persist", "hello": "=",
 		"route_ready": "ready persist join notify:ready", "route_failed": "failed persist notify:failed",
 		"stream_closed": "=", "owner_resumed": "=", "key_stopped": "=", "wrapper_stopping": "=", "wrapper_gone": "=",
-		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=",
+		"release": "released persist leave drop send_release", "member_released": "=", "forget": "=", "recreated": "=",
 	},
 	"released": {
 		"prepare": "preparing admit persist start_preparing", "keyed": "=", "step": "=", "prepare_sent": "released persist", "hello": "=",
 		"route_ready": "=", "route_failed": "=", "stream_closed": "=", "owner_resumed": "=", "key_stopped": "=",
-		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "released persist", "forget": "absent delete",
+		"wrapper_stopping": "=", "wrapper_gone": "=", "release": "=", "member_released": "released persist", "forget": "absent delete", "recreated": "=",
 	},
 }
 
@@ -162,6 +163,50 @@ func TestTransitionDetails(t *testing.T) {
 		got, _ := Apply(s["released"], Prepare{Directory: "/d"})
 		require.Equal(t, Route{State: Preparing, Directory: "/d", Step: StepAllocate}, got)
 	})
+	t.Run("a route prepared again keeps its runtime session", func(t *testing.T) {
+		// After a suspend, an idle stop or a lost wrapper the agent loads
+		// the same conversation: one runtime session, one history.
+		for _, name := range []string{"unknown", "failed"} {
+			got, _ := Apply(s[name], Prepare{Directory: "/d"})
+			require.Equal(t, Route{State: Preparing, Directory: "/d", Step: StepAllocate, RuntimeSessionID: "rs1"}, got, name)
+			got, _ = Apply(got, PrepareSent{Contract: scope.PerSession, RuntimeSessionID: "rs2"})
+			require.Equal(t, "rs1", got.RuntimeSessionID, name)
+		}
+	})
+	t.Run("a resume whose state is lost continues only by an explicit restart", func(t *testing.T) {
+		lost := s["failed"]
+		lost.FailureReason, lost.Retryable, lost.Served = ReasonResumeStateLost, false, true
+		again, _ := Apply(lost, Prepare{Directory: "/d"})
+		require.Equal(t, Route{State: Preparing, Directory: "/d", Step: StepAllocate, RuntimeSessionID: "rs1", Served: true}, again,
+			"without restart the launch checks the state again")
+		fresh, eff := Apply(lost, Prepare{Directory: "/d", Restart: true})
+		require.Equal(t, Route{State: Preparing, Directory: "/d", Step: StepAllocate, Restart: true}, fresh,
+			"a new conversation: no runtime session yet, nothing served, a fresh home")
+		require.True(t, eff.Persist)
+		fresh, _ = Apply(fresh, PrepareSent{Contract: scope.PerSession, RuntimeSessionID: "rs2"})
+		failedAgain, _ := Apply(fresh, RouteFailed{Reason: "capacity_rejected", Retryable: true})
+		retried, _ := Apply(failedAgain, Prepare{Directory: "/d"})
+		require.True(t, retried.Restart, "a restart that failed on the way is still one")
+		ready, _ := Apply(retried, RouteReady{RuntimeKey: "", Instance: "i2", RuntimeSessionID: "rs2"})
+		require.True(t, ready.Served)
+		require.False(t, ready.Restart, "done once ready")
+		require.Equal(t, "rs2", ready.RuntimeSessionID)
+
+		other := s["failed"] // capacity_rejected
+		other.Served = true
+		got, _ := Apply(other, Prepare{Directory: "/d", Restart: true})
+		require.Equal(t, Route{State: Preparing, Directory: "/d", Step: StepAllocate, RuntimeSessionID: "rs1", Served: true}, got,
+			"restart changes nothing of a route that did not lose its state")
+	})
+	t.Run("a recovery that removed only recreatable state leaves nothing to lose", func(t *testing.T) {
+		for _, name := range []string{"unknown", "preparing", "failed"} {
+			r := s[name]
+			r.Served = true
+			got, eff := Apply(r, Recreated{})
+			require.False(t, got.Served, name)
+			require.Equal(t, []string{"persist"}, flags(eff), name)
+		}
+	})
 	t.Run("preparation keys, steps and names the runtime session once", func(t *testing.T) {
 		r, _ := Apply(Route{}, Prepare{Directory: "/d"})
 		r, _ = Apply(r, Keyed{RuntimeKey: "/d", Contract: scope.Unpinned})
@@ -175,7 +220,7 @@ func TestTransitionDetails(t *testing.T) {
 	})
 	t.Run("route ready clears the failure and records the serving wrapper", func(t *testing.T) {
 		got, _ := Apply(s["failed"], RouteReady{RuntimeKey: "k1", Instance: "i2", RuntimeSessionID: "rs2"})
-		require.Equal(t, Route{State: Ready, Directory: "/d", RuntimeKey: "k1", Contract: scope.PerSession, WrapperInstance: "i2", RuntimeSessionID: "rs2", Retryable: true}, got)
+		require.Equal(t, Route{State: Ready, Directory: "/d", RuntimeKey: "k1", Contract: scope.PerSession, WrapperInstance: "i2", RuntimeSessionID: "rs2", Retryable: true, Served: true}, got)
 	})
 	t.Run("another runtime key changes nothing", func(t *testing.T) {
 		for _, ev := range []Event{

@@ -132,6 +132,43 @@ func worktreeChanges(c *runtimev1.WorktreeChanges) gitrepo.Changes {
 	return gitrepo.Changes{Files: files, Diff: c.GetDiff(), DiffTruncated: c.GetDiffTruncated(), HeadCommit: c.GetHeadCommit(), Time: timeOf(c.GetTime())}
 }
 
+var fileTypes = map[runtimev1.WorktreeFileType]driver.FileType{
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_FILE:      driver.FileRegular,
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_DIRECTORY: driver.FileDirectory,
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_SYMLINK:   driver.FileSymlink,
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_OTHER:     driver.FileOther,
+}
+
+func worktreeFiles(fs []*runtimev1.WorktreeFile) []driver.WorktreeFile {
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]driver.WorktreeFile, 0, len(fs))
+	for _, f := range fs {
+		t, ok := fileTypes[f.GetType()]
+		if !ok {
+			t = driver.FileOther
+		}
+		out = append(out, driver.WorktreeFile{Name: f.GetName(), Type: t, Size: f.GetSize(), Mode: f.GetMode()})
+	}
+	return out
+}
+
+// WorktreeFilesProto is a page of worktree entries on the wire.
+func WorktreeFilesProto(fs []driver.WorktreeFile) []*runtimev1.WorktreeFile {
+	out := make([]*runtimev1.WorktreeFile, 0, len(fs))
+	for _, f := range fs {
+		t := runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_OTHER
+		for k, v := range fileTypes {
+			if v == f.Type {
+				t = k
+			}
+		}
+		out = append(out, &runtimev1.WorktreeFile{Name: f.Name, Type: t, Size: f.Size, Mode: f.Mode})
+	}
+	return out
+}
+
 // WorktreeChangesProto is a worktree's change set on the wire.
 func WorktreeChangesProto(c gitrepo.Changes) *runtimev1.WorktreeChanges {
 	files := make([]*runtimev1.FileChange, 0, len(c.Files))

@@ -9,6 +9,7 @@ package wrapperconn
 import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/scope"
@@ -72,6 +73,8 @@ func worktreeResult(r *sandboxv1.WorktreeResult) driver.WorktreeResult {
 	res := driver.WorktreeResult{
 		RequestID: r.GetRequestId(), CommitID: r.GetCommitId(), Ref: r.GetRef(), Committed: r.GetCommitted(),
 		ErrorReason: r.GetErrorReason(), ErrorDetail: r.GetErrorDetail(),
+		Files: worktreeFiles(r.GetFiles()), FilesMore: r.GetFilesMore(), Data: r.GetData(), FileSize: r.GetFileSize(),
+		FilesWritten: int(r.GetFilesWritten()), BytesWritten: r.GetBytesWritten(),
 	}
 	if r.GetChanges() != nil {
 		ch := worktreeChanges(r.GetChanges())
@@ -125,9 +128,22 @@ func delivery(x driver.Delivery) *sandboxv1.Deliver {
 
 func worktreeRequest(x driver.WorktreeRequest) *sandboxv1.WorktreeRequest {
 	r := &sandboxv1.WorktreeRequest{RequestId: x.RequestID, SessionId: x.SessionID}
-	if x.Push != nil {
-		r.Action = &sandboxv1.WorktreeRequest_Push{Push: &sandboxv1.WorktreePushAction{Branch: x.Push.Branch, CommitMessage: x.Push.CommitMessage}}
-	} else {
+	switch {
+	case x.Push != nil:
+		r.Action = &sandboxv1.WorktreeRequest_Push{Push: &sandboxv1.WorktreePushAction{
+			Branch: x.Push.Branch, CommitMessage: x.Push.CommitMessage, AuthorName: x.Push.AuthorName, AuthorEmail: x.Push.AuthorEmail,
+		}}
+	case x.List != nil:
+		r.Action = &sandboxv1.WorktreeRequest_List{List: &sandboxv1.WorktreeListAction{Path: x.List.Path, After: x.List.After, Limit: int32(x.List.Limit)}} //nolint:gosec // bounded by the API's validation
+	case x.Write != nil:
+		w := &sandboxv1.WorktreeWriteAction{Files: make([]*runtimev1.WorktreeFileWrite, 0, len(x.Write))}
+		for _, f := range x.Write {
+			w.Files = append(w.Files, &runtimev1.WorktreeFileWrite{Path: f.Path, Data: f.Data, Mode: f.Mode})
+		}
+		r.Action = &sandboxv1.WorktreeRequest_Write{Write: w}
+	case x.Read != nil:
+		r.Action = &sandboxv1.WorktreeRequest_Read{Read: &sandboxv1.WorktreeReadAction{Path: x.Read.Path, Offset: x.Read.Offset, Length: int32(x.Read.Length)}} //nolint:gosec // bounded by the API's validation
+	default:
 		r.Action = &sandboxv1.WorktreeRequest_Changes{Changes: &sandboxv1.WorktreeChangesAction{}}
 	}
 	return r

@@ -11,7 +11,10 @@
 // abort (or 30 s) before answering, "write: <path> <text>" writes the text
 // as a file of the worktree, "run: <argv...>" runs a command in the worktree
 // (whitespace-separated arguments, 30 s bound) the way an agent's shell
-// tool does and reports its exit code and output.
+// tool does and reports its exit code and output, and "git: <args...>" runs
+// git with the route's handle as its HTTP credential, as an agent that
+// uses its handle against the proxy's git route would (the handle is in
+// that git's environment only, never in its argv or the repository).
 package scripted
 
 import (
@@ -24,7 +27,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"go.opentelemetry.io/otel/propagation"
 	"io"
 	"net/http"
 	"os"
@@ -34,6 +36,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
+	"agentplane.dev/services/sandbox/internal/command"
 	"agentplane.dev/services/sandbox/internal/ingestpost"
 	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
@@ -231,19 +236,7 @@ func (r *Runtime) turn(rt *route, m runtimejsonl.Frame) {
 
 	emit(runtimejsonl.KindStatus, "busy", "", nil)
 	emit(runtimejsonl.KindProgress, "reading the request", "", nil)
-	names := listDir(rt.directory)
-	emit(runtimejsonl.KindToolCall, "", "list_files", map[string]any{"path": "."})
-	emit(runtimejsonl.KindToolResult, "", "list_files", map[string]any{"entries": float64(len(names)), "names": names})
-	if rest, ok := strings.CutPrefix(m.Content, "write:"); ok {
-		path, content, _ := strings.Cut(strings.TrimSpace(rest), " ")
-		emit(runtimejsonl.KindToolCall, "", "write_file", map[string]any{"path": path})
-		emit(runtimejsonl.KindToolResult, "", "write_file", writeFile(rt.directory, path, content))
-	}
-	if rest, ok := strings.CutPrefix(m.Content, "run:"); ok {
-		argv := strings.Fields(rest)
-		emit(runtimejsonl.KindToolCall, "", "run_command", map[string]any{"argv": strings.Join(argv, " ")})
-		emit(runtimejsonl.KindToolResult, "", "run_command", runCommand(ctx, rt.directory, argv))
-	}
+	scriptedTools(ctx, rt.directory, m.Content, handle, emit)
 
 	if strings.HasPrefix(m.Content, "slow:") {
 		select {
@@ -278,20 +271,43 @@ func (r *Runtime) turn(rt *route, m runtimejsonl.Frame) {
 	outcome(runtimejsonl.ResultSucceeded, "", fmt.Sprintf("answered %d characters", len(reply)))
 }
 
+// scriptedTools runs the tool steps of a turn in dir: a listing always,
+// then what the message's prefix asks for (write:, run:, git:).
+func scriptedTools(ctx context.Context, dir, content, handle string, emit func(kind, text, tool string, data map[string]any)) {
+	names := listDir(dir)
+	emit(runtimejsonl.KindToolCall, "", "list_files", map[string]any{"path": "."})
+	emit(runtimejsonl.KindToolResult, "", "list_files", map[string]any{"entries": float64(len(names)), "names": names})
+	if rest, ok := strings.CutPrefix(content, "write:"); ok {
+		path, text, _ := strings.Cut(strings.TrimSpace(rest), " ")
+		emit(runtimejsonl.KindToolCall, "", "write_file", map[string]any{"path": path})
+		emit(runtimejsonl.KindToolResult, "", "write_file", writeFile(dir, path, text))
+	}
+	if rest, ok := strings.CutPrefix(content, "run:"); ok {
+		argv := strings.Fields(rest)
+		emit(runtimejsonl.KindToolCall, "", "run_command", map[string]any{"argv": strings.Join(argv, " ")})
+		emit(runtimejsonl.KindToolResult, "", "run_command", runCommand(ctx, dir, argv))
+	}
+	if rest, ok := strings.CutPrefix(content, "git:"); ok {
+		argv := append([]string{"git"}, strings.Fields(rest)...)
+		emit(runtimejsonl.KindToolCall, "", "run_command", map[string]any{"argv": strings.Join(argv, " ")})
+		emit(runtimejsonl.KindToolResult, "", "run_command", runCommand(ctx, dir, argv, gitAuth(handle)...))
+	}
+}
+
 // maxCommandOutput bounds the output a run_command result carries.
 const maxCommandOutput = 4 << 10
 
 // runCommand runs argv in dir and returns its exit code and combined
 // output (the last maxCommandOutput bytes).
-func runCommand(ctx context.Context, dir string, argv []string) map[string]any {
+func runCommand(ctx context.Context, dir string, argv []string, env ...string) map[string]any {
 	if len(argv) == 0 {
 		return map[string]any{"exit_code": float64(-1), "output": "no command"}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
+	out := &command.Tail{Max: maxCommandOutput}
+	cmd := command.New(ctx, command.Spec{Path: argv[0], Args: argv[1:], Dir: dir, Env: append(os.Environ(), env...), Stdout: out, Stderr: out})
+	err := cmd.Run()
 	code := 0
 	if err != nil {
 		code = -1
@@ -299,13 +315,20 @@ func runCommand(ctx context.Context, dir string, argv []string) map[string]any {
 		if errors.As(err, &ee) {
 			code = ee.ExitCode()
 		} else {
-			out = append(out, err.Error()...)
+			_, _ = out.Write([]byte(err.Error()))
 		}
 	}
-	if len(out) > maxCommandOutput {
-		out = out[len(out)-maxCommandOutput:]
+	return map[string]any{"exit_code": float64(code), "output": out.String()}
+}
+
+// gitAuth is the environment that has git send the handle as bearer on
+// every HTTP request (git's GIT_CONFIG_* form of http.extraHeader).
+func gitAuth(handle string) []string {
+	env := []string{"GIT_TERMINAL_PROMPT=0"}
+	if handle == "" {
+		return env
 	}
-	return map[string]any{"exit_code": float64(code), "output": string(out)}
+	return append(env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http.extraHeader", "GIT_CONFIG_VALUE_0=Authorization: Bearer "+handle)
 }
 
 // callProvider calls the proxy's OpenAI-compatible route and returns a

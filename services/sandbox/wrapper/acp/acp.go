@@ -55,6 +55,17 @@ const (
 	ReasonAgentError  = "agent_error"          // session/prompt answered with an error
 )
 
+// ConversationRestarted is the text of the status event (outside any turn)
+// a route gets when the agent could not continue the session's earlier
+// conversation and opened a new one; its data names the reason.
+const ConversationRestarted = "conversation_restarted"
+
+// Why a route's earlier agent session was not continued.
+const (
+	RestartNoLoad     = "agent_cannot_load_session" // the agent does not offer loadSession
+	RestartLoadFailed = "agent_session_load_failed" // session/load answered an error
+)
+
 // Config of the driver.
 type Config struct {
 	Spec agents.Spec
@@ -142,6 +153,10 @@ type route struct {
 	// told from the agent's.
 	agentOpen time.Duration
 	reported  bool
+	// restarted says why the route's earlier agent session could not be
+	// loaded ("" when it was, or when there was none): the route opens a
+	// new one and the session is told (conversation_restarted).
+	restarted, prevACP string
 }
 
 type turn struct {
@@ -489,7 +504,11 @@ func (r *Runtime) awaitAgent(id string) (time.Duration, *failure) {
 // agent's conversation still continues.
 func (r *Runtime) startAgentSession(rt *route) (time.Duration, *failure) {
 	prev := r.store.get(rt.sessionID)
-	if prev == "" || !r.caps.LoadSession {
+	if prev == "" {
+		return r.newSession(rt)
+	}
+	if !r.caps.LoadSession {
+		rt.restarted, rt.prevACP = RestartNoLoad, prev
 		return r.newSession(rt)
 	}
 	took, err := r.loadSession(rt, prev)
@@ -500,6 +519,7 @@ func (r *Runtime) startAgentSession(rt *route) (time.Duration, *failure) {
 	if b := r.brokenReason(); b != nil {
 		return took, b
 	}
+	rt.restarted, rt.prevACP = RestartLoadFailed, prev
 	more, fail := r.newSession(rt)
 	return took + more, fail
 }
@@ -561,8 +581,14 @@ func (r *Runtime) addRoute(rt *route) {
 	r.routes[rt.sessionID] = rt
 	r.byACP[rt.acpID] = rt
 	r.mu.Unlock()
-	go r.serveRoute(rt)
 	r.routeReady(rt.sessionID, rt.rsid)
+	if rt.restarted != "" {
+		// Before the route's first turn (serveRoute starts below), so the
+		// session sees the break ahead of the answer that lacks the context.
+		r.event(rt, "", mapped{kind: runtimejsonl.KindStatus, text: ConversationRestarted,
+			data: map[string]any{"reason": rt.restarted, "previous_agent_session_id": rt.prevACP, "agent_session_id": rt.acpID}})
+	}
+	go r.serveRoute(rt)
 }
 
 func (r *Runtime) routeReady(id, rsid string) {

@@ -238,6 +238,77 @@ func TestTwoRoutesShareOneAgentAndResumeWithLoad(t *testing.T) {
 		}
 	}
 	require.Contains(t, steps, "load_session")
+	require.Empty(t, restarts(rec2, "s1"), "a loaded conversation did not restart")
+	ready := rec2.wait(t, "route_ready", func(f runtimejsonl.Frame) bool { return f.Type == runtimejsonl.TypeRouteReady })
+	require.Equal(t, "rs_1", ready.RuntimeSessionID, "the same runtime session goes on")
+}
+
+// restarts returns the session's conversation_restarted events.
+func restarts(rec *recorder, session string) []*runtimejsonl.Event {
+	var out []*runtimejsonl.Event
+	for _, f := range rec.all() {
+		if f.Type == runtimejsonl.TypeEvent && f.SessionID == session && f.Event.Text == ConversationRestarted {
+			out = append(out, f.Event)
+		}
+	}
+	return out
+}
+
+// An agent that cannot continue the earlier conversation (no loadSession,
+// or a session/load that fails) gets a new ACP session under the same
+// runtime session, and the session is told once, before the next turn.
+func TestRouteThatCannotLoadRestartsTheConversation(t *testing.T) {
+	for mode, reason := range map[string]string{"noload": RestartNoLoad, "loadfail": RestartLoadFailed} {
+		t.Run(mode, func(t *testing.T) {
+			home := t.TempDir()
+			self, _ := os.Executable()
+			spec := func(mode string) agents.Spec {
+				return agents.Spec{Profile: "acp", Protocol: agents.ProtocolACP, Command: []string{self}, Env: []string{envFakeAgent + "=" + mode}}
+			}
+			rec := &recorder{exited: make(chan struct{})}
+			rt, err := start(Config{Spec: spec("good"), Home: home, InitTimeout: 30 * time.Second}, "i1", rec.hooks())
+			require.NoError(t, err)
+			open(t, rt, rec, "s1", "rs_1")
+			send(t, rt, "s1", "m1", "a")
+			require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec, "s1", "m1").Result)
+			first := rt.route("s1").acpID
+			require.Empty(t, restarts(rec, "s1"), "a first conversation is no restart")
+			rt.Stop()
+
+			rec2 := &recorder{exited: make(chan struct{})}
+			rt2, err := start(Config{Spec: spec(mode), Home: home, InitTimeout: 30 * time.Second}, "i2", rec2.hooks())
+			require.NoError(t, err)
+			t.Cleanup(rt2.Stop)
+			ready := open(t, rt2, rec2, "s1", "rs_1")
+			require.Equal(t, runtimejsonl.TypeRouteReady, ready.Type)
+			require.Equal(t, "rs_1", ready.RuntimeSessionID)
+			second := rt2.route("s1").acpID
+			require.NotEqual(t, first, second, "a new ACP session")
+			send(t, rt2, "s1", "m2", "b")
+			require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec2, "s1", "m2").Result)
+
+			ev := restarts(rec2, "s1")
+			require.Len(t, ev, 1)
+			require.Equal(t, "rs_1", ev[0].RuntimeSessionID)
+			require.Empty(t, ev[0].MessageID, "outside any turn")
+			require.Equal(t, runtimejsonl.KindStatus, ev[0].Kind)
+			require.Equal(t, map[string]any{"reason": reason, "previous_agent_session_id": first, "agent_session_id": second}, ev[0].Data)
+			// Ordered after route_ready and before the next turn's events.
+			var order []string
+			for _, f := range rec2.all() {
+				switch {
+				case f.Type == runtimejsonl.TypeRouteReady:
+					order = append(order, "ready")
+				case f.Type == runtimejsonl.TypeEvent && f.Event.Text == ConversationRestarted:
+					order = append(order, "restarted")
+				case f.Type == runtimejsonl.TypeEvent && f.Event.MessageID == "m2" && f.Event.Text == "busy":
+					order = append(order, "busy")
+				}
+			}
+			require.Equal(t, []string{"ready", "restarted", "busy"}, order)
+			require.Equal(t, second, (&sessionStore{file: rt2.store.file}).get("s1"), "the new ACP session is the one to load next")
+		})
+	}
 }
 
 // The faults: each fails its turn (or route) with a named reason, bounded,

@@ -24,6 +24,8 @@ const envFakeAgent = "ACP_FAKE_AGENT"
 //	silent   never answers initialize
 //	twice    answers a prompt twice
 //	exit     exits in the middle of a prompt
+//	noload   good, but does not offer loadSession
+//	loadfail good, but session/load answers an error
 func fakeAgent(mode string) {
 	out := bufio.NewWriter(os.Stdout)
 	send := func(v any) {
@@ -86,12 +88,16 @@ func fakeAgent(mode string) {
 			if mode == "silent" {
 				continue
 			}
-			result(m.ID, map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": true, "sessionCapabilities": map[string]any{"close": map[string]any{}}}})
+			result(m.ID, map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": mode != "noload", "sessionCapabilities": map[string]any{"close": map[string]any{}}}})
 		case "session/new":
 			sessions++
 			result(m.ID, map[string]any{"sessionId": fmt.Sprintf("fake-%d-%d", os.Getpid(), sessions)})
 			update(fmt.Sprintf("fake-%d-%d", os.Getpid(), sessions), map[string]any{"sessionUpdate": "available_commands_update", "availableCommands": []any{}})
 		case "session/load":
+			if mode == "loadfail" {
+				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32002, "message": "session not found"}})
+				continue
+			}
 			update(p.SessionID, map[string]any{"sessionUpdate": "user_message_chunk", "content": map[string]any{"type": "text", "text": "old"}})
 			result(m.ID, map[string]any{})
 		case "session/close":

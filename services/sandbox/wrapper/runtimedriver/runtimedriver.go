@@ -8,12 +8,13 @@
 package runtimedriver
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 
 	"agentplane.dev/services/sandbox/internal/boundary"
+	"agentplane.dev/services/sandbox/internal/command"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/runtimejsonl"
 )
@@ -74,10 +75,9 @@ func (p *Process) Start() error {
 // working directory; with nest, run by bubblewrap in the nested sandbox
 // (stopping or killing bubblewrap's group ends every process in it).
 func Command(argv []string, instance string, extra []string, nest *Nest) (*Process, error) {
-	p := &Process{}
-	if nest == nil {
-		p.Cmd = exec.Command(argv[0], argv[1:]...)
-	} else {
+	spec := command.Spec{Path: argv[0], Args: argv[1:], Env: append(Env(os.Environ(), instance), extra...), Group: true, Stderr: os.Stderr}
+	var files []*os.File
+	if nest != nil {
 		sc, err := boundary.SeccompFile()
 		if err != nil {
 			return nil, err
@@ -87,14 +87,11 @@ func Command(argv []string, instance string, extra []string, nest *Nest) (*Proce
 			_ = sc.Close()
 			return nil, err
 		}
-		p.Cmd = exec.Command(nest.Bwrap, append(boundary.NestedArgs(3, dir), argv...)...)
-		p.ExtraFiles = []*os.File{sc}
-		p.files = p.ExtraFiles
+		spec.Path, spec.Args = nest.Bwrap, append(boundary.NestedArgs(3, dir), argv...)
+		files = []*os.File{sc}
+		spec.ExtraFiles = files
 	}
-	p.Env = append(Env(os.Environ(), instance), extra...)
-	p.Stderr = os.Stderr
-	p.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	return p, nil
+	return &Process{Cmd: command.New(context.Background(), spec), files: files}, nil
 }
 
 // Env is env without the wrapper's discovery markers, naming the wrapper

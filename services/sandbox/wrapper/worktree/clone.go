@@ -255,6 +255,7 @@ func du(dir string) int64 {
 // phase, and returns its stderr (bounded).
 func runProgress(ctx context.Context, dir string, progress Progress, args ...string) (string, error) {
 	cmd := gitCmd(ctx, dir, gitEnv(), args...)
+	cmd.Stderr = nil // read through the pipe instead of kept as a tail
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
 		return "", err

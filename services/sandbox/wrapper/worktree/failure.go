@@ -77,7 +77,7 @@ func classifyFetch(stderr string) *Failure {
 // classifyPush names why a push failed.
 func classifyPush(output string) *Failure {
 	s := strings.ToLower(output)
-	detail := lastLine(output)
+	detail := rejectionLine(output)
 	switch {
 	case strings.Contains(s, "[rejected]"), strings.Contains(s, "[remote rejected]"), strings.Contains(s, "non-fast-forward"),
 		strings.Contains(s, "fetch first"), strings.Contains(s, "error: 403"):
@@ -89,6 +89,19 @@ func classifyPush(output string) *Failure {
 		return &Failure{Reason: PushUnreachable, Detail: detail, Retryable: true}
 	}
 	return &Failure{Reason: PushRejected, Detail: detail}
+}
+
+// rejectionLine is the line in which git reports why the remote refused a
+// ref (" ! [remote rejected] agent/x -> main (agentplane: ...)": the git
+// route's reason), or the last line when there is none: the caller should
+// read the reason, not git's closing "failed to push some refs".
+func rejectionLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, "[remote rejected]") || strings.Contains(l, "[rejected]") {
+			return lastLine(l)
+		}
+	}
+	return lastLine(s)
 }
 
 // lastLine is the last non-empty line of git's output, bounded, with the

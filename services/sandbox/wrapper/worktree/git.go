@@ -8,8 +8,8 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
-	"time"
+
+	"agentplane.dev/services/sandbox/internal/command"
 )
 
 // gitEnv is the whole environment of every git command: no inherited
@@ -27,24 +27,24 @@ func gitEnv(extra ...string) []string {
 // git runs git in dir and returns its stdout; stderr goes to the error
 // text (and to errOut when given).
 func git(ctx context.Context, dir string, stdin io.Reader, args ...string) (string, string, error) {
-	cmd := gitCmd(ctx, dir, gitEnv(), args...)
+	return gitWith(ctx, dir, nil, stdin, args...)
+}
+
+// gitWith is git with extra environment variables.
+func gitWith(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, string, error) {
+	cmd := gitCmd(ctx, dir, gitEnv(env...), args...)
 	cmd.Stdin = stdin
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	var out bytes.Buffer
+	cmd.Stdout = &out
 	err := cmd.Run()
-	return out.String(), errb.String(), err
+	return out.String(), command.Stderr(cmd), err
 }
 
 // gitCmd is a git command that dies with the wrapper (kill -9 included):
 // a clone must not outlive the process that would mark it complete. Its
-// options come from safeArgs.
+// options come from safeArgs; its stderr is kept as a bounded tail.
 func gitCmd(ctx context.Context, dir string, env []string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "git", safeArgs(ctx, dir, args)...)
-	cmd.Dir = dir
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = 5 * time.Second
-	return cmd
+	return command.New(ctx, command.Spec{Path: "git", Args: safeArgs(ctx, dir, args), Dir: dir, Env: env})
 }
 
 // safeConfig goes on the command line of every git command the wrapper
@@ -79,8 +79,8 @@ func filterOverrides(ctx context.Context, dir string) []string {
 	if dir == "" {
 		return nil
 	}
-	cmd := exec.CommandContext(ctx, "git", append(slices.Clone(safeConfig), "config", "-z", "--get-regexp", `^filter\.`)...)
-	cmd.Dir, cmd.Env = dir, gitEnv()
+	cmd := command.New(ctx, command.Spec{Path: "git", Args: append(slices.Clone(safeConfig), "config", "-z", "--get-regexp", `^filter\.`),
+		Dir: dir, Env: gitEnv()})
 	list, _ := cmd.Output() // exit 1: no filter
 	var out []string
 	for entry := range strings.SplitSeq(string(list), "\x00") {
@@ -99,7 +99,8 @@ func filterOverrides(ctx context.Context, dir string) []string {
 	return out
 }
 
-// identity is the committer of pushes (the agentplane service, not a user).
+// identity is the committer of pushes (the agentplane service, not a user),
+// and their author unless the push names one.
 var identity = []string{"-c", "user.name=agentplane", "-c", "user.email=agentplane@localhost", "-c", "commit.gpgsign=false"}
 
 func trim(s string) string { return strings.TrimSpace(s) }

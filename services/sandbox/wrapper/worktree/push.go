@@ -10,6 +10,9 @@ type PushSpec struct {
 	Dir, RepoURL, ProxyURL string
 	Handle                 func() string
 	Branch, Message        string
+	// The commit's author; empty: the agentplane identity, which is the
+	// committer either way.
+	AuthorName, AuthorEmail string
 }
 
 // PushResult is what was pushed.
@@ -26,8 +29,8 @@ func ValidBranch(ctx context.Context, name string) bool {
 	return gitCmd(ctx, "", gitEnv(), "check-ref-format", "--branch", name).Run() == nil
 }
 
-// Push commits every change of the worktree (as the agentplane identity)
-// and pushes HEAD to refs/heads/<branch> of the route's repository through
+// Push commits every change of the worktree (authored by the spec's author,
+// committed by the agentplane identity) and pushes HEAD to refs/heads/<branch> of the route's repository through
 // the proxy. With nothing to commit, HEAD is pushed as it is.
 func Push(ctx context.Context, s PushSpec) (PushResult, error) {
 	defer lockDir(s.Dir)()
@@ -47,7 +50,7 @@ func Push(ctx context.Context, s PushSpec) (PushResult, error) {
 	res := PushResult{Ref: "refs/heads/" + s.Branch}
 	if _, _, err := git(ctx, s.Dir, nil, "diff", "--cached", "--quiet"); err != nil {
 		args := append(append([]string{}, identity...), "commit", "--quiet", "--no-verify", "-F", "-")
-		if _, e, err := git(ctx, s.Dir, strings.NewReader(s.Message), args...); err != nil {
+		if _, e, err := gitWith(ctx, s.Dir, authorEnv(s.AuthorName, s.AuthorEmail), strings.NewReader(s.Message), args...); err != nil {
 			return PushResult{}, &Failure{Reason: PushRejected, Detail: "commit failed: " + lastLine(e)}
 		}
 		res.Committed = true
@@ -67,4 +70,17 @@ func Push(ctx context.Context, s PushSpec) (PushResult, error) {
 		return PushResult{}, classifyPush(out + "\n" + e)
 	}
 	return res, nil
+}
+
+// authorEnv sets the commit's author through git's environment (never a
+// shell or the command line); an empty part keeps identity's.
+func authorEnv(name, email string) []string {
+	var env []string
+	if name != "" {
+		env = append(env, "GIT_AUTHOR_NAME="+name)
+	}
+	if email != "" {
+		env = append(env, "GIT_AUTHOR_EMAIL="+email)
+	}
+	return env
 }

@@ -127,6 +127,31 @@ func TestCloneChangesPush(t *testing.T) {
 	require.Equal(t, InvalidBranch, AsFailure(err, "").Reason)
 }
 
+// TestPushAuthor: a push names the commit's author; the committer stays
+// agentplane, and without an author the commit is agentplane's.
+func TestPushAuthor(t *testing.T) {
+	ctx := context.Background()
+	g := gittest.Start(t, "tok-secret-author")
+	g.CreateRepo(t, "org/app.git", map[string]string{"README.md": "hello\n"})
+	proxy := fakeProxy(t, g.URL, g.Token)
+	dir := filepath.Join(t.TempDir(), "ws")
+	_, err := Prepare(ctx, spec(dir, g.RepoURL("org/app.git"), proxy), func(string, string) {})
+	require.NoError(t, err)
+	remote := filepath.Join(g.Root, "org/app.git")
+	push := func(branch, name, email string) string {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, branch+".txt"), []byte(branch+"\n"), 0o644))
+		res, err := Push(ctx, PushSpec{Dir: dir, RepoURL: g.RepoURL("org/app.git"), ProxyURL: proxy,
+			Handle: func() string { return testHandle }, Branch: "agent/" + branch, Message: "change",
+			AuthorName: name, AuthorEmail: email})
+		require.NoError(t, err)
+		require.True(t, res.Committed)
+		return strings.TrimSpace(gittest.Run(t, remote, "log", "-1", "--format=%an <%ae> / %cn <%ce>", res.Commit))
+	}
+	require.Equal(t, "Ada Lovelace <ada@example.com> / agentplane <agentplane@localhost>", push("a", "Ada Lovelace", "ada@example.com"))
+	require.Equal(t, "agentplane <agentplane@localhost> / agentplane <agentplane@localhost>", push("b", "", ""))
+	require.Equal(t, "Bob <agentplane@localhost> / agentplane <agentplane@localhost>", push("c", "Bob", ""))
+}
+
 func TestCloneFailuresLeaveNothingBehind(t *testing.T) {
 	ctx := context.Background()
 	g := gittest.Start(t, "tok-secret-2")

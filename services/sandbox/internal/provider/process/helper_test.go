@@ -22,6 +22,12 @@ func TestMain(m *testing.M) {
 	case "sleep":
 		_ = os.WriteFile("ready", nil, 0o644)
 		time.Sleep(time.Hour)
+	case "cwd":
+		// Where the wrapper finds itself: the route's directory, and its HOME.
+		wd, _ := os.Getwd()
+		_ = os.WriteFile("cwd", []byte(wd+" "+os.Getenv("HOME")), 0o644)
+		_ = os.WriteFile("ready", nil, 0o644)
+		time.Sleep(time.Hour)
 	case "leak":
 		// What a runtime leaves behind: a background child, one in its own
 		// session, a double fork reparented to init, one without environment.

@@ -31,7 +31,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -44,6 +43,7 @@ import (
 	"agentplane.dev/pkg/pause"
 	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/cgroup"
+	"agentplane.dev/services/sandbox/internal/command"
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
@@ -165,6 +165,27 @@ func (p *Provider) Create(_ context.Context, sandboxID string) error {
 	return nil
 }
 
+// StateKept reports whether the workspace and the runtime key's home are
+// both there (provider.StateKeeper).
+func (p *Provider) StateKept(_ context.Context, sandboxID, workspace, runtimeKey string) (bool, error) {
+	if err := validSandboxID(sandboxID); err != nil {
+		return false, err
+	}
+	for _, d := range []string{p.WorkspaceDir(sandboxID, workspace), p.HomeDir(sandboxID, runtimeKey)} {
+		fi, err := os.Stat(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if !fi.IsDir() {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // PrepareWorkspace makes a route's workspace and its runtime key's home
 // and records which route directory they serve (a small file in the home,
 // which is also where a full disk shows up as ENOSPC). It reports whether
@@ -210,6 +231,11 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if m.InstanceID == "" {
 		return provider.Observed{}, errors.New("process provider: launch without instance id")
 	}
+	if iso := p.cfg.Isolation; iso != nil {
+		if err := iso.Check(p.mount(spec)); err != nil {
+			return provider.Observed{}, fmt.Errorf("%w: %w", provider.ErrDirectoryReserved, err)
+		}
+	}
 	if _, err := p.PrepareWorkspace(ctx, m.SandboxID, spec.Workspace, m.RuntimeKey); err != nil {
 		return provider.Observed{}, err
 	}
@@ -219,14 +245,15 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if err != nil {
 		return provider.Observed{}, provider.SetupError("open wrapper log", err)
 	}
-	cmd, extra, err := p.command(spec)
+	cs, extra, err := p.command(spec)
 	if err != nil {
 		_ = logf.Close()
 		return provider.Observed{}, err
 	}
-	cmd.Dir = p.WorkspaceDir(m.SandboxID, spec.Workspace)
-	cmd.Env = p.env(spec, name)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cs.Dir = p.WorkspaceDir(m.SandboxID, spec.Workspace)
+	cs.Env = p.env(spec, name)
+	cs.Stdout, cs.Stderr = logf, logf
+	cmd := command.New(context.Background(), cs)
 	err = cmd.Start()
 	extra.started()
 	if err != nil {
@@ -358,28 +385,23 @@ func waitExit(pidfd int) {
 // command is the wrapper's command: the wrapper itself in its own process
 // group, or (isolated) bubblewrap running it behind the boundary, with the
 // boundary's files and the info pipe on the descriptors after
-// spec.ExtraFiles.
-func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, error) {
+// spec.ExtraFiles. Either outlives the service: a restarted service finds
+// its wrappers again.
+func (p *Provider) command(spec provider.LaunchSpec) (command.Spec, *launchFiles, error) {
 	iso := p.cfg.Isolation
 	if iso == nil {
-		cmd := exec.Command(spec.Path, spec.Args...)
-		cmd.ExtraFiles = spec.ExtraFiles
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		return cmd, nil, nil
+		return command.Spec{Path: spec.Path, Args: spec.Args, ExtraFiles: spec.ExtraFiles, Group: true, Outlives: true}, nil, nil
 	}
 	bf, err := iso.OpenFiles()
 	if err != nil {
-		return nil, nil, fmt.Errorf("process provider: %w", err)
+		return command.Spec{}, nil, fmt.Errorf("process provider: %w", err)
 	}
 	infoR, infoW, err := os.Pipe()
 	if err != nil {
 		bf.Close()
-		return nil, nil, fmt.Errorf("process provider: %w", err)
+		return command.Spec{}, nil, fmt.Errorf("process provider: %w", err)
 	}
-	m := spec.Markers
-	mount := boundary.Mount{
-		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), Home: p.HomeDir(m.SandboxID, m.RuntimeKey), Program: spec.Path,
-	}
+	mount := p.mount(spec)
 	firstFD := 3 + len(spec.ExtraFiles)
 	inherited := bf.List()
 	lf := &launchFiles{boundary: bf, infoW: infoW, infoR: infoR}
@@ -389,16 +411,27 @@ func (p *Provider) command(spec provider.LaunchSpec) (*exec.Cmd, *launchFiles, e
 		if lf.blockR, lf.blockW, err = os.Pipe(); err != nil {
 			lf.started()
 			lf.close()
-			return nil, nil, fmt.Errorf("process provider: %w", err)
+			return command.Spec{}, nil, fmt.Errorf("process provider: %w", err)
 		}
 		args = append(args, "--block-fd", strconv.Itoa(firstFD+len(inherited)+1))
 		extra = append(extra, lf.blockR)
 	}
 	args = append(append(args, iso.Args(mount, bf, firstFD)...), spec.Path)
-	cmd := exec.Command(iso.Bwrap, append(args, spec.Args...)...)
-	cmd.ExtraFiles = append(append(append([]*os.File{}, spec.ExtraFiles...), inherited...), extra...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: iso.Credential()}
-	return cmd, lf, nil
+	return command.Spec{
+		Path: iso.Bwrap, Args: append(args, spec.Args...), Group: true, Outlives: true, Credential: iso.Credential(),
+		ExtraFiles: append(append(append([]*os.File{}, spec.ExtraFiles...), inherited...), extra...),
+	}, lf, nil
+}
+
+// mount is what a wrapper's sandbox binds: the workspace at the route's
+// directory (spec.Workspace), so the wrapper and its runtime work at the
+// session's path and never see the host's layout (DESIGN.md 3.6).
+func (p *Provider) mount(spec provider.LaunchSpec) boundary.Mount {
+	m := spec.Markers
+	return boundary.Mount{
+		Workspace: p.WorkspaceDir(m.SandboxID, spec.Workspace), At: spec.Workspace,
+		Home: p.HomeDir(m.SandboxID, m.RuntimeKey), Program: spec.Path,
+	}
 }
 
 func (p *Provider) credential() *syscall.Credential {
@@ -500,26 +533,49 @@ func (p *Provider) records(sandboxID string) ([]nsRecord, error) {
 }
 
 // recordNamespace writes the record of a launched wrapper's namespace and
-// returns its path ("" when it could not be written: the namespace is then
-// found through its bubblewrap only).
+// returns its path. A record that cannot be written (the disk full, /proc
+// unreadable) is logged with why, and "" returned: the namespace is then
+// found through its bubblewrap only, which a wrapper that outlives its
+// bubblewrap escapes.
 func (p *Provider) recordNamespace(m provider.Markers, workspace string, anchorPID, initPID int) string {
-	anchor, err1 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(anchorPID), "stat"))
-	init, err2 := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "stat"))
-	if err1 != nil || err2 != nil {
-		return ""
-	}
-	b, _ := json.Marshal(nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
-		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start})
-	if err := os.MkdirAll(p.runDir(m.SandboxID), 0o700); err != nil {
-		return ""
-	}
-	path := filepath.Join(p.runDir(m.SandboxID), WorkspaceName(m.InstanceID)+".json")
-	tmp := path + ".tmp"
-	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
-		_ = os.Remove(tmp)
+	path, err := p.writeNamespaceRecord(m, workspace, anchorPID, initPID)
+	if err != nil {
+		p.cfg.Logger.Warn("namespace record not written: the namespace is found through its bubblewrap only",
+			"sandbox", m.SandboxID, "runtime_key", m.RuntimeKey, "instance", m.InstanceID,
+			"no_space", provider.IsENOSPCEvidence(err, ""), "err", err)
 		return ""
 	}
 	return path
+}
+
+func (p *Provider) writeNamespaceRecord(m provider.Markers, workspace string, anchorPID, initPID int) (string, error) {
+	anchor, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(anchorPID), "stat"))
+	if err != nil {
+		return "", fmt.Errorf("read the bubblewrap's stat: %w", err)
+	}
+	init, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "stat"))
+	if err != nil {
+		return "", fmt.Errorf("read the namespace init's stat: %w", err)
+	}
+	b, err := json.Marshal(nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
+		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start})
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(p.runDir(m.SandboxID), 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(p.runDir(m.SandboxID), WorkspaceName(m.InstanceID)+".json")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		_ = os.Remove(tmp)
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return "", err
+	}
+	return path, nil
 }
 
 // keyOf is a unit's runtime key marker ("" and false when it has none).
@@ -736,8 +792,9 @@ func (p *Provider) Capacity(_ context.Context, sandboxID string) provider.Capaci
 
 // Delete removes one workspace and its home (DeleteWorkspace, on a shared
 // sandbox), a runtime key's home (DeleteHome: workspace names the key) or
-// the whole sandbox tree (DeleteRecovery). The caller stops the wrappers
-// first.
+// the whole tree of a sandbox with no session left (DeleteReleased). The
+// caller stops the wrappers first. A recovery never removes a tree: it
+// takes only what is recreatable (RecoverKey).
 func (p *Provider) Delete(_ context.Context, sandboxID, workspace string, reason provider.DeleteReason) error {
 	if err := validSandboxID(sandboxID); err != nil {
 		return err
@@ -750,9 +807,9 @@ func (p *Provider) Delete(_ context.Context, sandboxID, workspace string, reason
 			return fmt.Errorf("process provider: delete home: %w", err)
 		}
 		return nil
-	case provider.DeleteRecovery:
-		if err := os.RemoveAll(p.SandboxDir(sandboxID)); err != nil {
-			return fmt.Errorf("process provider: delete sandbox: %w", err)
+	case provider.DeleteReleased:
+		if err := removeTree(p.SandboxDir(sandboxID)); err != nil {
+			return fmt.Errorf("process provider: delete released sandbox: %w", err)
 		}
 		return nil
 	}

@@ -314,7 +314,7 @@ func TestDiscoveryByAnchorAndTree(t *testing.T) {
 	})
 }
 
-func TestDeleteWorkspaceAndRecovery(t *testing.T) {
+func TestDeleteWorkspaceAndHome(t *testing.T) {
 	p := newProvider(t)
 	ctx := context.Background()
 	for _, ws := range []string{"/a", "/b"} {
@@ -348,10 +348,32 @@ func TestDeleteWorkspaceAndRecovery(t *testing.T) {
 	require.NoDirExists(t, p.WorkspaceDir("sb", "/a"))
 	require.NoDirExists(t, p.HomeDir("sb", "/a"))
 	require.DirExists(t, p.WorkspaceDir("sb", "/b"))
-	require.NoError(t, p.Delete(ctx, "sb", "", provider.DeleteRecovery))
-	require.NoDirExists(t, p.SandboxDir("sb"))
 	require.Error(t, p.Create(ctx, "../x"))
 	require.Error(t, p.RemoveWorkspace(ctx, "sb", ".."))
+}
+
+// StateKept: a resumed route needs both its workspace and its runtime
+// key's home; either gone is loss, a bad sandbox id is an error.
+func TestStateKept(t *testing.T) {
+	p := newProvider(t)
+	ctx := context.Background()
+	_, err := p.PrepareWorkspace(ctx, "sb", "/a", "ses-1")
+	require.NoError(t, err)
+	kept, err := p.StateKept(ctx, "sb", "/a", "ses-1")
+	require.NoError(t, err)
+	require.True(t, kept)
+	require.NoError(t, os.RemoveAll(p.HomeDir("sb", "ses-1")))
+	kept, err = p.StateKept(ctx, "sb", "/a", "ses-1")
+	require.NoError(t, err)
+	require.False(t, kept, "the home is gone")
+	_, err = p.PrepareWorkspace(ctx, "sb", "/a", "ses-1")
+	require.NoError(t, err)
+	require.NoError(t, os.RemoveAll(p.WorkspaceDir("sb", "/a")))
+	kept, err = p.StateKept(ctx, "sb", "/a", "ses-1")
+	require.NoError(t, err)
+	require.False(t, kept, "the workspace is gone")
+	_, err = p.StateKept(ctx, "../x", "/a", "ses-1")
+	require.Error(t, err)
 }
 
 func TestWorkspaceName(t *testing.T) {
@@ -579,4 +601,29 @@ func TestOrphanedNamespaceIsFoundByItsRecord(t *testing.T) {
 	require.Equal(t, provider.StopAbsent, p2.Stop(context.Background(), provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
 	require.Empty(t, leftOf(snap))
 	p.Wait()
+}
+
+// TestWrapperWorksAtTheRoutesDirectory: behind the boundary the wrapper's
+// working directory is the route's directory, where its workspace is
+// bound (what it writes there lands in the host's workspace), and its HOME
+// is boundary.InnerHome; a directory the sandbox binds itself (a system
+// path, the home's path, the wrapper binary and above it) is refused before
+// anything is made or started (issue 32 item 5).
+func TestWrapperWorksAtTheRoutesDirectory(t *testing.T) {
+	p := newProvider(t)
+	sb := sandboxID(t, p)
+	launch(t, p, sb, "k", "i1", "cwd", "/home/u/repo")
+	b, err := os.ReadFile(filepath.Join(p.WorkspaceDir(sb, "/home/u/repo"), "cwd"))
+	require.NoError(t, err)
+	require.Equal(t, "/home/u/repo "+boundary.InnerHome, string(b), "the wrapper works at the route's directory, its HOME at the home's own path")
+
+	for _, dir := range []string{"/proc/x", "/tmp", boundary.InnerHome, os.Args[0], filepath.Dir(os.Args[0])} {
+		_, err = p.Launch(context.Background(), provider.LaunchSpec{
+			Markers: provider.Markers{SandboxID: sb, RuntimeKey: "k2", InstanceID: "i2", Generation: 1},
+			Path:    os.Args[0], Env: []string{"HELPER_MODE=sleep"}, Workspace: dir,
+		})
+		require.ErrorIs(t, err, provider.ErrDirectoryReserved, dir)
+		require.NoDirExists(t, p.WorkspaceDir(sb, dir), "nothing made for %s", dir)
+	}
+	require.Equal(t, provider.Absent, p.Discover(context.Background(), sb, "k2").Kind)
 }
