@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/config"
+	"agentplane.dev/services/session/internal/session"
 )
 
 // Config is the session service's configuration.
@@ -38,6 +39,16 @@ type Config struct {
 	WatchBlock        time.Duration // SESSION_WATCH_BLOCK
 	ReplicaID         string        // SESSION_REPLICA: this replica's name in leases
 	EgressMaxRules    int           // SESSION_EGRESS_MAX_RULES: rules of one session's egress policy
+	// SuspendAfter (SESSION_SUSPEND_AFTER) is how long a session's runtime
+	// stays up after its last turn ended before it is suspended; 0: never.
+	// SuspendAfterProfiles (SESSION_SUSPEND_AFTER_PROFILES,
+	// "profile=duration,...") overrides it per agent profile.
+	SuspendAfter         time.Duration
+	SuspendAfterProfiles string
+	// PriceTable (SESSION_PRICE_TABLE) prices provider tokens per model:
+	// JSON {"<model>":{"input","output","cached"}} in USD per million
+	// tokens; empty: no cost.
+	PriceTable string
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
@@ -65,6 +76,7 @@ func DefaultConfig() Config {
 		WatchBlock:        5 * time.Second,
 		ReplicaID:         fmt.Sprintf("%s-%d", host, os.Getpid()),
 		EgressMaxRules:    egresspolicy.DefaultMaxRules,
+		SuspendAfter:      2 * time.Minute,
 	}
 }
 
@@ -89,6 +101,9 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Int(&c.EventCap, "SESSION_EVENT_CAP", c.EventCap, "events kept per session (approximate trim)")
 	l.Int(&c.WatchPoolSize, "SESSION_WATCH_POOL_SIZE", c.WatchPoolSize, "Redis connections reserved for WatchSession readers")
 	l.Duration(&c.WatchBlock, "SESSION_WATCH_BLOCK", c.WatchBlock, "how long one WatchSession read blocks")
+	l.Duration(&c.SuspendAfter, "SESSION_SUSPEND_AFTER", c.SuspendAfter, "a session's runtime idle this long after its last turn is suspended (0: never; a session's suspend_after overrides it)")
+	l.String(&c.PriceTable, "SESSION_PRICE_TABLE", c.PriceTable, `prices of provider tokens per model, JSON {"<model>":{"input":<USD per 1M tokens>,"output":…,"cached":…}} ("*": every other model); empty: usage has no cost`)
+	l.String(&c.SuspendAfterProfiles, "SESSION_SUSPEND_AFTER_PROFILES", c.SuspendAfterProfiles, "SESSION_SUSPEND_AFTER per agent profile, as profile=duration,... (e.g. opencode=5m,kilo=0)")
 	l.String(&c.ReplicaID, "SESSION_REPLICA", c.ReplicaID, "this replica's name in deletion leases")
 }
 
@@ -130,7 +145,28 @@ func (c *Config) Validate() error {
 	if c.EgressMaxRules < 1 || c.EgressMaxRules > egresspolicy.MaxRulesCeiling {
 		bad("SESSION_EGRESS_MAX_RULES", fmt.Errorf("want 1 to %d", egresspolicy.MaxRulesCeiling))
 	}
+	if c.SuspendAfter < 0 || (c.SuspendAfter > 0 && c.SuspendAfter < session.MinSuspendAfter) {
+		bad("SESSION_SUSPEND_AFTER", errors.New("0 (never) or at least 1s"))
+	}
+	if _, err := session.ParseProfileDurations(c.SuspendAfterProfiles); err != nil {
+		bad("SESSION_SUSPEND_AFTER_PROFILES", err)
+	}
+	if _, err := session.ParsePriceTable(c.PriceTable); err != nil {
+		bad("SESSION_PRICE_TABLE", err)
+	}
 	return errors.Join(errs...)
+}
+
+// SuspendPolicy is when idle runtimes are suspended (valid after Validate).
+func (c *Config) SuspendPolicy() session.SuspendPolicy {
+	profiles, _ := session.ParseProfileDurations(c.SuspendAfterProfiles)
+	return session.SuspendPolicy{Default: c.SuspendAfter, Profiles: profiles}
+}
+
+// Prices is the price table (valid after Validate).
+func (c *Config) Prices() session.PriceTable {
+	t, _ := session.ParsePriceTable(c.PriceTable)
+	return t
 }
 
 // LoadConfig reads the configuration from args and the environment and validates it.

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"maps"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -24,4 +26,37 @@ func TestPeerAddressForms(t *testing.T) {
 	}
 	_, err := LoadConfig([]string{"--sandbox-addr", "a:1,,b:2"}, lookup(base))
 	require.ErrorContains(t, err, "AGENTPLANE_SANDBOX_ADDR (--sandbox-addr): empty entry")
+}
+
+// suspend_after's default is 2 min, 0 turns it off, and a profile may
+// override it; a bad value names its variable.
+func TestSuspendAfterSettings(t *testing.T) {
+	base := map[string]string{"AGENTPLANE_REDIS_URL": "redis://127.0.0.1:1/0"}
+	c, err := LoadConfig(nil, lookup(base))
+	require.NoError(t, err)
+	p := c.SuspendPolicy()
+	require.Equal(t, 2*time.Minute, p.Default)
+	require.Empty(t, p.Profiles)
+
+	e := map[string]string{"AGENTPLANE_SESSION_SUSPEND_AFTER": "0", "AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES": "opencode=5m,kilo=0"}
+	maps.Copy(e, base)
+	c, err = LoadConfig(nil, lookup(e))
+	require.NoError(t, err)
+	p = c.SuspendPolicy()
+	require.Equal(t, time.Duration(0), p.Default)
+	require.Equal(t, map[string]time.Duration{"opencode": 5 * time.Minute, "kilo": 0}, p.Profiles)
+
+	for k, v := range map[string]string{
+		"AGENTPLANE_SESSION_SUSPEND_AFTER":          "-1s",
+		"AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES": "opencode",
+	} {
+		e := map[string]string{k: v}
+		maps.Copy(e, base)
+		_, err := LoadConfig(nil, lookup(e))
+		require.ErrorContains(t, err, k, v)
+	}
+	e = map[string]string{"AGENTPLANE_SESSION_SUSPEND_AFTER": "100ms"}
+	maps.Copy(e, base)
+	_, err = LoadConfig(nil, lookup(e))
+	require.ErrorContains(t, err, "AGENTPLANE_SESSION_SUSPEND_AFTER")
 }

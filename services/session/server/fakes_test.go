@@ -146,12 +146,13 @@ func (f *fakeSandbox) deliveredTo(id string) []string {
 
 type fakeCredential struct {
 	credentialv1.UnimplementedCredentialServiceServer
-	mu      sync.Mutex
-	secrets map[string]string // ref → secret
+	mu       sync.Mutex
+	secrets  map[string]string // ref → secret
+	prefixes map[string]string // git ref → git_push_branch_prefix
 }
 
 func newFakeCredential() *fakeCredential {
-	return &fakeCredential{secrets: map[string]string{}}
+	return &fakeCredential{secrets: map[string]string{}, prefixes: map[string]string{}}
 }
 
 func (f *fakeCredential) PutBackingCredential(_ context.Context, r *credentialv1.PutBackingCredentialRequest) (*credentialv1.PutBackingCredentialResponse, error) {
@@ -160,6 +161,7 @@ func (f *fakeCredential) PutBackingCredential(_ context.Context, r *credentialv1
 	ref := "cref-" + r.GetSessionId()
 	if r.GetRepoUrl() != "" {
 		ref = "gref-" + r.GetSessionId() // a git credential (anonymous without a secret)
+		f.prefixes[ref] = r.GetGitPushBranchPrefix()
 	}
 	f.secrets[ref] = r.GetSecret()
 	return &credentialv1.PutBackingCredentialResponse{CredentialRef: ref}, nil
@@ -170,6 +172,13 @@ func (f *fakeCredential) DeleteBackingCredential(_ context.Context, r *credentia
 	defer f.mu.Unlock()
 	delete(f.secrets, r.GetCredentialRef())
 	return &credentialv1.DeleteBackingCredentialResponse{}, nil
+}
+
+func (f *fakeCredential) pushPrefix(ref string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.prefixes[ref]
+	return p, ok
 }
 
 func (f *fakeCredential) secret(ref string) (string, bool) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,28 +19,11 @@ import (
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/logging/logtest"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testclock"
 	"agentplane.dev/services/session/internal/service"
 )
 
 const testToken = "internal-test-token"
-
-// fakeClock is the injected clock: tests move time, never wait for it.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 type env struct {
 	t       testing.TB
@@ -51,7 +33,7 @@ type env struct {
 	sandbox *fakeSandbox
 	creds   *fakeCredential
 	ingest  *fakeIngest
-	clock   *fakeClock
+	clock   *testclock.Clock
 	svc     *service.Service
 	api     sessionv1.SessionServiceClient
 	notify  sessionv1.SessionNotifyServiceClient
@@ -72,7 +54,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	rs := redistest.Start(t)
 	e := &env{t: t, rdb: rs.Client(t), redis: rs, sandbox: newFakeSandbox(), creds: newFakeCredential(),
 		ingest: &fakeIngest{deleted: map[string]bool{}},
-		clock:  &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}, logs: &logtest.Buffer{}}
+		clock:  testclock.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)), logs: &logtest.Buffer{}}
 	cfg := DefaultConfig()
 	cfg.RedisURL = "redis://" + rs.Addr()
 	cfg.MetricsAddr = ""

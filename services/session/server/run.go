@@ -81,6 +81,8 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 		WatchBlock:        cfg.WatchBlock,
 		Owner:             cfg.ReplicaID,
 		EgressMaxRules:    cfg.EgressMaxRules,
+		Suspend:           cfg.SuspendPolicy(),
+		Prices:            cfg.Prices(),
 		Now:               h.now,
 	})
 	// Tracing from OTEL_* (exporting is opt-in); set up last so no early failure leaks it.

@@ -241,7 +241,7 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 	// The fake clock moves so persisted backoffs come due; no client call.
 	eventually(t, func() bool {
-		e.clock.Advance(100 * time.Millisecond)
+		e.clock.Add(100 * time.Millisecond)
 		return e.sandbox.count(e.sandbox.releases, "s1") >= 3
 	}, "reconciler retries the release")
 	require.Equal(t, int64(1), e.rdb.Exists(e.ctx, "ses:{ses/s1}:del").Val(), "intent kept")
@@ -252,7 +252,7 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 	// Inspection recovers: the reconciler finishes with no further client call.
 	e.sandbox.inspectionFails.Store(false)
 	eventually(t, func() bool {
-		e.clock.Advance(100 * time.Millisecond)
+		e.clock.Add(100 * time.Millisecond)
 		_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
 		return status.Code(err) == codes.NotFound
 	}, "deletion completed")
@@ -307,7 +307,7 @@ func TestSweepRedrivesAStalledQueuedMessage(t *testing.T) {
 	require.Equal(t, 8, prepares())
 	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_QUEUED, e.message("s1", "q1").GetState())
 
-	e.clock.Advance(DefaultConfig().QueuedRedrive + time.Second)
+	e.clock.Add(DefaultConfig().QueuedRedrive + time.Second)
 	e.svc.Sweep(context.Background())
 	e.waitState("s1", "q1", sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
 	require.Greater(t, prepares(), 8)
@@ -322,18 +322,18 @@ func TestBackstopsFailStuckMessages(t *testing.T) {
 	e.ready("s2", "w1")
 	e.waitState("s2", "a1", sessionv1.MessageState_MESSAGE_STATE_ACCEPTED)
 
-	e.clock.Advance(16 * time.Minute)
+	e.clock.Add(16 * time.Minute)
 	e.svc.Sweep(context.Background())
 	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_QUEUED, e.message("s1", "q1").GetState())
 
-	e.clock.Advance(31 * time.Second) // queued 16.5 min + 1 s
+	e.clock.Add(31 * time.Second) // queued 16.5 min + 1 s
 	e.svc.Sweep(context.Background())
 	q := e.message("s1", "q1")
 	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_FAILED, q.GetState())
 	require.Equal(t, "preparation_timeout", q.GetFailureReason())
 	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_ACCEPTED, e.message("s2", "a1").GetState())
 
-	e.clock.Advance(125*time.Minute - 16*time.Minute) // accepted 125 min + 1 s
+	e.clock.Add(125*time.Minute - 16*time.Minute) // accepted 125 min + 1 s
 	e.svc.Sweep(context.Background())
 	a := e.message("s2", "a1")
 	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_FAILED, a.GetState())
@@ -422,9 +422,9 @@ func TestStopAndCancel(t *testing.T) {
 func TestRetentionDeletesIdleSessions(t *testing.T) {
 	e := newEnv(t)
 	e.create("old", "u1", "/work/a")
-	e.clock.Advance(60 * 24 * time.Hour)
+	e.clock.Add(60 * 24 * time.Hour)
 	e.create("young", "u1", "/work/b")
-	e.clock.Advance(31 * 24 * time.Hour)
+	e.clock.Add(31 * 24 * time.Hour)
 	e.svc.Sweep(context.Background())
 	_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "old"})
 	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
@@ -437,7 +437,7 @@ func TestListSessionsPages(t *testing.T) {
 	e := newEnv(t)
 	for i := range 7 {
 		e.create(fmt.Sprint("s", i), "u1", fmt.Sprint("/work/", i))
-		e.clock.Advance(time.Second)
+		e.clock.Add(time.Second)
 	}
 	e.create("other", "u2", "/work/x")
 	var ids []string
@@ -622,4 +622,33 @@ func TestCreateSessionRefusesAnotherTenantsSandbox(t *testing.T) {
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-a"},
 	})
 	requireStatus(t, err, codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
+}
+
+// A directory the session's workspace cannot be bound at inside its sandbox
+// (a system path every sandbox mounts, or /tmp itself) is refused at
+// CreateSession with its own reason and a field violation, and nothing is
+// stored; a directory below /tmp, or one that only starts like a system
+// path, is accepted (issue 32 item 5).
+func TestCreateSessionRefusesADirectoryTheSandboxMounts(t *testing.T) {
+	e := newEnv(t)
+	create := func(id, dir string) error {
+		_, err := e.api.CreateSession(e.ctx, &sessionv1.CreateSessionRequest{
+			SessionId: id, UserId: "u1", OrgId: "o1", Worktree: &sessionv1.Worktree{Directory: dir},
+			Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-1"},
+		})
+		return err
+	}
+	for i, dir := range []string{"/proc", "/proc/self", "/usr/src/app", "/etc", "/tmp", "/run/agentplane", "/dev/shm/x", "/sys/x", "/lib64/x"} {
+		id := fmt.Sprintf("s-r%d", i)
+		err := create(id, dir)
+		requireStatus(t, err, codes.InvalidArgument, "DIRECTORY_RESERVED")
+		v := apierr.FieldViolations(err)
+		require.Len(t, v, 1, dir)
+		require.Equal(t, "worktree.directory", v[0].GetField())
+		_, err = e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: id})
+		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	}
+	for i, dir := range []string{"/tmp/repo", "/usrx/app", "/home/u/repo"} {
+		require.NoError(t, create(fmt.Sprintf("s-ok%d", i), dir), dir)
+	}
 }

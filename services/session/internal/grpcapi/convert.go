@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
@@ -44,6 +45,7 @@ var routeStates = map[session.RouteState]sessionv1.RouteState{
 	session.RouteReady:        sessionv1.RouteState_ROUTE_STATE_READY,
 	session.RouteReconnecting: sessionv1.RouteState_ROUTE_STATE_RECONNECTING,
 	session.RouteFailed:       sessionv1.RouteState_ROUTE_STATE_FAILED,
+	session.RouteSuspended:    sessionv1.RouteState_ROUTE_STATE_SUSPENDED,
 }
 
 var sessionStates = map[session.State]sessionv1.SessionState{
@@ -80,7 +82,20 @@ func sessionToProto(s *session.Session) *sessionv1.Session {
 		Route: routeToProto(&s.Route), SandboxId: s.SandboxID,
 		CreateTime: ts(s.CreateTime), UpdateTime: ts(s.UpdateTime), Labels: s.Labels, Agent: agentToProto(s.Agent),
 		Egress: egressToProto(s.Egress), EgressVersion: s.EgressVersion,
+		SuspendAfter: durationToProto(s.SuspendAfter), PushBranchPrefix: s.PushBranchPrefix(),
+		Usage: usageToProto(s.Usage),
 	}
+}
+
+func usageToProto(u session.Usage) *runtimev1.TokenUsage {
+	return &runtimev1.TokenUsage{InputTokens: u.Input, OutputTokens: u.Output, CachedTokens: u.Cached, Requests: u.Requests, Model: u.Model, CostUsd: u.CostUSD}
+}
+
+func durationToProto(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
 }
 
 func egressToProto(p egresspolicy.Policy) *sessionv1.EgressPolicy {

@@ -34,6 +34,11 @@ const (
 	ReasonInternal               = "INTERNAL"
 	ReasonNoRepository           = "NO_REPOSITORY"
 	ReasonEgressVersionConflict  = "EGRESS_VERSION_CONFLICT"
+	ReasonDirectoryReserved      = "DIRECTORY_RESERVED"
+	ReasonTurnRunning            = "TURN_RUNNING"
+	ReasonRuntimeShared          = "RUNTIME_SHARED"
+	ReasonSuspendPending         = "SUSPEND_PENDING"
+	ReasonRouteFailed            = "ROUTE_FAILED"
 )
 
 // toStatus is the service's one error translator. Internal errors are
@@ -43,6 +48,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var pending *session.DeletionPendingError
 	var expired *session.CursorExpiredError
 	var wt *session.WorktreeError
+	var suspending *session.SuspendPendingError
+	var routeFailed *session.RouteFailedError
 	switch {
 	case errors.As(err, &wt):
 		return worktreeStatus(wt)
@@ -51,8 +58,47 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 			apierr.FieldViolation("session_id", "the session has no worktree.repo_url and git_credential"))
 	case err == nil:
 		return nil
+	}
+	if st := sentinelStatus(err); st != nil {
+		return st
+	}
+	switch {
 	case errors.As(err, &invalid):
 		return invalidStatus(invalid)
+	case errors.As(err, &pending):
+		return apierr.Error(codes.FailedPrecondition, ReasonDeletionPendingCleanup,
+			"deletion is persisted; cleanup is not verified yet and continues in the background",
+			apierr.RetryAfter(pending.RetryAfter), apierr.Metadata("pending_step", pending.Step))
+	case errors.As(err, &suspending):
+		return apierr.Error(codes.Unavailable, ReasonSuspendPending,
+			"the runtime's stop is asked for; the absence of its processes is not verified yet and the stop continues",
+			apierr.RetryAfter(suspending.RetryAfter))
+	case errors.As(err, &routeFailed):
+		return apierr.Error(codes.FailedPrecondition, ReasonRouteFailed, "the route failed to prepare",
+			apierr.Metadata("failure_reason", routeFailed.Reason))
+	case errors.As(err, &expired):
+		return apierr.Error(codes.OutOfRange, ReasonCursorExpired,
+			"the cursor is older than the retained event log; events after it were trimmed",
+			apierr.FieldViolation("cursor", "older than the retained event log"), apierr.Metadata("oldest_cursor", expired.Oldest))
+	case errors.Is(err, session.ErrPeerUnavailable):
+		log.WarnContext(ctx, "peer unavailable", "error", err)
+		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
+	case errors.Is(err, session.ErrConflictRetries):
+		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
+	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
+		log.WarnContext(ctx, "write not confirmed on the state store's replicas", "error", err)
+		return apierr.StoreNotReplicated()
+	case ctx.Err() == nil && storeerr.Unavailable(err):
+		log.WarnContext(ctx, "state store unavailable", "error", err)
+		return apierr.StoreUnavailable()
+	}
+	return apierr.Unexpected(ctx, log, err)
+}
+
+// sentinelStatus translates the session package's sentinel errors of bad
+// or conflicting requests; nil for any other error (toStatus goes on).
+func sentinelStatus(err error) error {
+	switch {
 	case errors.Is(err, session.ErrInvalidPageToken):
 		return apierr.Error(codes.InvalidArgument, ReasonInvalidRequest, "malformed page token",
 			apierr.FieldViolation("page_token", "not a token from a previous response"))
@@ -70,14 +116,11 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return apierr.Error(codes.AlreadyExists, ReasonSessionIDConflict,
 			"session_id was already used with another request",
 			apierr.FieldViolation("session_id", "already used with another request"))
-	case errors.As(err, &pending):
-		return apierr.Error(codes.FailedPrecondition, ReasonDeletionPendingCleanup,
-			"deletion is persisted; cleanup is not verified yet and continues in the background",
-			apierr.RetryAfter(pending.RetryAfter), apierr.Metadata("pending_step", pending.Step))
-	case errors.As(err, &expired):
-		return apierr.Error(codes.OutOfRange, ReasonCursorExpired,
-			"the cursor is older than the retained event log; events after it were trimmed",
-			apierr.FieldViolation("cursor", "older than the retained event log"), apierr.Metadata("oldest_cursor", expired.Oldest))
+	case errors.Is(err, session.ErrTurnRunning):
+		return apierr.Error(codes.FailedPrecondition, ReasonTurnRunning, err.Error(),
+			apierr.FieldViolation("force", "the session has queued or accepted work; set force to go ahead"))
+	case errors.Is(err, session.ErrRuntimeShared):
+		return apierr.Error(codes.FailedPrecondition, ReasonRuntimeShared, err.Error())
 	case errors.Is(err, session.ErrEgressVersionConflict):
 		return apierr.Error(codes.Aborted, ReasonEgressVersionConflict, "the egress policy changed since expected_version; read the session and try again",
 			apierr.FieldViolation("expected_version", "not the current egress_version"))
@@ -94,23 +137,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		// Never says whether the sandbox exists: a sandbox id is no secret.
 		return apierr.Error(codes.PermissionDenied, ReasonSandboxTenantMismatch, "the sandbox does not belong to this tenant",
 			apierr.FieldViolation("sandbox_id", "a sandbox of another tenant"))
-	case errors.Is(err, session.ErrPeerUnavailable):
-		log.WarnContext(ctx, "peer unavailable", "error", err)
-		return apierr.Error(codes.Unavailable, ReasonPeerUnavailable, "a dependency is unavailable; retry")
-	case errors.Is(err, session.ErrConflictRetries):
-		return apierr.Error(codes.Aborted, ReasonSessionBusy, "too many concurrent changes of the session; retry")
-	case ctx.Err() == nil && errors.Is(err, storeerr.ErrNotReplicated):
-		log.WarnContext(ctx, "write not confirmed on the state store's replicas", "error", err)
-		return apierr.StoreNotReplicated()
-	case ctx.Err() == nil && storeerr.Unavailable(err):
-		log.WarnContext(ctx, "state store unavailable", "error", err)
-		return apierr.StoreUnavailable()
 	}
-	return apierr.Unexpected(ctx, log, err)
+	return nil
 }
 
-// worktreeStatus translates a failed git step of the wrapper (its reason
-// is the ErrorInfo reason; docs/errors.md, Session).
+// worktreeStatus translates a failed git step or file action of the
+// wrapper (its reason is the ErrorInfo reason; docs/errors.md, Session).
 func worktreeStatus(wt *session.WorktreeError) error {
 	code := codes.FailedPrecondition
 	opts := []apierr.Option{}
@@ -123,6 +155,8 @@ func worktreeStatus(wt *session.WorktreeError) error {
 		opts = append(opts, apierr.RetryAfter(5*time.Second))
 	case "WORKTREE_UNAVAILABLE":
 		opts = append(opts, apierr.RetryAfter(5*time.Second))
+	case "FILE_NOT_FOUND":
+		code = codes.NotFound
 	}
 	return apierr.Error(code, wt.Reason, wt.Detail, opts...)
 }

@@ -3,6 +3,7 @@ package grpcapi
 import (
 	"context"
 	"log/slog"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -137,6 +138,57 @@ func (a *NotifyAPI) NotifyTurnOutcome(ctx context.Context, r *sessionv1.NotifyTu
 	err = a.svc.TurnOutcome(ctx, r.GetRoute().GetSessionId(), notice(r.GetRoute()), service.Outcome{
 		TurnID: o.GetTurnId(), LastMessageID: o.GetLastMessageId(), Result: result,
 		FailureReason: o.GetFailureReason(), Payload: payload,
+		WithUsage: func(u session.Usage) []byte {
+			// The proxy's count replaces whatever the runtime said.
+			withUsage := proto.CloneOf(o)
+			withUsage.Usage = usageToProto(u)
+			b, err := proto.Marshal(withUsage)
+			if err != nil {
+				return payload
+			}
+			return b
+		},
 	})
 	return &sessionv1.NotifyTurnOutcomeResponse{}, a.fail(ctx, err)
+}
+
+// Bounds of a usage report: more is no real provider response's.
+const (
+	maxReportedTokens = 1 << 40
+	maxModelName      = 96
+)
+
+// NotifyUsage counts one provider response's usage (from the credential
+// proxy).
+func (a *NotifyAPI) NotifyUsage(ctx context.Context, r *sessionv1.NotifyUsageRequest) (*sessionv1.NotifyUsageResponse, error) {
+	vs := session.CheckID("session_id", r.GetSessionId())
+	vs = append(vs, session.CheckOptionalID("sandbox_id", r.GetSandboxId())...)
+	if len(r.GetRuntimeSessionId()) > 256 {
+		vs = append(vs, session.Violation{Field: "runtime_session_id", Description: "at most 256 bytes"})
+	}
+	u := r.GetUsage()
+	if u == nil {
+		vs = append(vs, session.Violation{Field: "usage", Description: "required"})
+	}
+	for field, n := range map[string]uint64{"usage.input_tokens": u.GetInputTokens(), "usage.output_tokens": u.GetOutputTokens(), "usage.cached_tokens": u.GetCachedTokens()} {
+		if n > maxReportedTokens {
+			vs = append(vs, session.Violation{Field: field, Description: "at most 2^40"})
+		}
+	}
+	if u.GetCachedTokens() > u.GetInputTokens() {
+		vs = append(vs, session.Violation{Field: "usage.cached_tokens", Description: "must not exceed usage.input_tokens"})
+	}
+	if u.GetRequests() > 1 {
+		vs = append(vs, session.Violation{Field: "usage.requests", Description: "one report is one response: 0 or 1"})
+	}
+	if len(u.GetModel()) > maxModelName || !utf8.ValidString(u.GetModel()) {
+		vs = append(vs, session.Violation{Field: "usage.model", Description: "at most 96 bytes of UTF-8"})
+	}
+	if err := session.Invalid(vs); err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	err := a.svc.Usage(ctx, r.GetSessionId(), r.GetSandboxId(), session.Usage{
+		Input: u.GetInputTokens(), Output: u.GetOutputTokens(), Cached: u.GetCachedTokens(), Requests: 1, Model: u.GetModel(),
+	})
+	return &sessionv1.NotifyUsageResponse{}, a.fail(ctx, err)
 }

@@ -32,6 +32,9 @@ func (a *SessionAPI) CreateSession(ctx context.Context, r *sessionv1.CreateSessi
 	if err := validateCreate(r); err != nil {
 		return nil, a.fail(ctx, err)
 	}
+	if err := directoryReserved(r.GetWorktree().GetDirectory()); err != nil {
+		return nil, err
+	}
 	s, err := a.svc.Create(ctx, service.CreateInput{
 		ID: r.GetSessionId(), UserID: r.GetUserId(), OrgID: r.GetOrgId(),
 		RepoURL: r.GetWorktree().GetRepoUrl(), Directory: r.GetWorktree().GetDirectory(),
@@ -40,7 +43,9 @@ func (a *SessionAPI) CreateSession(ctx context.Context, r *sessionv1.CreateSessi
 		Agent:   session.Agent{Profile: r.GetAgent().GetProfile(), Model: r.GetAgent().GetModel(), RejectToolKinds: r.GetAgent().GetRejectToolKinds()},
 		RepoRef: r.GetWorktree().GetRef(), RepoDepth: r.GetWorktree().GetDepth(),
 		GitToken: r.GetGitCredential().GetToken(), GitUsername: r.GetGitCredential().GetUsername(),
-		Egress: egressFromProto(r.GetEgress()),
+		GitPushPrefix: r.GetGitCredential().GetPushBranchPrefix(),
+		Egress:        egressFromProto(r.GetEgress()),
+		SuspendAfter:  r.GetSuspendAfter().AsDuration(),
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)
@@ -147,6 +152,28 @@ func (a *SessionAPI) StopSession(ctx context.Context, r *sessionv1.StopSessionRe
 		return nil, a.fail(ctx, err)
 	}
 	return &sessionv1.StopSessionResponse{Session: sessionToProto(s)}, nil
+}
+
+func (a *SessionAPI) SuspendSession(ctx context.Context, r *sessionv1.SuspendSessionRequest) (*sessionv1.SuspendSessionResponse, error) {
+	if err := validateSessionID(r.GetSessionId()); err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	s, err := a.svc.Suspend(ctx, r.GetSessionId(), r.GetForce())
+	if err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	return &sessionv1.SuspendSessionResponse{Session: sessionToProto(s)}, nil
+}
+
+func (a *SessionAPI) ResumeSession(ctx context.Context, r *sessionv1.ResumeSessionRequest) (*sessionv1.ResumeSessionResponse, error) {
+	if err := validateSessionID(r.GetSessionId()); err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	s, err := a.svc.Resume(ctx, r.GetSessionId(), r.GetRestart())
+	if err != nil {
+		return nil, a.fail(ctx, err)
+	}
+	return &sessionv1.ResumeSessionResponse{Session: sessionToProto(s)}, nil
 }
 
 func (a *SessionAPI) DeleteSession(ctx context.Context, r *sessionv1.DeleteSessionRequest) (*sessionv1.DeleteSessionResponse, error) {

@@ -2,10 +2,16 @@ package grpcapi
 
 import (
 	"encoding/base64"
+	"fmt"
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+
+	"agentplane.dev/pkg/apierr"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/ident"
+	"agentplane.dev/services/session/internal/service"
 	"agentplane.dev/services/session/internal/session"
 	"agentplane.dev/services/session/internal/store"
 )
@@ -33,6 +39,7 @@ func validateCreate(r *sessionv1.CreateSessionRequest) error {
 		if len(g.GetUsername()) > 256 || strings.ContainsAny(g.GetUsername(), ":\r\n") {
 			vs = append(vs, session.Violation{Field: "git_credential.username", Description: "at most 256 bytes, no colon or line break"})
 		}
+		vs = append(vs, session.CheckPushPrefix("git_credential.push_branch_prefix", g.GetPushBranchPrefix())...)
 	}
 	switch r.GetCredential().GetClass() {
 	case sessionv1.CredentialClass_CREDENTIAL_CLASS_DELEGATED, sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC:
@@ -53,14 +60,110 @@ func validateCreate(r *sessionv1.CreateSessionRequest) error {
 			vs = append(vs, session.Violation{Field: "agent.reject_tool_kinds", Description: "at most 16 tool kinds"})
 		}
 	}
+	if d := r.GetSuspendAfter(); d != nil {
+		if d.CheckValid() != nil {
+			vs = append(vs, session.Violation{Field: "suspend_after", Description: "not a valid duration"})
+		} else {
+			vs = append(vs, session.CheckSuspendAfter("suspend_after", d.AsDuration())...)
+		}
+	}
 	return session.Invalid(vs)
+}
+
+// directoryReserved refuses a well-formed directory the session's workspace
+// cannot be bound at inside its sandbox (DESIGN.md 3.6: the agent works at
+// the session's directory): a system path every sandbox mounts itself, or
+// /tmp. Its own reason, after the field checks, so a client can tell "pick
+// another directory" from a malformed request.
+func directoryReserved(dir string) error {
+	why := ident.ReservedDirectory(dir)
+	if why == "" {
+		return nil
+	}
+	return apierr.Error(codes.InvalidArgument, ReasonDirectoryReserved,
+		"worktree.directory is where the agent works inside its sandbox and cannot be there: "+why,
+		apierr.FieldViolation("worktree.directory", why))
 }
 
 func validatePush(r *sessionv1.PushWorktreeRequest) error {
 	vs := session.CheckID("session_id", r.GetSessionId())
 	vs = append(vs, session.CheckBranch("branch", r.GetBranch())...)
 	vs = append(vs, session.CheckCommitMessage("commit_message", r.GetCommitMessage())...)
+	vs = append(vs, session.CheckAuthorName("author_name", r.GetAuthorName())...)
+	vs = append(vs, session.CheckAuthorEmail("author_email", r.GetAuthorEmail())...)
 	return session.Invalid(vs)
+}
+
+// validateListFiles checks a listing and returns the wrapper's page: the
+// token is the last name of the previous page.
+func validateListFiles(r *sessionv1.ListWorktreeFilesRequest) (service.FileList, error) {
+	l := service.FileList{Path: r.GetPath(), Limit: int(r.GetPageSize())}
+	vs := session.CheckID("session_id", r.GetSessionId())
+	vs = append(vs, violation("path", ident.WorktreePath(r.GetPath()))...)
+	if l.Limit < 0 || l.Limit > ident.MaxWorktreeEntries {
+		vs = append(vs, session.Violation{Field: "page_size", Description: "0 (1000) to 1000"})
+	}
+	if l.Limit == 0 {
+		l.Limit = ident.MaxWorktreeEntries
+	}
+	if t := r.GetPageToken(); t != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(t)
+		if err != nil || len(raw) == 0 || len(raw) > 255 || strings.ContainsAny(string(raw), "/\x00") {
+			vs = append(vs, session.Violation{Field: "page_token", Description: "not a token from a previous response"})
+		}
+		l.After = string(raw)
+	}
+	return l, session.Invalid(vs)
+}
+
+func validateReadFile(r *sessionv1.ReadWorktreeFileRequest) error {
+	vs := session.CheckID("session_id", r.GetSessionId())
+	if r.GetPath() == "" {
+		vs = append(vs, session.Violation{Field: "path", Description: "a file relative to the worktree"})
+	}
+	vs = append(vs, violation("path", ident.WorktreePath(r.GetPath()))...)
+	if r.GetOffset() < 0 {
+		vs = append(vs, session.Violation{Field: "offset", Description: "at least 0"})
+	}
+	if r.GetLength() < 0 || r.GetLength() > ident.MaxWorktreeRead {
+		vs = append(vs, session.Violation{Field: "length", Description: "0 (1 MiB) to 1 MiB (1048576 bytes)"})
+	}
+	return session.Invalid(vs)
+}
+
+// validateWriteFiles checks a write batch: 1 to 100 files, 3 MiB of data
+// in all (under gRPC's 4 MiB message bound, with room), each a worktree
+// path and permission bits.
+func validateWriteFiles(r *sessionv1.WriteWorktreeFilesRequest) ([]service.FileWrite, error) {
+	vs := session.CheckID("session_id", r.GetSessionId())
+	if n := len(r.GetFiles()); n == 0 || n > ident.MaxWorktreeWriteFiles {
+		vs = append(vs, session.Violation{Field: "files", Description: "1 to 100 files"})
+	}
+	files := make([]service.FileWrite, 0, len(r.GetFiles()))
+	total := 0
+	for i, f := range r.GetFiles() {
+		field := fmt.Sprintf("files[%d]", i)
+		if f.GetPath() == "" {
+			vs = append(vs, session.Violation{Field: field + ".path", Description: "a file relative to the worktree"})
+		}
+		vs = append(vs, violation(field+".path", ident.WorktreePath(f.GetPath()))...)
+		if f.GetMode() > 0o777 {
+			vs = append(vs, session.Violation{Field: field + ".mode", Description: "permission bits, at most 0o777 (0: keep, 0o644 when new)"})
+		}
+		total += len(f.GetData())
+		files = append(files, service.FileWrite{Path: f.GetPath(), Data: f.GetData(), Mode: f.GetMode()})
+	}
+	if total > ident.MaxWorktreeWriteBytes {
+		vs = append(vs, session.Violation{Field: "files", Description: "at most 3 MiB (3145728 bytes) of data in all"})
+	}
+	return files, session.Invalid(vs)
+}
+
+func violation(field, why string) []session.Violation {
+	if why == "" {
+		return nil
+	}
+	return []session.Violation{{Field: field, Description: why}}
 }
 
 func validateSessionID(id string) error { return session.Invalid(session.CheckID("session_id", id)) }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/pkg/gitrepo"
@@ -36,6 +37,10 @@ func SandboxRouter(conns *grpcclient.Conns) *grpcclient.OwnerRouter {
 // ReasonSandboxTenantMismatch is the sandbox service's answer to a call
 // naming a sandbox of another tenant (docs/errors.md).
 const ReasonSandboxTenantMismatch = "SANDBOX_TENANT_MISMATCH"
+
+// ReasonRuntimeShared is the sandbox service's refusal to suspend a
+// runtime other sessions share (docs/errors.md).
+const ReasonRuntimeShared = "RUNTIME_SHARED"
 
 // ReasonSandboxOwnedElsewhere is the sandbox service's answer from a
 // replica that does not own the sandbox (docs/errors.md).
@@ -171,8 +176,8 @@ func (p Sandbox) ClaimSandbox(ctx context.Context, sandboxID string, t session.T
 	return fmt.Errorf("%w: sandbox: %w", session.ErrPeerUnavailable, err)
 }
 
-func (p Sandbox) Prepare(ctx context.Context, s *session.Session) (session.RouteView, error) {
-	resp, err := p.C.Prepare(ctx, &sandboxv1.PrepareRequest{Route: routeSpec(s)})
+func (p Sandbox) Prepare(ctx context.Context, s *session.Session, restart bool) (session.RouteView, error) {
+	resp, err := p.C.Prepare(ctx, &sandboxv1.PrepareRequest{Route: routeSpec(s), Restart: restart})
 	if err != nil {
 		return session.RouteView{}, err
 	}
@@ -218,6 +223,21 @@ func (p Sandbox) ReleaseRoute(ctx context.Context, r service.RouteRef, reason st
 	}, nil
 }
 
+func (p Sandbox) SuspendRoute(ctx context.Context, r service.RouteRef) (bool, time.Duration, error) {
+	resp, err := p.C.SuspendRoute(ctx, &sandboxv1.SuspendRouteRequest{SessionId: r.SessionID, SandboxId: r.SandboxID,
+		Tenant: &sandboxv1.Tenant{OrgId: r.Tenant.Org, UserId: r.Tenant.User}})
+	if err != nil {
+		switch apierr.Reason(err) {
+		case ReasonSandboxTenantMismatch:
+			return false, 0, session.ErrSandboxTenantMismatch
+		case ReasonRuntimeShared:
+			return false, 0, session.ErrRuntimeShared
+		}
+		return false, 0, fmt.Errorf("%w: sandbox: %w", session.ErrPeerUnavailable, err)
+	}
+	return resp.GetAbsenceVerified(), resp.GetRetryAfter().AsDuration(), nil
+}
+
 func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*gitrepo.Changes, error) {
 	resp, err := p.C.WorktreeChanges(ctx, &sandboxv1.WorktreeChangesRequest{SessionId: s.ID, SandboxId: s.SandboxID, Tenant: tenant(s)})
 	if err != nil {
@@ -238,12 +258,57 @@ func (p Sandbox) WorktreeChanges(ctx context.Context, s *session.Session) (*gitr
 	return out, nil
 }
 
-func (p Sandbox) PushWorktree(ctx context.Context, s *session.Session, branch, message string) (service.Pushed, error) {
-	resp, err := p.C.PushWorktree(ctx, &sandboxv1.PushWorktreeRequest{SessionId: s.ID, SandboxId: s.SandboxID, Branch: branch, CommitMessage: message, Tenant: tenant(s)})
+func (p Sandbox) PushWorktree(ctx context.Context, s *session.Session, push service.Push) (service.Pushed, error) {
+	resp, err := p.C.PushWorktree(ctx, &sandboxv1.PushWorktreeRequest{SessionId: s.ID, SandboxId: s.SandboxID, Branch: push.Branch, CommitMessage: push.Message,
+		AuthorName: push.AuthorName, AuthorEmail: push.AuthorEmail, Tenant: tenant(s)})
 	if err != nil {
 		return service.Pushed{}, worktreeErr(err)
 	}
 	return service.Pushed{Commit: resp.GetCommitId(), Ref: resp.GetRef(), Committed: resp.GetCommitted()}, nil
+}
+
+var fileTypes = map[runtimev1.WorktreeFileType]service.FileType{
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_FILE:      service.FileRegular,
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_DIRECTORY: service.FileDirectory,
+	runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_SYMLINK:   service.FileSymlink,
+}
+
+func (p Sandbox) ListWorktreeFiles(ctx context.Context, s *session.Session, l service.FileList) (service.FilePage, error) {
+	resp, err := p.C.ListWorktreeFiles(ctx, &sandboxv1.ListWorktreeFilesRequest{SessionId: s.ID, SandboxId: s.SandboxID, Tenant: tenant(s),
+		Path: l.Path, After: l.After, Limit: int32(l.Limit)}) //nolint:gosec // at most 1000 (validated)
+	if err != nil {
+		return service.FilePage{}, worktreeErr(err)
+	}
+	page := service.FilePage{More: resp.GetMore(), Files: make([]service.WorktreeFile, 0, len(resp.GetFiles()))}
+	for _, f := range resp.GetFiles() {
+		t, ok := fileTypes[f.GetType()]
+		if !ok {
+			t = service.FileOther
+		}
+		page.Files = append(page.Files, service.WorktreeFile{Name: f.GetName(), Type: t, Size: f.GetSize(), Mode: f.GetMode()})
+	}
+	return page, nil
+}
+
+func (p Sandbox) ReadWorktreeFile(ctx context.Context, s *session.Session, r service.FileRead) (service.FileData, error) {
+	resp, err := p.C.ReadWorktreeFile(ctx, &sandboxv1.ReadWorktreeFileRequest{SessionId: s.ID, SandboxId: s.SandboxID, Tenant: tenant(s),
+		Path: r.Path, Offset: r.Offset, Length: int32(r.Length)}) //nolint:gosec // at most 1 MiB (validated)
+	if err != nil {
+		return service.FileData{}, worktreeErr(err)
+	}
+	return service.FileData{Data: resp.GetData(), Size: resp.GetSize()}, nil
+}
+
+func (p Sandbox) WriteWorktreeFiles(ctx context.Context, s *session.Session, files []service.FileWrite) (int, int64, error) {
+	req := &sandboxv1.WriteWorktreeFilesRequest{SessionId: s.ID, SandboxId: s.SandboxID, Tenant: tenant(s)}
+	for _, f := range files {
+		req.Files = append(req.Files, &runtimev1.WorktreeFileWrite{Path: f.Path, Data: f.Data, Mode: f.Mode})
+	}
+	resp, err := p.C.WriteWorktreeFiles(ctx, req)
+	if err != nil {
+		return 0, 0, worktreeErr(err)
+	}
+	return int(resp.GetFilesWritten()), resp.GetBytesWritten(), nil
 }
 
 // worktreeErr turns the sandbox's worktree refusals (and a route it does
@@ -254,7 +319,8 @@ func worktreeErr(err error) error {
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
 			switch info.GetReason() {
-			case "WORKTREE_UNAVAILABLE", "PUSH_REJECTED", "REPO_AUTH_FAILED", "REPO_UNREACHABLE", "INVALID_BRANCH":
+			case "WORKTREE_UNAVAILABLE", "PUSH_REJECTED", "REPO_AUTH_FAILED", "REPO_UNREACHABLE", "INVALID_BRANCH",
+				"PATH_ESCAPES_WORKTREE", "FILE_NOT_FOUND", "NOT_A_DIRECTORY", "NOT_A_REGULAR_FILE":
 				return &session.WorktreeError{Reason: info.GetReason(), Detail: st.Message(), Retryable: st.Code() == codes.Unavailable}
 			case "ROUTE_NOT_FOUND":
 				return &session.WorktreeError{Reason: "WORKTREE_UNAVAILABLE", Detail: "the session has no prepared route; send a message first"}
@@ -285,10 +351,10 @@ func (p Credentials) Put(ctx context.Context, sessionID string, class session.Cr
 	return resp.GetCredentialRef(), nil
 }
 
-func (p Credentials) PutGit(ctx context.Context, sessionID, repoURL, username, token string) (string, error) {
+func (p Credentials) PutGit(ctx context.Context, sessionID, repoURL, username, pushPrefix, token string) (string, error) {
 	resp, err := p.C.PutBackingCredential(ctx, &credentialv1.PutBackingCredentialRequest{
 		SessionId: sessionID, CredentialClass: credentialv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: token,
-		RepoUrl: repoURL, GitUsername: username,
+		RepoUrl: repoURL, GitUsername: username, GitPushBranchPrefix: pushPrefix,
 	})
 	if err != nil {
 		return "", scrub(err)

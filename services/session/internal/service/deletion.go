@@ -86,7 +86,9 @@ func (s *Service) reconcile(ctx context.Context, id string) (err error) {
 		case err == nil:
 			return errors.New("session has no deletion intent")
 		case errors.Is(err, session.ErrSessionNotFound):
-			return nil // already wiped
+			// Wiped by another reconciler since the Gone check: the lease
+			// taken meanwhile wrote the session's fence keys again.
+			return s.store.ForgetFence(ctx, id)
 		default:
 			return err // a store error says nothing about the deletion
 		}

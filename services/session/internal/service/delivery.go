@@ -108,8 +108,8 @@ func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate)
 		switch a.Session.Route.State {
 		case session.RouteReady:
 			more, retry = s.deliver(ctx, a, queued)
-		case session.RouteUnknown, session.RouteFailed, "":
-			more, retry = s.prepare(ctx, &a.Session)
+		case session.RouteUnknown, session.RouteFailed, session.RouteSuspended, "":
+			more, retry = s.prepare(ctx, &a.Session, false)
 		}
 		if retry {
 			if !sleep(ctx, pause) {
@@ -186,9 +186,9 @@ func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*s
 
 // prepare asks the sandbox for the route; it reports whether draining
 // should go on (the route came back ready) and whether to retry a failure.
-func (s *Service) prepare(ctx context.Context, sess *session.Session) (more, retry bool) {
+func (s *Service) prepare(ctx context.Context, sess *session.Session, restart bool) (more, retry bool) {
 	pctx, cancel := s.peerCtx(ctx)
-	view, err := s.sandbox.Prepare(pctx, sess)
+	view, err := s.sandbox.Prepare(pctx, sess, restart)
 	cancel()
 	if err != nil {
 		s.log.WarnContext(ctx, "prepare failed", "session_id", sess.ID, "error", err)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"agentplane.dev/pkg/paging"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -52,7 +53,9 @@ func (s *Service) ExportHistory(ctx context.Context, id, token string, size int)
 	var out []HistoryItem
 	for at < len(ids) && len(out) < size {
 		pctx, cancel := s.peerCtx(ctx)
-		p, err := s.history.Export(pctx, ids[at], page, size-len(out))
+		// ingest pages at most paging.MaxPageSize (500) a call, the
+		// API up to 1000: a larger page takes more calls.
+		p, err := s.history.Export(pctx, ids[at], page, min(size-len(out), paging.MaxPageSize))
 		cancel()
 		if err != nil && !errors.Is(err, ErrHistoryGone) {
 			return nil, "", err

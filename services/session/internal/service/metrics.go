@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +20,21 @@ type Metrics struct {
 	deletions   *prometheus.CounterVec
 	deleteTime  prometheus.Histogram
 	subscribers prometheus.Gauge
+	suspends    prometheus.Counter // idle suspends only
+	suspended   prometheus.Counter // every route that became suspended
+	resumes     *prometheus.CounterVec
+	resumeTime  prometheus.Histogram
+	tokens      *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	cost        *prometheus.CounterVec
+
+	modelsMu sync.Mutex
+	models   map[string]bool // model label values in use (at most maxModelLabels)
 }
+
+// maxModelLabels bounds the model label's values: a model name comes from
+// the provider's responses; past this many, "other".
+const maxModelLabels = 64
 
 // NewMetrics builds the metrics; Register adds them to a registry.
 func NewMetrics() *Metrics {
@@ -49,7 +64,61 @@ func NewMetrics() *Metrics {
 			Name: "agentplane_session_watch_subscribers",
 			Help: "WatchSession streams open on this replica.",
 		}),
+		suspends: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentplane_session_idle_suspends_total",
+			Help: "Sessions whose runtime this replica suspended after suspend_after without a turn (SuspendSession calls are not counted).",
+		}),
+		suspended: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentplane_session_suspends_total",
+			Help: "Session routes that became suspended in a change this replica committed (SuspendSession and the idle suspend alike).",
+		}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentplane_session_resumes_total",
+			Help: "Resumes of suspended routes that ended in a change this replica committed, by result (ready, failed).",
+		}, []string{"result"}),
+		resumeTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "agentplane_session_resume_duration_seconds",
+			Help:    "Seconds from a suspended session's resume (its message or ResumeSession) to its route ready.",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60, 120},
+		}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentplane_session_tokens_total",
+			Help: "Provider tokens the credential proxy read from responses, by the session's agent profile (\"\": the default), model (the first 64 names; then \"other\") and kind (input, output, cached; cached is part of input).",
+		}, []string{"profile", "model", "kind"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentplane_session_provider_requests_total",
+			Help: "Provider responses that reported token usage, by the session's agent profile and model (as agentplane_session_tokens_total).",
+		}, []string{"profile", "model"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentplane_session_cost_usd_total",
+			Help: "Cost in US dollars of the provider tokens the price table (SESSION_PRICE_TABLE) prices, by the session's agent profile and model (as agentplane_session_tokens_total).",
+		}, []string{"profile", "model"}),
+		models: map[string]bool{},
 	}
+}
+
+// usage counts one provider response's tokens.
+func (m *Metrics) usage(profile string, u session.Usage) {
+	model := m.modelLabel(u.Model)
+	m.tokens.WithLabelValues(profile, model, "input").Add(float64(u.Input))
+	m.tokens.WithLabelValues(profile, model, "output").Add(float64(u.Output))
+	m.tokens.WithLabelValues(profile, model, "cached").Add(float64(u.Cached))
+	m.requests.WithLabelValues(profile, model).Add(float64(u.Requests))
+	if u.CostUSD > 0 {
+		m.cost.WithLabelValues(profile, model).Add(u.CostUSD)
+	}
+}
+
+func (m *Metrics) modelLabel(model string) string {
+	m.modelsMu.Lock()
+	defer m.modelsMu.Unlock()
+	if !m.models[model] {
+		if len(m.models) >= maxModelLabels {
+			return "other"
+		}
+		m.models[model] = true
+	}
+	return model
 }
 
 // StateCounter reads how many sessions are in each state (store.StateCounts).
@@ -81,7 +150,8 @@ func (g stateGauge) Collect(ch chan<- prometheus.Metric) {
 // Register adds the metrics to reg; with states, also the sessions-by-state
 // gauge.
 func (m *Metrics) Register(reg prometheus.Registerer, states StateCounter) error {
-	cs := []prometheus.Collector{m.sessions, m.messages, m.backstops, m.deletions, m.deleteTime, m.subscribers}
+	cs := []prometheus.Collector{m.sessions, m.messages, m.backstops, m.deletions, m.deleteTime, m.subscribers, m.suspends,
+		m.suspended, m.resumes, m.resumeTime, m.tokens, m.requests, m.cost}
 	if states != nil {
 		cs = append(cs, stateGauge{count: states, desc: prometheus.NewDesc("agentplane_session_sessions",
 			"Sessions of the deployment by state (active, stopped; deleting: a deletion intent not yet wiped), from counts kept in Redis with each state change.",
@@ -95,6 +165,9 @@ func (m *Metrics) Register(reg prometheus.Registerer, states StateCounter) error
 	for _, r := range []string{"deleted", "pending", "error"} {
 		m.deletions.WithLabelValues(r)
 	}
+	for _, r := range []string{"ready", "failed"} {
+		m.resumes.WithLabelValues(r)
+	}
 	return nil
 }
 
@@ -103,10 +176,13 @@ func (m *Metrics) Register(reg prometheus.Registerer, states StateCounter) error
 type states struct {
 	session  session.State
 	messages map[string]session.MessageState
+	route    session.RouteState
+	resumed  *session.ResumeEnd // after: a resume the change ended
 }
 
 func statesOf(a *session.Aggregate) states {
-	s := states{session: a.Session.State, messages: map[string]session.MessageState{}}
+	s := states{session: a.Session.State, messages: map[string]session.MessageState{},
+		route: a.Session.Route.State, resumed: a.Resumed()}
 	for _, m := range a.Active {
 		s.messages[m.ID] = m.State
 	}
@@ -138,6 +214,17 @@ func (m *Metrics) committed(before, after states) {
 		if from := before.messages[id]; from != to {
 			m.messages.WithLabelValues(orNew(from), string(to)).Inc()
 		}
+	}
+	if before.route != session.RouteSuspended && after.route == session.RouteSuspended {
+		m.suspended.Inc()
+	}
+	if r := after.resumed; r != nil {
+		if !r.Ready {
+			m.resumes.WithLabelValues("failed").Inc()
+			return
+		}
+		m.resumes.WithLabelValues("ready").Inc()
+		m.resumeTime.Observe(r.Took.Seconds())
 	}
 }
 
@@ -187,4 +274,11 @@ func (m *Metrics) deletionFailed(err error) {
 		return
 	}
 	m.deletions.WithLabelValues("error").Inc()
+}
+
+// suspendedIdle counts one idle runtime suspended by SuspendIdle.
+func (m *Metrics) suspendedIdle() {
+	if m != nil {
+		m.suspends.Inc()
+	}
 }

@@ -100,13 +100,16 @@ type Outcome struct {
 	Result                session.TurnResult
 	FailureReason         string
 	Payload               []byte
+	// WithUsage encodes the payload with the turn's usage (nil: the
+	// payload as it is).
+	WithUsage func(session.Usage) []byte
 }
 
 // TurnOutcome settles accepted messages up to the outcome's last message.
 func (s *Service) TurnOutcome(ctx context.Context, id string, n session.Notice, o Outcome) error {
 	load := store.Load{MessageID: o.LastMessageID, SeenIDs: []string{"turn:" + o.TurnID}}
 	_, err := s.notify(ctx, id, n, load, func(a *session.Aggregate) {
-		a.Outcome("turn:"+o.TurnID, o.LastMessageID, o.Result, o.FailureReason, o.Payload, s.now())
+		a.Outcome("turn:"+o.TurnID, o.LastMessageID, o.Result, o.FailureReason, o.Payload, o.WithUsage, s.now())
 	})
 	return err
 }
@@ -115,4 +118,32 @@ func (s *Service) TurnOutcome(ctx context.Context, id string, n session.Notice, 
 // issued (zero, or far ahead of the clock) before anything is read.
 func (s *Service) checkNotice(n session.Notice) error {
 	return session.Invalid(session.CheckFenceToken("route.fence_token", n.FenceToken, s.now()))
+}
+
+// Usage counts one provider response's usage (from the credential proxy)
+// into the session's totals and its next turn outcome. A report for an
+// unknown or deleting session, or from another sandbox than the session's,
+// is dropped.
+func (s *Service) Usage(ctx context.Context, id, sandboxID string, u session.Usage) error {
+	var counted bool
+	var profile string
+	u.CostUSD = 0
+	if cost, ok := s.cfg.Prices.Cost(u); ok {
+		u.CostUSD = cost
+	}
+	_, err := s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
+		if a.Session.SandboxID != sandboxID || a.Session.State == session.StateDeleting {
+			return nil
+		}
+		a.AddUsage(u)
+		counted, profile = true, a.Session.Agent.Profile
+		return nil
+	})
+	if ErrNotFound(err) {
+		return nil
+	}
+	if err == nil && counted {
+		s.metrics.usage(profile, u)
+	}
+	return err
 }

@@ -29,11 +29,13 @@ type Config struct {
 	ReconcileInterval time.Duration // deletion reconciler; ≤ 0 disables the loop
 	DeletionBackoff   session.Backoff
 	DeletionLeaseTTL  time.Duration
-	WipeLocatorTTL    time.Duration // ≤ 0: store.DefaultWipeLocatorTTL
-	PeerTimeout       time.Duration // bound on every peer call
-	WatchBlock        time.Duration // XREAD BLOCK per round of a watcher
-	Owner             string        // this replica's name in leases
-	EgressMaxRules    int           // rules of one egress policy; ≤ 0: egresspolicy.DefaultMaxRules
+	WipeLocatorTTL    time.Duration         // ≤ 0: store.DefaultWipeLocatorTTL
+	PeerTimeout       time.Duration         // bound on every peer call
+	WatchBlock        time.Duration         // XREAD BLOCK per round of a watcher
+	Owner             string                // this replica's name in leases
+	EgressMaxRules    int                   // rules of one egress policy; ≤ 0: egresspolicy.DefaultMaxRules
+	Suspend           session.SuspendPolicy // when idle runtimes are suspended (SuspendIdle)
+	Prices            session.PriceTable    // prices usage by model; nil: no cost
 	Now               func() time.Time
 }
 
@@ -81,6 +83,7 @@ func New(d Deps, cfg Config) *Service {
 		log: d.Logger, cfg: cfg, ctx: ctx, cancel: cancel, metrics: d.Metrics,
 		running: map[string]bool{}, again: map[string]bool{},
 	}
+	d.Store.ScheduleSuspends(cfg.Suspend.Due)
 	if s.creds == nil {
 		s.log.Info("credential service not configured: backing credentials are not stored or released (dev only)")
 	}
@@ -90,9 +93,11 @@ func New(d Deps, cfg Config) *Service {
 	return s
 }
 
-// Start runs the sweeper and the deletion reconciler until Close.
+// Start runs the sweeper, the idle suspender and the deletion reconciler
+// until Close.
 func (s *Service) Start() {
 	s.loop(s.cfg.SweepInterval, s.Sweep)
+	s.loop(s.cfg.SweepInterval, s.SuspendIdle)
 	s.loop(s.cfg.ReconcileInterval, s.ReconcileDue)
 }
 
@@ -156,7 +161,9 @@ type CreateInput struct {
 	RepoDepth          uint32
 	GitToken           string // optional; write-only
 	GitUsername        string
+	GitPushPrefix      string // "": gitrepo.DefaultPushBranchPrefix
 	Egress             egresspolicy.Policy
+	SuspendAfter       time.Duration // zero: the profile's default
 }
 
 func newID() string {
@@ -179,11 +186,13 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 	if in.GitToken != "" {
 		gitDigest = session.Digest(in.GitToken)
 	}
+	asked := &session.Session{RepoURL: in.RepoURL, PushPrefix: in.GitPushPrefix}
 	same := func(old *session.Session) error {
 		if old.UserID != in.UserID || old.OrgID != in.OrgID || old.Directory != in.Directory ||
 			old.RepoURL != in.RepoURL || old.CredentialClass != in.Class || old.SandboxID != in.SandboxID ||
 			old.SecretDigest != digest || !sameAgent(old.Agent, in.Agent) ||
-			old.RepoRef != in.RepoRef || old.RepoDepth != in.RepoDepth || old.GitSecretDigest != gitDigest {
+			old.RepoRef != in.RepoRef || old.RepoDepth != in.RepoDepth || old.GitSecretDigest != gitDigest ||
+			old.SuspendAfter != in.SuspendAfter || old.PushBranchPrefix() != asked.PushBranchPrefix() {
 			return session.ErrSessionConflict
 		}
 		return nil
@@ -213,7 +222,8 @@ func (s *Service) Create(ctx context.Context, in CreateInput) (*session.Session,
 		CredentialClass: in.Class, CredentialRef: ref, SecretDigest: digest, SandboxID: in.SandboxID,
 		State: session.StateActive, Labels: in.Labels, Agent: in.Agent,
 		RepoRef: in.RepoRef, RepoDepth: in.RepoDepth, GitCredentialRef: gitRef, GitSecretDigest: gitDigest,
-		Egress: in.Egress, EgressVersion: 1,
+		PushPrefix: in.GitPushPrefix,
+		Egress:     in.Egress, EgressVersion: 1, SuspendAfter: in.SuspendAfter,
 		Route:      session.RouteView{State: session.RouteUnknown, SandboxID: in.SandboxID, UpdateTime: now},
 		CreateTime: now, UpdateTime: now,
 	}
@@ -264,7 +274,7 @@ func (s *Service) putCredentials(ctx context.Context, in CreateInput) (ref, gitR
 		return ref, "", nil
 	}
 	pctx, cancel = s.peerCtx(ctx)
-	gitRef, err = s.creds.PutGit(pctx, in.ID, in.RepoURL, in.GitUsername, in.GitToken)
+	gitRef, err = s.creds.PutGit(pctx, in.ID, in.RepoURL, in.GitUsername, in.GitPushPrefix, in.GitToken)
 	cancel()
 	if err != nil {
 		return "", "", fmt.Errorf("%w: credential: %w", session.ErrPeerUnavailable, err)

@@ -49,7 +49,17 @@ type Aggregate struct {
 	events         []Event
 	seenAdded      []string
 	intentChanged  bool
+	resumed        *ResumeEnd
 }
+
+// ResumeEnd is how a resume of a suspended route ended, in this change.
+type ResumeEnd struct {
+	Ready bool          // the route became ready (else it failed)
+	Took  time.Duration // from ResumeSince to the end
+}
+
+// Resumed reports a resume this change ended, or nil.
+func (a *Aggregate) Resumed() *ResumeEnd { return a.resumed }
 
 // IntentChanged reports whether the deletion intent must be written.
 func (a *Aggregate) IntentChanged() bool { return a.intentChanged }
@@ -101,12 +111,46 @@ func (a *Aggregate) setRoute(v RouteView, now time.Time) {
 	old := a.Session.Route
 	a.Session.Route = v
 	a.Session.recordRuntimeSession(v.RuntimeSessionID)
+	a.trackResume(old.State, v.State, now)
 	a.touch(now)
 	old.UpdateTime, v.UpdateTime = time.Time{}, time.Time{}
 	if old != v {
 		snap := a.Session.Route
 		a.emit(Event{Kind: EventRoute, Time: now, Route: &snap})
 	}
+}
+
+// trackResume keeps ResumeSince: set when a suspended route starts to
+// come back (unless a message or ResumeSession set it earlier), ended by a
+// ready or failed route (the change then reports it: Resumed) and dropped
+// when the route is suspended again.
+func (a *Aggregate) trackResume(from, to RouteState, now time.Time) {
+	if from == RouteSuspended && to != RouteSuspended && a.Session.ResumeSince.IsZero() {
+		a.Session.ResumeSince = now
+	}
+	since := a.Session.ResumeSince
+	if since.IsZero() {
+		return
+	}
+	switch to {
+	case RouteReady, RouteFailed:
+		a.resumed = &ResumeEnd{Ready: to == RouteReady, Took: max(now.Sub(since), 0)}
+		a.Session.ResumeSince = time.Time{}
+	case RouteSuspended:
+		a.Session.ResumeSince = time.Time{}
+	}
+}
+
+// BeginResume records that a suspended route is asked to resume now
+// (ResumeSession; a message does the same in Send). It reports whether
+// the session changed.
+func (a *Aggregate) BeginResume(now time.Time) bool {
+	if a.Session.Route.State != RouteSuspended || !a.Session.ResumeSince.IsZero() {
+		return false
+	}
+	a.Session.ResumeSince = now
+	a.touch(now)
+	return true
 }
 
 func (a *Aggregate) failWhere(pred func(*Message) bool, st MessageState, reason string, now time.Time) int {
@@ -165,6 +209,7 @@ func (a *Aggregate) Send(id, content string, now time.Time) (*Message, bool, err
 		a.Session.State = StateActive
 		a.emitSession(now)
 	}
+	a.BeginResume(now)
 	a.touch(now)
 	return m, true, nil
 }
@@ -285,7 +330,12 @@ func (a *Aggregate) Reconnecting(n Notice, now time.Time) {
 }
 
 // Failed records a failed preparation: queued and accepted work fails.
+// A preparation the suspend stopped leaves the route suspended.
 func (a *Aggregate) Failed(n Notice, reason string, now time.Time) {
+	if reason == ReasonSuspend {
+		a.Lost(n, reason, now)
+		return
+	}
 	a.failWhere(isActive, MessageFailed, ReasonRouteFailed, now)
 	v := a.Session.Route
 	v.State, v.Step, v.FailureReason, v.FenceToken = RouteFailed, "", reason, n.FenceToken
@@ -303,8 +353,46 @@ func (a *Aggregate) Lost(n Notice, reason string, now time.Time) (reprepare bool
 	a.failWhere(isAccepted, MessageFailed, msg, now)
 	v := a.Session.Route
 	v.State, v.Step, v.FenceToken = RouteUnknown, "", n.FenceToken
+	if reason == ReasonSuspend {
+		// The runtime was stopped on purpose (SuspendSession): the route
+		// shows it, and the next message or resume prepares it again.
+		v.State, v.FailureReason = RouteSuspended, ""
+	}
 	a.setRoute(v, now)
 	return len(a.Queued()) > 0
+}
+
+// Busy says whether the session has queued or accepted work.
+func (a *Aggregate) Busy() bool { return slices.ContainsFunc(a.Active, isActive) }
+
+// BeginSuspend checks that the session may be suspended: queued or
+// accepted work refuses it (ErrTurnRunning) unless force, which cancels
+// that work; abort says a turn was running (an abort should be sent).
+func (a *Aggregate) BeginSuspend(force bool, now time.Time) (abort bool, err error) {
+	if a.Session.State == StateDeleting || a.Intent != nil {
+		return false, ErrSessionNotFound
+	}
+	if !slices.ContainsFunc(a.Active, isActive) {
+		return false, nil
+	}
+	if !force {
+		return false, ErrTurnRunning
+	}
+	abort = a.HasAccepted()
+	a.failWhere(isActive, MessageCancelled, "", now)
+	return abort, nil
+}
+
+// Suspended records a suspended route: its runtime's absence is verified.
+// Work sent since the suspend began leaves it as it is: the drain that
+// message kicked prepares the route again.
+func (a *Aggregate) Suspended(now time.Time) {
+	if slices.ContainsFunc(a.Active, isActive) {
+		return
+	}
+	v := a.Session.Route
+	v.State, v.Step, v.FailureReason = RouteSuspended, "", ""
+	a.setRoute(v, now)
 }
 
 // TurnResult is how a turn ended.
@@ -329,7 +417,10 @@ const (
 // its caller's retry stores again and the runtime answers again under the
 // same turn id (turn ids derive from message ids); recorded, that answer
 // would be taken for a repeat and the message would wait for its backstop.
-func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, reason string, payload []byte, now time.Time) {
+//
+// The outcome takes the usage counted since the previous one; withUsage
+// (when not nil) encodes the payload with it.
+func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, reason string, payload []byte, withUsage func(Usage) []byte, now time.Time) {
 	if a.Seen[turnID] {
 		return
 	}
@@ -337,6 +428,9 @@ func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, rea
 		return
 	}
 	a.seenAdded = append(a.seenAdded, turnID)
+	if u := a.TakeTurnUsage(); !u.IsZero() && withUsage != nil {
+		payload = withUsage(u)
+	}
 	a.emit(Event{Kind: EventOutcome, Time: now, Payload: payload})
 	var upTo uint64
 	if a.Lookup != nil {

@@ -35,14 +35,14 @@ func TestOutcomeSettlesUpToLastMessage(t *testing.T) {
 	a.Active = []*Message{m1, m2, m3}
 	a.Lookup = m2
 	a.Seen = map[string]bool{}
-	a.Outcome("t1", "m2", TurnFailed, "", nil, t0)
+	a.Outcome("t1", "m2", TurnFailed, "", nil, nil, t0)
 	require.Equal(t, MessageFailed, m1.State)
 	require.Equal(t, ReasonTurnFailed, m2.FailureReason)
 	require.Equal(t, MessageAccepted, m3.State)
 
 	a.Seen["t2"] = true // a repeated turn id settles nothing
 	a.Lookup = m3
-	a.Outcome("t2", "m3", TurnSucceeded, "", nil, t0)
+	a.Outcome("t2", "m3", TurnSucceeded, "", nil, nil, t0)
 	require.Equal(t, MessageAccepted, m3.State)
 }
 
@@ -56,7 +56,7 @@ func TestOutcomeSettlesDeliveredMessagesStillQueued(t *testing.T) {
 	a.Active = []*Message{m1, m2, m3}
 	a.Lookup = m2
 	a.Seen = map[string]bool{}
-	a.Outcome("t1", "m2", TurnSucceeded, "", nil, t0)
+	a.Outcome("t1", "m2", TurnSucceeded, "", nil, nil, t0)
 	require.Equal(t, MessageCompleted, m1.State)
 	require.Equal(t, MessageCompleted, m2.State)
 	require.Equal(t, MessageQueued, m3.State)
@@ -69,14 +69,14 @@ func TestOutcomeSettlesDeliveredMessagesStillQueued(t *testing.T) {
 func TestOutcomeOfAnUnknownMessageLeavesItsTurnOpen(t *testing.T) {
 	a := agg()
 	a.Seen = map[string]bool{}
-	a.Outcome("turn-m1", "m1", TurnSucceeded, "", []byte("p"), t0)
+	a.Outcome("turn-m1", "m1", TurnSucceeded, "", []byte("p"), nil, t0)
 	require.Empty(t, a.SeenAdded(), "the turn id is not recorded")
 	require.Empty(t, a.Events(), "nothing is recorded")
 
 	m1 := &Message{ID: "m1", State: MessageAccepted, Seq: 1}
 	a.Active = []*Message{m1}
 	a.Lookup = m1
-	a.Outcome("turn-m1", "m1", TurnSucceeded, "", []byte("p"), t0)
+	a.Outcome("turn-m1", "m1", TurnSucceeded, "", []byte("p"), nil, t0)
 	require.Equal(t, MessageCompleted, m1.State)
 	require.Equal(t, []string{"turn-m1"}, a.SeenAdded())
 }
@@ -137,4 +137,67 @@ func TestEveryRuntimeSessionIDIsRecordedForDeletion(t *testing.T) {
 	require.Equal(t, []string{"rs_1", "rs_2"}, in.HistoryIDs())
 	old := DeletionIntent{RuntimeSessionID: "rs_9"} // persisted before runtime_session_ids existed
 	require.Equal(t, []string{"rs_9"}, old.HistoryIDs())
+}
+
+// Issue 35: suspend refuses queued or accepted work unless forced (which
+// cancels it and asks for an abort of the running turn); a route lost or
+// failed for the suspend stop shows suspended, any other loss unknown; a
+// message sent meanwhile keeps Suspended from hiding it.
+func TestSuspend(t *testing.T) {
+	n := Notice{FenceToken: 1}
+	for _, tc := range []struct {
+		name      string
+		msgs      []MessageState
+		force     bool
+		err       error
+		abort     bool
+		cancelled bool
+	}{
+		{name: "idle", msgs: nil},
+		{name: "terminal work only", msgs: []MessageState{MessageCompleted}},
+		{name: "queued", msgs: []MessageState{MessageQueued}, err: ErrTurnRunning},
+		{name: "accepted", msgs: []MessageState{MessageAccepted}, err: ErrTurnRunning},
+		{name: "queued forced", msgs: []MessageState{MessageQueued}, force: true, cancelled: true},
+		{name: "accepted forced", msgs: []MessageState{MessageAccepted, MessageQueued}, force: true, abort: true, cancelled: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := agg()
+			for i, st := range tc.msgs {
+				a.Active = append(a.Active, &Message{ID: string(rune('a' + i)), State: st, Seq: uint64(i + 1)})
+			}
+			abort, err := a.BeginSuspend(tc.force, t0)
+			require.ErrorIs(t, err, tc.err)
+			require.Equal(t, tc.abort, abort)
+			for _, m := range a.Active {
+				if tc.cancelled {
+					require.Equal(t, MessageCancelled, m.State)
+				} else if tc.err != nil {
+					require.False(t, m.State.Terminal(), "a refused suspend changes nothing")
+				}
+			}
+		})
+	}
+
+	a := agg()
+	a.Ready(n, "rs_1", "w1", t0)
+	require.False(t, a.Lost(n, ReasonSuspend, t0))
+	require.Equal(t, RouteSuspended, a.Session.Route.State)
+	a.Ready(n, "rs_1", "w2", t0)
+	a.Failed(n, ReasonSuspend, t0)
+	require.Equal(t, RouteSuspended, a.Session.Route.State, "a preparation the suspend stopped")
+	a.Lost(n, "heartbeat_lost", t0)
+	require.Equal(t, RouteUnknown, a.Session.Route.State)
+	a.Suspended(t0)
+	require.Equal(t, RouteSuspended, a.Session.Route.State)
+
+	a = agg()
+	_, _, err := a.Send("m", "hi", t0)
+	require.NoError(t, err)
+	a.Suspended(t0)
+	require.Equal(t, RouteUnknown, a.Session.Route.State, "a message sent during the suspend resumes it")
+
+	a = agg()
+	a.Session.State = StateDeleting
+	_, err = a.BeginSuspend(true, t0)
+	require.ErrorIs(t, err, ErrSessionNotFound)
 }

@@ -27,7 +27,27 @@ var (
 	// ErrAgentMismatch: the directory's shared runtime runs another agent
 	// profile or model.
 	ErrAgentMismatch = errors.New("the directory runs another agent")
+	// ErrTurnRunning: SuspendSession without force while the session has
+	// queued or accepted work.
+	ErrTurnRunning = errors.New("a turn is running or queued; suspend with force to cancel it")
+	// ErrRuntimeShared: the session's runtime serves other sessions of its
+	// worktree too; suspending it would stop theirs.
+	ErrRuntimeShared = errors.New("the session's runtime is shared with other sessions of its worktree")
 )
+
+// SuspendPendingError: the stop of a suspended session's runtime is asked
+// for but the absence of its processes is not verified yet; the stop goes
+// on and a repeated SuspendSession reports it.
+type SuspendPendingError struct{ RetryAfter time.Duration }
+
+func (e *SuspendPendingError) Error() string {
+	return fmt.Sprintf("suspend pending: the runtime's absence is not verified yet; retry after %s", e.RetryAfter)
+}
+
+// RouteFailedError: a resumed route failed to prepare, for Reason.
+type RouteFailedError struct{ Reason string }
+
+func (e *RouteFailedError) Error() string { return "the route failed to prepare: " + e.Reason }
 
 // Violation is one bad field of a request.
 type Violation struct {
@@ -49,6 +69,18 @@ func (e *InvalidError) Error() string {
 }
 
 // Invalid returns an *InvalidError for vs, or nil when vs is empty.
+// ErrWriteWhileRunning: WriteWorktreeFiles without force while the session
+// has queued or accepted work (the agent may be changing the same files).
+// It is ErrTurnRunning to errors.Is, so it has that reason.
+var ErrWriteWhileRunning error = writeWhileRunning{}
+
+type writeWhileRunning struct{}
+
+func (writeWhileRunning) Error() string {
+	return "a turn is running or queued; write with force to write while it runs"
+}
+func (writeWhileRunning) Is(target error) bool { return target == ErrTurnRunning }
+
 func Invalid(vs []Violation) error {
 	if len(vs) == 0 {
 		return nil

@@ -49,7 +49,20 @@ const (
 	RouteReady        RouteState = "ready"
 	RouteReconnecting RouteState = "reconnecting"
 	RouteFailed       RouteState = "failed"
+	// RouteSuspended: SuspendSession stopped the runtime (verified absent);
+	// workspace, the agent's home and history stay. The next message or
+	// ResumeSession prepares the route again.
+	RouteSuspended RouteState = "suspended"
 )
+
+// ReasonSuspend is the sandbox service's stop reason of a suspended
+// runtime key: a route lost or failed for it is suspended, not lost.
+const ReasonSuspend = "suspend"
+
+// ReasonResumeStateLost is the sandbox's route failure for a resume whose
+// workspace or agent home is gone; ResumeSession with restart continues
+// with a new conversation.
+const ReasonResumeStateLost = "resume_state_lost"
 
 // CredentialClass is the kind of backing credential.
 type CredentialClass string
@@ -102,15 +115,18 @@ type Session struct {
 	RepoDepth uint32 `json:"repo_depth,omitempty"`
 	// GitCredentialRef names the git token in the credential service;
 	// GitSecretDigest is its SHA-256 (for idempotent create only).
-	GitCredentialRef string          `json:"git_credential_ref,omitempty"`
-	GitSecretDigest  string          `json:"git_secret_digest,omitempty"`
-	Directory        string          `json:"directory"`
-	CredentialClass  CredentialClass `json:"credential_class"`
-	CredentialRef    string          `json:"credential_ref,omitempty"`
-	SecretDigest     string          `json:"secret_digest"` // SHA-256 hex; for idempotent create only
-	SandboxID        string          `json:"sandbox_id"`
-	State            State           `json:"state"`
-	Route            RouteView       `json:"route"`
+	GitCredentialRef string `json:"git_credential_ref,omitempty"`
+	GitSecretDigest  string `json:"git_secret_digest,omitempty"`
+	// PushPrefix is git_credential.push_branch_prefix as asked ("": the
+	// default); PushBranchPrefix is the one in force.
+	PushPrefix      string          `json:"push_prefix,omitempty"`
+	Directory       string          `json:"directory"`
+	CredentialClass CredentialClass `json:"credential_class"`
+	CredentialRef   string          `json:"credential_ref,omitempty"`
+	SecretDigest    string          `json:"secret_digest"` // SHA-256 hex; for idempotent create only
+	SandboxID       string          `json:"sandbox_id"`
+	State           State           `json:"state"`
+	Route           RouteView       `json:"route"`
 	// RuntimeSessionIDs is every runtime session id the route ever had
 	// (each re-preparation after a lost, failed or released route gets a
 	// new one, each with its own ingest history); deletion tombstones all.
@@ -121,9 +137,21 @@ type Session struct {
 	// changes (1 at creation).
 	Egress        egresspolicy.Policy `json:"egress,omitzero"`
 	EgressVersion uint64              `json:"egress_version,omitempty"`
-	LastSeq       uint64              `json:"last_seq"`
-	CreateTime    time.Time           `json:"create_time"`
-	UpdateTime    time.Time           `json:"update_time"`
+	// SuspendAfter is the session's own suspend_after (zero: its agent
+	// profile's default; SuspendPolicy).
+	SuspendAfter time.Duration `json:"suspend_after,omitempty"`
+	// ResumeSince is when the resume of a suspended route began (a message
+	// sent to it, ResumeSession, or the route leaving suspended), until the
+	// route is ready or fails: the resume latency metric reads it. Zero: no
+	// resume under way.
+	ResumeSince time.Time `json:"resume_since,omitzero"`
+	// Usage is the session's provider tokens so far; TurnUsage those
+	// counted since its previous turn outcome (the next outcome's).
+	Usage      Usage     `json:"usage,omitzero"`
+	TurnUsage  Usage     `json:"turn_usage,omitzero"`
+	LastSeq    uint64    `json:"last_seq"`
+	CreateTime time.Time `json:"create_time"`
+	UpdateTime time.Time `json:"update_time"`
 }
 
 // recordRuntimeSession remembers a runtime session id of the route; it

@@ -7,6 +7,7 @@ import (
 	"unicode"
 
 	"agentplane.dev/pkg/gitrepo"
+	"agentplane.dev/pkg/ident"
 )
 
 // ErrNoRepository: a push for a session without a repository.
@@ -41,6 +42,28 @@ func CheckCloneURL(field, v string) []Violation {
 	return nil
 }
 
+// CheckPushPrefix checks an optional push branch prefix by the rule the
+// credential service's git route enforces (gitrepo.ValidPushPrefix).
+func CheckPushPrefix(field, v string) []Violation {
+	if !gitrepo.ValidPushPrefix(v) {
+		return []Violation{{field, gitrepo.PushPrefixRule}}
+	}
+	return nil
+}
+
+// PushBranchPrefix is the branch prefix the git route confines the
+// session's pushes to: the one asked, else the default; "" without a
+// repository (no git route).
+func (s *Session) PushBranchPrefix() string {
+	switch {
+	case s.RepoURL == "":
+		return ""
+	case s.PushPrefix == "":
+		return gitrepo.DefaultPushBranchPrefix
+	}
+	return s.PushPrefix
+}
+
 // CheckRef checks an optional branch, tag or commit name.
 func CheckRef(field, v string) []Violation {
 	switch {
@@ -68,6 +91,12 @@ func CheckBranch(field, v string) []Violation {
 	}
 	return nil
 }
+
+// CheckAuthorName checks an optional commit author name (ident.AuthorName).
+func CheckAuthorName(field, v string) []Violation { return violation(field, ident.AuthorName(v)) }
+
+// CheckAuthorEmail checks an optional commit author email (ident.AuthorEmail).
+func CheckAuthorEmail(field, v string) []Violation { return violation(field, ident.AuthorEmail(v)) }
 
 // CheckCommitMessage checks a commit message.
 func CheckCommitMessage(field, v string) []Violation {

@@ -69,6 +69,15 @@ const WipeBatch = 256
 // recheck window). After it no handle the session minted can be presented.
 const DefaultWipeLocatorTTL = 5 * time.Hour
 
+// ForgetFence deletes the session's fencing token and lease: a reconciler
+// that took the deletion lease just after another one wiped the session
+// wrote them again (the wipe removes them last), and nothing else would.
+// Tokens are floored by Redis TIME, so a later grant still exceeds every
+// earlier one.
+func (s *Store) ForgetFence(ctx context.Context, id string) error {
+	return s.rdb.Del(ctx, fence.TokenKey(Resource(id)), fence.LeaseKey(Resource(id))).Err()
+}
+
 // Gone reports that the session was wiped: neither record nor intent.
 func (s *Store) Gone(ctx context.Context, id string) (bool, error) {
 	n, err := s.rdb.Exists(ctx, key(id, "meta"), key(id, "del")).Result()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"agentplane.dev/pkg/replication"
 	"agentplane.dev/services/session/internal/session"
 )
 
@@ -108,6 +109,14 @@ func (s *Store) LastCursor(ctx context.Context, id string) (string, error) {
 		return "0-0", err
 	}
 	return msgs[0].ID, nil
+}
+
+// ConfirmEvents waits, by the client's replication policy, until the
+// replicas hold every event of the session's log read so far: a watcher
+// sends only events a failover cannot take back (pkg/replication; without
+// a policy it is one cheap command).
+func (s *Store) ConfirmEvents(ctx context.Context, id string) error {
+	return replication.Confirm(ctx, s.rdb, key(id, "events"))
 }
 
 // EventsAfter returns up to n events after cursor, oldest first.

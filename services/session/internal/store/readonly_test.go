@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,13 +18,7 @@ import (
 // STORE_NOT_REPLICATED. As EVALSHA_RO it is a read.
 func TestLoadIsAReadForReplication(t *testing.T) {
 	ctx := context.Background()
-	master := redistest.Start(t)
-	host, port, _ := strings.Cut(master.Addr(), ":")
-	replica := redistest.Start(t, redistest.WithArgs("--replicaof", host, port))
-	require.Eventually(t, func() bool {
-		info, err := replica.Client(t).Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	}, 30*time.Second, 20*time.Millisecond)
+	master, replica := redistest.StartPair(t)
 	rdb := master.Client(t)
 	replication.Require(rdb, replication.Policy{Replicas: 1, Timeout: 300 * time.Millisecond})
 	s := New(rdb, 1000, noDeadline)

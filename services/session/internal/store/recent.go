@@ -164,6 +164,7 @@ func (s *Store) commitRecent(ctx context.Context, id string, load Load, fn func(
 	}
 	a, st, absent := rs.fresh(load.MessageID)
 	before, prevUpdate, from := s.deadline(a), a.Session.UpdateTime, a.Session.State
+	suspendBefore := s.suspend(a)
 	if err := fn(a); err != nil {
 		return nil, false, nil
 	}
@@ -171,7 +172,9 @@ func (s *Store) commitRecent(ctx context.Context, id string, load Load, fn func(
 	if err != nil {
 		return nil, true, err
 	}
-	s.scheduleAfter(a, before, prevUpdate, from).write(&cmds)
+	sched := s.scheduleAfter(a, before, prevUpdate, from)
+	sched.suspendAfter(s, suspendBefore)
+	sched.write(&cmds)
 
 	n := len(rs.ids)
 	args := make([]any, 0, 4+2*n+len(load.SeenIDs)+len(cmds)*8)

@@ -52,6 +52,10 @@ const (
 	idxActive   = "ses:idx:active"
 	idxUpdated  = "ses:idx:updated"
 	idxDeleting = "ses:idx:deleting"
+	// idxSuspend schedules idle runtimes' suspends: each session whose
+	// route is ready with no work, at the time its suspend is due
+	// (session.SuspendPolicy.Due); a claim moves it a lease later.
+	idxSuspend = "ses:idx:suspend"
 	// idxStates counts sessions per live state (active, stopped), moved in
 	// the same write as each state change (schedule.write); sessions with
 	// a deletion intent are the members of idxDeleting.
@@ -83,6 +87,7 @@ type Store struct {
 	rdb      redis.UniversalClient
 	eventCap int64
 	deadline func(*session.Aggregate) time.Time
+	suspend  func(*session.Aggregate) time.Time // zero: not scheduled
 	cluster  bool
 	recent   recentStates
 }
@@ -92,8 +97,14 @@ type Store struct {
 // active work), for the backstop schedule.
 func New(rdb redis.UniversalClient, eventCap int64, deadline func(*session.Aggregate) time.Time) *Store {
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &Store{rdb: rdb, eventCap: eventCap, deadline: deadline, cluster: cluster, recent: newRecentStates()}
+	return &Store{rdb: rdb, eventCap: eventCap, deadline: deadline, cluster: cluster, recent: newRecentStates(),
+		suspend: func(*session.Aggregate) time.Time { return time.Time{} }}
 }
+
+// ScheduleSuspends makes every change write when the session's idle
+// runtime is to be suspended (due; zero: not), for ClaimDueSuspends. Call
+// before the store is used.
+func (s *Store) ScheduleSuspends(due func(*session.Aggregate) time.Time) { s.suspend = due }
 
 // Load says what Update loads besides the session and its active messages.
 type Load struct {
@@ -184,6 +195,7 @@ func (u *update) attempt(ctx context.Context, tx *redis.Tx) (err error) {
 		return err
 	}
 	before, prevUpdate, from := s.deadline(a), a.Session.UpdateTime, a.Session.State
+	suspendBefore := s.suspend(a)
 	if err := u.fn(a); err != nil {
 		return err
 	}
@@ -193,6 +205,7 @@ func (u *update) attempt(ctx context.Context, tx *redis.Tx) (err error) {
 		return err
 	}
 	u.sched = s.scheduleAfter(a, before, prevUpdate, from)
+	u.sched.suspendAfter(s, suspendBefore)
 	if !s.cluster {
 		u.sched.write(&cmds)
 	}
@@ -213,6 +226,7 @@ func (u *update) committed(ctx context.Context) error {
 			// its messages would be in no sweep's schedule: no redrive,
 			// no backstop. The deadline is absolute: rewriting is safe.
 			u.sched.deadlineChanged = true
+			u.sched.suspendChanged = true
 		}
 		var cmds commands
 		u.sched.write(&cmds)
@@ -728,6 +742,15 @@ type schedule struct {
 	deadline                       time.Time
 	deadlineChanged, updateChanged bool
 	from                           session.State
+	suspend                        time.Time // when the idle runtime is to be suspended; zero: not
+	suspendChanged                 bool
+}
+
+// suspendAfter sets the suspend entry from a's state after the change;
+// before is the due time a was loaded with.
+func (sc *schedule) suspendAfter(s *Store, before time.Time) {
+	sc.suspend = s.suspend(sc.a)
+	sc.suspendChanged = !sc.suspend.Equal(before)
 }
 
 func (sc schedule) write(cmds *commands) {
@@ -737,6 +760,13 @@ func (sc schedule) write(cmds *commands) {
 			cmds.add("zrem", idxActive, id)
 		} else {
 			cmds.add("zadd", idxActive, sc.deadline.UnixMilli(), id)
+		}
+	}
+	if sc.suspendChanged {
+		if sc.suspend.IsZero() {
+			cmds.add("zrem", idxSuspend, id)
+		} else {
+			cmds.add("zadd", idxSuspend, sc.suspend.UnixMilli(), id)
 		}
 	}
 	if sc.updateChanged {
@@ -813,7 +843,38 @@ func (s *Store) Unindex(ctx context.Context, id string) error {
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRem(ctx, idxActive, id)
 		p.ZRem(ctx, idxUpdated, id)
+		p.ZRem(ctx, idxSuspend, id)
 		return nil
 	})
 	return err
+}
+
+// claimSuspendsScript claims up to ARGV[2] sessions whose suspend is due
+// (score ≤ ARGV[1]) by moving each to ARGV[3], a lease later: one step,
+// so two replicas never claim the same session, and a replica that dies
+// holding a claim leaves it due again when the lease ends. KEYS: idxSuspend.
+var claimSuspendsScript = redis.NewScript(`
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[3], id) end
+return ids
+`)
+
+// ClaimDueSuspends returns up to n sessions whose idle runtime's suspend is
+// due at now, claimed for lease (their entry moves to now+lease, and any
+// change of the session rewrites it from its state).
+func (s *Store) ClaimDueSuspends(ctx context.Context, now time.Time, lease time.Duration, n int) ([]string, error) {
+	return claimSuspendsScript.Run(ctx, s.rdb, []string{idxSuspend},
+		now.UnixMilli(), n, now.Add(lease).UnixMilli()).StringSlice()
+}
+
+// SuspendScheduled returns a session's suspend entry (zero: none); for tests.
+func (s *Store) SuspendScheduled(ctx context.Context, id string) (time.Time, error) {
+	v, err := s.rdb.ZScore(ctx, idxSuspend, id).Result()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.UnixMilli(int64(v)), nil
 }

@@ -191,7 +191,7 @@ func TestKeptStateCommitsWhatALoadWould(t *testing.T) {
 			s.recent.forget("e1")
 		}
 		_, err := s.Update(ctx, "e1", Load{MessageID: "m2", SeenIDs: []string{"turn:t"}}, func(a *session.Aggregate) error {
-			a.Outcome("turn:t", "m2", session.TurnSucceeded, "", nil, now.Add(time.Minute))
+			a.Outcome("turn:t", "m2", session.TurnSucceeded, "", nil, nil, now.Add(time.Minute))
 			return nil
 		})
 		require.NoError(t, err)
