@@ -46,6 +46,10 @@ type fake struct {
 	started []time.Time // start of every call
 	md      []metadata.MD
 	watch   *watchLog
+	// hangFrom: from this call on (1-based), the method answers only
+	// when its caller gives up; hung gets each such call's number.
+	hangFrom map[string]int
+	hung     chan int
 }
 
 func newFake() *fake {
@@ -59,6 +63,13 @@ func (f *fake) next(ctx context.Context, method string, req proto.Message) error
 	f.started = append(f.started, time.Now())
 	md, _ := metadata.FromIncomingContext(ctx)
 	f.md = append(f.md, md)
+	if from, n := f.hangFrom[method], len(f.calls[method]); from > 0 && n >= from {
+		f.mu.Unlock()
+		f.hung <- n
+		<-ctx.Done()
+		f.mu.Lock()
+		return status.FromContextError(ctx.Err()).Err()
+	}
 	if s := f.script[method]; len(s) > 0 {
 		f.script[method] = s[1:]
 		return s[0]
@@ -405,15 +416,22 @@ func TestDeleteSessionNotFoundAfterPendingIsDone(t *testing.T) {
 	require.Equal(t, ReasonSessionNotFound, Reason(err), "an unknown session is an error")
 }
 
-func TestDeleteSessionStopsAtTheDeadline(t *testing.T) {
+// When the caller gives up (a deadline or a cancel: both end the context)
+// during a call that follows pending cleanups, the caller is told the
+// deletion is pending, not that its own context ended. The third call
+// hangs until the test cancels: no timer decides what the client sees.
+func TestDeleteSessionStopsWhenTheCallerGivesUp(t *testing.T) {
 	f := newFake()
-	f.always["DeleteSession"] = pendingCleanup(20 * time.Millisecond)
+	f.always["DeleteSession"] = pendingCleanup(time.Millisecond)
+	f.hangFrom = map[string]int{"DeleteSession": 3}
+	f.hung = make(chan int, 1)
 	c := startFake(t, f)
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
+	go func() { <-f.hung; cancel() }()
 	err := c.DeleteSession(ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
 	require.Equal(t, ReasonDeletionPendingCleanup, Reason(err), "%v", err)
-	require.Greater(t, f.count("DeleteSession"), 1)
+	require.Equal(t, 3, f.count("DeleteSession"))
 }
 
 func events(n int) []*sessionv1.SessionEvent {

@@ -170,6 +170,25 @@ func (c *Client) StopSession(ctx context.Context, req *sessionv1.StopSessionRequ
 	return resp.GetSession(), err
 }
 
+// SuspendSession stops the session's runtime and returns once its
+// processes are verified absent (the route is SUSPENDED). SUSPEND_PENDING
+// carries RetryInfo, so it is called again within the retry policy.
+func (c *Client) SuspendSession(ctx context.Context, req *sessionv1.SuspendSessionRequest) (*sessionv1.Session, error) {
+	resp, err := unary(ctx, c, "SuspendSession", req, func(ctx context.Context, r *sessionv1.SuspendSessionRequest) (*sessionv1.SuspendSessionResponse, error) {
+		return c.rpc.SuspendSession(ctx, r)
+	})
+	return resp.GetSession(), err
+}
+
+// ResumeSession starts the session's runtime again and returns once the
+// route is READY.
+func (c *Client) ResumeSession(ctx context.Context, req *sessionv1.ResumeSessionRequest) (*sessionv1.Session, error) {
+	resp, err := unary(ctx, c, "ResumeSession", req, func(ctx context.Context, r *sessionv1.ResumeSessionRequest) (*sessionv1.ResumeSessionResponse, error) {
+		return c.rpc.ResumeSession(ctx, r)
+	})
+	return resp.GetSession(), err
+}
+
 // DeleteSession deletes a session and returns once the deletion is
 // complete. While the server answers DELETION_PENDING_CLEANUP (the absence
 // of the session's processes is not verified yet) it calls again after the

@@ -75,6 +75,8 @@ func TestCLI(t *testing.T) {
 		{"run_timeout_before_create", cliRunTimeoutBeforeTheSessionIsCreated},
 		{"git_token", cliGitTokenClonesTheRepository},
 		{"changes_push_egress", cliChangesPushEgress},
+		{"git_push_prefix", cliGitPushPrefix},
+		{"files_cat", cliFilesCat},
 	} {
 		t.Run(tc.name, tc.test)
 	}
@@ -486,10 +488,14 @@ func cliChangesPushEgress(t *testing.T) {
 	require.Regexp(t, `(?m)^added\s+NOTES\.md$`, r.stdout)
 	require.Contains(t, r.stdout, "+notes from the cli", "the diff")
 
-	r = agentplane(t, "session", "push", id, "--branch", "agent/cli", "--message", "notes from the CLI")
+	r = agentplane(t, "session", "push", id, "--branch", "agent/cli", "--author-email", "cli at example.com")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "author_email")
+	r = agentplane(t, "session", "push", id, "--branch", "agent/cli", "--message", "notes from the CLI",
+		"--author-name", "CLI User", "--author-email", "cli@example.com")
 	require.Equal(t, 0, r.code)
 	require.Regexp(t, `^committed and pushed [0-9a-f]{12} to refs/heads/agent/cli\n$`, r.stdout)
-	require.Equal(t, "notes from the CLI\n", gittest.Run(t, bare, "log", "-1", "--format=%s", "agent/cli"))
+	require.Equal(t, "notes from the CLI\nCLI User <cli@example.com>\n", gittest.Run(t, bare, "log", "-1", "--format=%s%n%an <%ae>", "agent/cli"))
 
 	r = agentplane(t, "session", "egress", id, "--allow", "registry.npmjs.org,example.com:8080|8443")
 	require.Equal(t, 0, r.code)
@@ -504,4 +510,95 @@ func cliChangesPushEgress(t *testing.T) {
 	r = agentplane(t, "session", "changes", "ses-nope")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "[SESSION_NOT_FOUND]")
+}
+
+// cliGitPushPrefix: session create --git-push-prefix confines the
+// session's pushes to that namespace (shown as "pushes team/cli/*"):
+// session push to team/cli/x lands, to agent/x the git route refuses; a
+// prefix the route could not enforce is a usage error naming the field.
+func cliGitPushPrefix(t *testing.T) {
+	token := fmt.Sprintf("ghs_cli_prefix_%d", time.Now().UnixNano())
+	g := gittest.Start(t, token)
+	bare := g.CreateRepo(t, "org/prefix.git", map[string]string{"README.md": "hello\n"})
+	env := []string{"AGENTPLANE_GIT_TOKEN=" + token}
+	r := agentplaneEnv(t, env, "session", "create", "--repo", g.RepoURL("org/prefix.git"),
+		"--dir", "/work/cli-prefix-"+cliSuite.org, "--git-push-prefix", "main")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "git_credential.push_branch_prefix")
+	require.NotContains(t, r.stderr, token)
+
+	r = agentplaneEnv(t, env, "session", "create", "--repo", g.RepoURL("org/prefix.git"),
+		"--dir", "/work/cli-prefix-"+cliSuite.org, "--git-push-prefix", "team/cli/")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^pushes\s+team/cli/\*$`, r.stdout)
+	id := regexp.MustCompile(`(?m)^session\s+(\S+)$`).FindStringSubmatch(r.stdout)[1]
+	r = agentplane(t, "session", "send", id, "write: NOTES.md notes from the cli", "--message-id", "m-notes")
+	require.Equal(t, 0, r.code)
+	require.Eventually(t, func() bool {
+		r = agentplane(t, "session", "changes", id)
+		return r.code == 0 && strings.Contains(r.stdout, "NOTES.md")
+	}, time.Minute, 500*time.Millisecond, "the change appears")
+
+	r = agentplane(t, "session", "push", id, "--branch", "team/cli/x", "--message", "notes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^committed and pushed [0-9a-f]{12} to refs/heads/team/cli/x\n$`, r.stdout)
+	refs := gittest.Run(t, bare, "show-ref")
+	r = agentplane(t, "session", "push", id, "--branch", "agent/cli")
+	require.NotEqual(t, 0, r.code)
+	require.Contains(t, r.stderr, "PUSH_REJECTED")
+	require.Equal(t, refs, gittest.Run(t, bare, "show-ref"), "the remote is unchanged")
+}
+
+// session files and cat list and print the worktree's files; a path out of
+// it is a usage error with the field, a symlink out of it the wrapper's
+// reason.
+func cliFilesCat(t *testing.T) {
+	dir := "/work/cli-files-" + cliSuite.org
+	r := agentplane(t, "session", "create", "--output", "json", "--dir", dir)
+	require.Equal(t, 0, r.code, r.stderr)
+	s := &sessionv1.Session{}
+	require.NoError(t, protojson.Unmarshal([]byte(r.stdout), s))
+	id := s.GetSessionId()
+	r = agentplane(t, "session", "send", id, "write: docs/guide.md read me", "--message-id", "m-write")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = agentplane(t, "session", "send", id, "run: ln -s /etc/hostname host", "--message-id", "m-link")
+	require.Equal(t, 0, r.code, r.stderr)
+
+	require.Eventually(t, func() bool {
+		r = agentplane(t, "session", "files", id)
+		return r.code == 0 && strings.Contains(r.stdout, "host")
+	}, time.Minute, 500*time.Millisecond, "the symlink appears")
+	require.Regexp(t, `(?m)^directory\s+0755\s+\d+\s+docs/$`, r.stdout)
+	require.Regexp(t, `(?m)^symlink\s+0777\s+13\s+host$`, r.stdout)
+	r = agentplane(t, "session", "files", id, "docs")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^file\s+0644\s+8\s+guide\.md\n$`, r.stdout)
+	r = agentplane(t, "session", "cat", id, "docs/guide.md")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "read me\n", r.stdout)
+
+	r = agentplane(t, "session", "cat", id, "../etc/hostname")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "path")
+	r = agentplane(t, "session", "cat", id, "host")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "[PATH_ESCAPES_WORKTREE]")
+	r = agentplane(t, "session", "files", id, "docs", "extra")
+	require.Equal(t, 2, r.code)
+
+	local := filepath.Join(t.TempDir(), "put.sh")
+	require.NoError(t, os.WriteFile(local, []byte("echo put\n"), 0o600))
+	r = agentplane(t, "session", "put", id, "bin/put.sh", local, "--mode", "0750")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "wrote 9 bytes to bin/put.sh\n", r.stdout)
+	r = agentplane(t, "session", "files", id, "bin")
+	require.Regexp(t, `^file\s+0750\s+9\s+put\.sh\n$`, r.stdout)
+	r = agentplane(t, "session", "cat", id, "bin/put.sh")
+	require.Equal(t, "echo put\n", r.stdout)
+	r = agentplane(t, "session", "put", id, "host", local)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "[PATH_ESCAPES_WORKTREE]")
+	r = agentplane(t, "session", "put", id, "x", local, "--mode", "9")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--mode")
 }

@@ -246,7 +246,7 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if o.idleStop > 0 {
 		sbx.Timers.IdleStop = o.idleStop
 	}
-	cred.IngestAddr = ing.GRPCAddr
+	cred.IngestAddr, cred.SessionAddr = ing.GRPCAddr, ses.GRPCAddr
 	ing.CredentialAddr = cred.GRPCAddr
 	sbx.AgentsDir, sbx.AgentModel = o.agentsDir, o.model
 	if o.agent != "" {

@@ -41,7 +41,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{"run", "-h"}, {"session", "-h"}, {"session", "--help"},
 		{"session", "create", "-h"}, {"session", "get", "-h"}, {"session", "list", "-h"}, {"session", "send", "-h"},
 		{"session", "watch", "-h"}, {"session", "changes", "-h"}, {"session", "push", "-h"}, {"session", "egress", "-h"},
-		{"session", "stop", "-h"}, {"session", "delete", "-h"},
+		{"session", "files", "-h"}, {"session", "cat", "-h"}, {"session", "put", "-h"}, {"session", "stop", "-h"}, {"session", "delete", "-h"},
 		{"dev", "-h"}, {"dev", "--help"},
 		{"serve", "-h"}, {"serve", "session", "-h"}, {"serve", "sandbox", "-h"}, {"serve", "credential", "-h"}, {"serve", "ingest", "-h"},
 		{"sandbox", "-h"}, {"credential", "-h"}, {"ingest", "-h"},
@@ -55,7 +55,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	}
 
 	r := runBin(t, bin, "session", "-h")
-	for _, verb := range []string{"create", "get", "list", "send", "watch", "changes", "push", "egress", "stop", "delete"} {
+	for _, verb := range []string{"create", "get", "list", "send", "watch", "changes", "push", "files", "cat", "put", "egress", "stop", "delete"} {
 		require.Regexp(t, `(?m)^  `+verb+` `, r.stdout, "session -h lists the verb %s", verb)
 	}
 	require.NotContains(t, r.stdout, "redis-url", "session -h lists the verbs, not the service's flags")

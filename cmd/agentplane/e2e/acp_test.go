@@ -30,13 +30,23 @@ import (
 )
 
 // agentsDir is where `make agents` installs the pinned agents (the repo's
-// agents/), or AGENTPLANE_AGENTS_DIR.
+// agents/), or AGENTPLANE_AGENTS_DIR. When its node_modules is a link (a
+// worktree sharing another checkout's), it is the directory the link leads
+// to: a sandbox binds the agents directory alone and could not follow it.
 func agentsDir(t testing.TB) string {
-	if d := os.Getenv("AGENTPLANE_AGENTS_DIR"); d != "" {
-		return d
+	d := os.Getenv("AGENTPLANE_AGENTS_DIR")
+	if d == "" {
+		var err error
+		d, err = filepath.Abs(filepath.Join("..", "..", "..", "agents"))
+		require.NoError(t, err)
 	}
-	d, err := filepath.Abs(filepath.Join("..", "..", "..", "agents"))
-	require.NoError(t, err)
+	if fi, err := os.Lstat(filepath.Join(d, "node_modules")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		modules, err := filepath.EvalSymlinks(filepath.Join(d, "node_modules"))
+		require.NoError(t, err)
+		if filepath.Base(modules) == "node_modules" {
+			return filepath.Dir(modules)
+		}
+	}
 	return d
 }
 
@@ -154,7 +164,7 @@ func outcomesOf(events []*sessionv1.SessionEvent, messageID string) int {
 }
 
 // findFile returns the paths named name under root.
-func findFile(t *testing.T, root, name string) []string {
+func findFile(t testing.TB, root, name string) []string {
 	var out []string
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && d.Name() == name {
@@ -388,6 +398,7 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o2.GetResult())
 	after := s.routeView(t, sess.GetSessionId())
 	require.NotEqual(t, before.GetWrapperInstance(), after.GetWrapperInstance(), "a new wrapper serves the route")
+	require.Equal(t, before.GetRuntimeSessionId(), after.GetRuntimeSessionId(), "the same runtime session goes on")
 	require.Equal(t, acpBefore, readSessionMap(t, maps[0])[sess.GetSessionId()], "the same ACP session, loaded")
 
 	// The model got the earlier turn's messages again: the conversation

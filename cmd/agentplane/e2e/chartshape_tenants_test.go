@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -15,14 +16,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
-	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/testenv"
 )
 
-// Hostile scripts a tenant's scripted runtime writes into its worktree ("write:") and runs
-// ("run: sh <file>") in the agent's nested sandbox. perl is the host's (/usr is in every sandbox).
+// Hostile scripts a tenant's runtime writes into its worktree ("write:") and runs ("run: sh
+// <file>") in the agent's nested sandbox, by the scripted runtime's tools or, steered by the
+// fake model, by opencode's. perl is the host's (/usr is in every sandbox).
 const (
 	// seeProcesses lists every process the runtime can name, tries each one's environ for a
 	// launch credential, and SIGSTOPs any wrapper it can name.
@@ -43,9 +44,11 @@ echo hidden`
 
 	// floodSockets holds up to 900 connections (the sandbox's nofile is 1024) from each of
 	// 4 processes to the wrapper's proxy listener (proxy_url, relayed to the service's proxy
-	// socket) and to the egress listener (relayed to the service's egress socket), for 60 s.
+	// socket) and to the egress listener (relayed to the service's egress socket), for 60 s,
+	// from when flood.go appears in the worktree.
 	floodSockets = `for i in 1 2 3 4; do
 setsid perl -MIO::Socket::INET -e '
+select(undef, undef, undef, 0.2) until -e "flood.go";
 my @held; my @to = ("127.0.0.1:7405");
 push @to, $1 if ($ENV{HTTP_PROXY} // "") =~ m{//([^/]+)};
 for my $n (1..900) { my $s = IO::Socket::INET->new(PeerAddr => $to[$n % @to], Timeout => 2) or next; push @held, $s; }
@@ -72,40 +75,136 @@ for my $kind ("line", "headers") {
 // third) on one deployment in the chart's shape (separate non-root uids, the sandbox service
 // as 65532 with the chart's securityContext, secrets as files, the internal token on), each
 // observation of issue 31 attempted by a hostile caller or a hostile scripted runtime, and
-// refused. The memory and CPU hogs are not here: on a cgroup v1 host a non-root service
-// cannot make cgroups, and reports those limits unavailable (docs/sandbox.md "Between tenants").
+// refused. The memory and CPU hogs run without cgroups: on a cgroup v1 host a non-root service
+// cannot make them, so memory is sampled and CPU weighted (docs/sandbox.md "Between tenants").
 func TestChartShapedTenants(t *testing.T) {
+	requirePerl(t)
+	_, s, procs, _ := startChartSuite(t, chartOptions{sets: []string{"sandbox.limits.diskQuota=64MiB", "sandbox.limits.memory=256MiB"}})
+	testChartShapedTenants(t, &tenantsRig{s: s, service: procs[svcSandbox].pid, memoryMiB: 256,
+		authorizations: func() []string { auth, _ := s.up.seen(); return auth }})
+}
+
+// imageAgents is where an image carrying the pinned agents would hold them.
+const imageAgents = "/opt/agentplane/agents"
+
+// TestChartShapedTenantsOpenCode (issue 31: "the same e2e passes with the scripted runtime and
+// with opencode"): TestChartShapedTenants with every session an opencode session (the pinned
+// agent, bound where an image would carry it and set through the chart's sandbox.extraEnv),
+// the fake model as the provider upstream and the only stand-in. The fake model steers
+// opencode with the scripted runtime's messages: "write: <file> <text>" becomes a call of
+// opencode's write tool, "run: <command>" a call of its bash tool, so the hostile scripts run
+// as opencode's own tool runs them. The memory limit is the product's default (1 GiB): opencode
+// alone holds more than the scripted runtime's 256 MiB.
+func TestChartShapedTenantsOpenCode(t *testing.T) {
+	requirePerl(t)
+	dir := requireAgent(t, "opencode")
+	model := fakemodel.New()
+	_, s, procs, _ := startChartSuite(t, chartOptions{
+		stack: stackOptions{upstream: model},
+		sets: []string{"sandbox.limits.diskQuota=64MiB", "sandbox.limits.memory=1GiB",
+			"sandbox.extraEnv[0].name=AGENTPLANE_AGENTS_DIR", "sandbox.extraEnv[0].value=" + imageAgents,
+			"sandbox.extraEnv[1].name=AGENTPLANE_AGENT_MODEL", "sandbox.extraEnv[1].value=fake-model"},
+		binds: map[string]string{imageAgents: dir},
+	})
+	s.turnBound = 4 * time.Minute // opencode starts slowly on a loaded node
+	testChartShapedTenants(t, &tenantsRig{s: s, service: procs[svcSandbox].pid, memoryMiB: 1024, profile: "opencode",
+		authorizations: func() []string {
+			var auth []string
+			for _, r := range model.Requests() {
+				auth = append(auth, r.Authorization)
+			}
+			return auth
+		}})
+}
+
+func requirePerl(t *testing.T) {
 	if _, err := exec.LookPath("perl"); err != nil {
 		testenv.Missing(t, "perl (the hostile runtime's scripts): %v", err)
 	}
-	_, s, procs, _ := startChartSuite(t, chartOptions{sets: []string{"sandbox.limits.diskQuota=64MiB", "sandbox.limits.memory=256MiB"}})
-	service := procs[svcSandbox].pid
+}
+
+// tenantsRig is what a runtime brings to testChartShapedTenants: its deployment, started.
+// Everything else (the messages, the hostile scripts, what must hold) is written once.
+type tenantsRig struct {
+	s       *suite
+	service int    // the sandbox service's pid
+	profile string // every session's agent profile ("": the scripted runtime)
+	// memoryMiB is sandbox.limits.memory; the memory hog holds twice as much.
+	memoryMiB int
+	// authorizations lists the Authorization header of each request the provider upstream got.
+	authorizations func() []string
+
+	secrets map[string]bool // "Bearer <secret>" of every session created
+}
+
+// create makes a session of tn in sandbox sb (retried while the services come up).
+func (r *tenantsRig) create(t *testing.T, tn *sandboxv1.Tenant, sb string) *sessionv1.Session {
+	t.Helper()
+	var out *sessionv1.Session
+	require.Eventually(t, func() bool {
+		secret := newSecret()
+		var err error
+		out, err = createAgentAs(r.s, tn, sb+"-"+r.s.run, "/work/"+tn.GetUserId(), secret, r.profile)
+		if err == nil {
+			if r.secrets == nil {
+				r.secrets = map[string]bool{}
+			}
+			r.secrets["Bearer "+secret] = true
+		}
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond, "create %s's session in %s", tn.GetUserId(), sb)
+	require.Equal(t, r.profile, out.GetAgent().GetProfile(), "the session's runtime")
+	return out
+}
+
+// hostile writes script as <name>.sh into the session's worktree and runs it with sh (by the
+// runtime's own tools); it returns the script's output.
+func (r *tenantsRig) hostile(t *testing.T, sessionID, name, script string) string {
+	t.Helper()
+	r.s.turn(t, sessionID, name+"-w", "write: "+name+".sh "+script)
+	return runIn(t, r.s, sessionID, name+"-r", "sh", name+".sh")
+}
+
+func testChartShapedTenants(t *testing.T, r *tenantsRig) {
+	s, service := r.s, r.service
 	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
 	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
 	bob := &sandboxv1.Tenant{OrgId: "orgB-" + s.run, UserId: "bob"}
-	create := func(t *testing.T, tn *sandboxv1.Tenant, sb string) *sessionv1.Session {
-		t.Helper()
-		var out *sessionv1.Session
-		require.Eventually(t, func() bool {
-			var err error
-			out, err = createAs(s, tn, sb+"-"+s.run, "/work/"+tn.GetUserId())
-			return err == nil
-		}, 60*time.Second, 50*time.Millisecond, "create %s's session in %s", tn.GetUserId(), sb)
-		return out
-	}
-	hostile := func(t *testing.T, sessionID, name, script string) string {
-		t.Helper()
-		s.turn(t, sessionID, name+"-w", "write: "+name+".sh "+script)
-		return runIn(t, s, sessionID, name+"-r", "sh", name+".sh")
-	}
+	t.Cleanup(func() { // what the wrappers and their runtimes said, when something failed
+		if !t.Failed() {
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(s.root, "*", "logs", "*.log"))
+		for _, l := range logs {
+			t.Logf("wrapper log %s (last 8 KiB):\n%s", strings.TrimPrefix(l, s.root), readTail(l))
+		}
+	})
 
 	var a, m *sessionv1.Session
 	t.Run("session works", func(t *testing.T) {
-		a = create(t, alice, "sbx-alice")
+		a = r.create(t, alice, "sbx-alice")
 		s.turn(t, a.GetSessionId(), "a1", "write: secret.txt alice-secret")
 		require.Contains(t, runIn(t, s, a.GetSessionId(), "a2", "cat", "secret.txt"), "alice-secret")
-		m = create(t, mallory, "sbx-mallory")
+		files := findFile(t, s.root, "secret.txt")
+		require.Len(t, files, 1, "one secret.txt under the sandbox root")
+		b, err := os.ReadFile(files[0])
+		require.NoError(t, err)
+		require.Equal(t, "alice-secret\n", string(b))
+		st, err := os.Stat(files[0])
+		require.NoError(t, err)
+		require.EqualValues(t, 65532, st.Sys().(*syscall.Stat_t).Uid, "written as the chart's uid")
+		m = r.create(t, mallory, "sbx-mallory")
 		s.turn(t, m.GetSessionId(), "m1", "hello")
+		// The provider saw each session's backing secret and nothing else (never a handle).
+		auth := r.authorizations()
+		require.NotEmpty(t, auth)
+		for _, h := range auth {
+			require.True(t, r.secrets[h], "the provider got %.20q…, not a session's backing secret", h)
+		}
+		require.Len(t, r.secrets, 2)
+		for h := range r.secrets {
+			require.Contains(t, auth, h, "each session's turns reached the provider with its backing secret")
+		}
 	})
 	require.False(t, t.Failed(), "no session: nothing else can be tried")
 
@@ -114,7 +213,7 @@ func TestChartShapedTenants(t *testing.T) {
 	})
 
 	t.Run("wrapper out of reach", func(t *testing.T) {
-		out := hostile(t, m.GetSessionId(), "see", seeProcesses)
+		out := r.hostile(t, m.GetSessionId(), "see", seeProcesses)
 		t.Logf("what mallory's runtime sees:\n%s", out)
 		require.Contains(t, out, "done")
 		require.Contains(t, out, "visible", "it sees its own nested sandbox")
@@ -144,7 +243,7 @@ func TestChartShapedTenants(t *testing.T) {
 	})
 
 	t.Run("non-dumpable runtime does not blind discovery", func(t *testing.T) {
-		require.Contains(t, hostile(t, m.GetSessionId(), "hide", hideProcess), "hidden")
+		require.Contains(t, r.hostile(t, m.GetSessionId(), "hide", hideProcess), "hidden")
 		var hidden int
 		require.Eventually(t, func() bool {
 			for _, pid := range descendants(t, service) {
@@ -160,7 +259,7 @@ func TestChartShapedTenants(t *testing.T) {
 		require.Contains(t, string(out), "Permission denied")
 		// Bob launches, works and deletes sessions (deletion verifies his wrapper absent).
 		for i := range 2 {
-			b := create(t, bob, fmt.Sprintf("sbx-bob-%d", i))
+			b := r.create(t, bob, fmt.Sprintf("sbx-bob-%d", i))
 			s.turn(t, b.GetSessionId(), "b1", "hello from bob")
 			s.deleteSession(t, b.GetSessionId())
 		}
@@ -169,7 +268,7 @@ func TestChartShapedTenants(t *testing.T) {
 
 	t.Run("request head", func(t *testing.T) {
 		before := vmKiB(t, service, "VmRSS")
-		out := hostile(t, m.GetSessionId(), "head", requestHead)
+		out := r.hostile(t, m.GetSessionId(), "head", requestHead)
 		t.Logf("request heads:\n%s", out)
 		require.Contains(t, out, "line HTTP/1.1 414")
 		require.Contains(t, out, "headers HTTP/1.1 431")
@@ -183,12 +282,18 @@ func TestChartShapedTenants(t *testing.T) {
 	})
 
 	t.Run("fd flood on the handed-in sockets", func(t *testing.T) {
-		require.Contains(t, hostile(t, m.GetSessionId(), "flood", floodSockets), "flooding")
+		require.Contains(t, r.hostile(t, m.GetSessionId(), "flood", floodSockets), "flooding")
+		// The flooders wait for flood.go: an agent's turn still calls its model through the
+		// proxy listener after its tool ran, and a sandbox that floods its own sockets starves
+		// itself (that is the bound), so the flood starts once mallory's turn has ended.
+		scripts := findFile(t, s.root, "flood.sh")
+		require.Len(t, scripts, 1, "mallory's flood.sh")
+		require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(scripts[0]), "flood.go"), nil, 0o644))
 		require.Eventually(t, func() bool { return countOpen(descendants(t, service)) > 2000 }, 60*time.Second, 100*time.Millisecond,
 			"mallory's flooders hold their connections")
 		t.Logf("sandbox service descriptors under the flood: %d", countOpen([]int{service}))
 		// Bob's cold first turn in a new sandbox, while the flood holds.
-		b := create(t, bob, "sbx-bob-flood")
+		b := r.create(t, bob, "sbx-bob-flood")
 		events := s.turn(t, b.GetSessionId(), "b1", "hello under a flood")
 		require.NotEmpty(t, runtimeEvents(events, "b1"), "bob's runtime answered")
 	})
@@ -196,10 +301,10 @@ func TestChartShapedTenants(t *testing.T) {
 	// No cgroup can be made here (cgroup v1, the service not root): the sampling enforcer
 	// stops a runtime key over its memory limit, and CPU is weighted (nice 10, SCHED_BATCH).
 	t.Run("memory hog", func(t *testing.T) {
-		b := create(t, bob, "sbx-bob-mem")
+		b := r.create(t, bob, "sbx-bob-mem")
 		s.turn(t, b.GetSessionId(), "b1", "hello before the hog")
-		hog := create(t, mallory, "sbx-mallory-mem")
-		s.turn(t, hog.GetSessionId(), "h1", `write: hog.sh perl -e '$x = "a" x (512 << 20); print "held\n"; sleep 600'`)
+		hog := r.create(t, mallory, "sbx-mallory-mem")
+		s.turn(t, hog.GetSessionId(), "h1", "write: hog.sh "+memHog("mem-hog", 2*r.memoryMiB))
 		_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: hog.GetSessionId(), MessageId: "h2",
 			Content: "run: sh hog.sh"})
 		require.NoError(t, err)
@@ -208,8 +313,8 @@ func TestChartShapedTenants(t *testing.T) {
 	})
 
 	t.Run("CPU hog", func(t *testing.T) {
-		hog := create(t, mallory, "sbx-mallory-cpu")
-		require.Contains(t, hostile(t, hog.GetSessionId(), "spin", spinAllCores), "spinning")
+		hog := r.create(t, mallory, "sbx-mallory-cpu")
+		require.Contains(t, r.hostile(t, hog.GetSessionId(), "spin", spinAllCores), "spinning")
 		var spinners []int
 		require.Eventually(t, func() bool {
 			spinners = spinners[:0]
@@ -226,15 +331,15 @@ func TestChartShapedTenants(t *testing.T) {
 			require.Equal(t, 3, policy, "spinner %d's policy: SCHED_BATCH", pid)
 		}
 		// Bob's turn completes while every core spins (its duration is not asserted).
-		b := create(t, bob, "sbx-bob-cpu")
+		b := r.create(t, bob, "sbx-bob-cpu")
 		require.NotEmpty(t, runtimeEvents(s.turn(t, b.GetSessionId(), "b1", "hello under a CPU hog"), "b1"), "bob's runtime answered")
 		s.deleteSession(t, hog.GetSessionId())
 	})
 
 	t.Run("disk filler", func(t *testing.T) {
-		filler := create(t, mallory, "sbx-mallory-disk")
+		filler := r.create(t, mallory, "sbx-mallory-disk")
 		requireDiskQuotaHolds(t, s, filler.GetSessionId(), func() string {
-			return create(t, bob, "sbx-bob-disk").GetSessionId()
+			return r.create(t, bob, "sbx-bob-disk").GetSessionId()
 		})
 	})
 
@@ -246,7 +351,7 @@ func TestChartShapedTenants(t *testing.T) {
 const spinAllCores = `n=$(($(nproc) * 2)); i=0; while [ $i -lt $n ]; do setsid perl -e '$0 = "cpu-hog"; 1 while 1' </dev/null >/dev/null 2>&1 & i=$((i + 1)); done; echo spinning`
 
 // schedOf reads a process's nice value and scheduling policy (stat fields 19 and 41).
-func schedOf(t *testing.T, pid int) (int, int) {
+func schedOf(t testing.TB, pid int) (int, int) {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	require.NoError(t, err)
@@ -259,7 +364,7 @@ func schedOf(t *testing.T, pid int) (int, int) {
 }
 
 // descendants lists every live process below pid (host pids).
-func descendants(t *testing.T, pid int) []int {
+func descendants(t testing.TB, pid int) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	require.NoError(t, err)
@@ -314,7 +419,7 @@ func countOpen(pids []int) int {
 }
 
 // vmKiB is a field of /proc/<pid>/status in KiB (VmRSS, VmHWM).
-func vmKiB(t *testing.T, pid int, field string) int {
+func vmKiB(t testing.TB, pid int, field string) int {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	require.NoError(t, err)
@@ -327,59 +432,4 @@ func vmKiB(t *testing.T, pid int, field string) int {
 	}
 	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
-}
-
-// imageAgents is where an image carrying the pinned agents would hold them.
-const imageAgents = "/opt/agentplane/agents"
-
-// TestChartShapedTenantsOpenCode: the same deployment shape with opencode (the pinned agent,
-// the fake model as the provider upstream, the agents bound where an image would carry them):
-// alice's opencode session works as uid 65532 in the nested sandbox, and mallory cannot join
-// alice's sandbox.
-func TestChartShapedTenantsOpenCode(t *testing.T) {
-	dir := requireAgent(t, "opencode")
-	model := fakemodel.New()
-	_, s, _, _ := startChartSuite(t, chartOptions{
-		stack: stackOptions{upstream: model},
-		sets: []string{"sandbox.extraEnv[0].name=AGENTPLANE_AGENTS_DIR", "sandbox.extraEnv[0].value=" + imageAgents,
-			"sandbox.extraEnv[1].name=AGENTPLANE_AGENT_MODEL", "sandbox.extraEnv[1].value=fake-model"},
-		binds: map[string]string{imageAgents: dir},
-	})
-	as := &acpSuite{suite: s, model: model}
-	alice := &sandboxv1.Tenant{OrgId: "orgA-" + s.run, UserId: "alice"}
-	mallory := &sandboxv1.Tenant{OrgId: "orgEvil-" + s.run, UserId: "mallory"}
-	secret := newSecret()
-	var a *sessionv1.Session
-	t.Run("session works", func(t *testing.T) {
-		require.Eventually(t, func() bool {
-			resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
-				UserId: alice.GetUserId(), OrgId: alice.GetOrgId(), SandboxId: "sbx-alice-oc-" + s.run,
-				Worktree:   &sessionv1.Worktree{Directory: "/work/alice"},
-				Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: secret},
-				Agent:      &sessionv1.Agent{Profile: "opencode"},
-			})
-			a = resp.GetSession()
-			return err == nil
-		}, 60*time.Second, 100*time.Millisecond)
-		require.Equal(t, "opencode", a.GetAgent().GetProfile())
-		_, o := as.watchTurn(t, a.GetSessionId(), "m1", "Please create hello.txt", nil)
-		require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "outcome %v", o)
-		files := findFile(t, s.root, "hello.txt")
-		require.Len(t, files, 1, "opencode wrote one hello.txt under the sandbox root")
-		b, err := os.ReadFile(files[0])
-		require.NoError(t, err)
-		require.Equal(t, fakemodel.FileContent, string(b))
-		st, err := os.Stat(files[0])
-		require.NoError(t, err)
-		require.EqualValues(t, 65532, st.Sys().(*syscall.Stat_t).Uid, "written as the chart's uid")
-		reqs := model.Requests()
-		require.NotEmpty(t, reqs)
-		for _, r := range reqs {
-			require.Equal(t, "Bearer "+secret, r.Authorization, "the model sees the backing secret")
-		}
-	})
-	require.False(t, t.Failed(), "no session: nothing else can be tried")
-	t.Run("sandbox join", func(t *testing.T) {
-		requireJoinRefused(t, s, alice, mallory, a)
-	})
 }

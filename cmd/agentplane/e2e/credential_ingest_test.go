@@ -56,6 +56,7 @@ func TestProxyIngestAgainstRealIngest(t *testing.T) {
 	ccfg.CredentialKey = base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32)))
 	ccfg.AttestationKey = ccfg.CredentialKey
 	ccfg.IngestAddr = ingestAddr
+	ccfg.SessionAddr = ""
 	icfg := ingest.DefaultConfig()
 	icfg.RedisURL, icfg.InternalToken, icfg.DrainDelay, icfg.MetricsAddr = rs.URL(), token, 0, ""
 	icfg.LogLevel, icfg.LogFormat = slog.LevelError, "text"

@@ -289,3 +289,30 @@ func requireViolation(t *testing.T, err error, field, name string) {
 	}
 	t.Fatalf("%s: no field violation %q in %v", name, field, st.Details())
 }
+
+// TestEgressPolicyChangedWhileSuspendedAppliesOnResume (issue 35 item 2:
+// "the egress policy in force is the latest"): a policy updated while the
+// session is suspended (no route to apply it to) is the one the resumed
+// runtime's connections meet: a name denied before the suspend is reached
+// after the message that resumes it.
+func TestEgressPolicyChangedWhileSuspendedAppliesOnResume(t *testing.T) {
+	e := startEgressSuite(t)
+	sess := e.createSession(t, "egress-susp-"+e.run, "/repo/egress-susp")
+	id := sess.GetSessionId()
+	curl := []string{"curl", "-sS", "-m", "15", e.url("http", "other.test", e.httpPort)}
+	code, out := e.runIn(t, id, "m1", curl...)
+	require.Contains(t, out, "denied (not_allowed)", "exit %d", code)
+
+	_, err := e.suspend(t, id, false)
+	require.NoError(t, err)
+	e.requireSuspended(t, sess)
+	up, err := e.ses.UpdateEgressPolicy(context.Background(), &sessionv1.UpdateEgressPolicyRequest{
+		SessionId: id, ExpectedVersion: 1, Egress: e.policy(&sessionv1.EgressRule{Host: "other.test", Ports: []uint32{e.httpPort}})})
+	require.NoError(t, err, "a suspended session's policy can change")
+	require.Equal(t, uint64(2), up.GetVersion())
+	e.requireSuspended(t, sess)
+
+	code, out = e.runIn(t, id, "m2", curl...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "egress-ok other.test:", "the resumed runtime meets the policy updated while suspended")
+}

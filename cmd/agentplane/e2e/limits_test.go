@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 
 // messageFailure waits for messageID to end and returns its failure
 // reason ("" when it succeeded).
-func (s *suite) messageFailure(t *testing.T, sessionID, messageID string) string {
+func (s *suite) messageFailure(t testing.TB, sessionID, messageID string) string {
 	t.Helper()
 	var reason string
 	require.Eventually(t, func() bool {
@@ -42,9 +43,11 @@ func TestSandboxMemoryHogStopsWithMemoryLimit(t *testing.T) {
 	id := sess.GetSessionId()
 	s.turn(t, id, "m1", "hello")
 
-	// The scripted runtime keeps a command's whole output in memory: 400 MB of it.
+	// A process of the runtime holds 400 MiB (the scripted runtime keeps only a command's
+	// last 4 KiB of output since 7d73ad3, so the hog is its own).
+	s.turn(t, id, "w", "write: hog.sh "+memHog("mem-hog", 400))
 	_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: id, MessageId: "m2",
-		Content: "run: head -c 400000000 /dev/zero"})
+		Content: "run: sh hog.sh"})
 	require.NoError(t, err)
 	got := s.messageFailure(t, id, "m2")
 	if got != "memory_limit" {
@@ -72,10 +75,16 @@ func TestSandboxDiskQuota(t *testing.T) {
 // requireDiskQuotaHolds: session a's sandbox (quota 64 MiB) writes 100 MiB;
 // its runtime is stopped and its route then fails with disk_quota, while
 // the session newB creates (another sandbox) is admitted and its turn runs.
+// The writing turn itself ends succeeded, or failed with disk_quota: the
+// scripted runtime ends it as the write returns, an agent still calls its
+// model after its tool, and the quota's sample may stop it before that.
 func requireDiskQuotaHolds(t *testing.T, s *suite, a string, newB func() string) {
 	t.Helper()
 	s.turn(t, a, "m1", "hello")
-	s.turn(t, a, "m2", "run: dd if=/dev/zero of=filler bs=1M count=100")
+	_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: a, MessageId: "m2",
+		Content: "run: dd if=/dev/zero of=filler bs=1M count=100"})
+	require.NoError(t, err)
+	require.Contains(t, []string{"", "disk_quota"}, s.messageFailure(t, a, "m2"), "the writing turn succeeded or was stopped for the quota")
 
 	// The quota is sampled: once it sees A over, A's runtime is stopped and
 	// its route is no longer ready.
@@ -83,7 +92,7 @@ func requireDiskQuotaHolds(t *testing.T, s *suite, a string, newB func() string)
 		return s.routeView(t, a).GetState() != sessionv1.RouteState_ROUTE_STATE_READY
 	}, 90*time.Second, 100*time.Millisecond, "A's runtime is stopped for its quota")
 	ctx := context.Background()
-	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: a, MessageId: "m3", Content: "hello"})
+	_, err = s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: a, MessageId: "m3", Content: "hello"})
 	require.NoError(t, err)
 	ok := assert.Eventually(t, func() bool {
 		return s.routeView(t, a).GetFailureReason() == "disk_quota"
@@ -109,4 +118,12 @@ func logsOf(s *suite) string {
 		return ""
 	}
 	return s.logs.String()
+}
+
+// memHog is a shell command holding mib MiB until it is stopped (the memory
+// hogs of the limits tests and benchmarks); its process is named name before
+// it allocates (BEGIN: perl would fold a constant "a" x (N << 20) at compile
+// time, before a plain $0 = ... runs).
+func memHog(name string, mib int) string {
+	return fmt.Sprintf(`perl -e 'BEGIN { $0 = "%s" } my $n = %d << 20; $x = "a" x $n; sleep 600'`, name, mib)
 }

@@ -128,6 +128,24 @@ func TestMetricsMoveAfterAScriptedScenario(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusUnauthorized, proxyCall(), "the revoked handle is refused")
 
+	// Issue 35: a suspend and a resume; the open route's runtime stopped, then running again.
+	open := func(runtime string) float64 {
+		return sum(scrape(t, url("sandbox")), "agentplane_sandbox_open_routes", `runtime="`+runtime+`"`)
+	}
+	require.InDelta(t, 1.0, open("running"), 0, "the session's route is open, its runtime running")
+	_, err = s.suspend(t, sess.GetSessionId(), false)
+	require.NoError(t, err)
+	require.InDelta(t, 0.0, open("running"), 0)
+	require.InDelta(t, 1.0, open("stopped"), 0, "the suspended route is open, its runtime stopped")
+	require.InDelta(t, 1.0, sum(scrape(t, url("session")), "agentplane_session_suspends_total"), 0)
+	rctx, rcancel := context.WithTimeout(bg, 90*time.Second)
+	_, err = s.ses.ResumeSession(rctx, &sessionv1.ResumeSessionRequest{SessionId: sess.GetSessionId()})
+	rcancel()
+	require.NoError(t, err)
+	require.InDelta(t, 1.0, open("running"), 0, "the resumed runtime runs")
+	require.InDelta(t, 1.0, sum(scrape(t, url("session")), "agentplane_session_resumes_total", `result="ready"`), 0)
+	require.InDelta(t, 1.0, sum(scrape(t, url("session")), "agentplane_session_resume_duration_seconds_count"), 0)
+
 	// A deletion, after which the session's route and runtime are gone.
 	s.deleteSession(t, sess.GetSessionId())
 

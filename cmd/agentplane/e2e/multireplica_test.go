@@ -45,7 +45,7 @@ func startReplicated(t *testing.T, sandboxKV ...string) *replicated {
 	credList, ingList := cred[0]+","+cred[1], ing[0]+","+ing[1]
 
 	st.set(svcIngest, "CREDENTIAL_ADDR", credList)
-	st.set(svcCredential, "INGEST_ADDR", ingList)
+	st.set(svcCredential, "INGEST_ADDR", ingList, "SESSION_ADDR", r.sesLB.addr())
 	st.set(svcSandbox, "SESSION_ADDR", r.sesLB.addr(), "CREDENTIAL_ADDR", credList, "SANDBOX_PROXY_URL", "http://"+r.proxyLB.addr())
 	st.set(svcSession, "SANDBOX_ADDR", r.sbxLB.addr(), "CREDENTIAL_ADDR", credList, "INGEST_ADDR", ingList,
 		"SESSION_RECONCILE_INTERVAL", "200ms", "SESSION_DELETE_BACKOFF_BASE", "200ms", "SESSION_DELETE_BACKOFF_MAX", "2s",

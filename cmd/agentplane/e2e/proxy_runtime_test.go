@@ -91,6 +91,7 @@ func (u *upstream) seen() ([]string, []string) {
 // redis-server, with every service's log captured.
 type suite struct {
 	ses     sessionv1.SessionServiceClient
+	sesAddr string // the session service's address, for client.Dial
 	cred    credentialv1.CredentialServiceClient
 	sbx     sandboxv1.SandboxServiceClient
 	ing     ingestv1.IngestServiceClient
@@ -106,6 +107,8 @@ type suite struct {
 	run string
 	// redis is the stack's private Redis (nil on a shared one).
 	redis *redis.Client
+	// turnBound bounds each turn (0: 90 s); a real agent's cold start wants more.
+	turnBound time.Duration
 }
 
 // captureStderr sends everything written to os.Stderr (where every
@@ -189,8 +192,12 @@ func (s *suite) create(t testing.TB, sandboxID, dir, secret string) *sessionv1.S
 
 // turn sends one message and watches the session until its outcome; it
 // returns every event seen.
-func (s *suite) turn(t *testing.T, sessionID, messageID, content string) []*sessionv1.SessionEvent {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+func (s *suite) turn(t testing.TB, sessionID, messageID, content string) []*sessionv1.SessionEvent {
+	bound := 90 * time.Second
+	if s.turnBound > 0 {
+		bound = s.turnBound
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	// UNAVAILABLE is retried with the same id, as clients do (e.g. a Redis failover).
 	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content})
@@ -215,6 +222,10 @@ func (s *suite) turn(t *testing.T, sessionID, messageID, content string) []*sess
 		}
 		if r := ev.GetRoute(); own && r != nil && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
 			t.Fatalf("route failed: %s", r.GetFailureReason())
+		}
+		// A message failed without an outcome (its runtime was stopped under it) has none to wait for.
+		if msg := ev.GetMessage(); msg.GetMessageId() == messageID && msg.GetState() == sessionv1.MessageState_MESSAGE_STATE_FAILED {
+			t.Fatalf("message %s failed: %s", messageID, msg.GetFailureReason())
 		}
 	}
 }

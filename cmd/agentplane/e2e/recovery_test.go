@@ -5,8 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
-	"sync"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,12 +17,16 @@ import (
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	"agentplane.dev/pkg/testenv"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/config"
 	credentialv1 "agentplane.dev/pkg/gen/agentplane/credential/v1"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/grpcserver"
 )
 
 // Issue 18 item 5: a session whose sandbox id equals another session's id
@@ -76,9 +81,11 @@ func TestRestartPastReconnectWindowRetiresAcceptedHandles(t *testing.T) {
 	require.Empty(t, wrapperPIDs(t, a.GetSandboxId()))
 }
 
-// Issue 18 item 7 (e2e): a re-preparation after a lost route gives the route
-// a new runtime session id; deletion tombstones the history of every runtime
-// session the session ever had, not only the latest.
+// Issue 18 item 7 (e2e): deletion tombstones the history of every runtime
+// session the session ever had. A re-preparation after a lost route keeps
+// the route's runtime session (issue 35: the agent continues the same
+// conversation, one history holds it), so that is one here; sessions from
+// before that change may hold several, and deletion removes each.
 func TestDeletionTombstonesEveryRuntimeSessionsHistory(t *testing.T) {
 	s := startSuite(t)
 	sess := s.create(t, "sbx-hist", "/work/e2e-hist", newSecret())
@@ -101,11 +108,11 @@ func TestDeletionTombstonesEveryRuntimeSessionsHistory(t *testing.T) {
 	}, 60*time.Second, 50*time.Millisecond, "the route is no longer ready after its wrapper died")
 	s.turn(t, sess.GetSessionId(), "m2", "after the wrapper died")
 	second := s.routeView(t, sess.GetSessionId()).GetRuntimeSessionId()
-	require.NotEqual(t, first, second, "the re-prepared route has a new runtime session")
+	require.Equal(t, first, second, "the re-prepared route keeps its runtime session")
 	requireHistory(t, s, second)
 
 	s.deleteSession(t, sess.GetSessionId())
-	for _, rs := range []string{first, second} {
+	for _, rs := range []string{first} {
 		_, err := s.ing.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: rs})
 		require.Equal(t, codes.NotFound, status.Code(err), "history of %s survived the deletion: %v", rs, err)
 	}
@@ -228,52 +235,39 @@ func fillInodes(t *testing.T, dir string) int {
 	}
 }
 
-// Issue 18 item 2 (process level): a cold workspace whose creation hits a
-// real ENOSPC (inodes exhausted on a filesystem far above the byte
-// threshold) fails the route with sandbox_recovering, and the queued
-// messages fail with it instead of waiting for good; recovery stops the
-// sandbox's other wrapper and deletes the sandbox's tree only once no
-// wrapper of it runs, and leaves other sandboxes alone; freeing the inodes
-// lets the next messages complete.
+// Issue 18 item 2 and issue 33 item 6 (process level): inodes exhausted by
+// files outside the sandbox tree. A cold workspace whose creation hits the
+// real ENOSPC fails its route with sandbox_recovering, and its queued
+// messages fail with it instead of waiting for good; a wrapper whose log
+// cannot be opened does the same. Recovery touches only the failed route's
+// runtime key and only what is recreatable: a user's uncommitted file
+// survives (its workspace kept and reported), the sandbox's other wrappers
+// keep running, other sandboxes are left alone. The sandbox service then
+// restarts on the still-full root: it stays up, not ready, and says why.
+// Freeing the inodes lets it start and every session serve again.
 func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
 	root := tmpfsRoot(t, 512)
 	// The root is a 64 MiB tmpfs: admission counts every other live
 	// sandbox's unused SANDBOX_DISK_QUOTA as used (decision 55), so the
 	// default 4 GiB of sbx-enospc-other would leave 0 bytes and reject
 	// sbx-enospc before the inode exhaustion this test is about.
-	s, _, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"SANDBOX_CAPACITY_THRESHOLD", "1MiB", "SANDBOX_DISK_QUOTA", "16MiB"}})
+	s, p, _ := startProcSuiteWith(t, procOptions{root: root, env: []string{"SANDBOX_CAPACITY_THRESHOLD", "1MiB", "SANDBOX_DISK_QUOTA", "16MiB"}})
 	other := s.create(t, "sbx-enospc-other", "/work/e2e-enospc", newSecret())
 	s.turn(t, other.GetSessionId(), "m1", "another sandbox")
+	const workDir = "/work/e2e-enospc-work"
+	work := s.create(t, "sbx-enospc", workDir, newSecret())
+	s.turn(t, work.GetSessionId(), "m1", "write: notes.txt unpushed change")
 	warm := s.create(t, "sbx-enospc", "/work/e2e-enospc-warm", newSecret())
 	s.turn(t, warm.GetSessionId(), "m1", "a wrapper of the sandbox runs")
 	sandboxID := warm.GetSandboxId()
-	sbDir := filepath.Join(root, sandboxID)
+	require.Equal(t, sandboxID, work.GetSandboxId())
+	notes := filepath.Join(workspaceOf(t, root, sandboxID, workDir), "notes.txt")
+	require.FileExists(t, notes, "the user's uncommitted file")
+	warmPIDs := keyPIDs(t, sandboxID, "/work/e2e-enospc-warm")
+	require.NotEmpty(t, warmPIDs)
 
-	// Watch for the lie recovery must never tell: the sandbox's tree gone
-	// while a wrapper of it still runs.
-	var mu sync.Mutex
-	var early []string
-	stop := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			pids, lerr := listWrapperPIDs(sandboxID)
-			if _, err := os.Stat(sbDir); lerr == nil && os.IsNotExist(err) && len(pids) > 0 {
-				mu.Lock()
-				early = append(early, pids...)
-				mu.Unlock()
-			}
-		}
-	}()
-
-	filler := filepath.Join(root, ".filler")
-	require.Positive(t, fillInodes(t, filler)) // a new workspace needs inodes the filesystem no longer has
+	filler := filepath.Join(root, ".filler") // outside the sandbox tree
+	require.Positive(t, fillInodes(t, filler))
 	sess := s.create(t, "sbx-enospc", "/work/e2e-enospc-cold", newSecret())
 	require.Equal(t, sandboxID, sess.GetSandboxId())
 	ctx := context.Background()
@@ -282,34 +276,144 @@ func TestENOSPCAfterAdmissionRecovers(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for _, m := range []string{"m1", "m2"} {
-		require.Eventually(t, func() bool {
-			got, err := s.ses.GetMessage(ctx, &sessionv1.GetMessageRequest{SessionId: sess.GetSessionId(), MessageId: m})
-			require.NoError(t, err)
-			return got.GetMessage().GetState() == sessionv1.MessageState_MESSAGE_STATE_FAILED &&
-				got.GetMessage().GetFailureReason() == "route_failed"
-		}, 60*time.Second, 100*time.Millisecond, "queued message %s fails with its route instead of staying queued", m)
+		waitMessageFailed(t, s, sess.GetSessionId(), m)
 	}
 	rv := s.routeView(t, sess.GetSessionId())
 	require.Equal(t, sessionv1.RouteState_ROUTE_STATE_FAILED, rv.GetState())
 	require.Equal(t, "sandbox_recovering", rv.GetFailureReason())
+	// The recovery is over: by this rule its log line, by the old one the
+	// sandbox's tree gone.
 	require.Eventually(t, func() bool {
-		_, err := os.Stat(sbDir)
-		return os.IsNotExist(err) && len(wrapperPIDs(t, sandboxID)) == 0
-	}, 60*time.Second, 20*time.Millisecond, "recovery stops the sandbox's wrappers and deletes its tree")
-	close(stop)
-	<-watched
-	require.Empty(t, early, "the sandbox's tree was deleted while its wrappers ran")
-	require.DirExists(t, filepath.Join(root, other.GetSandboxId()), "recovery destroys that sandbox only")
+		_, err := os.Stat(filepath.Join(root, sandboxID))
+		return os.IsNotExist(err) || logHas(p, "runtime key recovered", "/work/e2e-enospc-cold")
+	}, 60*time.Second, 50*time.Millisecond, "the cold route's recovery ends")
+	require.FileExists(t, notes, "recovery deleted a workspace with an uncommitted file")
 
-	require.NoError(t, os.RemoveAll(filler)) // the inodes come back
+	// The issue's case: the user's wrapper is gone, and its relaunch
+	// cannot open its log. Its workspace holds the uncommitted file.
+	records := func() int {
+		m, err := filepath.Glob(filepath.Join(root, sandboxID, "run", "*.json"))
+		require.NoError(t, err)
+		return len(m)
+	}
+	before := records()
+	for _, pid := range keyPIDs(t, sandboxID, workDir) {
+		n, err := strconv.Atoi(pid)
+		require.NoError(t, err)
+		_ = syscall.Kill(n, syscall.SIGKILL)
+	}
+	require.Eventually(t, func() bool { return len(keyPIDs(t, sandboxID, workDir)) == 0 && records() < before },
+		30*time.Second, 20*time.Millisecond, "the killed wrapper's namespace is gone with its record")
+	fillInodes(t, filler+"-2") // take back what its exit freed
+	_, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: work.GetSessionId(), MessageId: "m2", Content: "no room for a log"})
+	require.NoError(t, err)
+	waitMessageFailed(t, s, work.GetSessionId(), "m2")
+	waitLog(t, p, "kept the workspace", workDir)
+
+	b, err := os.ReadFile(notes)
+	require.NoError(t, err, "recovery deleted a workspace with an uncommitted file")
+	require.Equal(t, "unpushed change\n", string(b))
+	require.Subset(t, keyPIDs(t, sandboxID, "/work/e2e-enospc-warm"), warmPIDs, "another runtime key's wrapper is not stopped")
+	require.DirExists(t, filepath.Join(root, other.GetSandboxId()), "other sandboxes are not touched")
+
+	// The sandbox service restarts while the root is still full: it stays
+	// up, not ready, and says why (its old sockets, unlinked at its stop,
+	// are taken back first).
+	p.stop()
+	fillInodes(t, filler+"-3")
+	p.start()
+	require.Eventually(t, func() bool {
+		return !p.alive() || logHas(p, "sandbox root full at start-up", `"replica":"e2e-proc-2"`)
+	}, 60*time.Second, 50*time.Millisecond, "the restarted service reports the full root, or exits")
+	require.True(t, p.alive(), "a full root at start-up is not an exit")
+	conn, err := grpcclient.Dial(procEnv(t, p, "GRPC_ADDR"), token)
+	require.NoError(t, err)
+	defer conn.Close()
+	health := func(svc string) healthpb.HealthCheckResponse_ServingStatus {
+		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		require.NoError(t, err)
+		return resp.GetStatus()
+	}
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, health(grpcserver.LivenessService), "alive")
+	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, health(""), "not ready while the root is full")
+
+	for _, f := range []string{filler, filler + "-2", filler + "-3"} {
+		require.NoError(t, os.RemoveAll(f)) // the inodes come back
+	}
+	waitLog(t, p, "sandbox root writable again", `"replica":"e2e-proc-2"`)
+	require.Eventually(t, func() bool { return health("") == healthpb.HealthCheckResponse_SERVING }, 60*time.Second, 50*time.Millisecond,
+		"ready once the root has room")
 	s.turn(t, sess.GetSessionId(), "m3", "room again")
-	s.turn(t, warm.GetSessionId(), "m2", "back after the recovery")
+	s.turn(t, work.GetSessionId(), "m3", "back after the recovery")
+	require.FileExists(t, notes)
+	s.turn(t, warm.GetSessionId(), "m2", "never stopped")
 	s.turn(t, other.GetSessionId(), "m2", "never touched")
-	for _, id := range []*sessionv1.Session{sess, warm, other} {
+	for _, id := range []*sessionv1.Session{sess, work, warm, other} {
 		s.deleteSession(t, id.GetSessionId())
 	}
 	require.Empty(t, wrapperPIDs(t, sandboxID))
 	require.Empty(t, wrapperPIDs(t, other.GetSandboxId()))
+}
+
+// waitMessageFailed waits until a queued message failed with its route.
+func waitMessageFailed(t *testing.T, s *suite, sessionID, messageID string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got, err := s.ses.GetMessage(context.Background(), &sessionv1.GetMessageRequest{SessionId: sessionID, MessageId: messageID})
+		require.NoError(t, err)
+		return got.GetMessage().GetState() == sessionv1.MessageState_MESSAGE_STATE_FAILED &&
+			got.GetMessage().GetFailureReason() == "route_failed"
+	}, 90*time.Second, 100*time.Millisecond, "queued message %s fails with its route instead of staying queued", messageID)
+}
+
+// waitLog waits until one line of the process's log holds every part.
+func waitLog(t *testing.T, p *proc, parts ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return logHas(p, parts...) }, 60*time.Second, 50*time.Millisecond,
+		"a log line of %s with %q", p.name, parts)
+}
+
+// logHas reports whether one line of the process's log holds every part.
+func logHas(p *proc, parts ...string) bool {
+	b, err := os.ReadFile(p.logs)
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		all := true
+		for _, part := range parts {
+			all = all && strings.Contains(line, part)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// procEnv is a setting of the process (name without the AGENTPLANE_ prefix).
+func procEnv(t *testing.T, p *proc, name string) string {
+	t.Helper()
+	for _, kv := range p.env {
+		if v, ok := strings.CutPrefix(kv, config.EnvPrefix+name+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("%s has no %s", p.name, name)
+	return ""
+}
+
+// keyPIDs lists the live processes of one runtime key of the sandbox.
+func keyPIDs(t *testing.T, sandboxID, key string) []string {
+	t.Helper()
+	var out []string
+	for _, pid := range wrapperPIDs(t, sandboxID) {
+		env, err := os.ReadFile(filepath.Join("/proc", pid, "environ"))
+		if err == nil && slices.Contains(strings.Split(string(env), "\x00"), "AGENTPLANE_RUNTIME_KEY="+key) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // Issue 18 item 15: a runtime key's home goes once its last route is

@@ -56,7 +56,7 @@ func listWrapperPIDs(sandboxID string) ([]string, error) {
 
 // deleteSession calls DeleteSession until it succeeds, honouring the
 // RetryInfo of DELETION_PENDING_CLEANUP; it returns how many calls were pending.
-func (s *suite) deleteSession(t *testing.T, id string) int {
+func (s *suite) deleteSession(t testing.TB, id string) int {
 	t.Helper()
 	pending := 0
 	deadline := time.Now().Add(90 * time.Second)
@@ -175,11 +175,18 @@ func BenchmarkColdFirstEvent(b *testing.B) {
 }
 
 func coldFirstEvent(b *testing.B, s *suite, sandboxID string) time.Duration {
+	d, _ := coldFirstEventAs(b, s, "o-e2e", "u-cold", sandboxID)
+	return d
+}
+
+// coldFirstEventAs is coldFirstEvent for tenant (org, user); it also
+// returns the new session's id.
+func coldFirstEventAs(b testing.TB, s *suite, org, user, sandboxID string) (time.Duration, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	t0 := time.Now()
 	resp, err := s.ses.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-		UserId: "u-cold", OrgId: "o-e2e", SandboxId: sandboxID,
+		UserId: user, OrgId: org, SandboxId: sandboxID,
 		Worktree:   &sessionv1.Worktree{Directory: "/work/cold"},
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-cold"},
 	})
@@ -200,7 +207,7 @@ func coldFirstEvent(b *testing.B, s *suite, sandboxID string) time.Duration {
 			b.Fatal(err)
 		}
 		if ev.GetEvent().GetRuntimeEvent() != nil {
-			return time.Since(t0)
+			return time.Since(t0), id
 		}
 	}
 }

@@ -55,8 +55,9 @@ const (
 // not orphans.
 var allowedKey = []*regexp.Regexp{
 	regexp.MustCompile(`^fence:\{[^}]+\}:token$`),
-	// A sandbox's tenant binding stays with its tree on disk (one per
-	// sandbox, never per session; internal/tenancy).
+	// A sandbox's tenant binding stays while its tree on disk does (one
+	// per sandbox, never per session; internal/tenancy); a sandbox let go
+	// of loses both (TestNothingOutlivesItsSessions checks that strictly).
 	regexp.MustCompile(`^sbx:\{sbx/[^}]+\}:tenant$`),
 	regexp.MustCompile(`^ses:wipe:\{ses/[^}]+\}$`),
 	regexp.MustCompile(`^ing:\{rs_[^}]+\}:meta$`),
@@ -370,27 +371,32 @@ func (r *replicated) requireFlatSandboxReplicas(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	// The extra sessions' sandboxes are let go of again; then the calls
-	// that only talk find no route and take nothing over.
+	// The extra sessions' sandboxes are let go of again, tenant bindings
+	// included (nothing of a sandbox outlives its last session); then the
+	// calls that only talk find a sandbox bound to nobody, which answers as
+	// another tenant's does (internal/tenancy), and take nothing over: no
+	// replica owns the sandbox and no binding is written.
 	r.footprint(t)
 	ctx := context.Background()
+	rdb := r.rs.Client(t)
 	tenant := &sandboxv1.Tenant{OrgId: "o-soak", UserId: "u-soak"}
+	const unbound = "SANDBOX_TENANT_MISMATCH"
 	for _, rep := range r.sandbox {
 		for i := range soakSandboxes {
 			sb := fmt.Sprintf("sbx-soak%d-%s", i, r.run)
 			for j := range 25 {
 				s := fmt.Sprintf("talk-%d", j)
 				_, err := rep.client.Abort(ctx, &sandboxv1.AbortRequest{Tenant: tenant, SandboxId: sb, SessionId: s, MessageId: "m"})
-				require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
+				require.Equal(t, unbound, apierr.Reason(err), "%v", err)
 				_, err = rep.client.Deliver(ctx, &sandboxv1.DeliverRequest{Tenant: tenant, SandboxId: sb, SessionId: s,
 					Messages: []*sandboxv1.DeliveryMessage{{MessageId: "m", Content: "talk"}}})
-				require.Equal(t, "ROUTE_NOT_FOUND", apierr.Reason(err), "%v", err)
-				up, err := rep.client.UpdateEgressPolicy(ctx, &sandboxv1.UpdateEgressPolicyRequest{Tenant: tenant, SandboxId: sb, SessionId: s, Version: 1})
-				require.NoError(t, err)
-				require.False(t, up.GetApplied())
+				require.Equal(t, unbound, apierr.Reason(err), "%v", err)
+				_, err = rep.client.UpdateEgressPolicy(ctx, &sandboxv1.UpdateEgressPolicyRequest{Tenant: tenant, SandboxId: sb, SessionId: s, Version: 1})
+				require.Equal(t, unbound, apierr.Reason(err), "%v", err)
 				_, err = rep.client.Status(ctx, &sandboxv1.StatusRequest{Tenant: tenant, SandboxId: sb, SessionId: s})
-				require.NoError(t, err)
+				require.Equal(t, unbound, apierr.Reason(err), "%v", err)
 			}
+			require.Zero(t, rdb.Exists(ctx, "sbx:{sbx/"+sb+"}:tenant").Val(), "a call that only talks binds nothing")
 		}
 	}
 	for _, rep := range r.sandbox {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -127,12 +128,18 @@ func newStack(t testing.TB, o stackOptions) *stack {
 		}
 	}
 	st.set(svcCredential, "PROXY_ADDR", st.addr["proxy"], "INGEST_ADDR", st.addr[svcIngest], "PROVIDER_UPSTREAM", provider.URL,
+		"SESSION_ADDR", st.addr[svcSession],
 		"CREDENTIAL_KEY", base64.StdEncoding.EncodeToString(key), "ATTESTATION_KEY", base64.StdEncoding.EncodeToString(st.attKey),
 		"PROXY_GIT_PRIVATE_NETWORKS", "127.0.0.1") // the tests' git http-backend is on loopback
 	st.set(svcIngest, "CREDENTIAL_ADDR", st.addr[svcCredential])
 	st.set(svcSandbox, "SESSION_ADDR", st.addr[svcSession], "CREDENTIAL_ADDR", st.addr[svcCredential],
 		"SANDBOX_PROXY_URL", "http://"+st.addr["proxy"], "SANDBOX_ROOT", st.root, "WRAPPER_BIN", wrapperBin)
-	st.set(svcSession, "SANDBOX_ADDR", st.addr[svcSandbox], "CREDENTIAL_ADDR", st.addr[svcCredential], "INGEST_ADDR", st.addr[svcIngest])
+	st.set(svcSession, "SANDBOX_ADDR", st.addr[svcSandbox], "CREDENTIAL_ADDR", st.addr[svcCredential], "INGEST_ADDR", st.addr[svcIngest],
+		// No idle suspend by default: tests that wait between turns (a
+		// failover's lease deadlines under load) check the same wrappers
+		// serve after. A test of the suspend sets a session's own
+		// suspend_after, which applies whatever the default.
+		"SESSION_SUSPEND_AFTER", "0")
 	return st
 }
 
@@ -255,16 +262,17 @@ func (st *stack) suite() *suite {
 		rdb = st.rs.Client(st.t)
 	}
 	return &suite{
-		redis:  rdb,
-		ses:    sessionv1.NewSessionServiceClient(st.dial(st.addr[svcSession])),
-		cred:   credentialv1.NewCredentialServiceClient(st.dial(st.addr[svcCredential])),
-		ing:    ingestv1.NewIngestServiceClient(st.dial(st.addr[svcIngest])),
-		sbx:    sandboxv1.NewSandboxServiceClient(st.dial(st.addr[svcSandbox])),
-		up:     st.up,
-		attKey: st.attKey,
-		root:   st.root,
-		proxy:  "http://" + st.addr["proxy"],
-		run:    st.run,
+		redis:   rdb,
+		ses:     sessionv1.NewSessionServiceClient(st.dial(st.addr[svcSession])),
+		sesAddr: st.addr[svcSession],
+		cred:    credentialv1.NewCredentialServiceClient(st.dial(st.addr[svcCredential])),
+		ing:     ingestv1.NewIngestServiceClient(st.dial(st.addr[svcIngest])),
+		sbx:     sandboxv1.NewSandboxServiceClient(st.dial(st.addr[svcSandbox])),
+		up:      st.up,
+		attKey:  st.attKey,
+		root:    st.root,
+		proxy:   "http://" + st.addr["proxy"],
+		run:     st.run,
 	}
 }
 
@@ -317,10 +325,25 @@ func (st *stack) process(svc, name string, kv ...string) *proc {
 		if st.t.Failed() {
 			if b, err := os.ReadFile(p.logs); err == nil {
 				st.t.Logf("%s log (last 8 KiB):\n%s", name, tail(b, 8<<10))
+				keepLog(st.t, name, b)
 			}
 		}
 	})
 	return p
+}
+
+// keepLog copies a failed test's whole service log into
+// AGENTPLANE_E2E_LOG_DIR when it is set (the temporary directory goes at
+// cleanup), for diagnosing what the 8 KiB tail does not show.
+func keepLog(t testing.TB, name string, b []byte) {
+	dir := os.Getenv("AGENTPLANE_E2E_LOG_DIR")
+	if dir == "" {
+		return
+	}
+	path := filepath.Join(dir, strings.NewReplacer("/", "_").Replace(t.Name())+"-"+name+".log")
+	if err := os.MkdirAll(dir, 0o755); err == nil && os.WriteFile(path, b, 0o600) == nil {
+		t.Logf("%s log kept at %s", name, path)
+	}
 }
 
 // start runs the process (again); a sandbox replica restarted is a new

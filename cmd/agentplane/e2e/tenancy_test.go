@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	"agentplane.dev/pkg/apierr"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -57,23 +58,40 @@ func tenantSuite(t *testing.T, noToken bool) (*suite, string) {
 // createAs creates a session of tenant tn in sandbox sb; it returns the
 // session or CreateSession's error.
 func createAs(s *suite, tn *sandboxv1.Tenant, sb, dir string) (*sessionv1.Session, error) {
-	resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+	return createAgentAs(s, tn, sb, dir, newSecret(), "")
+}
+
+// createAgentAs is createAs with the backing secret and the agent profile
+// ("": the default runtime).
+func createAgentAs(s *suite, tn *sandboxv1.Tenant, sb, dir, secret, profile string) (*sessionv1.Session, error) {
+	req := &sessionv1.CreateSessionRequest{
 		UserId: tn.GetUserId(), OrgId: tn.GetOrgId(), SandboxId: sb, Worktree: &sessionv1.Worktree{Directory: dir},
-		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
-	})
+		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: secret},
+	}
+	if profile != "" {
+		req.Agent = &sessionv1.Agent{Profile: profile}
+	}
+	resp, err := s.ses.CreateSession(context.Background(), req)
 	return resp.GetSession(), err
 }
 
-// runIn runs argv in the session's runtime ("run:" of the scripted
-// runtime) and returns its output.
-func runIn(t *testing.T, s *suite, sessionID, messageID string, argv ...string) string {
+// runIn runs argv in the session's runtime ("run:": the scripted runtime's
+// run_command, or an agent's shell tool called by the fake model) and
+// returns its output.
+func runIn(t testing.TB, s *suite, sessionID, messageID string, argv ...string) string {
+	t.Helper()
 	events := s.turn(t, sessionID, messageID, "run: "+strings.Join(argv, " "))
+	var seen []string
 	for _, re := range runtimeEvents(events, messageID)[runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT] {
-		if re.GetToolName() == "run_command" {
+		switch re.GetToolName() {
+		case "run_command":
 			return re.GetData().GetFields()["output"].GetStringValue()
+		case fakemodel.ShellTool: // the ACP tool_call_update's content: the command's output
+			return re.GetText()
 		}
+		seen = append(seen, re.GetToolName())
 	}
-	t.Fatalf("no run_command result for %s", messageID)
+	t.Fatalf("no run_command or %s result for %s (tool results: %v)", fakemodel.ShellTool, messageID, seen)
 	return ""
 }
 
@@ -101,12 +119,12 @@ func requireControlSocketServesOnlyTheWrapper(t *testing.T, s *suite, probe, ses
 		got[f[0]] = f[1] + " " + f[2]
 	}
 	for _, m := range []string{"Prepare", "Deliver", "Status", "Abort", "GetScope", "CheckAgent", "WorktreeChanges",
-		"PushWorktree", "RotateHandle", "UpdateEgressPolicy", "ClaimSandbox", "ReleaseRoute", "Reflection"} {
+		"PushWorktree", "RotateHandle", "UpdateEgressPolicy", "ClaimSandbox", "ReleaseRoute", "SuspendRoute", "Reflection"} {
 		require.Equal(t, "PermissionDenied METHOD_NOT_SERVED", got[m], m)
 	}
 	require.Equal(t, "OK -", got["Health"])
 	require.Equal(t, "InvalidArgument HELLO_REQUIRED", got["Connect"], "the wrapper's stream is served (and wants its Hello)")
-	require.Len(t, got, 15)
+	require.Len(t, got, 16)
 }
 
 // defaultSandbox is session.SandboxFor: anyone can compute a tenant's
@@ -148,6 +166,7 @@ func requireJoinRefused(t *testing.T, s *suite, alice, mallory *sandboxv1.Tenant
 			SessionId: a.GetSessionId(), Version: 1 << 40, Egress: &sandboxv1.EgressPolicy{Allow: []*sandboxv1.EgressRule{{Host: "evil.example", Ports: []uint32{443}}}}})
 		_, out["ReleaseRoute"] = c.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{Tenant: mallory, SandboxId: sb, SessionId: a.GetSessionId(),
 			Reason: "session-delete"})
+		_, out["SuspendRoute"] = c.SuspendRoute(ctx, &sandboxv1.SuspendRouteRequest{Tenant: mallory, SandboxId: sb, SessionId: a.GetSessionId()})
 		return out
 	}
 	onAlice, onNone := call(a.GetSandboxId()), call("sbx-nobody-"+s.run)

@@ -134,7 +134,7 @@ func TestOneTraceAcrossEveryHop(t *testing.T) {
 	startProcess(t, bin, "ingest", with("AGENTPLANE_GRPC_ADDR="+ing, "AGENTPLANE_CREDENTIAL_ADDR="+cred))
 	startProcess(t, bin, "credential", with("AGENTPLANE_GRPC_ADDR="+cred, "AGENTPLANE_PROXY_ADDR="+proxy,
 		"AGENTPLANE_INGEST_ADDR="+ing, "AGENTPLANE_CREDENTIAL_KEY="+b64, "AGENTPLANE_ATTESTATION_KEY="+b64,
-		"AGENTPLANE_PROVIDER_UPSTREAM="+provider.URL))
+		"AGENTPLANE_PROVIDER_UPSTREAM="+provider.URL, "AGENTPLANE_SESSION_ADDR="+ses))
 	startProcess(t, bin, "sandbox", with("AGENTPLANE_GRPC_ADDR="+sbx, "AGENTPLANE_SESSION_ADDR="+ses,
 		"AGENTPLANE_CREDENTIAL_ADDR="+cred, "AGENTPLANE_SANDBOX_PROXY_URL=http://"+proxy,
 		// Behind the boundary (the default) the wrapper's network is

@@ -23,13 +23,18 @@ import (
 
 // createGit makes a session on repoURL with a git token.
 func (s *suite) createGit(t testing.TB, sandboxID, dir string, wt *sessionv1.Worktree, gitToken string) *sessionv1.Session {
+	return s.createGitWith(t, sandboxID, dir, wt, &sessionv1.GitCredentialInput{Token: gitToken})
+}
+
+// createGitWith is createGit with the whole git credential input.
+func (s *suite) createGitWith(t testing.TB, sandboxID, dir string, wt *sessionv1.Worktree, git *sessionv1.GitCredentialInput) *sessionv1.Session {
 	wt.Directory = dir
 	var out *sessionv1.Session
 	require.Eventually(t, func() bool {
 		resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
 			UserId: "u-e2e", OrgId: "o-e2e", SandboxId: sandboxID + "-" + s.run, Worktree: wt,
 			Credential:    &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
-			GitCredential: &sessionv1.GitCredentialInput{Token: gitToken},
+			GitCredential: git,
 		})
 		out = resp.GetSession()
 		return err == nil

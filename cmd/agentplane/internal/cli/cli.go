@@ -35,15 +35,20 @@ const (
 // sessionVerbs are the verbs of `agentplane session`, with their one-line
 // help, in the order `agentplane session -h` lists them.
 var sessionVerbs = []struct{ name, args, help string }{
-	{"create", "[flags]", "create a session (--dir, --repo, --agent, --egress, --git-token-file)"},
+	{"create", "[flags]", "create a session (--dir, --repo, --agent, --egress, --suspend-after, --git-token-file, --git-push-prefix)"},
 	{"get", "ID", "show a session"},
 	{"list", "[--org O] [--user U]", "list sessions"},
 	{"send", `ID "text"`, "send a message (its turn runs in the background)"},
 	{"watch", "ID [--from CURSOR]", "follow a session's events until Ctrl-C"},
 	{"changes", "ID", "show the worktree's changed files and diff"},
 	{"push", "ID --branch B [--message M]", "commit the worktree's changes and push them to a branch"},
+	{"files", "ID [DIR]", "list a directory of the worktree (default: its root)"},
+	{"cat", "ID PATH", "print a file of the worktree"},
+	{"put", "ID PATH [FILE] [--mode M] [--force]", "write a file of the worktree from FILE or stdin"},
 	{"egress", "ID --allow host[:port],...", "replace the session's egress allowlist"},
 	{"stop", "ID", "stop a session's work"},
+	{"suspend", "ID [--force]", "stop the session's agent, keeping its workspace and conversation"},
+	{"resume", "[--restart] ID", "start the session's agent again (any message does too); --restart: a new conversation when its state was lost"},
 	{"delete", "ID [--timeout D]", "delete a session (waits through a pending cleanup)"},
 	{"export", "ID", "print the session's whole history (every runtime session of it, in order)"},
 }

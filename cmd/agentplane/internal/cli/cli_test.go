@@ -220,6 +220,17 @@ func TestGitTokenFromTheFileThenTheEnvironment(t *testing.T) {
 	require.ErrorContains(t, err, "--git-token-file")
 }
 
+func TestGitPushPrefixFlag(t *testing.T) {
+	e, _, _ := testEnv(map[string]string{"AGENTPLANE_GIT_TOKEN": "ghs_from_env"})
+	o := &sessionOptions{dir: "/repo", repo: "https://example.com/r.git", gitPushPrefix: "team/bot/"}
+	req, err := o.request(e)
+	require.NoError(t, err)
+	require.Equal(t, "team/bot/", req.GetGitCredential().GetPushBranchPrefix(), "passed as given: the server checks it")
+	e, _, _ = testEnv(nil)
+	_, err = o.request(e)
+	require.ErrorContains(t, err, "--git-push-prefix needs a token")
+}
+
 var elapsedRE = regexp.MustCompile(`\(?\d+\.\ds\)?`)
 
 func TestEgressFlag(t *testing.T) {
@@ -233,4 +244,16 @@ func TestEgressFlag(t *testing.T) {
 	o.egress = "*"
 	_, err = o.request(e)
 	require.ErrorContains(t, err, "--egress")
+}
+
+func TestSuspendAfterFlag(t *testing.T) {
+	e := &env{lookup: func(string) (string, bool) { return "", false }}
+	o := &sessionOptions{dir: "/repo"}
+	req, err := o.request(e)
+	require.NoError(t, err)
+	require.Nil(t, req.GetSuspendAfter(), "the server's default")
+	o.suspendAfter = 30 * time.Second
+	req, err = o.request(e)
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, req.GetSuspendAfter().AsDuration())
 }

@@ -235,6 +235,8 @@ func (h *human) route(r *sessionv1.RouteView) {
 		h.setProgress("reconnecting to the agent")
 	case sessionv1.RouteState_ROUTE_STATE_FAILED:
 		h.line(h.bad.Render("✗ preparation failed: " + r.GetFailureReason()))
+	case sessionv1.RouteState_ROUTE_STATE_SUSPENDED:
+		h.line(h.dim.Render("suspended: the agent stopped; the next message resumes it"))
 	}
 }
 

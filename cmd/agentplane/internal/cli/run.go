@@ -17,12 +17,14 @@ import (
 	"agentplane.dev/pkg/egresspolicy"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // sessionOptions are the flags that describe a new session.
 type sessionOptions struct {
 	dir, repo, agent, user, org, sandbox, id, egress string
-	gitTokenFile, gitUser                            string
+	gitTokenFile, gitUser, gitPushPrefix             string
+	suspendAfter                                     time.Duration
 }
 
 func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
@@ -37,7 +39,9 @@ func (e *env) sessionFlags(fs *flag.FlagSet, withID bool) *sessionOptions {
 	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox to run in (default: one per org and user)")
 	fs.StringVar(&o.egress, "egress", "", "egress allowlist of the session: host patterns with optional ports and private address ranges, comma separated (registry.npmjs.org,*.pypi.org:443,example.com:80|8080,10.0.0.0/8); default: deny (besides the deployment's default)")
 	fs.StringVar(&o.gitTokenFile, "git-token-file", "", "file holding the token for --repo's HTTPS git access (env AGENTPLANE_GIT_TOKEN holds the token itself); it goes to the credential service, never into the sandbox")
+	fs.DurationVar(&o.suspendAfter, "suspend-after", 0, "suspend the session's agent after this long without a turn (1s to 720h; default: the server's for the agent profile)")
 	fs.StringVar(&o.gitUser, "git-username", "", "user name sent with the git token (default: x-access-token)")
+	fs.StringVar(&o.gitPushPrefix, "git-push-prefix", "", "branch prefix the session's pushes are confined to, ending in / (default: agent/); the default branch stays unpushable unless it is under the prefix")
 	if withID {
 		fs.StringVar(&o.id, "id", "", "session id to use (default: a new one); repeating a create with it is idempotent")
 	}
@@ -83,12 +87,15 @@ func (o *sessionOptions) request(e *env) (*sessionv1.CreateSessionRequest, error
 			return nil, fmt.Errorf("--egress: %w", err)
 		}
 	}
+	if o.suspendAfter != 0 {
+		req.SuspendAfter = durationpb.New(o.suspendAfter) // the server checks the range
+	}
 	tok, err := o.gitToken(e)
 	if err != nil {
 		return nil, err
 	}
 	if tok != "" {
-		req.GitCredential = &sessionv1.GitCredentialInput{Token: tok, Username: o.gitUser}
+		req.GitCredential = &sessionv1.GitCredentialInput{Token: tok, Username: o.gitUser, PushBranchPrefix: o.gitPushPrefix}
 	}
 	return req, nil
 }
@@ -103,8 +110,14 @@ func (o *sessionOptions) gitToken(e *env) (string, error) {
 		}
 		return tok, nil
 	}
-	if o.gitUser != "" && e.env("AGENTPLANE_GIT_TOKEN", "") == "" {
-		return "", errors.New("--git-username needs a token (--git-token-file or AGENTPLANE_GIT_TOKEN)")
+	if e.env("AGENTPLANE_GIT_TOKEN", "") == "" {
+		// Both travel in the git credential, which a token makes.
+		if o.gitUser != "" {
+			return "", errors.New("--git-username needs a token (--git-token-file or AGENTPLANE_GIT_TOKEN)")
+		}
+		if o.gitPushPrefix != "" {
+			return "", errors.New("--git-push-prefix needs a token (--git-token-file or AGENTPLANE_GIT_TOKEN)")
+		}
 	}
 	return e.env("AGENTPLANE_GIT_TOKEN", ""), nil
 }
@@ -170,8 +183,10 @@ func (e *env) run(args []string) int {
 		}
 	}()
 
+	// By the clock as well as by ctx: a call can fail DeadlineExceeded (gRPC
+	// reads the deadline) before ctx's own timer has fired on a loaded machine.
 	timedOut := func(before string) bool {
-		if *timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if *timeout > 0 && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(start.Add(*timeout))) {
 			fmt.Fprintf(e.stderr, "%s: --timeout %s passed before %s\n", e.name, *timeout, before)
 			return true
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 
 	"agentplane.dev/client"
 	"agentplane.dev/pkg/apierr"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -32,6 +34,10 @@ func (e *env) session(verb string, args []string) int {
 		return e.unaryOnID(args, "ID", func(ctx context.Context, c *client.Client, id string) (any, error) {
 			return c.StopSession(ctx, &sessionv1.StopSessionRequest{SessionId: id})
 		})
+	case "suspend":
+		return e.sessionSuspend(args)
+	case "resume":
+		return e.sessionResume(args)
 	case "list":
 		return e.sessionList(args)
 	case "send":
@@ -44,6 +50,12 @@ func (e *env) session(verb string, args []string) int {
 		return e.sessionChanges(args)
 	case "push":
 		return e.sessionPush(args)
+	case "files":
+		return e.sessionFiles(args)
+	case "cat":
+		return e.sessionCat(args)
+	case "put":
+		return e.sessionPut(args)
 	case "egress":
 		return e.sessionEgress(args)
 	case "export":
@@ -81,6 +93,40 @@ func (e *env) unaryOnID(args []string, what string, call func(context.Context, *
 	return e.withClient(func(ctx context.Context, c *client.Client) error {
 		v, err := call(ctx, c, pos[0])
 		if s, ok := v.(*sessionv1.Session); ok && err == nil {
+			e.showSession(s)
+		}
+		return err
+	})
+}
+
+// sessionSuspend suspends a session's runtime (SuspendSession), waiting
+// until its processes are verified gone.
+func (e *env) sessionSuspend(args []string) int {
+	fs := e.flags("[flags] ID")
+	force := fs.Bool("force", false, "cancel queued and running work first instead of failing with TURN_RUNNING")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		s, err := c.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{SessionId: pos[0], Force: *force})
+		if err == nil {
+			e.showSession(s)
+		}
+		return err
+	})
+}
+
+func (e *env) sessionResume(args []string) int {
+	fs := e.flags("[flags] ID")
+	restart := fs.Bool("restart", false, "when the route failed resume_state_lost, continue with a new conversation")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		s, err := c.ResumeSession(ctx, &sessionv1.ResumeSessionRequest{SessionId: pos[0], Restart: *restart})
+		if err == nil {
 			e.showSession(s)
 		}
 		return err
@@ -276,6 +322,9 @@ func (e *env) showSession(s *sessionv1.Session) {
 	fmt.Fprintf(tw, "route\t%s\n", routeText(s.GetRoute()))
 	fmt.Fprintf(tw, "owner\t%s / %s\n", s.GetUserId(), s.GetOrgId())
 	fmt.Fprintf(tw, "worktree\t%s\n", where)
+	if p := s.GetPushBranchPrefix(); p != "" {
+		fmt.Fprintf(tw, "pushes\t%s*\n", p)
+	}
 	fmt.Fprintf(tw, "sandbox\t%s\n", s.GetSandboxId())
 	fmt.Fprintf(tw, "created\t%s\n", when(s.GetCreateTime()))
 	_ = tw.Flush()
@@ -344,6 +393,8 @@ func (e *env) sessionPush(args []string) int {
 	fs := e.flags("[flags] ID")
 	branch := fs.String("branch", "", "branch to push to, without refs/heads/ (required)")
 	message := fs.String("message", "changes from an agentplane session", "commit message of the changes")
+	authorName := fs.String("author-name", "", "the commit's author name (empty: agentplane; the committer stays agentplane)")
+	authorEmail := fs.String("author-email", "", "the commit's author email (empty: agentplane@localhost)")
 	pos, code, ok := e.parse(fs, args, 1)
 	if !ok {
 		return code
@@ -352,7 +403,8 @@ func (e *env) sessionPush(args []string) int {
 		return e.fail(errors.New("--branch is required (agentplane session push -h)"))
 	}
 	return e.withClient(func(ctx context.Context, c *client.Client) error {
-		resp, err := c.Raw().PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: pos[0], Branch: *branch, CommitMessage: *message})
+		resp, err := c.Raw().PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: pos[0], Branch: *branch, CommitMessage: *message,
+			AuthorName: *authorName, AuthorEmail: *authorEmail})
 		if err != nil {
 			return err
 		}
@@ -365,6 +417,102 @@ func (e *env) sessionPush(args []string) int {
 			what = "committed and pushed"
 		}
 		fmt.Fprintf(e.stdout, "%s %s to %s\n", what, short(resp.GetCommitId()), resp.GetRef())
+		return nil
+	})
+}
+
+// sessionFiles lists a directory of the worktree: type, mode, size, name.
+func (e *env) sessionFiles(args []string) int {
+	fs := e.flags("[flags] ID [DIR]")
+	pos, code, ok := e.parse(fs, args, -1)
+	if !ok {
+		return code
+	}
+	if len(pos) < 1 || len(pos) > 2 {
+		return e.fail(fmt.Errorf("want 1 or 2 argument(s), got %d (%s -h)", len(pos), e.name))
+	}
+	dir := ""
+	if len(pos) == 2 {
+		dir = pos[1]
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		var files []*runtimev1.WorktreeFile
+		for f, err := range c.ListWorktreeFiles(ctx, &sessionv1.ListWorktreeFilesRequest{SessionId: pos[0], Path: dir}) {
+			if err != nil {
+				return err
+			}
+			files = append(files, f)
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, &sessionv1.ListWorktreeFilesResponse{Files: files})
+			return nil
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		for _, f := range files {
+			name := f.GetName()
+			if f.GetType() == runtimev1.WorktreeFileType_WORKTREE_FILE_TYPE_DIRECTORY {
+				name += "/"
+			}
+			fmt.Fprintf(tw, "%s\t%04o\t%d\t%s\n", enumName(f.GetType().String(), "WORKTREE_FILE_TYPE_"), f.GetMode(), f.GetSize(), name)
+		}
+		return tw.Flush()
+	})
+}
+
+// sessionCat writes a file of the worktree to stdout, as it is (no
+// rendering, also with --output json).
+func (e *env) sessionCat(args []string) int {
+	fs := e.flags("[flags] ID PATH")
+	pos, code, ok := e.parse(fs, args, 2)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		_, err := c.CopyWorktreeFile(ctx, pos[0], pos[1], e.stdout)
+		return err
+	})
+}
+
+// sessionPut writes one file of the worktree from a local file or stdin.
+func (e *env) sessionPut(args []string) int {
+	fs := e.flags("[flags] ID PATH [FILE]")
+	mode := fs.String("mode", "", "permission bits in octal, e.g. 0755 (default: keep an existing file's, 0644 for a new one)")
+	force := fs.Bool("force", false, "write even while a turn is running or queued")
+	pos, code, ok := e.parse(fs, args, -1)
+	if !ok {
+		return code
+	}
+	if len(pos) < 2 || len(pos) > 3 {
+		return e.fail(fmt.Errorf("want 2 or 3 argument(s), got %d (%s -h)", len(pos), e.name))
+	}
+	var bits uint64
+	if *mode != "" {
+		var err error
+		if bits, err = strconv.ParseUint(*mode, 8, 32); err != nil || bits > 0o777 {
+			return e.fail(fmt.Errorf("--mode %q: want octal permission bits, at most 0777", *mode))
+		}
+	}
+	var data []byte
+	var err error
+	if len(pos) == 3 && pos[2] != "-" {
+		data, err = os.ReadFile(pos[2])
+	} else {
+		data, err = io.ReadAll(io.LimitReader(os.Stdin, 3<<20+1))
+	}
+	if err != nil {
+		return e.fail(err)
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		resp, err := c.WriteWorktreeFiles(ctx, &sessionv1.WriteWorktreeFilesRequest{SessionId: pos[0], Force: *force,
+			Files: []*runtimev1.WorktreeFileWrite{{Path: pos[1], Data: data, Mode: uint32(bits)}}})
+		if err != nil {
+			return err
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, resp)
+			return nil
+		}
+		fmt.Fprintf(e.stdout, "wrote %d bytes to %s\n", resp.GetBytesWritten(), pos[1])
 		return nil
 	})
 }

@@ -8,32 +8,63 @@ package sandboxprocs
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
 
-// Under lists the live processes whose working directory is under root: the
-// wrappers (their workspace is under the sandbox root) and the runtimes they
-// started there. Zombies are left out: only their exit status remains.
+// Under lists the live processes whose working directory is under root
+// (each wrapper's bubblewrap: its workspace is under the sandbox root) and
+// their descendants: the wrappers and runtimes inside, whose working
+// directory, read from the host, is the session's directory inside their
+// own mount namespace, not a path under root. Zombies are left out: only
+// their exit status remains.
 func Under(root string) []int {
 	entries, _ := os.ReadDir("/proc")
-	var pids []int
+	children := map[int][]int{}
+	live := map[int]bool{}
+	var queue []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if err != nil || !strings.HasPrefix(cwd, root+string(filepath.Separator)) {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
 			continue
 		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+		// stat is "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+		rest := string(stat)
+		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) < 2 || f[0] == "Z" {
 			continue
 		}
-		pids = append(pids, pid)
+		live[pid] = true
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && strings.HasPrefix(cwd, root+string(filepath.Separator)) {
+			queue = append(queue, pid)
+		}
 	}
+	seen := map[int]bool{}
+	var pids []int
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		if seen[pid] || !live[pid] {
+			continue
+		}
+		seen[pid] = true
+		pids = append(pids, pid)
+		queue = append(queue, children[pid]...)
+	}
+	slices.Sort(pids)
 	return pids
 }
 

@@ -101,6 +101,10 @@ func probe(sock, sb, ses string, tn *sandboxv1.Tenant) {
 			_, err := c.ReleaseRoute(ctx, &sandboxv1.ReleaseRouteRequest{SandboxId: sb, SessionId: ses, Tenant: tn, Reason: "evil"})
 			return err
 		}},
+		{"SuspendRoute", func() error {
+			_, err := c.SuspendRoute(ctx, &sandboxv1.SuspendRouteRequest{SandboxId: sb, SessionId: ses, Tenant: tn})
+			return err
+		}},
 		{"Reflection", func() error {
 			s, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
 			if err != nil {
