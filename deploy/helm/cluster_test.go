@@ -175,6 +175,18 @@ func checkAdmitted(t *testing.T, c *kubecluster.Cluster, what string, w workload
 	// The ServiceAccount admission wants the chart's ServiceAccount; the namespace's default
 	// one stands in (PodSecurity does not look at it).
 	pod.Spec.ServiceAccountName = ""
+	// A StatefulSet's claim templates become volumes of its pods: the same stand-ins here.
+	have := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		have[v.Name] = true
+	}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if !have[m.Name] {
+			have[m.Name] = true
+			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: m.Name, VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.Name + "-" + w.name + "-0"}}})
+		}
+	}
 	_, err := c.Client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	switch {
 	case want && err != nil:
@@ -239,6 +251,13 @@ func prepare(t *testing.T, c *kubecluster.Cluster, ns string, vals chartutil.Val
 	size, _ := merged.PathValue("sandbox.persistence.size")
 	n, _ := merged.PathValue("sandbox.replicas")
 	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: class.(string)}, Provisioner: "kubernetes.io/no-provisioner"}
+	if class == "" {
+		// No class named: the claims take the cluster's default class (DefaultStorageClass
+		// admission), which the test cluster gets here.
+		class = "ap-default"
+		sc.Name = "ap-default"
+		sc.Annotations = map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}
+	}
 	if _, err := c.Client.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}

@@ -229,3 +229,83 @@ func TestHAValuesWaitForOneReplica(t *testing.T) {
 		}
 	}
 }
+
+// session.suspendAfter and suspendAfterProfiles reach the session service
+// as its settings, which it accepts; a bad duration is refused by the schema.
+func TestSuspendAfterValues(t *testing.T) {
+	vals := readValues(t, filepath.Join(chartDir, "ci", "ha-values.yaml"))
+	sess, _ := vals["session"].(map[string]any)
+	sess["suspendAfter"] = "30s"
+	sess["suspendAfterProfiles"] = map[string]any{"opencode": "5m", "kilo": "0"}
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	found := false
+	for _, w := range r.workloads() {
+		for _, c := range w.pod.Spec.Containers {
+			env := podEnv(t, r, c)
+			if w.component != "session" {
+				if _, ok := env["AGENTPLANE_SESSION_SUSPEND_AFTER"]; ok {
+					t.Errorf("%s: AGENTPLANE_SESSION_SUSPEND_AFTER set", w.component)
+				}
+				continue
+			}
+			found = true
+			if got := env["AGENTPLANE_SESSION_SUSPEND_AFTER"]; got != "30s" {
+				t.Errorf("AGENTPLANE_SESSION_SUSPEND_AFTER = %q, want 30s", got)
+			}
+			if got := env["AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES"]; got != "kilo=0,opencode=5m" {
+				t.Errorf("AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES = %q, want kilo=0,opencode=5m", got)
+			}
+			mountSecretStandIns(t, w.pod.Spec, c, env)
+			if err := loadConfig["session"](c.Args[2:], lookup(env)); err != nil {
+				t.Errorf("the session service refuses the rendered configuration: %v", err)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no session container")
+	}
+	sess["suspendAfter"] = "soon"
+	if _, err := render(t, vals); err == nil || !strings.Contains(err.Error(), "suspendAfter") {
+		t.Fatalf("want a schema error on session.suspendAfter, got %v", err)
+	}
+}
+
+// session.priceTable reaches the session service as its price table, which
+// it accepts; a negative price is refused by the schema.
+func TestPriceTableValue(t *testing.T) {
+	vals := readValues(t, filepath.Join(chartDir, "ci", "ha-values.yaml"))
+	sess, _ := vals["session"].(map[string]any)
+	sess["priceTable"] = map[string]any{"gpt-4o": map[string]any{"input": 2.5, "output": 10, "cached": 1.25}, "*": map[string]any{"input": 1, "output": 2}}
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	found := false
+	for _, w := range r.workloads() {
+		for _, c := range w.pod.Spec.Containers {
+			env := podEnv(t, r, c)
+			if w.component != "session" {
+				continue
+			}
+			found = true
+			want := `{"*":{"input":1,"output":2},"gpt-4o":{"cached":1.25,"input":2.5,"output":10}}`
+			if got := env["AGENTPLANE_SESSION_PRICE_TABLE"]; got != want {
+				t.Errorf("AGENTPLANE_SESSION_PRICE_TABLE = %q, want %q", got, want)
+			}
+			mountSecretStandIns(t, w.pod.Spec, c, env)
+			if err := loadConfig["session"](c.Args[2:], lookup(env)); err != nil {
+				t.Errorf("the session service refuses the rendered configuration: %v", err)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no session container")
+	}
+	sess["priceTable"] = map[string]any{"m": map[string]any{"input": -1}}
+	if _, err := render(t, vals); err == nil || !strings.Contains(err.Error(), "priceTable") {
+		t.Fatalf("want a schema error on session.priceTable, got %v", err)
+	}
+}

@@ -22,7 +22,7 @@ require (
 )
 
 require (
-	agentplane.dev/pkg v0.0.0 // indirect
+	agentplane.dev/pkg v0.0.0
 	cloud.google.com/go/auth v0.16.5 // indirect
 	cloud.google.com/go/auth/oauth2adapt v0.2.8 // indirect
 	cloud.google.com/go/compute/metadata v0.9.0 // indirect

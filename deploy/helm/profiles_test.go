@@ -12,6 +12,8 @@ import (
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"agentplane.dev/pkg/testenv"
 )
 
 // The node profiles of the sandbox pod (docs/operations.md "Installing"), installed by the
@@ -103,10 +105,7 @@ func TestSandboxSeccompProfile(t *testing.T) {
 func TestSandboxAppArmorProfileParses(t *testing.T) {
 	parser, err := exec.LookPath("apparmor_parser")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("apparmor_parser missing (Debian package apparmor)")
-		}
-		t.Skip("apparmor_parser missing (Debian package apparmor)")
+		testenv.Missing(t, "apparmor_parser (Debian package apparmor)")
 	}
 	out, err := exec.Command(parser, "--skip-kernel-load", "--skip-cache", "--skip-read-cache", apparmorProfileFile).CombinedOutput()
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"agentplane.dev/deploy/helm/internal/kubecluster"
+
+	"agentplane.dev/pkg/testenv"
 )
 
 // TestHelmTemplateAsDocumented runs docs/operations.md's `helm template` command with the
@@ -22,7 +24,7 @@ func TestHelmTemplateAsDocumented(t *testing.T) {
 		if kubecluster.Required() {
 			t.Fatal(msg)
 		}
-		t.Skip(msg)
+		testenv.Missing(t, "%s", msg) // make test leaves this test out by name (check.sh)
 	}
 	doc, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {

@@ -151,3 +151,15 @@ localhostProfile: {{ required "sandbox.namespaces: a Localhost profile needs loc
 {{- end -}}
 {{- toYaml $base -}}
 {{- end -}}
+
+{{/*
+A map of agent profile to duration as profile=duration,... sorted by
+profile (AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES).
+*/}}
+{{- define "agentplane.profileDurations" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}
+{{- $out = append $out (printf "%s=%s" $k (toString $v)) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}

@@ -144,6 +144,16 @@ spec:
         - name: AGENTPLANE_SANDBOX_SOCKET_IDLE
           value: {{ $c.limits.socketIdle | quote }}
         {{- end }}
+        {{- if eq $component "session" }}
+        - name: AGENTPLANE_SESSION_SUSPEND_AFTER
+          value: {{ $c.suspendAfter | quote }}
+        - name: AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES
+          value: {{ include "agentplane.profileDurations" $c.suspendAfterProfiles | quote }}
+        {{- with $c.priceTable }}
+        - name: AGENTPLANE_SESSION_PRICE_TABLE
+          value: {{ toJson . | quote }}
+        {{- end }}
+        {{- end }}
         {{- if eq $component "credential" }}
         - name: AGENTPLANE_PROXY_ADDR
           value: {{ printf ":%d" (int $c.ports.proxy) | quote }}
