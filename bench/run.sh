@@ -3,7 +3,7 @@
 # go test run per package (so each comparison shares one machine state), and
 # prints benchstat tables. Results and their reading live in docs/benchmarks.md.
 #   bash bench/run.sh            all
-#   bash bench/run.sh fence      one of: fence proxy proxy-processes ingest session acp
+#   bash bench/run.sh fence      one of: fence proxy proxy-processes ingest session acp tenancy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -31,4 +31,7 @@ want=${1:-all}
 [[ $want == all || $want == session ]] && run session-cold cmd/agentplane ./e2e '^BenchmarkColdFirstEvent$' 40x
 # Real agents over ACP (issue 17): needs make agents; few iterations, agents are heavy.
 [[ $want == all || $want == acp ]] && run acp cmd/agentplane ./e2e 'ACPUpdateToWatcher|OpenCodeColdFirstEvent' 5x
+# Limits per sandbox on vs off, and a hostile tenant's flood, request head and hogs against
+# the sandbox service and another tenant (issue 31); chart-shaped, needs root, bwrap, setpriv, perl.
+[[ $want == all || $want == tenancy ]] && run tenancy cmd/agentplane ./e2e '^BenchmarkTenancy' 20x
 echo "raw results in $out"

@@ -116,6 +116,7 @@ func runAll(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"AGENTPLANE_ATTESTATION_KEY=" + attKey,
 			"AGENTPLANE_PROVIDER_UPSTREAM=http://" + addr(ports[1]),
 			"AGENTPLANE_INGEST_ADDR=127.0.0.1:1", // ingest route unused here
+			"AGENTPLANE_SESSION_ADDR=",           // no usage reports
 			"AGENTPLANE_LOG_LEVEL=warn",
 			"AGENTPLANE_DRAIN_DELAY=0s",
 		}, procsEnv...), bin)
