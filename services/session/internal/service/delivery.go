@@ -210,8 +210,14 @@ func (s *Service) prepare(ctx context.Context, sess *session.Session, restart bo
 	return changed || a.Session.Route.State == session.RouteReady, false
 }
 
+// sameRoute reports whether no notification changed the route since b was
+// read. Every field counts, not only state and time: two notifications can
+// carry one timestamp (a coarse or fake clock), e.g. failed by one owner and
+// then failed again by its successor with a newer token.
 func sameRoute(a, b session.RouteView) bool {
-	return a.State == b.State && a.UpdateTime.Equal(b.UpdateTime) && a.WrapperInstance == b.WrapperInstance
+	ta, tb := a.UpdateTime, b.UpdateTime
+	a.UpdateTime, b.UpdateTime = time.Time{}, time.Time{}
+	return a == b && ta.Equal(tb)
 }
 
 // applyView takes a route view the sandbox returned synchronously.

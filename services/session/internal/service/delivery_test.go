@@ -187,3 +187,23 @@ func TestDrainRetriesAStoreOutage(t *testing.T) {
 type saver func(context.Context) error
 
 func (f saver) Save(ctx context.Context) error { return f(ctx) }
+
+// A route a notification changed while Prepare or Deliver ran is not
+// overwritten by their older answer, even when the notification carried the
+// same time and state as the snapshot (a fake or coarse clock): the failure
+// from a newer sandbox owner differs in its token and reason
+// (TestRouteRules failed a loaded CI run on this).
+func TestSameRouteSeesAChangeWithinOneClockTick(t *testing.T) {
+	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	snap := session.RouteView{State: session.RouteFailed, FailureReason: "x", FenceToken: 5, UpdateTime: at}
+	require.True(t, sameRoute(snap, snap))
+	same := snap
+	same.UpdateTime = at.In(time.FixedZone("elsewhere", 3600))
+	require.True(t, sameRoute(same, snap), "one instant in another zone")
+	newer := snap
+	newer.FailureReason, newer.FenceToken = "capacity_rejected", 6
+	require.False(t, sameRoute(newer, snap))
+	later := snap
+	later.UpdateTime = at.Add(time.Nanosecond)
+	require.False(t, sameRoute(later, snap))
+}
