@@ -77,6 +77,7 @@ func TestCLI(t *testing.T) {
 		{"changes_push_egress", cliChangesPushEgress},
 		{"git_push_prefix", cliGitPushPrefix},
 		{"files_cat", cliFilesCat},
+		{"usage", cliUsage},
 	} {
 		t.Run(tc.name, tc.test)
 	}
@@ -106,7 +107,9 @@ func startCLISuite(t *testing.T) error {
 		"--shutdown-timeout", "3s", "--sandbox-root", filepath.Join(dir, "sandboxes"))
 	// The tests' git http-backend is on loopback, which the git route refuses
 	// unless it is named as an in-house git server.
-	cmd.Env = append(os.Environ(), "AGENTPLANE_PROXY_GIT_PRIVATE_NETWORKS=127.0.0.1")
+	// A price table, so usage has a cost (every model: 1 and 2 USD per 1M tokens).
+	cmd.Env = append(os.Environ(), "AGENTPLANE_PROXY_GIT_PRIVATE_NETWORKS=127.0.0.1",
+		`AGENTPLANE_SESSION_PRICE_TABLE={"*":{"input":1,"output":2}}`)
 	logs, err := os.Create(filepath.Join(dir, "dev.log"))
 	if err != nil {
 		return err
@@ -193,7 +196,8 @@ func cliRunHelloPrintsTheReply(t *testing.T) {
 	require.Contains(t, r.stdout, "→ provider provider/v1/chat/completions · done (HTTP 200)\n", "the provider call answered by dev's fake model")
 	require.NotContains(t, r.stdout, "←", "a call and its result are one line")
 	require.Regexp(t, `(?m)^preparing: [a-z_]+ — .+ \(\d+\.\ds\)$`, r.stdout, "preparation steps with the elapsed time")
-	require.Regexp(t, `(?m)^✓ succeeded — answered \d+ characters \(\d+\.\ds\)$`, r.stdout, "the outcome and its summary")
+	require.Regexp(t, `(?m)^✓ succeeded — answered \d+ characters · \d+ in / \d+ out tokens, 1 request, \$\d+\.\d{6} \(\d+\.\ds\)$`, r.stdout,
+		"the outcome, its summary and the turn's provider usage")
 	require.NotContains(t, r.stdout, "\x1b", "no escape codes when stdout is not a terminal")
 	require.Empty(t, r.stderr)
 }
@@ -601,4 +605,54 @@ func cliFilesCat(t *testing.T) {
 	r = agentplane(t, "session", "put", id, "x", local, "--mode", "9")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "--mode")
+}
+
+// cliUsage (issue 36): session usage shows the session's provider tokens,
+// requests, model and cost (GetSession's usage), as lines or as JSON; get
+// shows them on one line; a session without provider calls has none.
+func cliUsage(t *testing.T) {
+	dir := "/work/cli-usage-" + cliSuite.org
+	r := agentplane(t, "run", "--dir", dir, "--output", "json", "hello usage")
+	require.Equal(t, 0, r.code, r.stderr)
+	var turn *runtimev1.TokenUsage
+	var id string
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		ev := &sessionv1.SessionEvent{}
+		require.NoError(t, protojson.Unmarshal([]byte(line), ev))
+		if m := ev.GetMessage(); m != nil {
+			id = m.GetSessionId()
+		}
+		if o := ev.GetOutcome(); o != nil {
+			turn = o.GetUsage()
+		}
+	}
+	require.NotZero(t, turn.GetInputTokens(), "the fake model's usage reaches the outcome")
+	require.NotEmpty(t, id)
+
+	r = agentplane(t, "session", "usage", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, fmt.Sprintf(`^input tokens\s+%d\ncached tokens\s+%d\noutput tokens\s+%d\nrequests\s+1\nmodel\s+%s\ncost\s+\$\d+\.\d{6}\n$`,
+		turn.GetInputTokens(), turn.GetCachedTokens(), turn.GetOutputTokens(), regexp.QuoteMeta(turn.GetModel())), r.stdout)
+	r = agentplane(t, "session", "usage", "--output", "json", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	total := &runtimev1.TokenUsage{}
+	require.NoError(t, protojson.Unmarshal([]byte(r.stdout), total))
+	require.True(t, proto.Equal(turn, total), "one turn: the totals are the turn's\nturn %v\ntotal %v", turn, total)
+	want := (float64(turn.GetInputTokens())*1 + float64(turn.GetOutputTokens())*2) / 1e6
+	require.InDelta(t, want, total.GetCostUsd(), 1e-9, "priced by the suite's table")
+	r = agentplane(t, "session", "get", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, fmt.Sprintf(`(?m)^usage\s+%d in / %d out tokens, 1 request, \$\d+\.\d{6}$`, turn.GetInputTokens(), turn.GetOutputTokens()), r.stdout)
+
+	r = agentplane(t, "session", "create", "--dir", dir+"-none")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotRegexp(t, `(?m)^usage\s`, r.stdout, "no provider calls, no usage line")
+	other := regexp.MustCompile(`(?m)^session\s+(\S+)$`).FindStringSubmatch(r.stdout)[1]
+	r = agentplane(t, "session", "usage", other)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^requests\s+0$`, r.stdout)
+	require.Regexp(t, `(?m)^cost\s+-$`, r.stdout)
+	r = agentplane(t, "session", "usage", "ses-nope")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "[SESSION_NOT_FOUND]")
 }

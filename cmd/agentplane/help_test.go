@@ -42,6 +42,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{"session", "create", "-h"}, {"session", "get", "-h"}, {"session", "list", "-h"}, {"session", "send", "-h"},
 		{"session", "watch", "-h"}, {"session", "changes", "-h"}, {"session", "push", "-h"}, {"session", "egress", "-h"},
 		{"session", "files", "-h"}, {"session", "cat", "-h"}, {"session", "put", "-h"}, {"session", "stop", "-h"}, {"session", "delete", "-h"},
+		{"session", "suspend", "-h"}, {"session", "resume", "-h"}, {"session", "export", "-h"}, {"session", "usage", "-h"},
 		{"dev", "-h"}, {"dev", "--help"},
 		{"serve", "-h"}, {"serve", "session", "-h"}, {"serve", "sandbox", "-h"}, {"serve", "credential", "-h"}, {"serve", "ingest", "-h"},
 		{"sandbox", "-h"}, {"credential", "-h"}, {"ingest", "-h"},
@@ -55,8 +56,12 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	}
 
 	r := runBin(t, bin, "session", "-h")
-	for _, verb := range []string{"create", "get", "list", "send", "watch", "changes", "push", "files", "cat", "put", "egress", "stop", "delete"} {
+	top := runBin(t, bin, "-h")
+	for _, verb := range []string{"create", "get", "list", "send", "watch", "changes", "push", "files", "cat", "put", "egress",
+		"stop", "suspend", "resume", "delete", "export", "usage"} {
 		require.Regexp(t, `(?m)^  `+verb+` `, r.stdout, "session -h lists the verb %s", verb)
+		require.Regexp(t, `\b`+verb+`\b`, top.stdout[strings.Index(top.stdout, "agentplane session"):strings.Index(top.stdout, "agentplane dev")],
+			"agentplane -h names the session verb %s", verb)
 	}
 	require.NotContains(t, r.stdout, "redis-url", "session -h lists the verbs, not the service's flags")
 	r = runBin(t, bin, "serve", "session", "-h")
@@ -79,6 +84,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"dev", "stray"}, `agentplane dev: unexpected argument "stray"`},
 		{[]string{"run", "--bogus", "x"}, "flag provided but not defined: -bogus"},
 		{[]string{"session", "push", "ses-1"}, "--branch is required"},
+		{[]string{"session", "usage"}, "agentplane session usage: want 1 argument(s), got 0"},
 		{[]string{"runtime"}, "usage: agentplane runtime scripted"},
 	} {
 		r := runBin(t, bin, tc.args...)

@@ -25,7 +25,8 @@ const usage = `agentplane runs cloud coding-agent sessions.
 Usage:
   agentplane run [flags] "prompt"   create a session, send the prompt, follow the turn (agentplane run -h)
   agentplane session <verb> ...     sessions for people: create, get, list, send, watch, changes, push,
-                                    egress, stop, delete (agentplane session -h)
+                                    files, cat, put, egress, stop, suspend, resume, delete, export,
+                                    usage (agentplane session -h)
   agentplane dev [flags]            all four services in one process (agentplane dev -h)
   agentplane serve <service> [flags]
                                     run one service: session, sandbox, credential or ingest

@@ -51,6 +51,7 @@ var sessionVerbs = []struct{ name, args, help string }{
 	{"resume", "[--restart] ID", "start the session's agent again (any message does too); --restart: a new conversation when its state was lost"},
 	{"delete", "ID [--timeout D]", "delete a session (waits through a pending cleanup)"},
 	{"export", "ID", "print the session's whole history (every runtime session of it, in order)"},
+	{"usage", "ID", "show the session's provider tokens, requests, model and cost so far"},
 }
 
 // sessionUsage lists the verbs of `agentplane session`.

@@ -278,6 +278,9 @@ func (h *human) outcome(o *runtimev1.TurnOutcome) {
 	if summary != "" {
 		summary = " — " + summary
 	}
+	if u := o.GetUsage(); u.GetRequests() > 0 {
+		summary += " · " + usageText(u)
+	}
 	switch o.GetResult() {
 	case runtimev1.TurnResult_TURN_RESULT_SUCCEEDED:
 		h.line(h.ok.Render("✓ succeeded") + summary + h.dim.Render(" ("+h.elapsed()+")"))

@@ -60,6 +60,8 @@ func (e *env) session(verb string, args []string) int {
 		return e.sessionEgress(args)
 	case "export":
 		return e.sessionExport(args)
+	case "usage":
+		return e.sessionUsage(args)
 	}
 	return e.fail(fmt.Errorf("unknown verb %q", verb))
 }
@@ -325,6 +327,9 @@ func (e *env) showSession(s *sessionv1.Session) {
 	if p := s.GetPushBranchPrefix(); p != "" {
 		fmt.Fprintf(tw, "pushes\t%s*\n", p)
 	}
+	if u := s.GetUsage(); u.GetRequests() > 0 {
+		fmt.Fprintf(tw, "usage\t%s\n", usageText(u))
+	}
 	fmt.Fprintf(tw, "sandbox\t%s\n", s.GetSandboxId())
 	fmt.Fprintf(tw, "created\t%s\n", when(s.GetCreateTime()))
 	_ = tw.Flush()
@@ -570,4 +575,69 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// sessionUsage shows the session's provider usage so far (GetSession's
+// usage: every provider response the credential proxy read usage from).
+func (e *env) sessionUsage(args []string) int {
+	fs := e.flags("[flags] ID")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		s, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: pos[0]})
+		if err != nil {
+			return err
+		}
+		u := s.GetUsage()
+		if u == nil {
+			u = &runtimev1.TokenUsage{}
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, u)
+			return nil
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "input tokens\t%d\n", u.GetInputTokens())
+		fmt.Fprintf(tw, "cached tokens\t%d\n", u.GetCachedTokens())
+		fmt.Fprintf(tw, "output tokens\t%d\n", u.GetOutputTokens())
+		fmt.Fprintf(tw, "requests\t%d\n", u.GetRequests())
+		model := u.GetModel()
+		if model == "" {
+			model = "-"
+		}
+		fmt.Fprintf(tw, "model\t%s\n", model)
+		fmt.Fprintf(tw, "cost\t%s\n", costText(u))
+		return tw.Flush()
+	})
+}
+
+// usageText is a TokenUsage on one line: "120 in / 45 out tokens (20
+// cached), 2 requests, $0.000305".
+func usageText(u *runtimev1.TokenUsage) string {
+	s := fmt.Sprintf("%d in / %d out tokens", u.GetInputTokens(), u.GetOutputTokens())
+	if u.GetCachedTokens() > 0 {
+		s += fmt.Sprintf(" (%d cached)", u.GetCachedTokens())
+	}
+	s += fmt.Sprintf(", %d request", u.GetRequests())
+	if u.GetRequests() != 1 {
+		s += "s"
+	}
+	if u.GetCostUsd() > 0 {
+		s += ", " + costText(u)
+	}
+	return s
+}
+
+// costText is the usage's cost in US dollars, or why there is none.
+func costText(u *runtimev1.TokenUsage) string {
+	switch {
+	case u.GetCostUsd() > 0:
+	case u.GetRequests() == 0:
+		return "-"
+	default:
+		return "- (the session service's price table, AGENTPLANE_SESSION_PRICE_TABLE, prices none of these tokens)"
+	}
+	return "$" + strconv.FormatFloat(u.GetCostUsd(), 'f', 6, 64)
 }
