@@ -98,7 +98,7 @@ func (a *NotifyAPI) NotifyRuntimeEvents(ctx context.Context, r *sessionv1.Notify
 		if err != nil {
 			return nil, a.fail(ctx, err)
 		}
-		events = append(events, store.RuntimeEvent{ID: e.GetEventId(), Payload: payload})
+		events = append(events, store.RuntimeEvent{ID: e.GetEventId(), Payload: payload, Audit: egressAudit(e)})
 	}
 	if err := session.Invalid(vs); err != nil {
 		return nil, a.fail(ctx, err)

@@ -223,3 +223,12 @@ func validateRoute(r *sessionv1.RouteRef) error {
 }
 
 func encodeToken(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// decodeToken reads a page token made by encodeToken.
+func decodeToken(t string) (string, bool) {
+	if len(t) > 1024 {
+		return "", false
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(t)
+	return string(raw), err == nil
+}

@@ -87,6 +87,14 @@ func (s *Service) RuntimeEvents(ctx context.Context, id string, n session.Notice
 	if !a.Accepts(n) || len(events) == 0 {
 		return nil
 	}
+	for i := range events {
+		if r := events[i].Audit; r != nil {
+			// Egress decisions become audit records of the turn running
+			// when they were made, else the next.
+			r.Time = s.reportedTime(r.Time)
+			r.TurnID = a.TurnAt(r.Time)
+		}
+	}
 	_, err = s.store.AppendRuntime(ctx, id, s.now(), events)
 	if errors.Is(err, session.ErrSessionNotFound) {
 		return nil

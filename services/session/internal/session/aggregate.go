@@ -436,6 +436,7 @@ func (a *Aggregate) Outcome(turnID, lastMessageID string, result TurnResult, rea
 	if a.Lookup != nil {
 		upTo = a.Lookup.Seq
 	}
+	a.endTurn(upTo, now)
 	st, r := MessageCompleted, ""
 	switch result {
 	case TurnFailed:

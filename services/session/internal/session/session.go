@@ -147,8 +147,11 @@ type Session struct {
 	ResumeSince time.Time `json:"resume_since,omitzero"`
 	// Usage is the session's provider tokens so far; TurnUsage those
 	// counted since its previous turn outcome (the next outcome's).
-	Usage      Usage     `json:"usage,omitzero"`
-	TurnUsage  Usage     `json:"turn_usage,omitzero"`
+	Usage     Usage `json:"usage,omitzero"`
+	TurnUsage Usage `json:"turn_usage,omitzero"`
+	// LastTurn is the most recent turn an outcome ended (audit records
+	// reported after their turn ended are attributed by it: TurnAt).
+	LastTurn   TurnSpan  `json:"last_turn,omitzero"`
 	LastSeq    uint64    `json:"last_seq"`
 	CreateTime time.Time `json:"create_time"`
 	UpdateTime time.Time `json:"update_time"`

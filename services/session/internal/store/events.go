@@ -64,35 +64,59 @@ func decodeEvent(m redis.XMessage) (StoredEvent, error) {
 
 // appendRuntime records runtime events whose ids were not seen before, in
 // one script, for a live session only (no record or a deletion intent: the
-// events are dropped, as the notify contract says).
+// events are dropped, as the notify contract says). A new event with an
+// audit record (an egress decision) also appends the record to the
+// session's audit log (audit.go); a record with a count key (an expected
+// denial) is counted there and not logged as an event, one by one.
+//
+// KEYS: meta, del, seen, events, audit, auditn. ARGV: cap, time, then
+// (dedup id, payload, audit JSON or "", count key or "") per event.
 var appendRuntime = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local n = 0
-for i = 3, #ARGV, 2 do
+for i = 3, #ARGV, 4 do
   if redis.call('SADD', KEYS[3], ARGV[i]) == 1 then
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[1], '*', 'k', 'runtime', 't', ARGV[2], 'v', ARGV[i+1])
-    n = n + 1
+    local ck = ARGV[i+3]
+    if ck == '' then
+      redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[1], '*', 'k', 'runtime', 't', ARGV[2], 'v', ARGV[i+1])
+      n = n + 1
+    end
+    if ARGV[i+2] ~= '' and (ck == '' or redis.call('HINCRBY', KEYS[6], ck, 1) == 1) then
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[1], '*', 'v', ARGV[i+2], 'c', ck)
+    end
   end
 end
 return n
 `)
 
-// RuntimeEvent is one runtime event to append: its dedup id and payload.
+// RuntimeEvent is one runtime event to append: its dedup id and payload,
+// and the audit record it makes (nil: none).
 type RuntimeEvent struct {
 	ID      string
 	Payload []byte
+	Audit   *session.AuditRecord
 }
 
-// AppendRuntime appends new runtime events in order and returns how many
-// were new; ErrSessionNotFound when the session takes no events.
+// AppendRuntime appends new runtime events in order (and their audit
+// records) and returns how many events were logged; ErrSessionNotFound
+// when the session takes no events.
 func (s *Store) AppendRuntime(ctx context.Context, id string, now time.Time, events []RuntimeEvent) (int, error) {
-	args := make([]any, 0, 2+2*len(events))
+	args := make([]any, 0, 2+4*len(events))
 	args = append(args, s.eventCap, now.UnixMilli())
 	for _, e := range events {
-		args = append(args, "ev:"+e.ID, e.Payload)
+		var audit []byte
+		ck := ""
+		if e.Audit != nil {
+			var err error
+			if audit, err = json.Marshal(e.Audit); err != nil {
+				return 0, err
+			}
+			ck = e.Audit.CountKey()
+		}
+		args = append(args, "ev:"+e.ID, e.Payload, audit, ck)
 	}
 	n, err := appendRuntime.Run(ctx, s.rdb,
-		[]string{key(id, "meta"), key(id, "del"), key(id, "seen"), key(id, "events")}, args...).Int()
+		[]string{key(id, "meta"), key(id, "del"), key(id, "seen"), key(id, "events"), key(id, "audit"), key(id, "auditn")}, args...).Int()
 	if err != nil {
 		return 0, err
 	}

@@ -12,6 +12,8 @@
 //	ses:{ses/id}:events   stream: the event log (MAXLEN ~ EventCap)
 //	ses:{ses/id}:seen     set of recorded runtime event ids and turn ids
 //	ses:{ses/id}:del      JSON deletion intent
+//	ses:{ses/id}:audit    stream: audit records (audit.go), MAXLEN ~ EventCap
+//	ses:{ses/id}:auditn   hash: counts of expected egress denials (audit.go)
 //	ses:wipe:{ses/id}     wipe locator left after deletion
 //	fence:{ses/id}:token, fence:{ses/id}:lease   the deletion reconciler's lease
 //

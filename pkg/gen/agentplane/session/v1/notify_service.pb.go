@@ -869,11 +869,185 @@ func (*NotifyUsageResponse) Descriptor() ([]byte, []int) {
 	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{16}
 }
 
+// NotifyAuditRequest is a batch of proxied requests (at most 256).
+type NotifyAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The requests, in the order the proxy finished them.
+	Reports       []*ProxyRequestReport `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyAuditRequest) Reset() {
+	*x = NotifyAuditRequest{}
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyAuditRequest) ProtoMessage() {}
+
+func (x *NotifyAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyAuditRequest.ProtoReflect.Descriptor instead.
+func (*NotifyAuditRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *NotifyAuditRequest) GetReports() []*ProxyRequestReport {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
+// ProxyRequestReport is one request the credential proxy forwarded.
+type ProxyRequestReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session the request's handle resolved through.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The sandbox of the handle.
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The runtime session of the handle's member.
+	RuntimeSessionId string `protobuf:"bytes,3,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
+	// The runtime key the handle serves.
+	RuntimeKey string `protobuf:"bytes,4,opt,name=runtime_key,json=runtimeKey,proto3" json:"runtime_key,omitempty"`
+	// When the proxy got the request (attributes it to a turn).
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The request.
+	Request       *AuditProxyRequest `protobuf:"bytes,6,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyRequestReport) Reset() {
+	*x = ProxyRequestReport{}
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyRequestReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyRequestReport) ProtoMessage() {}
+
+func (x *ProxyRequestReport) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyRequestReport.ProtoReflect.Descriptor instead.
+func (*ProxyRequestReport) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ProxyRequestReport) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ProxyRequestReport) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ProxyRequestReport) GetRuntimeSessionId() string {
+	if x != nil {
+		return x.RuntimeSessionId
+	}
+	return ""
+}
+
+func (x *ProxyRequestReport) GetRuntimeKey() string {
+	if x != nil {
+		return x.RuntimeKey
+	}
+	return ""
+}
+
+func (x *ProxyRequestReport) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *ProxyRequestReport) GetRequest() *AuditProxyRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// NotifyAuditResponse acknowledges.
+type NotifyAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyAuditResponse) Reset() {
+	*x = NotifyAuditResponse{}
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyAuditResponse) ProtoMessage() {}
+
+func (x *NotifyAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_notify_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyAuditResponse.ProtoReflect.Descriptor instead.
+func (*NotifyAuditResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_notify_service_proto_rawDescGZIP(), []int{19}
+}
+
 var File_agentplane_session_v1_notify_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_notify_service_proto_rawDesc = "" +
 	"\n" +
-	"*agentplane/session/v1/notify_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x01\n" +
+	"*agentplane/session/v1/notify_service.proto\x12\x15agentplane.session.v1\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x01\n" +
 	"\bRouteRef\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -919,7 +1093,21 @@ const file_agentplane_session_v1_notify_service_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12,\n" +
 	"\x12runtime_session_id\x18\x03 \x01(\tR\x10runtimeSessionId\x127\n" +
 	"\x05usage\x18\x04 \x01(\v2!.agentplane.runtime.v1.TokenUsageR\x05usage\"\x15\n" +
-	"\x13NotifyUsageResponse2\xda\a\n" +
+	"\x13NotifyUsageResponse\"Y\n" +
+	"\x12NotifyAuditRequest\x12C\n" +
+	"\areports\x18\x01 \x03(\v2).agentplane.session.v1.ProxyRequestReportR\areports\"\xa0\x02\n" +
+	"\x12ProxyRequestReport\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12,\n" +
+	"\x12runtime_session_id\x18\x03 \x01(\tR\x10runtimeSessionId\x12\x1f\n" +
+	"\vruntime_key\x18\x04 \x01(\tR\n" +
+	"runtimeKey\x129\n" +
+	"\n" +
+	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12B\n" +
+	"\arequest\x18\x06 \x01(\v2(.agentplane.session.v1.AuditProxyRequestR\arequest\"\x15\n" +
+	"\x13NotifyAuditResponse2\xc0\b\n" +
 	"\x14SessionNotifyService\x12|\n" +
 	"\x13NotifyRouteProgress\x121.agentplane.session.v1.NotifyRouteProgressRequest\x1a2.agentplane.session.v1.NotifyRouteProgressResponse\x12s\n" +
 	"\x10NotifyRouteReady\x12..agentplane.session.v1.NotifyRouteReadyRequest\x1a/.agentplane.session.v1.NotifyRouteReadyResponse\x12\x88\x01\n" +
@@ -928,7 +1116,8 @@ const file_agentplane_session_v1_notify_service_proto_rawDesc = "" +
 	"\x0fNotifyRouteLost\x12-.agentplane.session.v1.NotifyRouteLostRequest\x1a..agentplane.session.v1.NotifyRouteLostResponse\x12|\n" +
 	"\x13NotifyRuntimeEvents\x121.agentplane.session.v1.NotifyRuntimeEventsRequest\x1a2.agentplane.session.v1.NotifyRuntimeEventsResponse\x12v\n" +
 	"\x11NotifyTurnOutcome\x12/.agentplane.session.v1.NotifyTurnOutcomeRequest\x1a0.agentplane.session.v1.NotifyTurnOutcomeResponse\x12d\n" +
-	"\vNotifyUsage\x12).agentplane.session.v1.NotifyUsageRequest\x1a*.agentplane.session.v1.NotifyUsageResponseB\xdd\x01\n" +
+	"\vNotifyUsage\x12).agentplane.session.v1.NotifyUsageRequest\x1a*.agentplane.session.v1.NotifyUsageResponse\x12d\n" +
+	"\vNotifyAudit\x12).agentplane.session.v1.NotifyAuditRequest\x1a*.agentplane.session.v1.NotifyAuditResponseB\xdd\x01\n" +
 	"\x19com.agentplane.session.v1B\x12NotifyServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -943,7 +1132,7 @@ func file_agentplane_session_v1_notify_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_notify_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_notify_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_agentplane_session_v1_notify_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_agentplane_session_v1_notify_service_proto_goTypes = []any{
 	(*RouteRef)(nil),                        // 0: agentplane.session.v1.RouteRef
 	(*NotifyRouteProgressRequest)(nil),      // 1: agentplane.session.v1.NotifyRouteProgressRequest
@@ -962,46 +1151,55 @@ var file_agentplane_session_v1_notify_service_proto_goTypes = []any{
 	(*NotifyTurnOutcomeResponse)(nil),       // 14: agentplane.session.v1.NotifyTurnOutcomeResponse
 	(*NotifyUsageRequest)(nil),              // 15: agentplane.session.v1.NotifyUsageRequest
 	(*NotifyUsageResponse)(nil),             // 16: agentplane.session.v1.NotifyUsageResponse
-	(*timestamppb.Timestamp)(nil),           // 17: google.protobuf.Timestamp
-	(*v1.ProgressStep)(nil),                 // 18: agentplane.runtime.v1.ProgressStep
-	(*v1.RuntimeEvent)(nil),                 // 19: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),                  // 20: agentplane.runtime.v1.TurnOutcome
-	(*v1.TokenUsage)(nil),                   // 21: agentplane.runtime.v1.TokenUsage
+	(*NotifyAuditRequest)(nil),              // 17: agentplane.session.v1.NotifyAuditRequest
+	(*ProxyRequestReport)(nil),              // 18: agentplane.session.v1.ProxyRequestReport
+	(*NotifyAuditResponse)(nil),             // 19: agentplane.session.v1.NotifyAuditResponse
+	(*timestamppb.Timestamp)(nil),           // 20: google.protobuf.Timestamp
+	(*v1.ProgressStep)(nil),                 // 21: agentplane.runtime.v1.ProgressStep
+	(*v1.RuntimeEvent)(nil),                 // 22: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),                  // 23: agentplane.runtime.v1.TurnOutcome
+	(*v1.TokenUsage)(nil),                   // 24: agentplane.runtime.v1.TokenUsage
+	(*AuditProxyRequest)(nil),               // 25: agentplane.session.v1.AuditProxyRequest
 }
 var file_agentplane_session_v1_notify_service_proto_depIdxs = []int32{
-	17, // 0: agentplane.session.v1.RouteRef.observe_time:type_name -> google.protobuf.Timestamp
+	20, // 0: agentplane.session.v1.RouteRef.observe_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: agentplane.session.v1.NotifyRouteProgressRequest.route:type_name -> agentplane.session.v1.RouteRef
-	18, // 2: agentplane.session.v1.NotifyRouteProgressRequest.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	21, // 2: agentplane.session.v1.NotifyRouteProgressRequest.progress:type_name -> agentplane.runtime.v1.ProgressStep
 	0,  // 3: agentplane.session.v1.NotifyRouteReadyRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 4: agentplane.session.v1.NotifyRouteReconnectingRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 5: agentplane.session.v1.NotifyRouteFailedRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 6: agentplane.session.v1.NotifyRouteLostRequest.route:type_name -> agentplane.session.v1.RouteRef
 	0,  // 7: agentplane.session.v1.NotifyRuntimeEventsRequest.route:type_name -> agentplane.session.v1.RouteRef
-	19, // 8: agentplane.session.v1.NotifyRuntimeEventsRequest.events:type_name -> agentplane.runtime.v1.RuntimeEvent
+	22, // 8: agentplane.session.v1.NotifyRuntimeEventsRequest.events:type_name -> agentplane.runtime.v1.RuntimeEvent
 	0,  // 9: agentplane.session.v1.NotifyTurnOutcomeRequest.route:type_name -> agentplane.session.v1.RouteRef
-	20, // 10: agentplane.session.v1.NotifyTurnOutcomeRequest.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	21, // 11: agentplane.session.v1.NotifyUsageRequest.usage:type_name -> agentplane.runtime.v1.TokenUsage
-	1,  // 12: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:input_type -> agentplane.session.v1.NotifyRouteProgressRequest
-	3,  // 13: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:input_type -> agentplane.session.v1.NotifyRouteReadyRequest
-	5,  // 14: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:input_type -> agentplane.session.v1.NotifyRouteReconnectingRequest
-	7,  // 15: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:input_type -> agentplane.session.v1.NotifyRouteFailedRequest
-	9,  // 16: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:input_type -> agentplane.session.v1.NotifyRouteLostRequest
-	11, // 17: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:input_type -> agentplane.session.v1.NotifyRuntimeEventsRequest
-	13, // 18: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:input_type -> agentplane.session.v1.NotifyTurnOutcomeRequest
-	15, // 19: agentplane.session.v1.SessionNotifyService.NotifyUsage:input_type -> agentplane.session.v1.NotifyUsageRequest
-	2,  // 20: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:output_type -> agentplane.session.v1.NotifyRouteProgressResponse
-	4,  // 21: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:output_type -> agentplane.session.v1.NotifyRouteReadyResponse
-	6,  // 22: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:output_type -> agentplane.session.v1.NotifyRouteReconnectingResponse
-	8,  // 23: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:output_type -> agentplane.session.v1.NotifyRouteFailedResponse
-	10, // 24: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:output_type -> agentplane.session.v1.NotifyRouteLostResponse
-	12, // 25: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:output_type -> agentplane.session.v1.NotifyRuntimeEventsResponse
-	14, // 26: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:output_type -> agentplane.session.v1.NotifyTurnOutcomeResponse
-	16, // 27: agentplane.session.v1.SessionNotifyService.NotifyUsage:output_type -> agentplane.session.v1.NotifyUsageResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	23, // 10: agentplane.session.v1.NotifyTurnOutcomeRequest.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	24, // 11: agentplane.session.v1.NotifyUsageRequest.usage:type_name -> agentplane.runtime.v1.TokenUsage
+	18, // 12: agentplane.session.v1.NotifyAuditRequest.reports:type_name -> agentplane.session.v1.ProxyRequestReport
+	20, // 13: agentplane.session.v1.ProxyRequestReport.start_time:type_name -> google.protobuf.Timestamp
+	25, // 14: agentplane.session.v1.ProxyRequestReport.request:type_name -> agentplane.session.v1.AuditProxyRequest
+	1,  // 15: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:input_type -> agentplane.session.v1.NotifyRouteProgressRequest
+	3,  // 16: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:input_type -> agentplane.session.v1.NotifyRouteReadyRequest
+	5,  // 17: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:input_type -> agentplane.session.v1.NotifyRouteReconnectingRequest
+	7,  // 18: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:input_type -> agentplane.session.v1.NotifyRouteFailedRequest
+	9,  // 19: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:input_type -> agentplane.session.v1.NotifyRouteLostRequest
+	11, // 20: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:input_type -> agentplane.session.v1.NotifyRuntimeEventsRequest
+	13, // 21: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:input_type -> agentplane.session.v1.NotifyTurnOutcomeRequest
+	15, // 22: agentplane.session.v1.SessionNotifyService.NotifyUsage:input_type -> agentplane.session.v1.NotifyUsageRequest
+	17, // 23: agentplane.session.v1.SessionNotifyService.NotifyAudit:input_type -> agentplane.session.v1.NotifyAuditRequest
+	2,  // 24: agentplane.session.v1.SessionNotifyService.NotifyRouteProgress:output_type -> agentplane.session.v1.NotifyRouteProgressResponse
+	4,  // 25: agentplane.session.v1.SessionNotifyService.NotifyRouteReady:output_type -> agentplane.session.v1.NotifyRouteReadyResponse
+	6,  // 26: agentplane.session.v1.SessionNotifyService.NotifyRouteReconnecting:output_type -> agentplane.session.v1.NotifyRouteReconnectingResponse
+	8,  // 27: agentplane.session.v1.SessionNotifyService.NotifyRouteFailed:output_type -> agentplane.session.v1.NotifyRouteFailedResponse
+	10, // 28: agentplane.session.v1.SessionNotifyService.NotifyRouteLost:output_type -> agentplane.session.v1.NotifyRouteLostResponse
+	12, // 29: agentplane.session.v1.SessionNotifyService.NotifyRuntimeEvents:output_type -> agentplane.session.v1.NotifyRuntimeEventsResponse
+	14, // 30: agentplane.session.v1.SessionNotifyService.NotifyTurnOutcome:output_type -> agentplane.session.v1.NotifyTurnOutcomeResponse
+	16, // 31: agentplane.session.v1.SessionNotifyService.NotifyUsage:output_type -> agentplane.session.v1.NotifyUsageResponse
+	19, // 32: agentplane.session.v1.SessionNotifyService.NotifyAudit:output_type -> agentplane.session.v1.NotifyAuditResponse
+	24, // [24:33] is the sub-list for method output_type
+	15, // [15:24] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_notify_service_proto_init() }
@@ -1009,13 +1207,14 @@ func file_agentplane_session_v1_notify_service_proto_init() {
 	if File_agentplane_session_v1_notify_service_proto != nil {
 		return
 	}
+	file_agentplane_session_v1_session_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_notify_service_proto_rawDesc), len(file_agentplane_session_v1_notify_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	SessionNotifyService_NotifyRuntimeEvents_FullMethodName     = "/agentplane.session.v1.SessionNotifyService/NotifyRuntimeEvents"
 	SessionNotifyService_NotifyTurnOutcome_FullMethodName       = "/agentplane.session.v1.SessionNotifyService/NotifyTurnOutcome"
 	SessionNotifyService_NotifyUsage_FullMethodName             = "/agentplane.session.v1.SessionNotifyService/NotifyUsage"
+	SessionNotifyService_NotifyAudit_FullMethodName             = "/agentplane.session.v1.SessionNotifyService/NotifyAudit"
 )
 
 // SessionNotifyServiceClient is the client API for SessionNotifyService service.
@@ -58,6 +59,12 @@ type SessionNotifyServiceClient interface {
 	// It adds to the session's totals and to the usage of the session's next
 	// turn outcome. Not idempotent: the proxy sends each report once. Added.
 	NotifyUsage(ctx context.Context, in *NotifyUsageRequest, opts ...grpc.CallOption) (*NotifyUsageResponse, error)
+	// NotifyAudit reports a batch of requests the credential proxy forwarded;
+	// each becomes an audit record of its session, attributed to the turn
+	// running at its start time (else the next). Reports for unknown or
+	// deleting sessions, or another sandbox than the session's, are dropped.
+	// Not idempotent: the proxy sends each batch once. Added.
+	NotifyAudit(ctx context.Context, in *NotifyAuditRequest, opts ...grpc.CallOption) (*NotifyAuditResponse, error)
 }
 
 type sessionNotifyServiceClient struct {
@@ -148,6 +155,16 @@ func (c *sessionNotifyServiceClient) NotifyUsage(ctx context.Context, in *Notify
 	return out, nil
 }
 
+func (c *sessionNotifyServiceClient) NotifyAudit(ctx context.Context, in *NotifyAuditRequest, opts ...grpc.CallOption) (*NotifyAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NotifyAuditResponse)
+	err := c.cc.Invoke(ctx, SessionNotifyService_NotifyAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionNotifyServiceServer is the server API for SessionNotifyService service.
 // All implementations must embed UnimplementedSessionNotifyServiceServer
 // for forward compatibility.
@@ -177,6 +194,12 @@ type SessionNotifyServiceServer interface {
 	// It adds to the session's totals and to the usage of the session's next
 	// turn outcome. Not idempotent: the proxy sends each report once. Added.
 	NotifyUsage(context.Context, *NotifyUsageRequest) (*NotifyUsageResponse, error)
+	// NotifyAudit reports a batch of requests the credential proxy forwarded;
+	// each becomes an audit record of its session, attributed to the turn
+	// running at its start time (else the next). Reports for unknown or
+	// deleting sessions, or another sandbox than the session's, are dropped.
+	// Not idempotent: the proxy sends each batch once. Added.
+	NotifyAudit(context.Context, *NotifyAuditRequest) (*NotifyAuditResponse, error)
 	mustEmbedUnimplementedSessionNotifyServiceServer()
 }
 
@@ -210,6 +233,9 @@ func (UnimplementedSessionNotifyServiceServer) NotifyTurnOutcome(context.Context
 }
 func (UnimplementedSessionNotifyServiceServer) NotifyUsage(context.Context, *NotifyUsageRequest) (*NotifyUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method NotifyUsage not implemented")
+}
+func (UnimplementedSessionNotifyServiceServer) NotifyAudit(context.Context, *NotifyAuditRequest) (*NotifyAuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NotifyAudit not implemented")
 }
 func (UnimplementedSessionNotifyServiceServer) mustEmbedUnimplementedSessionNotifyServiceServer() {}
 func (UnimplementedSessionNotifyServiceServer) testEmbeddedByValue()                              {}
@@ -376,6 +402,24 @@ func _SessionNotifyService_NotifyUsage_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionNotifyService_NotifyAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NotifyAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionNotifyServiceServer).NotifyAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionNotifyService_NotifyAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionNotifyServiceServer).NotifyAudit(ctx, req.(*NotifyAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionNotifyService_ServiceDesc is the grpc.ServiceDesc for SessionNotifyService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -414,6 +458,10 @@ var SessionNotifyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "NotifyUsage",
 			Handler:    _SessionNotifyService_NotifyUsage_Handler,
+		},
+		{
+			MethodName: "NotifyAudit",
+			Handler:    _SessionNotifyService_NotifyAudit_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -272,6 +272,59 @@ func (MessageState) EnumDescriptor() ([]byte, []int) {
 	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
+// AuditKind says what an audit record describes. Added.
+type AuditKind int32
+
+const (
+	// Not set.
+	AuditKind_AUDIT_KIND_UNSPECIFIED AuditKind = 0
+	// A request the credential proxy forwarded (provider, git, backend).
+	AuditKind_AUDIT_KIND_PROXY_REQUEST AuditKind = 1
+	// A decision of the sandbox's egress proxy.
+	AuditKind_AUDIT_KIND_EGRESS AuditKind = 2
+)
+
+// Enum value maps for AuditKind.
+var (
+	AuditKind_name = map[int32]string{
+		0: "AUDIT_KIND_UNSPECIFIED",
+		1: "AUDIT_KIND_PROXY_REQUEST",
+		2: "AUDIT_KIND_EGRESS",
+	}
+	AuditKind_value = map[string]int32{
+		"AUDIT_KIND_UNSPECIFIED":   0,
+		"AUDIT_KIND_PROXY_REQUEST": 1,
+		"AUDIT_KIND_EGRESS":        2,
+	}
+)
+
+func (x AuditKind) Enum() *AuditKind {
+	p := new(AuditKind)
+	*p = x
+	return p
+}
+
+func (x AuditKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuditKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentplane_session_v1_session_proto_enumTypes[4].Descriptor()
+}
+
+func (AuditKind) Type() protoreflect.EnumType {
+	return &file_agentplane_session_v1_session_proto_enumTypes[4]
+}
+
+func (x AuditKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuditKind.Descriptor instead.
+func (AuditKind) EnumDescriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{4}
+}
+
 // Worktree names the repository worktree a session works on.
 type Worktree struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1256,6 +1309,352 @@ func (*SessionEvent_Progress) isSessionEvent_Kind() {}
 
 func (*SessionEvent_Session) isSessionEvent_Kind() {}
 
+// AuditRecord is one audited action of a session's runtime: a request the
+// credential proxy forwarded or a decision of the egress proxy, attributed
+// to the turn that was running when it happened (else the next one). Added.
+type AuditRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique within the session; records list in the order they were stored.
+	RecordId string `protobuf:"bytes,1,opt,name=record_id,json=recordId,proto3" json:"record_id,omitempty"`
+	// The session.
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The turn: the id of the message whose turn was running when the
+	// action happened, else of the next queued message; empty when the
+	// session had no message then.
+	TurnId string `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// The runtime key of the runtime that acted (the worktree directory
+	// under the worktree contract, else the session id); empty when unknown.
+	RuntimeKey string `protobuf:"bytes,4,opt,name=runtime_key,json=runtimeKey,proto3" json:"runtime_key,omitempty"`
+	// The runtime session of the session's route when it happened.
+	RuntimeSessionId string `protobuf:"bytes,5,opt,name=runtime_session_id,json=runtimeSessionId,proto3" json:"runtime_session_id,omitempty"`
+	// What the record describes.
+	Kind AuditKind `protobuf:"varint,6,opt,name=kind,proto3,enum=agentplane.session.v1.AuditKind" json:"kind,omitempty"`
+	// When the action began (the proxy request's start, the egress decision).
+	Time *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=time,proto3" json:"time,omitempty"`
+	// The proxied request (kind PROXY_REQUEST).
+	ProxyRequest *AuditProxyRequest `protobuf:"bytes,8,opt,name=proxy_request,json=proxyRequest,proto3" json:"proxy_request,omitempty"`
+	// The egress decision (kind EGRESS).
+	Egress        *AuditEgressDecision `protobuf:"bytes,9,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditRecord) Reset() {
+	*x = AuditRecord{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditRecord) ProtoMessage() {}
+
+func (x *AuditRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
+func (*AuditRecord) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *AuditRecord) GetRecordId() string {
+	if x != nil {
+		return x.RecordId
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetRuntimeKey() string {
+	if x != nil {
+		return x.RuntimeKey
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetRuntimeSessionId() string {
+	if x != nil {
+		return x.RuntimeSessionId
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetKind() AuditKind {
+	if x != nil {
+		return x.Kind
+	}
+	return AuditKind_AUDIT_KIND_UNSPECIFIED
+}
+
+func (x *AuditRecord) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditRecord) GetProxyRequest() *AuditProxyRequest {
+	if x != nil {
+		return x.ProxyRequest
+	}
+	return nil
+}
+
+func (x *AuditRecord) GetEgress() *AuditEgressDecision {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// AuditProxyRequest is a request the credential proxy forwarded. Added.
+type AuditProxyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The route: provider, git or backend.
+	Route string `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	// HTTP method.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// The path below the route as a template: segments that may name
+	// something (ids, repositories, anything not a short lower-case word)
+	// are replaced by {id}, and a git repository by {repo}. Never the raw
+	// path or the query.
+	PathTemplate string `protobuf:"bytes,3,opt,name=path_template,json=pathTemplate,proto3" json:"path_template,omitempty"`
+	// The HTTP status the runtime got.
+	Status int32 `protobuf:"varint,4,opt,name=status,proto3" json:"status,omitempty"`
+	// Request body bytes read from the runtime.
+	BytesIn uint64 `protobuf:"varint,5,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	// Response body bytes sent to the runtime.
+	BytesOut uint64 `protobuf:"varint,6,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	// From the request's start to the response's end.
+	Duration      *durationpb.Duration `protobuf:"bytes,7,opt,name=duration,proto3" json:"duration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditProxyRequest) Reset() {
+	*x = AuditProxyRequest{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditProxyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditProxyRequest) ProtoMessage() {}
+
+func (x *AuditProxyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditProxyRequest.ProtoReflect.Descriptor instead.
+func (*AuditProxyRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AuditProxyRequest) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *AuditProxyRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *AuditProxyRequest) GetPathTemplate() string {
+	if x != nil {
+		return x.PathTemplate
+	}
+	return ""
+}
+
+func (x *AuditProxyRequest) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *AuditProxyRequest) GetBytesIn() uint64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *AuditProxyRequest) GetBytesOut() uint64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *AuditProxyRequest) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+// AuditEgressDecision is a decision of the sandbox's egress proxy. Added.
+type AuditEgressDecision struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host asked for.
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// The port asked for.
+	Port int32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// allowed, denied or closed (an allowed connection cut by a bound).
+	Decision string `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	// Why (docs/sandbox.md "Egress").
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Bytes from the sandbox.
+	BytesUp uint64 `protobuf:"varint,5,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
+	// Bytes to the sandbox.
+	BytesDown uint64 `protobuf:"varint,6,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
+	// connect or http.
+	Connection string `protobuf:"bytes,7,opt,name=connection,proto3" json:"connection,omitempty"`
+	// Whether the agent profile names the host as one whose denials are
+	// expected (telemetry, update checks): such denials are counted on one
+	// record per turn, host and port instead of one record each.
+	Expected bool `protobuf:"varint,8,opt,name=expected,proto3" json:"expected,omitempty"`
+	// Decisions this record stands for: 1, or the expected denials counted.
+	Count         uint64 `protobuf:"varint,9,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEgressDecision) Reset() {
+	*x = AuditEgressDecision{}
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEgressDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEgressDecision) ProtoMessage() {}
+
+func (x *AuditEgressDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEgressDecision.ProtoReflect.Descriptor instead.
+func (*AuditEgressDecision) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AuditEgressDecision) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *AuditEgressDecision) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *AuditEgressDecision) GetDecision() string {
+	if x != nil {
+		return x.Decision
+	}
+	return ""
+}
+
+func (x *AuditEgressDecision) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AuditEgressDecision) GetBytesUp() uint64 {
+	if x != nil {
+		return x.BytesUp
+	}
+	return 0
+}
+
+func (x *AuditEgressDecision) GetBytesDown() uint64 {
+	if x != nil {
+		return x.BytesDown
+	}
+	return 0
+}
+
+func (x *AuditEgressDecision) GetConnection() string {
+	if x != nil {
+		return x.Connection
+	}
+	return ""
+}
+
+func (x *AuditEgressDecision) GetExpected() bool {
+	if x != nil {
+		return x.Expected
+	}
+	return false
+}
+
+func (x *AuditEgressDecision) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 var File_agentplane_session_v1_session_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_proto_rawDesc = "" +
@@ -1343,7 +1742,40 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\aoutcome\x18\x06 \x01(\v2\".agentplane.runtime.v1.TurnOutcomeH\x00R\aoutcome\x12A\n" +
 	"\bprogress\x18\a \x01(\v2#.agentplane.runtime.v1.ProgressStepH\x00R\bprogress\x12:\n" +
 	"\asession\x18\b \x01(\v2\x1e.agentplane.session.v1.SessionH\x00R\asessionB\x06\n" +
-	"\x04kind*p\n" +
+	"\x04kind\"\xaa\x03\n" +
+	"\vAuditRecord\x12\x1b\n" +
+	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aturn_id\x18\x03 \x01(\tR\x06turnId\x12\x1f\n" +
+	"\vruntime_key\x18\x04 \x01(\tR\n" +
+	"runtimeKey\x12,\n" +
+	"\x12runtime_session_id\x18\x05 \x01(\tR\x10runtimeSessionId\x124\n" +
+	"\x04kind\x18\x06 \x01(\x0e2 .agentplane.session.v1.AuditKindR\x04kind\x12.\n" +
+	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12M\n" +
+	"\rproxy_request\x18\b \x01(\v2(.agentplane.session.v1.AuditProxyRequestR\fproxyRequest\x12B\n" +
+	"\x06egress\x18\t \x01(\v2*.agentplane.session.v1.AuditEgressDecisionR\x06egress\"\xed\x01\n" +
+	"\x11AuditProxyRequest\x12\x14\n" +
+	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12#\n" +
+	"\rpath_template\x18\x03 \x01(\tR\fpathTemplate\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\x05R\x06status\x12\x19\n" +
+	"\bbytes_in\x18\x05 \x01(\x04R\abytesIn\x12\x1b\n" +
+	"\tbytes_out\x18\x06 \x01(\x04R\bbytesOut\x125\n" +
+	"\bduration\x18\a \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xfd\x01\n" +
+	"\x13AuditEgressDecision\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x1a\n" +
+	"\bdecision\x18\x03 \x01(\tR\bdecision\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x19\n" +
+	"\bbytes_up\x18\x05 \x01(\x04R\abytesUp\x12\x1d\n" +
+	"\n" +
+	"bytes_down\x18\x06 \x01(\x04R\tbytesDown\x12\x1e\n" +
+	"\n" +
+	"connection\x18\a \x01(\tR\n" +
+	"connection\x12\x1a\n" +
+	"\bexpected\x18\b \x01(\bR\bexpected\x12\x14\n" +
+	"\x05count\x18\t \x01(\x04R\x05count*p\n" +
 	"\x0fCredentialClass\x12 \n" +
 	"\x1cCREDENTIAL_CLASS_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aCREDENTIAL_CLASS_DELEGATED\x10\x01\x12\x1b\n" +
@@ -1368,7 +1800,11 @@ const file_agentplane_session_v1_session_proto_rawDesc = "" +
 	"\x16MESSAGE_STATE_ACCEPTED\x10\x02\x12\x1b\n" +
 	"\x17MESSAGE_STATE_COMPLETED\x10\x03\x12\x18\n" +
 	"\x14MESSAGE_STATE_FAILED\x10\x04\x12\x1b\n" +
-	"\x17MESSAGE_STATE_CANCELLED\x10\x05B\xd7\x01\n" +
+	"\x17MESSAGE_STATE_CANCELLED\x10\x05*\\\n" +
+	"\tAuditKind\x12\x1a\n" +
+	"\x16AUDIT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18AUDIT_KIND_PROXY_REQUEST\x10\x01\x12\x15\n" +
+	"\x11AUDIT_KIND_EGRESS\x10\x02B\xd7\x01\n" +
 	"\x19com.agentplane.session.v1B\fSessionProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -1383,63 +1819,72 @@ func file_agentplane_session_v1_session_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_session_proto_rawDescData
 }
 
-var file_agentplane_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_agentplane_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_agentplane_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_agentplane_session_v1_session_proto_goTypes = []any{
 	(CredentialClass)(0),          // 0: agentplane.session.v1.CredentialClass
 	(SessionState)(0),             // 1: agentplane.session.v1.SessionState
 	(RouteState)(0),               // 2: agentplane.session.v1.RouteState
 	(MessageState)(0),             // 3: agentplane.session.v1.MessageState
-	(*Worktree)(nil),              // 4: agentplane.session.v1.Worktree
-	(*GitCredentialInput)(nil),    // 5: agentplane.session.v1.GitCredentialInput
-	(*CredentialInput)(nil),       // 6: agentplane.session.v1.CredentialInput
-	(*RouteView)(nil),             // 7: agentplane.session.v1.RouteView
-	(*Session)(nil),               // 8: agentplane.session.v1.Session
-	(*EgressPolicy)(nil),          // 9: agentplane.session.v1.EgressPolicy
-	(*EgressRule)(nil),            // 10: agentplane.session.v1.EgressRule
-	(*Agent)(nil),                 // 11: agentplane.session.v1.Agent
-	(*Message)(nil),               // 12: agentplane.session.v1.Message
-	(*SessionEvent)(nil),          // 13: agentplane.session.v1.SessionEvent
-	nil,                           // 14: agentplane.session.v1.Session.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*v1.TokenUsage)(nil),         // 17: agentplane.runtime.v1.TokenUsage
-	(*v1.RuntimeEvent)(nil),       // 18: agentplane.runtime.v1.RuntimeEvent
-	(*v1.TurnOutcome)(nil),        // 19: agentplane.runtime.v1.TurnOutcome
-	(*v1.ProgressStep)(nil),       // 20: agentplane.runtime.v1.ProgressStep
+	(AuditKind)(0),                // 4: agentplane.session.v1.AuditKind
+	(*Worktree)(nil),              // 5: agentplane.session.v1.Worktree
+	(*GitCredentialInput)(nil),    // 6: agentplane.session.v1.GitCredentialInput
+	(*CredentialInput)(nil),       // 7: agentplane.session.v1.CredentialInput
+	(*RouteView)(nil),             // 8: agentplane.session.v1.RouteView
+	(*Session)(nil),               // 9: agentplane.session.v1.Session
+	(*EgressPolicy)(nil),          // 10: agentplane.session.v1.EgressPolicy
+	(*EgressRule)(nil),            // 11: agentplane.session.v1.EgressRule
+	(*Agent)(nil),                 // 12: agentplane.session.v1.Agent
+	(*Message)(nil),               // 13: agentplane.session.v1.Message
+	(*SessionEvent)(nil),          // 14: agentplane.session.v1.SessionEvent
+	(*AuditRecord)(nil),           // 15: agentplane.session.v1.AuditRecord
+	(*AuditProxyRequest)(nil),     // 16: agentplane.session.v1.AuditProxyRequest
+	(*AuditEgressDecision)(nil),   // 17: agentplane.session.v1.AuditEgressDecision
+	nil,                           // 18: agentplane.session.v1.Session.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*v1.TokenUsage)(nil),         // 21: agentplane.runtime.v1.TokenUsage
+	(*v1.RuntimeEvent)(nil),       // 22: agentplane.runtime.v1.RuntimeEvent
+	(*v1.TurnOutcome)(nil),        // 23: agentplane.runtime.v1.TurnOutcome
+	(*v1.ProgressStep)(nil),       // 24: agentplane.runtime.v1.ProgressStep
 }
 var file_agentplane_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: agentplane.session.v1.CredentialInput.class:type_name -> agentplane.session.v1.CredentialClass
 	2,  // 1: agentplane.session.v1.RouteView.state:type_name -> agentplane.session.v1.RouteState
-	15, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
-	11, // 3: agentplane.session.v1.RouteView.agent:type_name -> agentplane.session.v1.Agent
-	4,  // 4: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
+	19, // 2: agentplane.session.v1.RouteView.update_time:type_name -> google.protobuf.Timestamp
+	12, // 3: agentplane.session.v1.RouteView.agent:type_name -> agentplane.session.v1.Agent
+	5,  // 4: agentplane.session.v1.Session.worktree:type_name -> agentplane.session.v1.Worktree
 	0,  // 5: agentplane.session.v1.Session.credential_class:type_name -> agentplane.session.v1.CredentialClass
 	1,  // 6: agentplane.session.v1.Session.state:type_name -> agentplane.session.v1.SessionState
-	7,  // 7: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
-	15, // 8: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	15, // 9: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	14, // 10: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
-	11, // 11: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
-	9,  // 12: agentplane.session.v1.Session.egress:type_name -> agentplane.session.v1.EgressPolicy
-	16, // 13: agentplane.session.v1.Session.suspend_after:type_name -> google.protobuf.Duration
-	17, // 14: agentplane.session.v1.Session.usage:type_name -> agentplane.runtime.v1.TokenUsage
-	10, // 15: agentplane.session.v1.EgressPolicy.allow:type_name -> agentplane.session.v1.EgressRule
+	8,  // 7: agentplane.session.v1.Session.route:type_name -> agentplane.session.v1.RouteView
+	19, // 8: agentplane.session.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	19, // 9: agentplane.session.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	18, // 10: agentplane.session.v1.Session.labels:type_name -> agentplane.session.v1.Session.LabelsEntry
+	12, // 11: agentplane.session.v1.Session.agent:type_name -> agentplane.session.v1.Agent
+	10, // 12: agentplane.session.v1.Session.egress:type_name -> agentplane.session.v1.EgressPolicy
+	20, // 13: agentplane.session.v1.Session.suspend_after:type_name -> google.protobuf.Duration
+	21, // 14: agentplane.session.v1.Session.usage:type_name -> agentplane.runtime.v1.TokenUsage
+	11, // 15: agentplane.session.v1.EgressPolicy.allow:type_name -> agentplane.session.v1.EgressRule
 	3,  // 16: agentplane.session.v1.Message.state:type_name -> agentplane.session.v1.MessageState
-	15, // 17: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
-	15, // 18: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
-	15, // 19: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	7,  // 20: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
-	12, // 21: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
-	18, // 22: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
-	19, // 23: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
-	20, // 24: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
-	8,  // 25: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	19, // 17: agentplane.session.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	19, // 18: agentplane.session.v1.Message.update_time:type_name -> google.protobuf.Timestamp
+	19, // 19: agentplane.session.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	8,  // 20: agentplane.session.v1.SessionEvent.route:type_name -> agentplane.session.v1.RouteView
+	13, // 21: agentplane.session.v1.SessionEvent.message:type_name -> agentplane.session.v1.Message
+	22, // 22: agentplane.session.v1.SessionEvent.runtime_event:type_name -> agentplane.runtime.v1.RuntimeEvent
+	23, // 23: agentplane.session.v1.SessionEvent.outcome:type_name -> agentplane.runtime.v1.TurnOutcome
+	24, // 24: agentplane.session.v1.SessionEvent.progress:type_name -> agentplane.runtime.v1.ProgressStep
+	9,  // 25: agentplane.session.v1.SessionEvent.session:type_name -> agentplane.session.v1.Session
+	4,  // 26: agentplane.session.v1.AuditRecord.kind:type_name -> agentplane.session.v1.AuditKind
+	19, // 27: agentplane.session.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	16, // 28: agentplane.session.v1.AuditRecord.proxy_request:type_name -> agentplane.session.v1.AuditProxyRequest
+	17, // 29: agentplane.session.v1.AuditRecord.egress:type_name -> agentplane.session.v1.AuditEgressDecision
+	20, // 30: agentplane.session.v1.AuditProxyRequest.duration:type_name -> google.protobuf.Duration
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_proto_init() }
@@ -1460,8 +1905,8 @@ func file_agentplane_session_v1_session_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_proto_rawDesc), len(file_agentplane_session_v1_session_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   11,
+			NumEnums:      5,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -24,6 +24,134 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ListAuditRecordsRequest asks for one page of a session's audit records.
+type ListAuditRecordsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session id.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Most records in the page: 0 means 100; more than 1000 is refused.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first page.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Optional: only the records of this turn (a message id).
+	TurnId        string `protobuf:"bytes,4,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRecordsRequest) Reset() {
+	*x = ListAuditRecordsRequest{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRecordsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRecordsRequest) ProtoMessage() {}
+
+func (x *ListAuditRecordsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRecordsRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRecordsRequest) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ListAuditRecordsRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListAuditRecordsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAuditRecordsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListAuditRecordsRequest) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+// ListAuditRecordsResponse is one page of a session's audit records.
+type ListAuditRecordsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The records, oldest first.
+	Records []*AuditRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// Token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRecordsResponse) Reset() {
+	*x = ListAuditRecordsResponse{}
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRecordsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRecordsResponse) ProtoMessage() {}
+
+func (x *ListAuditRecordsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRecordsResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditRecordsResponse) Descriptor() ([]byte, []int) {
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListAuditRecordsResponse) GetRecords() []*AuditRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *ListAuditRecordsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 // SuspendSessionRequest suspends a session.
 type SuspendSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -38,7 +166,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +178,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[0]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +191,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{0}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -91,7 +219,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -103,7 +231,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[1]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -116,7 +244,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{1}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Session {
@@ -141,7 +269,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -153,7 +281,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[2]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -166,7 +294,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{2}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -194,7 +322,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -206,7 +334,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[3]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -219,7 +347,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{3}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Session {
@@ -244,7 +372,7 @@ type UpdateEgressPolicyRequest struct {
 
 func (x *UpdateEgressPolicyRequest) Reset() {
 	*x = UpdateEgressPolicyRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -256,7 +384,7 @@ func (x *UpdateEgressPolicyRequest) String() string {
 func (*UpdateEgressPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[4]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -269,7 +397,7 @@ func (x *UpdateEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{4}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateEgressPolicyRequest) GetSessionId() string {
@@ -306,7 +434,7 @@ type UpdateEgressPolicyResponse struct {
 
 func (x *UpdateEgressPolicyResponse) Reset() {
 	*x = UpdateEgressPolicyResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +446,7 @@ func (x *UpdateEgressPolicyResponse) String() string {
 func (*UpdateEgressPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[5]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +459,7 @@ func (x *UpdateEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{5}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateEgressPolicyResponse) GetEgress() *EgressPolicy {
@@ -386,7 +514,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +526,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[6]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +539,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{6}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateSessionRequest) GetSessionId() string {
@@ -502,7 +630,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +642,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[7]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +655,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{7}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateSessionResponse) GetSession() *Session {
@@ -548,7 +676,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +688,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[8]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +701,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{8}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -594,7 +722,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +734,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[9]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +747,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{9}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetSessionResponse) GetSession() *Session {
@@ -646,7 +774,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +786,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[10]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +799,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{10}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSessionsRequest) GetOrgId() string {
@@ -715,7 +843,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +855,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[11]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +868,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{11}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -772,7 +900,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +912,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[12]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +925,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{12}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SendMessageRequest) GetSessionId() string {
@@ -832,7 +960,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +972,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[13]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +985,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{13}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SendMessageResponse) GetMessage() *Message {
@@ -880,7 +1008,7 @@ type GetMessageRequest struct {
 
 func (x *GetMessageRequest) Reset() {
 	*x = GetMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1020,7 @@ func (x *GetMessageRequest) String() string {
 func (*GetMessageRequest) ProtoMessage() {}
 
 func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[14]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1033,7 @@ func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
 func (*GetMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{14}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetMessageRequest) GetSessionId() string {
@@ -933,7 +1061,7 @@ type GetMessageResponse struct {
 
 func (x *GetMessageResponse) Reset() {
 	*x = GetMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1073,7 @@ func (x *GetMessageResponse) String() string {
 func (*GetMessageResponse) ProtoMessage() {}
 
 func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[15]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1086,7 @@ func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
 func (*GetMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{15}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetMessageResponse) GetMessage() *Message {
@@ -983,7 +1111,7 @@ type ListMessagesRequest struct {
 
 func (x *ListMessagesRequest) Reset() {
 	*x = ListMessagesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1123,7 @@ func (x *ListMessagesRequest) String() string {
 func (*ListMessagesRequest) ProtoMessage() {}
 
 func (x *ListMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[16]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1136,7 @@ func (x *ListMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMessagesRequest.ProtoReflect.Descriptor instead.
 func (*ListMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{16}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListMessagesRequest) GetSessionId() string {
@@ -1045,7 +1173,7 @@ type ListMessagesResponse struct {
 
 func (x *ListMessagesResponse) Reset() {
 	*x = ListMessagesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1185,7 @@ func (x *ListMessagesResponse) String() string {
 func (*ListMessagesResponse) ProtoMessage() {}
 
 func (x *ListMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[17]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1198,7 @@ func (x *ListMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMessagesResponse.ProtoReflect.Descriptor instead.
 func (*ListMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{17}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListMessagesResponse) GetMessages() []*Message {
@@ -1100,7 +1228,7 @@ type CancelMessageRequest struct {
 
 func (x *CancelMessageRequest) Reset() {
 	*x = CancelMessageRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1240,7 @@ func (x *CancelMessageRequest) String() string {
 func (*CancelMessageRequest) ProtoMessage() {}
 
 func (x *CancelMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[18]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1253,7 @@ func (x *CancelMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMessageRequest.ProtoReflect.Descriptor instead.
 func (*CancelMessageRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{18}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CancelMessageRequest) GetSessionId() string {
@@ -1153,7 +1281,7 @@ type CancelMessageResponse struct {
 
 func (x *CancelMessageResponse) Reset() {
 	*x = CancelMessageResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1293,7 @@ func (x *CancelMessageResponse) String() string {
 func (*CancelMessageResponse) ProtoMessage() {}
 
 func (x *CancelMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[19]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1306,7 @@ func (x *CancelMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMessageResponse.ProtoReflect.Descriptor instead.
 func (*CancelMessageResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{19}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelMessageResponse) GetMessage() *Message {
@@ -1199,7 +1327,7 @@ type StopSessionRequest struct {
 
 func (x *StopSessionRequest) Reset() {
 	*x = StopSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1339,7 @@ func (x *StopSessionRequest) String() string {
 func (*StopSessionRequest) ProtoMessage() {}
 
 func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[20]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1352,7 @@ func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionRequest.ProtoReflect.Descriptor instead.
 func (*StopSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{20}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StopSessionRequest) GetSessionId() string {
@@ -1245,7 +1373,7 @@ type StopSessionResponse struct {
 
 func (x *StopSessionResponse) Reset() {
 	*x = StopSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1257,7 +1385,7 @@ func (x *StopSessionResponse) String() string {
 func (*StopSessionResponse) ProtoMessage() {}
 
 func (x *StopSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[21]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1270,7 +1398,7 @@ func (x *StopSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionResponse.ProtoReflect.Descriptor instead.
 func (*StopSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{21}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StopSessionResponse) GetSession() *Session {
@@ -1291,7 +1419,7 @@ type DeleteSessionRequest struct {
 
 func (x *DeleteSessionRequest) Reset() {
 	*x = DeleteSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1431,7 @@ func (x *DeleteSessionRequest) String() string {
 func (*DeleteSessionRequest) ProtoMessage() {}
 
 func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[22]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1444,7 @@ func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{22}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSessionRequest) GetSessionId() string {
@@ -1335,7 +1463,7 @@ type DeleteSessionResponse struct {
 
 func (x *DeleteSessionResponse) Reset() {
 	*x = DeleteSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1475,7 @@ func (x *DeleteSessionResponse) String() string {
 func (*DeleteSessionResponse) ProtoMessage() {}
 
 func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[23]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1488,7 @@ func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{23}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{25}
 }
 
 // WatchSessionRequest opens the event stream.
@@ -1377,7 +1505,7 @@ type WatchSessionRequest struct {
 
 func (x *WatchSessionRequest) Reset() {
 	*x = WatchSessionRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1517,7 @@ func (x *WatchSessionRequest) String() string {
 func (*WatchSessionRequest) ProtoMessage() {}
 
 func (x *WatchSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[24]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1530,7 @@ func (x *WatchSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSessionRequest.ProtoReflect.Descriptor instead.
 func (*WatchSessionRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{24}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchSessionRequest) GetSessionId() string {
@@ -1430,7 +1558,7 @@ type WatchSessionResponse struct {
 
 func (x *WatchSessionResponse) Reset() {
 	*x = WatchSessionResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1570,7 @@ func (x *WatchSessionResponse) String() string {
 func (*WatchSessionResponse) ProtoMessage() {}
 
 func (x *WatchSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[25]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1583,7 @@ func (x *WatchSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSessionResponse.ProtoReflect.Descriptor instead.
 func (*WatchSessionResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{25}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchSessionResponse) GetEvent() *SessionEvent {
@@ -1476,7 +1604,7 @@ type GetWorktreeChangesRequest struct {
 
 func (x *GetWorktreeChangesRequest) Reset() {
 	*x = GetWorktreeChangesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1616,7 @@ func (x *GetWorktreeChangesRequest) String() string {
 func (*GetWorktreeChangesRequest) ProtoMessage() {}
 
 func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[26]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1629,7 @@ func (x *GetWorktreeChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorktreeChangesRequest.ProtoReflect.Descriptor instead.
 func (*GetWorktreeChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{26}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetWorktreeChangesRequest) GetSessionId() string {
@@ -1522,7 +1650,7 @@ type GetWorktreeChangesResponse struct {
 
 func (x *GetWorktreeChangesResponse) Reset() {
 	*x = GetWorktreeChangesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1662,7 @@ func (x *GetWorktreeChangesResponse) String() string {
 func (*GetWorktreeChangesResponse) ProtoMessage() {}
 
 func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[27]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1675,7 @@ func (x *GetWorktreeChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorktreeChangesResponse.ProtoReflect.Descriptor instead.
 func (*GetWorktreeChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{27}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetWorktreeChangesResponse) GetChanges() *v1.WorktreeChanges {
@@ -1578,7 +1706,7 @@ type PushWorktreeRequest struct {
 
 func (x *PushWorktreeRequest) Reset() {
 	*x = PushWorktreeRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1718,7 @@ func (x *PushWorktreeRequest) String() string {
 func (*PushWorktreeRequest) ProtoMessage() {}
 
 func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[28]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1731,7 @@ func (x *PushWorktreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeRequest.ProtoReflect.Descriptor instead.
 func (*PushWorktreeRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{28}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PushWorktreeRequest) GetSessionId() string {
@@ -1657,7 +1785,7 @@ type PushWorktreeResponse struct {
 
 func (x *PushWorktreeResponse) Reset() {
 	*x = PushWorktreeResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[29]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1797,7 @@ func (x *PushWorktreeResponse) String() string {
 func (*PushWorktreeResponse) ProtoMessage() {}
 
 func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[29]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1810,7 @@ func (x *PushWorktreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushWorktreeResponse.ProtoReflect.Descriptor instead.
 func (*PushWorktreeResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{29}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PushWorktreeResponse) GetCommitId() string {
@@ -1724,7 +1852,7 @@ type ListWorktreeFilesRequest struct {
 
 func (x *ListWorktreeFilesRequest) Reset() {
 	*x = ListWorktreeFilesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[30]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1864,7 @@ func (x *ListWorktreeFilesRequest) String() string {
 func (*ListWorktreeFilesRequest) ProtoMessage() {}
 
 func (x *ListWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[30]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1877,7 @@ func (x *ListWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorktreeFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorktreeFilesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{30}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListWorktreeFilesRequest) GetSessionId() string {
@@ -1793,7 +1921,7 @@ type ListWorktreeFilesResponse struct {
 
 func (x *ListWorktreeFilesResponse) Reset() {
 	*x = ListWorktreeFilesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[31]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1933,7 @@ func (x *ListWorktreeFilesResponse) String() string {
 func (*ListWorktreeFilesResponse) ProtoMessage() {}
 
 func (x *ListWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[31]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1946,7 @@ func (x *ListWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorktreeFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorktreeFilesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{31}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListWorktreeFilesResponse) GetFiles() []*v1.WorktreeFile {
@@ -1853,7 +1981,7 @@ type ReadWorktreeFileRequest struct {
 
 func (x *ReadWorktreeFileRequest) Reset() {
 	*x = ReadWorktreeFileRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[32]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1993,7 @@ func (x *ReadWorktreeFileRequest) String() string {
 func (*ReadWorktreeFileRequest) ProtoMessage() {}
 
 func (x *ReadWorktreeFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[32]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +2006,7 @@ func (x *ReadWorktreeFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadWorktreeFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadWorktreeFileRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{32}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadWorktreeFileRequest) GetSessionId() string {
@@ -1922,7 +2050,7 @@ type ReadWorktreeFileResponse struct {
 
 func (x *ReadWorktreeFileResponse) Reset() {
 	*x = ReadWorktreeFileResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[33]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2062,7 @@ func (x *ReadWorktreeFileResponse) String() string {
 func (*ReadWorktreeFileResponse) ProtoMessage() {}
 
 func (x *ReadWorktreeFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[33]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2075,7 @@ func (x *ReadWorktreeFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadWorktreeFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadWorktreeFileResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{33}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadWorktreeFileResponse) GetData() []byte {
@@ -1980,7 +2108,7 @@ type WriteWorktreeFilesRequest struct {
 
 func (x *WriteWorktreeFilesRequest) Reset() {
 	*x = WriteWorktreeFilesRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[34]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2120,7 @@ func (x *WriteWorktreeFilesRequest) String() string {
 func (*WriteWorktreeFilesRequest) ProtoMessage() {}
 
 func (x *WriteWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[34]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2133,7 @@ func (x *WriteWorktreeFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteWorktreeFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteWorktreeFilesRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{34}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WriteWorktreeFilesRequest) GetSessionId() string {
@@ -2042,7 +2170,7 @@ type WriteWorktreeFilesResponse struct {
 
 func (x *WriteWorktreeFilesResponse) Reset() {
 	*x = WriteWorktreeFilesResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[35]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2182,7 @@ func (x *WriteWorktreeFilesResponse) String() string {
 func (*WriteWorktreeFilesResponse) ProtoMessage() {}
 
 func (x *WriteWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[35]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2195,7 @@ func (x *WriteWorktreeFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteWorktreeFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteWorktreeFilesResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{35}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteWorktreeFilesResponse) GetFilesWritten() int32 {
@@ -2100,7 +2228,7 @@ type ExportHistoryRequest struct {
 
 func (x *ExportHistoryRequest) Reset() {
 	*x = ExportHistoryRequest{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[36]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2240,7 @@ func (x *ExportHistoryRequest) String() string {
 func (*ExportHistoryRequest) ProtoMessage() {}
 
 func (x *ExportHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[36]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2253,7 @@ func (x *ExportHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportHistoryRequest.ProtoReflect.Descriptor instead.
 func (*ExportHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{36}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExportHistoryRequest) GetSessionId() string {
@@ -2162,7 +2290,7 @@ type ExportHistoryResponse struct {
 
 func (x *ExportHistoryResponse) Reset() {
 	*x = ExportHistoryResponse{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[37]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2302,7 @@ func (x *ExportHistoryResponse) String() string {
 func (*ExportHistoryResponse) ProtoMessage() {}
 
 func (x *ExportHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[37]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2315,7 @@ func (x *ExportHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportHistoryResponse.ProtoReflect.Descriptor instead.
 func (*ExportHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{37}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExportHistoryResponse) GetItems() []*HistoryItem {
@@ -2217,7 +2345,7 @@ type HistoryItem struct {
 
 func (x *HistoryItem) Reset() {
 	*x = HistoryItem{}
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[38]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2357,7 @@ func (x *HistoryItem) String() string {
 func (*HistoryItem) ProtoMessage() {}
 
 func (x *HistoryItem) ProtoReflect() protoreflect.Message {
-	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[38]
+	mi := &file_agentplane_session_v1_session_service_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2370,7 @@ func (x *HistoryItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryItem.ProtoReflect.Descriptor instead.
 func (*HistoryItem) Descriptor() ([]byte, []int) {
-	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{38}
+	return file_agentplane_session_v1_session_service_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HistoryItem) GetRuntimeSessionId() string {
@@ -2263,7 +2391,17 @@ var File_agentplane_session_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\n" +
-	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a!agentplane/ingest/v1/ingest.proto\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\x1a\x1egoogle/protobuf/duration.proto\"L\n" +
+	"+agentplane/session/v1/session_service.proto\x12\x15agentplane.session.v1\x1a!agentplane/ingest/v1/ingest.proto\x1a#agentplane/runtime/v1/runtime.proto\x1a#agentplane/session/v1/session.proto\x1a\x1egoogle/protobuf/duration.proto\"\x8d\x01\n" +
+	"\x17ListAuditRecordsRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x17\n" +
+	"\aturn_id\x18\x04 \x01(\tR\x06turnId\"\x80\x01\n" +
+	"\x18ListAuditRecordsResponse\x12<\n" +
+	"\arecords\x18\x01 \x03(\v2\".agentplane.session.v1.AuditRecordR\arecords\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"L\n" +
 	"\x15SuspendSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n" +
@@ -2421,7 +2559,7 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"k\n" +
 	"\vHistoryItem\x12,\n" +
 	"\x12runtime_session_id\x18\x01 \x01(\tR\x10runtimeSessionId\x12.\n" +
-	"\x04item\x18\x02 \x01(\v2\x1a.agentplane.ingest.v1.ItemR\x04item2\xb1\x10\n" +
+	"\x04item\x18\x02 \x01(\v2\x1a.agentplane.ingest.v1.ItemR\x04item2\xa6\x11\n" +
 	"\x0eSessionService\x12j\n" +
 	"\rCreateSession\x12+.agentplane.session.v1.CreateSessionRequest\x1a,.agentplane.session.v1.CreateSessionResponse\x12a\n" +
 	"\n" +
@@ -2443,7 +2581,8 @@ const file_agentplane_session_v1_session_service_proto_rawDesc = "" +
 	"\x12UpdateEgressPolicy\x120.agentplane.session.v1.UpdateEgressPolicyRequest\x1a1.agentplane.session.v1.UpdateEgressPolicyResponse\x12j\n" +
 	"\rExportHistory\x12+.agentplane.session.v1.ExportHistoryRequest\x1a,.agentplane.session.v1.ExportHistoryResponse\x12m\n" +
 	"\x0eSuspendSession\x12,.agentplane.session.v1.SuspendSessionRequest\x1a-.agentplane.session.v1.SuspendSessionResponse\x12j\n" +
-	"\rResumeSession\x12+.agentplane.session.v1.ResumeSessionRequest\x1a,.agentplane.session.v1.ResumeSessionResponseB\xde\x01\n" +
+	"\rResumeSession\x12+.agentplane.session.v1.ResumeSessionRequest\x1a,.agentplane.session.v1.ResumeSessionResponse\x12s\n" +
+	"\x10ListAuditRecords\x12..agentplane.session.v1.ListAuditRecordsRequest\x1a/.agentplane.session.v1.ListAuditRecordsResponseB\xde\x01\n" +
 	"\x19com.agentplane.session.v1B\x13SessionServiceProtoP\x01Z6agentplane.dev/pkg/gen/agentplane/session/v1;sessionv1\xa2\x02\x03ASX\xaa\x02\x15Agentplane.Session.V1\xca\x02\x15Agentplane\\Session\\V1\xe2\x02!Agentplane\\Session\\V1\\GPBMetadata\xea\x02\x17Agentplane::Session::V1b\x06proto3"
 
 var (
@@ -2458,131 +2597,137 @@ func file_agentplane_session_v1_session_service_proto_rawDescGZIP() []byte {
 	return file_agentplane_session_v1_session_service_proto_rawDescData
 }
 
-var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_agentplane_session_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_agentplane_session_v1_session_service_proto_goTypes = []any{
-	(*SuspendSessionRequest)(nil),      // 0: agentplane.session.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),     // 1: agentplane.session.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),       // 2: agentplane.session.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),      // 3: agentplane.session.v1.ResumeSessionResponse
-	(*UpdateEgressPolicyRequest)(nil),  // 4: agentplane.session.v1.UpdateEgressPolicyRequest
-	(*UpdateEgressPolicyResponse)(nil), // 5: agentplane.session.v1.UpdateEgressPolicyResponse
-	(*CreateSessionRequest)(nil),       // 6: agentplane.session.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),      // 7: agentplane.session.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),          // 8: agentplane.session.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),         // 9: agentplane.session.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),        // 10: agentplane.session.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),       // 11: agentplane.session.v1.ListSessionsResponse
-	(*SendMessageRequest)(nil),         // 12: agentplane.session.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),        // 13: agentplane.session.v1.SendMessageResponse
-	(*GetMessageRequest)(nil),          // 14: agentplane.session.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),         // 15: agentplane.session.v1.GetMessageResponse
-	(*ListMessagesRequest)(nil),        // 16: agentplane.session.v1.ListMessagesRequest
-	(*ListMessagesResponse)(nil),       // 17: agentplane.session.v1.ListMessagesResponse
-	(*CancelMessageRequest)(nil),       // 18: agentplane.session.v1.CancelMessageRequest
-	(*CancelMessageResponse)(nil),      // 19: agentplane.session.v1.CancelMessageResponse
-	(*StopSessionRequest)(nil),         // 20: agentplane.session.v1.StopSessionRequest
-	(*StopSessionResponse)(nil),        // 21: agentplane.session.v1.StopSessionResponse
-	(*DeleteSessionRequest)(nil),       // 22: agentplane.session.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil),      // 23: agentplane.session.v1.DeleteSessionResponse
-	(*WatchSessionRequest)(nil),        // 24: agentplane.session.v1.WatchSessionRequest
-	(*WatchSessionResponse)(nil),       // 25: agentplane.session.v1.WatchSessionResponse
-	(*GetWorktreeChangesRequest)(nil),  // 26: agentplane.session.v1.GetWorktreeChangesRequest
-	(*GetWorktreeChangesResponse)(nil), // 27: agentplane.session.v1.GetWorktreeChangesResponse
-	(*PushWorktreeRequest)(nil),        // 28: agentplane.session.v1.PushWorktreeRequest
-	(*PushWorktreeResponse)(nil),       // 29: agentplane.session.v1.PushWorktreeResponse
-	(*ListWorktreeFilesRequest)(nil),   // 30: agentplane.session.v1.ListWorktreeFilesRequest
-	(*ListWorktreeFilesResponse)(nil),  // 31: agentplane.session.v1.ListWorktreeFilesResponse
-	(*ReadWorktreeFileRequest)(nil),    // 32: agentplane.session.v1.ReadWorktreeFileRequest
-	(*ReadWorktreeFileResponse)(nil),   // 33: agentplane.session.v1.ReadWorktreeFileResponse
-	(*WriteWorktreeFilesRequest)(nil),  // 34: agentplane.session.v1.WriteWorktreeFilesRequest
-	(*WriteWorktreeFilesResponse)(nil), // 35: agentplane.session.v1.WriteWorktreeFilesResponse
-	(*ExportHistoryRequest)(nil),       // 36: agentplane.session.v1.ExportHistoryRequest
-	(*ExportHistoryResponse)(nil),      // 37: agentplane.session.v1.ExportHistoryResponse
-	(*HistoryItem)(nil),                // 38: agentplane.session.v1.HistoryItem
-	nil,                                // 39: agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	(*Session)(nil),                    // 40: agentplane.session.v1.Session
-	(*EgressPolicy)(nil),               // 41: agentplane.session.v1.EgressPolicy
-	(*Worktree)(nil),                   // 42: agentplane.session.v1.Worktree
-	(*CredentialInput)(nil),            // 43: agentplane.session.v1.CredentialInput
-	(*Agent)(nil),                      // 44: agentplane.session.v1.Agent
-	(*GitCredentialInput)(nil),         // 45: agentplane.session.v1.GitCredentialInput
-	(*durationpb.Duration)(nil),        // 46: google.protobuf.Duration
-	(*Message)(nil),                    // 47: agentplane.session.v1.Message
-	(*SessionEvent)(nil),               // 48: agentplane.session.v1.SessionEvent
-	(*v1.WorktreeChanges)(nil),         // 49: agentplane.runtime.v1.WorktreeChanges
-	(*v1.WorktreeFile)(nil),            // 50: agentplane.runtime.v1.WorktreeFile
-	(*v1.WorktreeFileWrite)(nil),       // 51: agentplane.runtime.v1.WorktreeFileWrite
-	(*v11.Item)(nil),                   // 52: agentplane.ingest.v1.Item
+	(*ListAuditRecordsRequest)(nil),    // 0: agentplane.session.v1.ListAuditRecordsRequest
+	(*ListAuditRecordsResponse)(nil),   // 1: agentplane.session.v1.ListAuditRecordsResponse
+	(*SuspendSessionRequest)(nil),      // 2: agentplane.session.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),     // 3: agentplane.session.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),       // 4: agentplane.session.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),      // 5: agentplane.session.v1.ResumeSessionResponse
+	(*UpdateEgressPolicyRequest)(nil),  // 6: agentplane.session.v1.UpdateEgressPolicyRequest
+	(*UpdateEgressPolicyResponse)(nil), // 7: agentplane.session.v1.UpdateEgressPolicyResponse
+	(*CreateSessionRequest)(nil),       // 8: agentplane.session.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 9: agentplane.session.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),          // 10: agentplane.session.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),         // 11: agentplane.session.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),        // 12: agentplane.session.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),       // 13: agentplane.session.v1.ListSessionsResponse
+	(*SendMessageRequest)(nil),         // 14: agentplane.session.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),        // 15: agentplane.session.v1.SendMessageResponse
+	(*GetMessageRequest)(nil),          // 16: agentplane.session.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),         // 17: agentplane.session.v1.GetMessageResponse
+	(*ListMessagesRequest)(nil),        // 18: agentplane.session.v1.ListMessagesRequest
+	(*ListMessagesResponse)(nil),       // 19: agentplane.session.v1.ListMessagesResponse
+	(*CancelMessageRequest)(nil),       // 20: agentplane.session.v1.CancelMessageRequest
+	(*CancelMessageResponse)(nil),      // 21: agentplane.session.v1.CancelMessageResponse
+	(*StopSessionRequest)(nil),         // 22: agentplane.session.v1.StopSessionRequest
+	(*StopSessionResponse)(nil),        // 23: agentplane.session.v1.StopSessionResponse
+	(*DeleteSessionRequest)(nil),       // 24: agentplane.session.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),      // 25: agentplane.session.v1.DeleteSessionResponse
+	(*WatchSessionRequest)(nil),        // 26: agentplane.session.v1.WatchSessionRequest
+	(*WatchSessionResponse)(nil),       // 27: agentplane.session.v1.WatchSessionResponse
+	(*GetWorktreeChangesRequest)(nil),  // 28: agentplane.session.v1.GetWorktreeChangesRequest
+	(*GetWorktreeChangesResponse)(nil), // 29: agentplane.session.v1.GetWorktreeChangesResponse
+	(*PushWorktreeRequest)(nil),        // 30: agentplane.session.v1.PushWorktreeRequest
+	(*PushWorktreeResponse)(nil),       // 31: agentplane.session.v1.PushWorktreeResponse
+	(*ListWorktreeFilesRequest)(nil),   // 32: agentplane.session.v1.ListWorktreeFilesRequest
+	(*ListWorktreeFilesResponse)(nil),  // 33: agentplane.session.v1.ListWorktreeFilesResponse
+	(*ReadWorktreeFileRequest)(nil),    // 34: agentplane.session.v1.ReadWorktreeFileRequest
+	(*ReadWorktreeFileResponse)(nil),   // 35: agentplane.session.v1.ReadWorktreeFileResponse
+	(*WriteWorktreeFilesRequest)(nil),  // 36: agentplane.session.v1.WriteWorktreeFilesRequest
+	(*WriteWorktreeFilesResponse)(nil), // 37: agentplane.session.v1.WriteWorktreeFilesResponse
+	(*ExportHistoryRequest)(nil),       // 38: agentplane.session.v1.ExportHistoryRequest
+	(*ExportHistoryResponse)(nil),      // 39: agentplane.session.v1.ExportHistoryResponse
+	(*HistoryItem)(nil),                // 40: agentplane.session.v1.HistoryItem
+	nil,                                // 41: agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	(*AuditRecord)(nil),                // 42: agentplane.session.v1.AuditRecord
+	(*Session)(nil),                    // 43: agentplane.session.v1.Session
+	(*EgressPolicy)(nil),               // 44: agentplane.session.v1.EgressPolicy
+	(*Worktree)(nil),                   // 45: agentplane.session.v1.Worktree
+	(*CredentialInput)(nil),            // 46: agentplane.session.v1.CredentialInput
+	(*Agent)(nil),                      // 47: agentplane.session.v1.Agent
+	(*GitCredentialInput)(nil),         // 48: agentplane.session.v1.GitCredentialInput
+	(*durationpb.Duration)(nil),        // 49: google.protobuf.Duration
+	(*Message)(nil),                    // 50: agentplane.session.v1.Message
+	(*SessionEvent)(nil),               // 51: agentplane.session.v1.SessionEvent
+	(*v1.WorktreeChanges)(nil),         // 52: agentplane.runtime.v1.WorktreeChanges
+	(*v1.WorktreeFile)(nil),            // 53: agentplane.runtime.v1.WorktreeFile
+	(*v1.WorktreeFileWrite)(nil),       // 54: agentplane.runtime.v1.WorktreeFileWrite
+	(*v11.Item)(nil),                   // 55: agentplane.ingest.v1.Item
 }
 var file_agentplane_session_v1_session_service_proto_depIdxs = []int32{
-	40, // 0: agentplane.session.v1.SuspendSessionResponse.session:type_name -> agentplane.session.v1.Session
-	40, // 1: agentplane.session.v1.ResumeSessionResponse.session:type_name -> agentplane.session.v1.Session
-	41, // 2: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
-	41, // 3: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
-	42, // 4: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
-	43, // 5: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
-	39, // 6: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
-	44, // 7: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
-	45, // 8: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
-	41, // 9: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
-	46, // 10: agentplane.session.v1.CreateSessionRequest.suspend_after:type_name -> google.protobuf.Duration
-	40, // 11: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
-	40, // 12: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
-	40, // 13: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
-	47, // 14: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
-	47, // 15: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
-	47, // 16: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
-	47, // 17: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
-	40, // 18: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
-	48, // 19: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
-	49, // 20: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
-	50, // 21: agentplane.session.v1.ListWorktreeFilesResponse.files:type_name -> agentplane.runtime.v1.WorktreeFile
-	51, // 22: agentplane.session.v1.WriteWorktreeFilesRequest.files:type_name -> agentplane.runtime.v1.WorktreeFileWrite
-	38, // 23: agentplane.session.v1.ExportHistoryResponse.items:type_name -> agentplane.session.v1.HistoryItem
-	52, // 24: agentplane.session.v1.HistoryItem.item:type_name -> agentplane.ingest.v1.Item
-	6,  // 25: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
-	8,  // 26: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
-	10, // 27: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
-	12, // 28: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
-	14, // 29: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
-	16, // 30: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
-	18, // 31: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
-	20, // 32: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
-	22, // 33: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
-	24, // 34: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
-	26, // 35: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
-	28, // 36: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
-	30, // 37: agentplane.session.v1.SessionService.ListWorktreeFiles:input_type -> agentplane.session.v1.ListWorktreeFilesRequest
-	32, // 38: agentplane.session.v1.SessionService.ReadWorktreeFile:input_type -> agentplane.session.v1.ReadWorktreeFileRequest
-	34, // 39: agentplane.session.v1.SessionService.WriteWorktreeFiles:input_type -> agentplane.session.v1.WriteWorktreeFilesRequest
-	4,  // 40: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
-	36, // 41: agentplane.session.v1.SessionService.ExportHistory:input_type -> agentplane.session.v1.ExportHistoryRequest
-	0,  // 42: agentplane.session.v1.SessionService.SuspendSession:input_type -> agentplane.session.v1.SuspendSessionRequest
-	2,  // 43: agentplane.session.v1.SessionService.ResumeSession:input_type -> agentplane.session.v1.ResumeSessionRequest
-	7,  // 44: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
-	9,  // 45: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
-	11, // 46: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
-	13, // 47: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
-	15, // 48: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
-	17, // 49: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
-	19, // 50: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
-	21, // 51: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
-	23, // 52: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
-	25, // 53: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
-	27, // 54: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
-	29, // 55: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
-	31, // 56: agentplane.session.v1.SessionService.ListWorktreeFiles:output_type -> agentplane.session.v1.ListWorktreeFilesResponse
-	33, // 57: agentplane.session.v1.SessionService.ReadWorktreeFile:output_type -> agentplane.session.v1.ReadWorktreeFileResponse
-	35, // 58: agentplane.session.v1.SessionService.WriteWorktreeFiles:output_type -> agentplane.session.v1.WriteWorktreeFilesResponse
-	5,  // 59: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
-	37, // 60: agentplane.session.v1.SessionService.ExportHistory:output_type -> agentplane.session.v1.ExportHistoryResponse
-	1,  // 61: agentplane.session.v1.SessionService.SuspendSession:output_type -> agentplane.session.v1.SuspendSessionResponse
-	3,  // 62: agentplane.session.v1.SessionService.ResumeSession:output_type -> agentplane.session.v1.ResumeSessionResponse
-	44, // [44:63] is the sub-list for method output_type
-	25, // [25:44] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	42, // 0: agentplane.session.v1.ListAuditRecordsResponse.records:type_name -> agentplane.session.v1.AuditRecord
+	43, // 1: agentplane.session.v1.SuspendSessionResponse.session:type_name -> agentplane.session.v1.Session
+	43, // 2: agentplane.session.v1.ResumeSessionResponse.session:type_name -> agentplane.session.v1.Session
+	44, // 3: agentplane.session.v1.UpdateEgressPolicyRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	44, // 4: agentplane.session.v1.UpdateEgressPolicyResponse.egress:type_name -> agentplane.session.v1.EgressPolicy
+	45, // 5: agentplane.session.v1.CreateSessionRequest.worktree:type_name -> agentplane.session.v1.Worktree
+	46, // 6: agentplane.session.v1.CreateSessionRequest.credential:type_name -> agentplane.session.v1.CredentialInput
+	41, // 7: agentplane.session.v1.CreateSessionRequest.labels:type_name -> agentplane.session.v1.CreateSessionRequest.LabelsEntry
+	47, // 8: agentplane.session.v1.CreateSessionRequest.agent:type_name -> agentplane.session.v1.Agent
+	48, // 9: agentplane.session.v1.CreateSessionRequest.git_credential:type_name -> agentplane.session.v1.GitCredentialInput
+	44, // 10: agentplane.session.v1.CreateSessionRequest.egress:type_name -> agentplane.session.v1.EgressPolicy
+	49, // 11: agentplane.session.v1.CreateSessionRequest.suspend_after:type_name -> google.protobuf.Duration
+	43, // 12: agentplane.session.v1.CreateSessionResponse.session:type_name -> agentplane.session.v1.Session
+	43, // 13: agentplane.session.v1.GetSessionResponse.session:type_name -> agentplane.session.v1.Session
+	43, // 14: agentplane.session.v1.ListSessionsResponse.sessions:type_name -> agentplane.session.v1.Session
+	50, // 15: agentplane.session.v1.SendMessageResponse.message:type_name -> agentplane.session.v1.Message
+	50, // 16: agentplane.session.v1.GetMessageResponse.message:type_name -> agentplane.session.v1.Message
+	50, // 17: agentplane.session.v1.ListMessagesResponse.messages:type_name -> agentplane.session.v1.Message
+	50, // 18: agentplane.session.v1.CancelMessageResponse.message:type_name -> agentplane.session.v1.Message
+	43, // 19: agentplane.session.v1.StopSessionResponse.session:type_name -> agentplane.session.v1.Session
+	51, // 20: agentplane.session.v1.WatchSessionResponse.event:type_name -> agentplane.session.v1.SessionEvent
+	52, // 21: agentplane.session.v1.GetWorktreeChangesResponse.changes:type_name -> agentplane.runtime.v1.WorktreeChanges
+	53, // 22: agentplane.session.v1.ListWorktreeFilesResponse.files:type_name -> agentplane.runtime.v1.WorktreeFile
+	54, // 23: agentplane.session.v1.WriteWorktreeFilesRequest.files:type_name -> agentplane.runtime.v1.WorktreeFileWrite
+	40, // 24: agentplane.session.v1.ExportHistoryResponse.items:type_name -> agentplane.session.v1.HistoryItem
+	55, // 25: agentplane.session.v1.HistoryItem.item:type_name -> agentplane.ingest.v1.Item
+	8,  // 26: agentplane.session.v1.SessionService.CreateSession:input_type -> agentplane.session.v1.CreateSessionRequest
+	10, // 27: agentplane.session.v1.SessionService.GetSession:input_type -> agentplane.session.v1.GetSessionRequest
+	12, // 28: agentplane.session.v1.SessionService.ListSessions:input_type -> agentplane.session.v1.ListSessionsRequest
+	14, // 29: agentplane.session.v1.SessionService.SendMessage:input_type -> agentplane.session.v1.SendMessageRequest
+	16, // 30: agentplane.session.v1.SessionService.GetMessage:input_type -> agentplane.session.v1.GetMessageRequest
+	18, // 31: agentplane.session.v1.SessionService.ListMessages:input_type -> agentplane.session.v1.ListMessagesRequest
+	20, // 32: agentplane.session.v1.SessionService.CancelMessage:input_type -> agentplane.session.v1.CancelMessageRequest
+	22, // 33: agentplane.session.v1.SessionService.StopSession:input_type -> agentplane.session.v1.StopSessionRequest
+	24, // 34: agentplane.session.v1.SessionService.DeleteSession:input_type -> agentplane.session.v1.DeleteSessionRequest
+	26, // 35: agentplane.session.v1.SessionService.WatchSession:input_type -> agentplane.session.v1.WatchSessionRequest
+	28, // 36: agentplane.session.v1.SessionService.GetWorktreeChanges:input_type -> agentplane.session.v1.GetWorktreeChangesRequest
+	30, // 37: agentplane.session.v1.SessionService.PushWorktree:input_type -> agentplane.session.v1.PushWorktreeRequest
+	32, // 38: agentplane.session.v1.SessionService.ListWorktreeFiles:input_type -> agentplane.session.v1.ListWorktreeFilesRequest
+	34, // 39: agentplane.session.v1.SessionService.ReadWorktreeFile:input_type -> agentplane.session.v1.ReadWorktreeFileRequest
+	36, // 40: agentplane.session.v1.SessionService.WriteWorktreeFiles:input_type -> agentplane.session.v1.WriteWorktreeFilesRequest
+	6,  // 41: agentplane.session.v1.SessionService.UpdateEgressPolicy:input_type -> agentplane.session.v1.UpdateEgressPolicyRequest
+	38, // 42: agentplane.session.v1.SessionService.ExportHistory:input_type -> agentplane.session.v1.ExportHistoryRequest
+	2,  // 43: agentplane.session.v1.SessionService.SuspendSession:input_type -> agentplane.session.v1.SuspendSessionRequest
+	4,  // 44: agentplane.session.v1.SessionService.ResumeSession:input_type -> agentplane.session.v1.ResumeSessionRequest
+	0,  // 45: agentplane.session.v1.SessionService.ListAuditRecords:input_type -> agentplane.session.v1.ListAuditRecordsRequest
+	9,  // 46: agentplane.session.v1.SessionService.CreateSession:output_type -> agentplane.session.v1.CreateSessionResponse
+	11, // 47: agentplane.session.v1.SessionService.GetSession:output_type -> agentplane.session.v1.GetSessionResponse
+	13, // 48: agentplane.session.v1.SessionService.ListSessions:output_type -> agentplane.session.v1.ListSessionsResponse
+	15, // 49: agentplane.session.v1.SessionService.SendMessage:output_type -> agentplane.session.v1.SendMessageResponse
+	17, // 50: agentplane.session.v1.SessionService.GetMessage:output_type -> agentplane.session.v1.GetMessageResponse
+	19, // 51: agentplane.session.v1.SessionService.ListMessages:output_type -> agentplane.session.v1.ListMessagesResponse
+	21, // 52: agentplane.session.v1.SessionService.CancelMessage:output_type -> agentplane.session.v1.CancelMessageResponse
+	23, // 53: agentplane.session.v1.SessionService.StopSession:output_type -> agentplane.session.v1.StopSessionResponse
+	25, // 54: agentplane.session.v1.SessionService.DeleteSession:output_type -> agentplane.session.v1.DeleteSessionResponse
+	27, // 55: agentplane.session.v1.SessionService.WatchSession:output_type -> agentplane.session.v1.WatchSessionResponse
+	29, // 56: agentplane.session.v1.SessionService.GetWorktreeChanges:output_type -> agentplane.session.v1.GetWorktreeChangesResponse
+	31, // 57: agentplane.session.v1.SessionService.PushWorktree:output_type -> agentplane.session.v1.PushWorktreeResponse
+	33, // 58: agentplane.session.v1.SessionService.ListWorktreeFiles:output_type -> agentplane.session.v1.ListWorktreeFilesResponse
+	35, // 59: agentplane.session.v1.SessionService.ReadWorktreeFile:output_type -> agentplane.session.v1.ReadWorktreeFileResponse
+	37, // 60: agentplane.session.v1.SessionService.WriteWorktreeFiles:output_type -> agentplane.session.v1.WriteWorktreeFilesResponse
+	7,  // 61: agentplane.session.v1.SessionService.UpdateEgressPolicy:output_type -> agentplane.session.v1.UpdateEgressPolicyResponse
+	39, // 62: agentplane.session.v1.SessionService.ExportHistory:output_type -> agentplane.session.v1.ExportHistoryResponse
+	3,  // 63: agentplane.session.v1.SessionService.SuspendSession:output_type -> agentplane.session.v1.SuspendSessionResponse
+	5,  // 64: agentplane.session.v1.SessionService.ResumeSession:output_type -> agentplane.session.v1.ResumeSessionResponse
+	1,  // 65: agentplane.session.v1.SessionService.ListAuditRecords:output_type -> agentplane.session.v1.ListAuditRecordsResponse
+	46, // [46:66] is the sub-list for method output_type
+	26, // [26:46] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_agentplane_session_v1_session_service_proto_init() }
@@ -2597,7 +2742,7 @@ func file_agentplane_session_v1_session_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentplane_session_v1_session_service_proto_rawDesc), len(file_agentplane_session_v1_session_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,7 @@ const (
 	SessionService_ExportHistory_FullMethodName      = "/agentplane.session.v1.SessionService/ExportHistory"
 	SessionService_SuspendSession_FullMethodName     = "/agentplane.session.v1.SessionService/SuspendSession"
 	SessionService_ResumeSession_FullMethodName      = "/agentplane.session.v1.SessionService/ResumeSession"
+	SessionService_ListAuditRecords_FullMethodName   = "/agentplane.session.v1.SessionService/ListAuditRecords"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -132,6 +133,12 @@ type SessionServiceClient interface {
 	// route whose kept state is gone (workspace or agent home) fails
 	// resume_state_lost until a ResumeSession with restart. Added.
 	ResumeSession(ctx context.Context, in *ResumeSessionRequest, opts ...grpc.CallOption) (*ResumeSessionResponse, error)
+	// ListAuditRecords pages the session's audit records (every request the
+	// credential proxy forwarded for it and every egress decision of its
+	// runtime, each naming its turn) in the order they were stored. The
+	// records are kept with the session and deleted with it. NOT_FOUND once
+	// the session is being deleted. Added.
+	ListAuditRecords(ctx context.Context, in *ListAuditRecordsRequest, opts ...grpc.CallOption) (*ListAuditRecordsResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -341,6 +348,16 @@ func (c *sessionServiceClient) ResumeSession(ctx context.Context, in *ResumeSess
 	return out, nil
 }
 
+func (c *sessionServiceClient) ListAuditRecords(ctx context.Context, in *ListAuditRecordsRequest, opts ...grpc.CallOption) (*ListAuditRecordsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAuditRecordsResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListAuditRecords_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -433,6 +450,12 @@ type SessionServiceServer interface {
 	// route whose kept state is gone (workspace or agent home) fails
 	// resume_state_lost until a ResumeSession with restart. Added.
 	ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error)
+	// ListAuditRecords pages the session's audit records (every request the
+	// credential proxy forwarded for it and every egress decision of its
+	// runtime, each naming its turn) in the order they were stored. The
+	// records are kept with the session and deleted with it. NOT_FOUND once
+	// the session is being deleted. Added.
+	ListAuditRecords(context.Context, *ListAuditRecordsRequest) (*ListAuditRecordsResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -499,6 +522,9 @@ func (UnimplementedSessionServiceServer) SuspendSession(context.Context, *Suspen
 }
 func (UnimplementedSessionServiceServer) ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSession not implemented")
+}
+func (UnimplementedSessionServiceServer) ListAuditRecords(context.Context, *ListAuditRecordsRequest) (*ListAuditRecordsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAuditRecords not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -856,6 +882,24 @@ func _SessionService_ResumeSession_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ListAuditRecords_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAuditRecordsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListAuditRecords(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListAuditRecords_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListAuditRecords(ctx, req.(*ListAuditRecordsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -934,6 +978,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSession",
 			Handler:    _SessionService_ResumeSession_Handler,
+		},
+		{
+			MethodName: "ListAuditRecords",
+			Handler:    _SessionService_ListAuditRecords_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
