@@ -276,15 +276,23 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	}
 	defer conn.Close()
 	var sink proxy.UsageSink
+	var audit proxy.AuditSink
 	if cfg.SessionAddr != "" {
 		sconn, err := grpcclient.Dial(cfg.SessionAddr, cfg.InternalToken)
 		if err != nil {
 			return fmt.Errorf("session client: %w", err)
 		}
 		defer sconn.Close()
-		sink = usageReporter{client: sessionv1.NewSessionNotifyServiceClient(sconn), log: log}
+		notify := sessionv1.NewSessionNotifyServiceClient(sconn)
+		sink = usageReporter{client: notify, log: log}
+		ar, err := newAuditReporter(notify, log, srv.Registry())
+		if err != nil {
+			return err
+		}
+		srv.Go(ar.run)
+		audit = ar
 	}
-	px, pl, proxyDone, err := startProxy(ctx, cfg, srv, svc, ingestv1.NewIngestServiceClient(conn), sink, attKey, ls.Proxy, log)
+	px, pl, proxyDone, err := startProxy(ctx, cfg, srv, svc, ingestv1.NewIngestServiceClient(conn), sink, audit, attKey, ls.Proxy, log)
 	if err != nil {
 		return err
 	}
@@ -301,7 +309,7 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 // the close_redis step, which waits for it, also when a failed Serve began
 // the shutdown and ctx is still live). done receives Serve's result.
 func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *grants.Service, ingest ingestv1.IngestServiceClient, sink proxy.UsageSink,
-	attKey []byte, pl net.Listener, log *slog.Logger) (px *proxy.Proxy, _ net.Listener, done chan error, err error) {
+	audit proxy.AuditSink, attKey []byte, pl net.Listener, log *slog.Logger) (px *proxy.Proxy, _ net.Listener, done chan error, err error) {
 	provider, _ := parseUpstream(cfg.ProviderUpstream)
 	backend, _ := parseUpstream(cfg.BackendUpstream)
 	providerPolicy, backendPolicy, _ := cfg.policies()
@@ -309,7 +317,7 @@ func startProxy(ctx context.Context, cfg Config, srv *grpcserver.Server, svc *gr
 	px, err = proxy.New(proxy.Config{
 		Resolver: svc, ProviderUpstream: provider, BackendUpstream: backend, Git: svc, GitPrivateNetworks: gitNetworks,
 		Provider: providerPolicy, Backend: backendPolicy,
-		Ingest: ingest, AttestationKey: attKey, Usage: sink,
+		Ingest: ingest, AttestationKey: attKey, Usage: sink, Audit: audit,
 		Registerer: srv.Registry(), Logger: log, ResolveBudget: cfg.ResolveBudget,
 	})
 	if err != nil {

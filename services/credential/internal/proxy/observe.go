@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"strings"
@@ -27,8 +28,20 @@ func (p *Proxy) Handler() http.Handler {
 		ctx, span := tracer.Start(ctx, "credential.proxy "+route, trace.WithSpanKind(trace.SpanKindServer))
 		rec := &statusRecorder{ResponseWriter: w}
 		start := time.Now()
+		audit := &auditState{}
+		ctx = context.WithValue(ctx, auditKey{}, audit)
+		var body *countingBody
+		if r.Body != nil && r.Body != http.NoBody {
+			body = &countingBody{ReadCloser: r.Body}
+			r.Body = body
+		}
 		defer func() {
 			code := rec.status()
+			var in uint64
+			if body != nil {
+				in = body.n.Load()
+			}
+			p.report(audit, r.Method, code, in, rec.written, start, time.Since(start))
 			span.SetAttributes(attribute.String("agentplane.proxy.route", route), attribute.Int("http.response.status_code", code))
 			if code >= 500 {
 				span.SetStatus(codes.Error, http.StatusText(code))
@@ -61,7 +74,8 @@ func routeLabel(path string) string {
 // http.ResponseController (flushing event streams) working through it.
 type statusRecorder struct {
 	http.ResponseWriter
-	code int
+	code    int
+	written uint64 // body bytes
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
@@ -75,7 +89,9 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 	if s.code == 0 {
 		s.code = http.StatusOK
 	}
-	return s.ResponseWriter.Write(b)
+	n, err := s.ResponseWriter.Write(b)
+	s.written += uint64(n) //nolint:gosec // n ≥ 0
+	return n, err
 }
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }

@@ -47,6 +47,9 @@ type Config struct {
 	// Usage takes the token usage of provider responses; nil: read but
 	// not reported (nor written to the history).
 	Usage UsageSink
+	// Audit takes a report of every provider, backend and git request
+	// once its response ended (Handler only); nil: none.
+	Audit AuditSink
 	Git   GitCredentials // nil: the git route answers 404
 	// GitPrivateNetworks are networks (CIDRs or addresses) the git route
 	// may dial although the address policy refuses them (an in-house git
@@ -163,6 +166,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.denyResolve(w, r, err)
 		return
 	}
+	resolved(r.Context(), t, res)
 	if t.Route == RouteIngest {
 		p.serveIngest(w, r, t, res)
 		return
