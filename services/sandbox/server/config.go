@@ -93,6 +93,9 @@ type Config struct {
 	AgentACP     string // AGENT_ACP_COMMAND: command line of the generic acp profile, space separated; empty: no acp profile
 	AgentModel   string // AGENT_MODEL: default model of the ACP profiles
 	AgentDefault string // AGENT_DEFAULT: profile of a session that names none
+	// AgentExpectedDenials adds hosts whose egress denials profiles expect
+	// (AGENT_EXPECTED_DENIALS: profile=host|host,...).
+	AgentExpectedDenials string
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).
@@ -130,7 +133,9 @@ func DefaultConfig() Config {
 
 // Agents builds the agent profile registry of the configuration.
 func (c *Config) Agents() *agents.Registry {
-	cfg := agents.Config{Dir: c.AgentsDir, ACPCommand: strings.Fields(c.AgentACP), Model: c.AgentModel, Default: c.AgentDefault}
+	expected, _ := agents.ParseExpectedDenials(c.AgentExpectedDenials) // Validate refuses a bad one
+	cfg := agents.Config{Dir: c.AgentsDir, ACPCommand: strings.Fields(c.AgentACP), Model: c.AgentModel, Default: c.AgentDefault,
+		ExpectedDenials: expected}
 	if c.Isolation == boundary.ModeNamespaces {
 		cfg.Inside = boundary.InnerAgents // boundaryConfig binds AgentsDir there
 	}
@@ -152,6 +157,8 @@ func (c *Config) Bind(l *config.Loader) {
 	l.String(&c.AgentACP, "AGENT_ACP_COMMAND", c.AgentACP, "command line of the generic acp agent profile; empty: no acp profile")
 	l.String(&c.AgentModel, "AGENT_MODEL", c.AgentModel, "default model of the ACP agent profiles")
 	l.String(&c.AgentDefault, "AGENT_DEFAULT", c.AgentDefault, "agent profile of a session that names none")
+	l.String(&c.AgentExpectedDenials, "AGENT_EXPECTED_DENIALS", c.AgentExpectedDenials,
+		"hosts whose egress denials an agent profile expects, counted on one audit record per turn and host: profile=host|*.domain,profile=host (added to the built-in ones)")
 	l.String(&c.ReplicaID, "SANDBOX_REPLICA", c.ReplicaID, "this replica's name in owner leases")
 	l.String(&c.AdvertiseAddr, "SANDBOX_ADVERTISE_ADDR", c.AdvertiseAddr, "host:port callers reach this replica at, named in its owner leases; empty: GRPC_ADDR when it names a host")
 	l.Duration(&c.OwnerTTL, "SANDBOX_OWNER_TTL", c.OwnerTTL, "owner lease TTL of a sandbox")
@@ -200,6 +207,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.Agents().Resolve("", ""); err != nil {
 		bad("AGENT_DEFAULT", err)
+	}
+	if _, err := agents.ParseExpectedDenials(c.AgentExpectedDenials); err != nil {
+		bad("AGENT_EXPECTED_DENIALS", err)
 	}
 	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ":@ ") {
 		bad("SANDBOX_REPLICA", errors.New("required, without ':', '@' or spaces"))

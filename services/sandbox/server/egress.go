@@ -214,13 +214,18 @@ func egressGrant(drv *driver.Driver, n *notify.Notifier, log *slog.Logger, sandb
 			}
 			routes, _ := drv.EgressRoutes(sandboxID, key)
 			for _, r := range routes {
-				n.Events(r.Ref, []driver.RuntimeEvent{egressEvent(r.RuntimeSessionID, d)})
+				expected := d.Decision == egress.Denied && r.ExpectsDenial != nil && r.ExpectsDenial(d.Host)
+				n.Events(r.Ref, []driver.RuntimeEvent{egressEvent(r.RuntimeSessionID, key, expected, d)})
 			}
 		},
 	}
 }
 
-func egressEvent(runtimeSessionID string, d egress.Decision) driver.RuntimeEvent {
+// egressEvent is the EGRESS runtime event of a decision on one route:
+// the session service makes it an audit record of the route's session
+// (runtime_key names the runtime; expected, a denial the route's agent
+// profile expects, is counted there rather than recorded one by one).
+func egressEvent(runtimeSessionID, runtimeKey string, expected bool, d egress.Decision) driver.RuntimeEvent {
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	return driver.RuntimeEvent{
@@ -228,7 +233,7 @@ func egressEvent(runtimeSessionID string, d egress.Decision) driver.RuntimeEvent
 		Text: fmt.Sprintf("egress %s %s:%d (%s)", d.Decision, d.Host, d.Port, d.Reason),
 		Data: map[string]any{
 			"kind": d.Kind, "host": d.Host, "port": d.Port, "decision": d.Decision, "reason": d.Reason,
-			"bytes_up": d.BytesUp, "bytes_down": d.BytesDown,
+			"bytes_up": d.BytesUp, "bytes_down": d.BytesDown, "runtime_key": runtimeKey, "expected": expected,
 		},
 		Time: time.Now(),
 	}

@@ -85,6 +85,11 @@ type Profile struct {
 	ConfigEnv      string
 	ConfigTemplate string
 	Model          string
+	// ExpectedDenials are hosts (exact, or "*.suffix" for its subdomains)
+	// the agent is known to try on its own (telemetry, update checks)
+	// whose egress denials are expected: the session service counts them
+	// on one audit record per turn and host instead of one each.
+	ExpectedDenials []string
 	// program is Command[0] as the service sees it on the host, when the
 	// sandbox shows it elsewhere (Config.Inside).
 	program string
@@ -154,6 +159,9 @@ type Config struct {
 	Model string
 	// Default is the profile of a session that names none.
 	Default string
+	// ExpectedDenials adds hosts to profiles' expected denials, by profile
+	// name (AGENT_EXPECTED_DENIALS; ParseExpectedDenials).
+	ExpectedDenials map[string][]string
 }
 
 // Registry resolves profiles.
@@ -181,18 +189,78 @@ func New(cfg Config) *Registry {
 		oc, kilo := OpenCodeBinary(inside), KiloBinary(inside)
 		r.profiles[OpenCode] = Profile{Name: OpenCode, Protocol: ProtocolACP, Command: []string{oc, "acp"}, program: OpenCodeBinary(cfg.Dir),
 			Env:       offline("OPENCODE", "MODELS_FETCH", "DEFAULT_PLUGINS", "LSP_DOWNLOAD", "AUTOUPDATE", "SHARE"),
-			ConfigEnv: "OPENCODE_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
+			ConfigEnv: "OPENCODE_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model,
+			// Its start-up version check, whatever OPENCODE_DISABLE_AUTOUPDATE says.
+			ExpectedDenials: []string{"registry.npmjs.org"}}
 		r.profiles[Kilo] = Profile{Name: Kilo, Protocol: ProtocolACP, Command: []string{kilo, "acp"}, program: KiloBinary(cfg.Dir),
 			// What Kilo's node launcher would set: its tree-sitter grammars.
 			Env: append(offline("KILO", "MODELS_FETCH", "DEFAULT_PLUGINS", "LSP_DOWNLOAD", "AUTOUPDATE", "SHARE",
 				"SESSION_INGEST", "PRESENCE", "CODEBASE_INDEXING"),
 				"KILO_TREE_SITTER_WASM_DIR="+filepath.Join(filepath.Dir(kilo), "tree-sitter")),
-			ConfigEnv: "KILO_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model}
+			ConfigEnv: "KILO_CONFIG", ConfigTemplate: opencodeConfig, Model: cfg.Model,
+			// Its telemetry (PostHog) on every turn and the version check.
+			ExpectedDenials: []string{"us.i.posthog.com", "registry.npmjs.org"}}
 	}
 	if len(cfg.ACPCommand) > 0 {
 		r.profiles[ACP] = Profile{Name: ACP, Protocol: ProtocolACP, Command: cfg.ACPCommand, Model: cfg.Model}
 	}
+	for name, hosts := range cfg.ExpectedDenials {
+		if p, ok := r.profiles[name]; ok {
+			p.ExpectedDenials = append(slices.Clip(p.ExpectedDenials), hosts...)
+			r.profiles[name] = p
+		}
+	}
 	return r
+}
+
+// ExpectsDenial reports whether profile ("": the default) names host as
+// one whose egress denials are expected.
+func (r *Registry) ExpectsDenial(profile, host string) bool {
+	if profile == "" {
+		profile = r.def
+	}
+	p, ok := r.profiles[profile]
+	if !ok {
+		return false
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, h := range p.ExpectedDenials {
+		if suffix, ok := strings.CutPrefix(h, "*."); ok {
+			if strings.HasSuffix(host, "."+suffix) {
+				return true
+			}
+		} else if host == h {
+			return true
+		}
+	}
+	return false
+}
+
+var expectedHost = regexp.MustCompile(`^(\*\.)?[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*$`)
+
+// ParseExpectedDenials reads AGENT_EXPECTED_DENIALS: profile=host|host
+// pairs, comma separated (kilo=us.i.posthog.com|*.sentry.io,scripted=telemetry.example);
+// a host is a lower-case DNS name, or "*." and one for its subdomains.
+// Empty: none.
+func ParseExpectedDenials(s string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for pair := range strings.SplitSeq(s, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		name, hosts, ok := strings.Cut(pair, "=")
+		if !ok || name == "" || hosts == "" {
+			return nil, fmt.Errorf("%q: want profile=host|host", pair)
+		}
+		for h := range strings.SplitSeq(hosts, "|") {
+			if len(h) > 253 || !expectedHost.MatchString(h) {
+				return nil, fmt.Errorf("%q: %q is not a lower-case host name (or *.name)", pair, h)
+			}
+			out[name] = append(out[name], h)
+		}
+	}
+	return out, nil
 }
 
 // offline turns off what the agent would otherwise fetch or send over the

@@ -73,3 +73,38 @@ func FuzzParseSpec(f *testing.F) {
 		}
 	})
 }
+
+// A profile's expected denials: the built-in ones, those the
+// configuration adds, exact hosts and "*." suffixes; the default profile
+// answers for "".
+func TestExpectsDenial(t *testing.T) {
+	extra, err := ParseExpectedDenials("scripted=telemetry.example|*.sentry.io, kilo=events.example")
+	require.NoError(t, err)
+	r := New(Config{Dir: t.TempDir(), ExpectedDenials: extra})
+	for _, c := range []struct {
+		profile, host string
+		want          bool
+	}{
+		{"kilo", "us.i.posthog.com", true},
+		{"kilo", "US.I.POSTHOG.COM.", true},
+		{"kilo", "events.example", true},
+		{"kilo", "example.com", false},
+		{"opencode", "registry.npmjs.org", true},
+		{"opencode", "us.i.posthog.com", false},
+		{"scripted", "telemetry.example", true},
+		{"", "telemetry.example", true},
+		{"scripted", "o1.ingest.sentry.io", true},
+		{"scripted", "sentry.io", false},
+		{"scripted", "eviltelemetry.example", false},
+		{"nope", "telemetry.example", false},
+	} {
+		require.Equal(t, c.want, r.ExpectsDenial(c.profile, c.host), "%s %s", c.profile, c.host)
+	}
+	for _, bad := range []string{"kilo", "kilo=", "=h.example", "kilo=Upper.example", "kilo=a..b", "kilo=*.", "kilo=h.example:443"} {
+		_, err := ParseExpectedDenials(bad)
+		require.Error(t, err, bad)
+	}
+	none, err := ParseExpectedDenials("")
+	require.NoError(t, err)
+	require.Empty(t, none)
+}

@@ -24,6 +24,9 @@ type EgressRoute struct {
 	Ref              RouteRef
 	RuntimeSessionID string
 	Policy           egresspolicy.Policy
+	// ExpectsDenial reports whether the route's agent profile expects
+	// denials of a host (agents.Registry.ExpectsDenial).
+	ExpectsDenial func(host string) bool
 }
 
 // UpdateEgress sets a route's egress policy when version is newer than the
@@ -142,7 +145,9 @@ func (d *Driver) EgressRoutes(sandboxID, key string) ([]EgressRoute, error) {
 		if r.RuntimeKey != key || r.State == store.RouteReleased || r.State == store.RouteFailed {
 			continue
 		}
-		out = append(out, EgressRoute{Ref: d.ref(sb, id), RuntimeSessionID: r.RuntimeSessionID, Policy: r.Egress})
+		profile := r.Agent.Profile
+		out = append(out, EgressRoute{Ref: d.ref(sb, id), RuntimeSessionID: r.RuntimeSessionID, Policy: r.Egress,
+			ExpectsDenial: func(host string) bool { return d.cfg.Agents.ExpectsDenial(profile, host) }})
 	}
 	return out, nil
 }

@@ -70,19 +70,23 @@ func (r *AuditRecord) CountKey() string {
 }
 
 // TurnSpan is the most recent turn that ended with an outcome: its
-// message, when it was accepted and when the outcome came. A report that
-// reaches the service after its turn ended (the proxy reports in batches)
-// is attributed to it by its start time.
+// message, when that was queued and accepted, and when the outcome came.
+// A report that reaches the service after its turn ended (the proxy
+// reports in batches) is attributed to it by its start time: one that
+// began while the message was queued (its route's clone) or while its
+// turn ran.
 type TurnSpan struct {
 	MessageID string    `json:"message_id"`
+	Queued    time.Time `json:"queued"`
 	Start     time.Time `json:"start"`
 	End       time.Time `json:"end"`
 }
 
 // TurnAt names the turn an action that began at t belongs to: the turn
-// running then (the oldest accepted message accepted by t, or the last
-// ended turn whose span holds t), else the next (the oldest queued or
-// accepted message); "" when the session has none.
+// running then (the oldest accepted message accepted by t), else the last
+// ended turn when t falls between its message's queueing and its outcome
+// (a late report), else the next (the oldest queued or accepted message);
+// "" when the session has none.
 func (a *Aggregate) TurnAt(t time.Time) string {
 	next := ""
 	for _, m := range a.Active { // queue order
@@ -93,7 +97,7 @@ func (a *Aggregate) TurnAt(t time.Time) string {
 			next = m.ID
 		}
 	}
-	if lt := a.Session.LastTurn; lt.MessageID != "" && !t.Before(lt.Start) && !t.After(lt.End) {
+	if lt := a.Session.LastTurn; lt.MessageID != "" && !t.Before(lt.Queued) && !t.After(lt.End) {
 		return lt.MessageID
 	}
 	return next
@@ -104,7 +108,7 @@ func (a *Aggregate) TurnAt(t time.Time) string {
 func (a *Aggregate) endTurn(upTo uint64, now time.Time) {
 	for _, m := range a.Active {
 		if m.State == MessageAccepted && m.Seq <= upTo {
-			a.Session.LastTurn = TurnSpan{MessageID: m.ID, Start: m.AcceptTime, End: now}
+			a.Session.LastTurn = TurnSpan{MessageID: m.ID, Queued: m.CreateTime, Start: m.AcceptTime, End: now}
 			a.sessionChanged = true
 			return
 		}
