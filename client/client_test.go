@@ -114,6 +114,23 @@ func (f *fake) ListSessions(ctx context.Context, r *sessionv1.ListSessionsReques
 	return resp, nil
 }
 
+func (f *fake) ListAuditRecords(ctx context.Context, r *sessionv1.ListAuditRecordsRequest) (*sessionv1.ListAuditRecordsResponse, error) {
+	if err := f.next(ctx, "ListAuditRecords", r); err != nil {
+		return nil, err
+	}
+	// Two pages of two: token "2", then the end.
+	var start int
+	_, _ = fmt.Sscan(r.GetPageToken(), &start)
+	resp := &sessionv1.ListAuditRecordsResponse{}
+	for i := start; i < start+2; i++ {
+		resp.Records = append(resp.Records, &sessionv1.AuditRecord{RecordId: fmt.Sprintf("r%d", i), TurnId: r.GetTurnId()})
+	}
+	if start+2 < 4 {
+		resp.NextPageToken = fmt.Sprint(start + 2)
+	}
+	return resp, nil
+}
+
 func (f *fake) SendMessage(ctx context.Context, r *sessionv1.SendMessageRequest) (*sessionv1.SendMessageResponse, error) {
 	if err := f.next(ctx, "SendMessage", r); err != nil {
 		return nil, err
@@ -384,6 +401,20 @@ func TestListSessionsPages(t *testing.T) {
 	}
 	require.Equal(t, []string{"s0", "s1", "s2", "s3", "s4", "s5"}, ids)
 	require.Equal(t, 4, f.count("ListSessions"))
+}
+
+func TestListAuditRecordsPages(t *testing.T) {
+	f := newFake()
+	f.script["ListAuditRecords"] = []error{nil, unavailable(time.Millisecond)} // the second page is retried
+	c := startFake(t, f)
+	var ids []string
+	for r, err := range c.ListAuditRecords(t.Context(), &sessionv1.ListAuditRecordsRequest{SessionId: "s", TurnId: "m1"}) {
+		require.NoError(t, err)
+		require.Equal(t, "m1", r.GetTurnId())
+		ids = append(ids, r.GetRecordId())
+	}
+	require.Equal(t, []string{"r0", "r1", "r2", "r3"}, ids)
+	require.Equal(t, 3, f.count("ListAuditRecords"))
 }
 
 // DeleteSession waits through DELETION_PENDING_CLEANUP for as long as it

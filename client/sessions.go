@@ -153,6 +153,34 @@ func (c *Client) ExportHistory(ctx context.Context, req *sessionv1.ExportHistory
 	}
 }
 
+// ListAuditRecords iterates over a session's audit records — every request
+// the credential proxy forwarded for it and every egress decision of its
+// runtime, each naming its turn — oldest first, fetching pages as it goes
+// (req.TurnId: one turn's only). An error ends the iteration.
+func (c *Client) ListAuditRecords(ctx context.Context, req *sessionv1.ListAuditRecordsRequest) iter.Seq2[*sessionv1.AuditRecord, error] {
+	return func(yield func(*sessionv1.AuditRecord, error) bool) {
+		page := proto.CloneOf(req)
+		for {
+			resp, err := unary(ctx, c, "ListAuditRecords", page, func(ctx context.Context, r *sessionv1.ListAuditRecordsRequest) (*sessionv1.ListAuditRecordsResponse, error) {
+				return c.rpc.ListAuditRecords(ctx, r)
+			})
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			for _, r := range resp.GetRecords() {
+				if !yield(r, nil) {
+					return
+				}
+			}
+			if resp.GetNextPageToken() == "" {
+				return
+			}
+			page.PageToken = resp.GetNextPageToken()
+		}
+	}
+}
+
 // CancelMessage cancels a queued or accepted message; a terminal message is
 // returned unchanged.
 func (c *Client) CancelMessage(ctx context.Context, req *sessionv1.CancelMessageRequest) (*sessionv1.Message, error) {
