@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"agentplane.dev/client"
 	"agentplane.dev/cmd/agentplane/internal/cli"
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
@@ -297,8 +298,9 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(tw, "credential\t%s\t%s\tHTTP credential proxy on %s\n", cred.GRPCAddr, metricsColumn(cred.MetricsAddr), cred.ProxyAddr)
 	fmt.Fprintf(tw, "ingest\t%s\t%s\t\n", ing.GRPCAddr, metricsColumn(ing.MetricsAddr))
-	fmt.Fprintf(tw, "try:\tgrpcurl -plaintext %s list\t\t\n", ses.GRPCAddr)
 	_ = tw.Flush()
+	fmt.Fprintf(stdout, "try: %sagentplane run \"hello\" (agentplane session -h lists the other verbs; grpcurl -plaintext %s list the API)\n",
+		addrPrefix(ses.GRPCAddr), ses.GRPCAddr)
 
 	g, gctx := errgroup.WithContext(ctx)
 	// The sandbox service stops first and the others once it has: up to its
@@ -430,8 +432,8 @@ func devSession(ctx context.Context, addr string, o devOptions, key string, stdo
 		if err == nil {
 			id := resp.GetSession().GetSessionId()
 			fmt.Fprintf(stdout, "agentplane dev: session %s runs agent %s in %s\n", id, resp.GetSession().GetAgent().GetProfile(), o.worktree)
-			fmt.Fprintf(stdout, "  grpcurl -plaintext -d '{\"session_id\":\"%s\",\"message_id\":\"m1\",\"content\":\"create hello.txt\"}' %s agentplane.session.v1.SessionService/SendMessage\n", id, addr)
-			fmt.Fprintf(stdout, "  grpcurl -plaintext -d '{\"session_id\":\"%s\"}' %s agentplane.session.v1.SessionService/WatchSession\n", id, addr)
+			fmt.Fprintf(stdout, "  %sagentplane session send %s \"create hello.txt\"\n", addrPrefix(addr), id)
+			fmt.Fprintf(stdout, "  %sagentplane session watch %s\n", addrPrefix(addr), id)
 			return nil
 		}
 		if reason := apierr.Reason(err); reason == "AGENT_UNAVAILABLE" || reason == "INVALID_REQUEST" {
@@ -595,4 +597,13 @@ func devHandOver(sessionAddr, providerKey, internalToken string) (string, error)
 func portOf(addr string) string {
 	_, port, _ := net.SplitHostPort(addr)
 	return port
+}
+
+// addrPrefix is what a command of the CLI needs to reach dev's session
+// service at addr: nothing on the default address, else AGENTPLANE_ADDR.
+func addrPrefix(addr string) string {
+	if addr == client.DefaultAddr {
+		return ""
+	}
+	return "AGENTPLANE_ADDR=" + addr + " "
 }

@@ -62,6 +62,7 @@ func TestDevCtrlCInATerminal(t *testing.T) {
 	require.Contains(t, banner, fmt.Sprintf("provider: the fake model at http://127.0.0.1:%d", base+6))
 	require.Contains(t, banner, "credential: `agentplane run` and `session create` use a placeholder key")
 	require.Contains(t, banner, "wrapper: "+filepath.Join(filepath.Dir(bin), "agentplane-wrapper"))
+	require.Contains(t, banner, fmt.Sprintf(`try: AGENTPLANE_ADDR=%s agentplane run "hello"`, addr), "the banner's first command for a newcomer is the CLI's")
 
 	runEnv := append(os.Environ(), "AGENTPLANE_ADDR="+addr, "AGENTPLANE_ORG=ctrlc-"+strconv.Itoa(pgid))
 	first := exec.Command(bin, "run", "--output", "json", "--dir", "/work/ctrlc", "hello")
