@@ -317,6 +317,10 @@ func cliBadInputIsOneLineAndExit2(t *testing.T) {
 		{"bad output", []string{"session", "list", "--output", "yaml"}, `--output "yaml": want human or json`},
 		{"missing prompt", []string{"run"}, `want 1 argument\(s\), got 0`},
 		{"empty message", []string{"session", "send", "ses-nope", ""}, `content: .*\[INVALID_REQUEST\]`},
+		{"git token file without a repository", []string{"session", "create", "--git-token-file", "/nonexistent"}, `--git-token-file needs --repo`},
+		// The server's message names the field and why: said once, and the URL's token never.
+		{"repository URL with a token", []string{"session", "create", "--repo", "https://x:ghs_in_the_url@example.com/o/r.git"},
+			`invalid worktree\.repo_url: an http\(s\) repository URL without credentials, query or fragment \[INVALID_REQUEST\]\n$`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := agentplane(t, tc.args...)
@@ -325,6 +329,7 @@ func cliBadInputIsOneLineAndExit2(t *testing.T) {
 			require.Regexp(t, `^agentplane (run|session \w+): .*`+tc.want, r.stderr)
 			require.NotContains(t, r.stderr, "goroutine")
 			require.NotContains(t, r.stderr, "panic")
+			require.NotContains(t, r.stderr, "ghs_")
 			require.Empty(t, r.stdout)
 		})
 	}
@@ -466,9 +471,20 @@ func cliGitTokenClonesTheRepository(t *testing.T) {
 			require.NotContains(t, r.stdout+r.stderr, token)
 		})
 	}
-	// Without a token nothing is cloned (the old CLI's case).
+	// Without a token nothing is cloned (the old CLI's case), and run says why its turn failed:
+	// the route's reason, which comes after the failed message, with what to do about it.
 	r := agentplane(t, "run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-none-"+cliSuite.org, "--output", "json", "hello repo")
 	require.NotContains(t, r.stdout, "CLONED_FROM_GIT")
+	r = agentplane(t, "run", "--repo", g.RepoURL("org/cli.git"), "--dir", "/work/cli-git-none2-"+cliSuite.org, "hello repo")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `(?m)^✗ message \S+ failed: route_failed$`, r.stdout)
+	require.Equal(t, 1, strings.Count(r.stdout, "✗ preparation failed: repo_auth_failed (the git token was refused, or the repository wants one: --git-token-file or AGENTPLANE_GIT_TOKEN)\n"),
+		"the route's reason, once")
+
+	// A token in the environment is for sessions with a repository: one without is created.
+	r = agentplaneEnv(t, []string{"AGENTPLANE_GIT_TOKEN=" + token}, "session", "create", "--dir", "/work/cli-git-norepo-"+cliSuite.org)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotContains(t, r.stdout+r.stderr, token)
 }
 
 // session changes, push and egress on one session with a repository.

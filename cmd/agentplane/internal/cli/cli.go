@@ -217,7 +217,11 @@ func (e *env) describe(err error) string {
 	msg := st.Message()
 	var fields []string
 	for _, v := range apierr.FieldViolations(err) {
-		fields = append(fields, v.GetField()+": "+v.GetDescription())
+		// Said once: a message that names the field and why already
+		// ("invalid worktree.repo_url: an http(s) repository URL ...").
+		if f := v.GetField() + ": " + v.GetDescription(); !strings.Contains(msg, f) {
+			fields = append(fields, f)
+		}
 	}
 	if len(fields) > 0 {
 		msg += " (" + strings.Join(fields, "; ") + ")"

@@ -109,6 +109,9 @@ func TestDescribeErrors(t *testing.T) {
 		{status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`),
 			"cannot reach the session service at 127.0.0.1:1 (is `agentplane dev` running? --addr or AGENTPLANE_ADDR sets the address): connection refused"},
 		{status.Error(codes.PermissionDenied, "no\nway"), "PermissionDenied: no way"},
+		{apierr.Error(codes.InvalidArgument, "INVALID_REQUEST", "invalid worktree.repo_url: an http(s) repository URL",
+			apierr.FieldViolation("worktree.repo_url", "an http(s) repository URL")),
+			"invalid worktree.repo_url: an http(s) repository URL [INVALID_REQUEST]"},
 	} {
 		require.Equal(t, tc.want, e.describe(tc.err))
 	}
@@ -202,7 +205,7 @@ func TestGitTokenFromTheFileThenTheEnvironment(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "tok")
 	require.NoError(t, os.WriteFile(file, []byte("ghs_from_file\n"), 0o600))
 	e, _, _ := testEnv(map[string]string{"AGENTPLANE_GIT_TOKEN": "ghs_from_env"})
-	o := &sessionOptions{dir: "/repo", gitTokenFile: file, gitUser: "bot"}
+	o := &sessionOptions{dir: "/repo", repo: "https://example.com/r.git", gitTokenFile: file, gitUser: "bot"}
 	req, err := o.request(e)
 	require.NoError(t, err)
 	require.Equal(t, "ghs_from_file", req.GetGitCredential().GetToken(), "the file wins over the environment")
@@ -218,6 +221,18 @@ func TestGitTokenFromTheFileThenTheEnvironment(t *testing.T) {
 	o.gitTokenFile = filepath.Join(t.TempDir(), "missing")
 	_, err = o.request(e)
 	require.ErrorContains(t, err, "--git-token-file")
+
+	// Without --repo: the environment's token is not sent (CreateSession would refuse a git
+	// credential without a repository), a flag of it is a usage error.
+	e, _, _ = testEnv(map[string]string{"AGENTPLANE_GIT_TOKEN": "ghs_from_env"})
+	o = &sessionOptions{dir: "/repo"}
+	req, err = o.request(e)
+	require.NoError(t, err)
+	require.Nil(t, req.GetGitCredential())
+	for _, o := range []*sessionOptions{{dir: "/repo", gitTokenFile: file}, {dir: "/repo", gitUser: "bot"}, {dir: "/repo", gitPushPrefix: "x/"}} {
+		_, err = o.request(e)
+		require.ErrorContains(t, err, "needs --repo")
+	}
 }
 
 func TestGitPushPrefixFlag(t *testing.T) {

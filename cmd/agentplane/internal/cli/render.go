@@ -58,16 +58,17 @@ func writeJSON(w io.Writer, m proto.Message) {
 // progress are one line rewritten in place with the elapsed time, and
 // outcomes are coloured; elsewhere every line is plain text, written once.
 type human struct {
-	mu       sync.Mutex
-	w        io.Writer
-	tty      bool
-	width    func() int
-	start    time.Time
-	progress string // the current progress note; "" when no progress line is shown
-	midLine  bool   // streamed reply text without its newline yet
-	streamed bool   // reply deltas were shown for the current message
-	stop     chan struct{}
-	done     sync.WaitGroup
+	mu          sync.Mutex
+	w           io.Writer
+	tty         bool
+	width       func() int
+	start       time.Time
+	progress    string // the current progress note; "" when no progress line is shown
+	midLine     bool   // streamed reply text without its newline yet
+	streamed    bool   // reply deltas were shown for the current message
+	stop        chan struct{}
+	done        sync.WaitGroup
+	routeFailed bool // a failed route was shown
 	// Tool calls still running, by toolKey, in the order they began.
 	tools     map[string]*toolCall
 	toolOrder []string
@@ -234,10 +235,35 @@ func (h *human) route(r *sessionv1.RouteView) {
 	case sessionv1.RouteState_ROUTE_STATE_RECONNECTING:
 		h.setProgress("reconnecting to the agent")
 	case sessionv1.RouteState_ROUTE_STATE_FAILED:
-		h.line(h.bad.Render("✗ preparation failed: " + r.GetFailureReason()))
+		h.routeFailed = true
+		h.line(h.bad.Render("✗ preparation failed: "+r.GetFailureReason()) + routeHint(r.GetFailureReason()))
 	case sessionv1.RouteState_ROUTE_STATE_SUSPENDED:
 		h.line(h.dim.Render("suspended: the agent stopped; the next message resumes it"))
 	}
+}
+
+// RouteFailure shows why the route failed when the stream has not (the
+// message that failed route_failed comes before the route's own event,
+// which a run does not wait for): r is the session's route as GetSession
+// reads it.
+func (h *human) RouteFailure(r *sessionv1.RouteView) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.routeFailed && r.GetState() == sessionv1.RouteState_ROUTE_STATE_FAILED {
+		h.route(r)
+	}
+}
+
+// routeHint says what a person can do about a route failure the CLI's own
+// flags cause ("" for the others).
+func routeHint(reason string) string {
+	switch reason {
+	case "repo_auth_failed":
+		return " (the git token was refused, or the repository wants one: --git-token-file or AGENTPLANE_GIT_TOKEN)"
+	case "repo_unreachable":
+		return " (no such repository, or its host does not answer: check --repo)"
+	}
+	return ""
 }
 
 func (h *human) message(m *sessionv1.Message) {

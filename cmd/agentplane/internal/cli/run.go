@@ -90,6 +90,16 @@ func (o *sessionOptions) request(e *env) (*sessionv1.CreateSessionRequest, error
 	if o.suspendAfter != 0 {
 		req.SuspendAfter = durationpb.New(o.suspendAfter) // the server checks the range
 	}
+	if o.repo == "" {
+		// A token in the environment is for the sessions that name a
+		// repository; a flag without one is a mistake.
+		for _, f := range []struct{ name, value string }{{"--git-token-file", o.gitTokenFile}, {"--git-username", o.gitUser}, {"--git-push-prefix", o.gitPushPrefix}} {
+			if f.value != "" {
+				return nil, fmt.Errorf("%s needs --repo (the repository it is for)", f.name)
+			}
+		}
+		return req, nil
+	}
 	tok, err := o.gitToken(e)
 	if err != nil {
 		return nil, err
@@ -238,6 +248,9 @@ func (e *env) run(args []string) int {
 		r.Event(ev)
 		if st, done := settled(ev, msg.GetMessageId()); done {
 			result = st
+			if ev.GetMessage().GetFailureReason() == "route_failed" {
+				e.showRouteFailure(c, sid, r)
+			}
 			break
 		}
 	}
@@ -326,4 +339,20 @@ func (e *env) stopAfterInterrupt(c *client.Client, sessionID string) {
 	if _, err := c.StopSession(ctx, &sessionv1.StopSessionRequest{SessionId: sessionID}); err != nil {
 		fmt.Fprintf(e.stderr, "%s: stopping session %s: %s\n", e.name, sessionID, e.describe(err))
 	}
+}
+
+// showRouteFailure shows people why the route failed: the message that
+// failed route_failed ends the run before the route's own event comes.
+func (e *env) showRouteFailure(c *client.Client, sessionID string, r renderer) {
+	h, ok := r.(*human)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	s, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: sessionID})
+	if err != nil {
+		return // the failed message has been shown; its route's reason is a detail
+	}
+	h.RouteFailure(s.GetRoute())
 }
