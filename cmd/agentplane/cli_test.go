@@ -523,6 +523,18 @@ func cliChangesPushEgress(t *testing.T) {
 	got, err := sessionsClient(t).GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: id})
 	require.NoError(t, err)
 	require.Len(t, got.GetSession().GetEgress().GetAllow(), 2, "the policy is stored")
+	// Without --allow, egress shows the policy in force and changes nothing (it used to replace
+	// it with an empty one).
+	r = agentplane(t, "session", "egress", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, fmt.Sprintf("egress policy version %d: registry.npmjs.org,example.com:8080|8443\n", got.GetSession().GetEgressVersion()), r.stdout)
+	again, err := sessionsClient(t).GetSession(t.Context(), &sessionv1.GetSessionRequest{SessionId: id})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(got.GetSession().GetEgress(), again.GetSession().GetEgress()), "unchanged")
+	require.Equal(t, got.GetSession().GetEgressVersion(), again.GetSession().GetEgressVersion())
+	r = agentplane(t, "session", "egress", id, "--expected-version", "1")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--expected-version needs --allow")
 
 	r = agentplane(t, "session", "egress", id, "--allow", "*")
 	require.Equal(t, 2, r.code)

@@ -45,7 +45,7 @@ var sessionVerbs = []struct{ name, args, help string }{
 	{"files", "ID [DIR]", "list a directory of the worktree (default: its root)"},
 	{"cat", "ID PATH", "print a file of the worktree"},
 	{"put", "ID PATH [FILE] [--mode M] [--force]", "write a file of the worktree from FILE or stdin"},
-	{"egress", "ID --allow host[:port],...", "replace the session's egress allowlist"},
+	{"egress", "ID [--allow host[:port],...]", "show the session's egress allowlist, or replace it with --allow's"},
 	{"stop", "ID", "stop a session's work"},
 	{"suspend", "ID [--force]", "stop the session's agent, keeping its workspace and conversation"},
 	{"resume", "[--restart] ID", "start the session's agent again (any message does too); --restart: a new conversation when its state was lost"},

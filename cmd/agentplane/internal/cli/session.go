@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -522,14 +523,29 @@ func (e *env) sessionPut(args []string) int {
 	})
 }
 
-// sessionEgress replaces the session's egress allowlist.
+// sessionEgress replaces the session's egress allowlist with --allow's, or
+// without --allow shows the policy in force (and changes nothing).
 func (e *env) sessionEgress(args []string) int {
 	fs := e.flags("[flags] ID")
-	allow := fs.String("allow", "", "the new allowlist: host patterns with optional ports and private address ranges, comma separated (as create's --egress); empty: only the deployment's default")
+	allow := fs.String("allow", "", "the new allowlist: host patterns with optional ports and private address ranges, comma separated (as create's --egress); \"\": only the deployment's default; not given: show the policy in force")
 	version := fs.Uint64("expected-version", 0, "replace only if this is the policy's current version (0: whatever is current)")
 	pos, code, ok := e.parse(fs, args, 1)
 	if !ok {
 		return code
+	}
+	replace := false
+	fs.Visit(func(f *flag.Flag) { replace = replace || f.Name == "allow" })
+	if !replace {
+		if *version != 0 {
+			return e.fail(errors.New("--expected-version needs --allow (without it egress shows the policy)"))
+		}
+		return e.withClient(func(ctx context.Context, c *client.Client) error {
+			s, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{SessionId: pos[0]})
+			if err == nil {
+				e.showEgress(&sessionv1.UpdateEgressPolicyResponse{Egress: s.GetEgress(), Version: s.GetEgressVersion()})
+			}
+			return err
+		})
 	}
 	policy, err := egressPolicy(*allow)
 	if err != nil {
@@ -537,24 +553,29 @@ func (e *env) sessionEgress(args []string) int {
 	}
 	return e.withClient(func(ctx context.Context, c *client.Client) error {
 		resp, err := c.Raw().UpdateEgressPolicy(ctx, &sessionv1.UpdateEgressPolicyRequest{SessionId: pos[0], Egress: policy, ExpectedVersion: *version})
-		if err != nil {
-			return err
+		if err == nil {
+			e.showEgress(resp)
 		}
-		if e.output == "json" {
-			writeJSON(e.stdout, resp)
-			return nil
-		}
-		var rules []string
-		for _, r := range resp.GetEgress().GetAllow() {
-			rules = append(rules, ruleText(r))
-		}
-		rules = append(rules, resp.GetEgress().GetPrivateNetworks()...)
-		if len(rules) == 0 {
-			rules = []string{"(only the deployment's default)"}
-		}
-		fmt.Fprintf(e.stdout, "egress policy version %d: %s\n", resp.GetVersion(), strings.Join(rules, ","))
-		return nil
+		return err
 	})
+}
+
+// showEgress prints a policy and its version, the rules as --allow takes
+// them.
+func (e *env) showEgress(p *sessionv1.UpdateEgressPolicyResponse) {
+	if e.output == "json" {
+		writeJSON(e.stdout, p)
+		return
+	}
+	var rules []string
+	for _, r := range p.GetEgress().GetAllow() {
+		rules = append(rules, ruleText(r))
+	}
+	rules = append(rules, p.GetEgress().GetPrivateNetworks()...)
+	if len(rules) == 0 {
+		rules = []string{"(only the deployment's default)"}
+	}
+	fmt.Fprintf(e.stdout, "egress policy version %d: %s\n", p.GetVersion(), strings.Join(rules, ","))
 }
 
 // ruleText writes a rule as --allow takes it (host, or host:port|port).
