@@ -124,9 +124,12 @@ agents:
 	agents/node_modules/opencode-linux-x64/bin/opencode --version
 	agents/node_modules/@kilocode/cli-linux-x64/bin/kilo --version
 
+# --version's commit: a go.work build records none in the build information.
+COMMIT = $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD || c=$$c+modified; } && echo $$c)
+
 build:
 	@mkdir -p bin
-	go build -o bin/agentplane ./cmd/agentplane
+	go build -ldflags "-X main.commit=$(COMMIT)" -o bin/agentplane ./cmd/agentplane
 
 dev: build
 	./bin/agentplane dev

@@ -21,6 +21,10 @@ import (
 // empty: the module version of the build information.
 var version string
 
+// commit is set at link time by `make build` (-X main.commit=...): the
+// build information of a go.work workspace build records no commit.
+var commit string
+
 // versionLine is `agentplane --version`: the version, the commit and its
 // time when the build recorded them (go build in a git checkout does), and
 // the Go release.
@@ -43,6 +47,9 @@ func versionLine() string {
 	}
 	if v == "" {
 		v = "(devel)"
+	}
+	if rev == "" && commit != "" {
+		rev, modified = strings.TrimSuffix(commit, "+modified"), strings.HasSuffix(commit, "+modified")
 	}
 	parts := []string{"agentplane", v}
 	if rev != "" {

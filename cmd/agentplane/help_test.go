@@ -96,15 +96,16 @@ func TestHelpAndUsageErrors(t *testing.T) {
 }
 
 // TestVersion: --version reads the build information: the version linked in
-// by the image build (-X main.version), the Go release it was built with.
-// (Builds in a go.work workspace record no commit.)
+// by the image build (-X main.version), the commit (builds in a go.work
+// workspace record none: make build links it in, -X main.commit), the Go
+// release it was built with.
 func TestVersion(t *testing.T) {
 	bin := builtWithVersion(t)
 	for _, flag := range []string{"--version", "version"} {
 		r := runBin(t, bin, flag)
 		require.Equal(t, 0, r.code)
 		require.Empty(t, r.stderr)
-		require.Regexp(t, `^agentplane v9\.8\.7-test (commit [0-9a-f]{12}(\+modified)? \S+ )?`+
+		require.Regexp(t, `^agentplane v9\.8\.7-test commit 0123456789ab\+modified (\S+ )?`+
 			regexp.QuoteMeta(runtime.Version())+` linux/\w+\n$`, r.stdout)
 	}
 }
@@ -125,7 +126,7 @@ func builtWithVersion(t *testing.T) string {
 			return
 		}
 		versionBuild.bin = filepath.Join(dir, "agentplane")
-		build := exec.Command("go", "build", "-ldflags", "-X main.version=v9.8.7-test", "-o", versionBuild.bin, ".")
+		build := exec.Command("go", "build", "-ldflags", "-X main.version=v9.8.7-test -X main.commit=0123456789abcdef+modified", "-o", versionBuild.bin, ".")
 		build.Stderr = os.Stderr
 		versionBuild.err = build.Run()
 	})
