@@ -308,6 +308,9 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	// and calls the credential service.
 	peersCtx, stopPeers := context.WithCancel(context.WithoutCancel(gctx))
 	defer stopPeers()
+	// The session service's drains stop at once (they call the sandbox
+	// service, which is stopping); it goes on serving its notifications.
+	ses.StopLoops = gctx.Done()
 	g.Go(func() error { defer stopPeers(); return named("sandbox", sandbox.Run(gctx, sbx)) })
 	g.Go(func() error { return named("session", session.Run(peersCtx, ses)) })
 	g.Go(func() error { return named("credential", credential.Run(peersCtx, cred)) })

@@ -49,6 +49,12 @@ type Config struct {
 	// JSON {"<model>":{"input","output","cached"}} in USD per million
 	// tokens; empty: no cost.
 	PriceTable string
+
+	// StopLoops, when set (not from the environment), stops the service's
+	// loops and drains when it closes while the service goes on serving:
+	// agentplane dev closes it as the suite stops, so no drain calls the
+	// sandbox service while that one stops and still sends notifications.
+	StopLoops <-chan struct{}
 }
 
 // DefaultConfig returns the dev defaults (ports from docs/development.md).

@@ -113,7 +113,10 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 	sctx, cancel := context.WithCancel(ctx)
 	closed := make(chan struct{})
 	go func() {
-		<-sctx.Done()
+		select {
+		case <-sctx.Done():
+		case <-cfg.StopLoops: // nil: never
+		}
 		svc.Close()
 		close(closed)
 	}()

@@ -652,3 +652,26 @@ func TestCreateSessionRefusesADirectoryTheSandboxMounts(t *testing.T) {
 		require.NoError(t, create(fmt.Sprintf("s-ok%d", i), dir), dir)
 	}
 }
+
+// Once StopLoops closes, the service calls the sandbox service no more
+// (agentplane dev stops that one next) but goes on serving: a message is
+// stored queued and a notification is answered, and neither starts a
+// Prepare or a Deliver (TestDevCtrlCInATerminal failed a loaded CI run on a
+// drain's call to the stopped sandbox service).
+func TestStopLoopsEndsPeerCallsButNotServing(t *testing.T) {
+	stop := make(chan struct{})
+	e := newEnv(t, func(c *Config) { c.StopLoops = stop })
+	e.create("s1", "u1", "/work/repo")
+	e.send("s1", "m1", "one")
+	eventually(t, func() bool { return e.sandbox.count(e.sandbox.prepares, "s1") > 0 }, "first prepare")
+
+	close(stop)
+	e.svc.Close() // waits for the loops and drains the close stopped
+	prepares := e.sandbox.count(e.sandbox.prepares, "s1")
+	e.send("s1", "m2", "two")
+	e.ready("s1", "w1")
+	e.svc.Close() // waits for the drains the two calls kicked
+	require.Equal(t, prepares, e.sandbox.count(e.sandbox.prepares, "s1"))
+	require.Empty(t, e.sandbox.deliveredTo("s1"))
+	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_QUEUED, e.message("s1", "m2").GetState())
+}

@@ -85,6 +85,9 @@ func (s *Service) drain(ctx context.Context, id string, snap *session.Aggregate)
 	// notification or a new message) or their backstop.
 	pause := 50 * time.Millisecond
 	for range 8 {
+		if ctx.Err() != nil { // the service stopped its loops: no more peer calls
+			return
+		}
 		a, err := snap, error(nil)
 		if snap == nil || !hasTexts(snap.Queued()) {
 			a, err = s.store.Read(ctx, id, store.Load{Content: true})
@@ -153,7 +156,9 @@ func (s *Service) deliver(ctx context.Context, a *session.Aggregate, queued []*s
 	sent, view, err := s.sandbox.Deliver(pctx, &a.Session, queued)
 	cancel()
 	if err != nil {
-		s.log.WarnContext(ctx, "deliver failed", "session_id", id, "error", err)
+		if ctx.Err() == nil { // a stopping service's cancelled call is no failure
+			s.log.WarnContext(ctx, "deliver failed", "session_id", id, "error", err)
+		}
 		return false, true
 	}
 	ids := make([]string, len(queued))
@@ -191,7 +196,9 @@ func (s *Service) prepare(ctx context.Context, sess *session.Session, restart bo
 	view, err := s.sandbox.Prepare(pctx, sess, restart)
 	cancel()
 	if err != nil {
-		s.log.WarnContext(ctx, "prepare failed", "session_id", sess.ID, "error", err)
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "prepare failed", "session_id", sess.ID, "error", err)
+		}
 		return false, true
 	}
 	snap := sess.Route
