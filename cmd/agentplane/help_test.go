@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -18,12 +20,23 @@ import (
 // settings and returns its output and exit code.
 func runBin(t *testing.T, bin string, args ...string) cliResult {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	return runBinEnv(t, bin, nil, args...)
+}
+
+// runBinEnv is runBin with the AGENTPLANE_* settings of env. A command
+// that has not exited after a minute is killed (a service started: the
+// callers assert it did not).
+func runBinEnv(t *testing.T, bin string, env []string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "AGENTPLANE_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	_ = cmd.Run()
@@ -43,7 +56,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{"session", "watch", "-h"}, {"session", "changes", "-h"}, {"session", "push", "-h"}, {"session", "egress", "-h"},
 		{"session", "files", "-h"}, {"session", "cat", "-h"}, {"session", "put", "-h"}, {"session", "stop", "-h"}, {"session", "delete", "-h"},
 		{"session", "suspend", "-h"}, {"session", "resume", "-h"}, {"session", "export", "-h"}, {"session", "usage", "-h"},
-		{"dev", "-h"}, {"dev", "--help"},
+		{"dev", "-h"}, {"dev", "--help"}, {"dev", "help"}, {"serve", "session", "help"}, {"ingest", "help"}, {"session", "help"},
 		{"serve", "-h"}, {"serve", "session", "-h"}, {"serve", "sandbox", "-h"}, {"serve", "credential", "-h"}, {"serve", "ingest", "-h"},
 		{"sandbox", "-h"}, {"credential", "-h"}, {"ingest", "-h"},
 		{"wrapper", "-h"}, {"runtime", "scripted", "-h"},
@@ -53,6 +66,20 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		require.Empty(t, r.stderr, "%v: help goes to stdout", args)
 		require.NotEmpty(t, r.stdout, "%v", args)
 		require.NotContains(t, r.stdout, "REDIS_URL): required", "%v started a service", args)
+	}
+
+	// With every required setting present, "help" and a stray argument still start nothing.
+	settings := []string{"AGENTPLANE_REDIS_URL=redis://127.0.0.1:1", "AGENTPLANE_GRPC_ADDR=127.0.0.1:0", "AGENTPLANE_METRICS_ADDR="}
+	for _, args := range [][]string{{"serve", "ingest", "help"}, {"ingest", "help"}, {"serve", "ingest", "stray"}, {"serve", "ingest", "--drain-delay", "0s", "stray"}} {
+		r := runBinEnv(t, bin, settings, args...)
+		require.NotContains(t, r.stdout+r.stderr, "serving", "%v started the service", args)
+		if args[len(args)-1] == "help" {
+			require.Equal(t, 0, r.code, "%v: help\nstderr: %s", args, r.stderr)
+			require.Contains(t, r.stdout, "usage: agentplane serve ingest [flags]")
+			continue
+		}
+		require.Equal(t, 2, r.code, "%v: a usage error\nstderr: %s", args, r.stderr)
+		require.Equal(t, "agentplane serve ingest: unexpected argument \"stray\" (a service takes only flags) (agentplane serve ingest -h lists the flags)\n", r.stderr)
 	}
 
 	r := runBin(t, bin, "session", "-h")
@@ -86,6 +113,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"session", "push", "ses-1"}, "--branch is required"},
 		{[]string{"session", "usage"}, "agentplane session usage: want 1 argument(s), got 0"},
 		{[]string{"runtime"}, "usage: agentplane runtime scripted"},
+		{[]string{"--version", "extra"}, `agentplane --version: unexpected argument "extra"`},
+		// A service takes only flags: a stray argument (and every flag after it) is not ignored.
+		{[]string{"serve", "ingest", "stray", "--grpc-addr", "127.0.0.1:1"}, `agentplane serve ingest: unexpected argument "stray"`},
 	} {
 		r := runBin(t, bin, tc.args...)
 		require.Equal(t, 2, r.code, "%v: exit 2 for a usage error\nstderr: %s", tc.args, r.stderr)

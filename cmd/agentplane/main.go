@@ -52,6 +52,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	case "--version", "-version", "version":
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "agentplane %s: unexpected argument %q (it takes none)\n", args[0], args[1])
+			return 2
+		}
 		fmt.Fprintln(stdout, versionLine())
 		return 0
 	}
@@ -78,6 +82,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "agentplane: unknown command %q\n\n%s", cmd, usage)
 		return 2
+	}
+	if len(rest) > 0 && rest[0] == "help" {
+		// `agentplane dev help` as `agentplane help` and `agentplane session help`.
+		rest = []string{"-h"}
 	}
 	if code, done := helpOrBadFlags(cmd, rest, stdout, stderr); done {
 		return code

@@ -105,10 +105,14 @@ func (l *Loader) Var(v flag.Value, name string, def flag.Value, usage string) {
 }
 
 // Parse parses args and reports every environment value that could not be parsed (unless
-// its flag was given), joined into one error.
+// its flag was given), joined into one error. A service takes no arguments besides its
+// flags: one is an error (the flags after it would otherwise be ignored).
 func (l *Loader) Parse(args []string) error {
 	if err := l.fs.Parse(args); err != nil {
 		return err
+	}
+	if l.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (a service takes only flags)", l.fs.Arg(0))
 	}
 	l.fs.Visit(func(f *flag.Flag) { delete(l.envErrs, f.Name) })
 	var errs []error

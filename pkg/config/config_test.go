@@ -50,6 +50,15 @@ func TestDefaultsEnvAndFlags(t *testing.T) {
 	require.Equal(t, "from-flag", c.InternalToken)
 }
 
+// An argument that is not a flag is an error, not the end of the flags.
+func TestStrayArgument(t *testing.T) {
+	env := map[string]string{"AGENTPLANE_REDIS_URL": "redis://127.0.0.1:1/0"}
+	_, err := load(t, env, "help")
+	require.EqualError(t, err, `unexpected argument "help" (a service takes only flags)`)
+	_, err = load(t, env, "--drain-delay=1s", "stray", "--log-level=debug")
+	require.ErrorContains(t, err, `unexpected argument "stray"`)
+}
+
 func TestErrorsNameVariableAndFlag(t *testing.T) {
 	_, err := load(t, map[string]string{"AGENTPLANE_DRAIN_DELAY": "soon", "AGENTPLANE_LOG_LEVEL": "loud"})
 	require.ErrorContains(t, err, `AGENTPLANE_DRAIN_DELAY (--drain-delay): invalid value "soon"`)
