@@ -1,16 +1,16 @@
 # agentplane: one Makefile with the canonical targets.
 #   make dev        start the whole suite on this machine (agentplane dev)
-#   make test       every module's tests against private redis-servers, plus the chart checks
+#   make test       every module's tests against private redis-servers, the chart checks, and
+#                   the chart on the test cluster (built cold on first use: see make cluster)
 #   make test-redis-topologies  the store and fence suites on a real Redis Cluster and Sentinel
 #   make generate   regenerate pkg/gen from proto/ with the pinned local plugins
 #   make lint       buf lint + format + breaking, go vet, golangci-lint
 #   make bench      benchmarks side by side with their references (see docs/benchmarks.md)
-#   make helm-check render and strictly decode the Helm chart, strict lint, and run it on the
-#                   test cluster (install/upgrade/uninstall, PodSecurity, namespace admin)
-#   make cluster    build (or reuse) the test cluster's binaries (deploy/cluster/build.sh);
+#   make helm-check render and strictly decode the Helm chart, strict lint, the profiles
+#   make cluster    build (or reuse) the test cluster's binaries (deploy/cluster/build.sh;
+#                   ~15-30 min cold on 2 cores, seconds when cached: docs/development.md)
 #   make test-cluster  build (or reuse) it and run the chart on it (install/upgrade/uninstall,
-#                   PodSecurity, namespace admin, helm template); not part of `make test` (too
-#                   slow cold for CI's 45 minutes: docs/development.md "The test cluster")
+#                   PodSecurity, namespace admin, helm template); part of `make test` (beside test-go)
 
 SHELL := /bin/bash
 comma := ,
@@ -76,11 +76,19 @@ test-go:
 	@failed=""; for m in $(MODULES); do $(call TIMED,go test $$m,cd $$m && go test $(GOTEST_FLAGS) ./...,$$m); done; \
 	  $(FAILED_REPORT)
 
-# helm-check runs even when test-go failed (make -k would also run it; this
-# keeps plain `make test` reporting both).
+# Each part runs even when an earlier one failed (make -k would also run them; this
+# keeps plain `make test` reporting all of them). test-cluster runs beside the others: it
+# waits for the cluster's build (niced; CI starts it first, .ci/run) and then mostly waits
+# on the cluster (~125 CPU-s in ~7 min), so it costs the other parts little; its output is
+# printed after theirs.
 test:
-	@failed=""; $(MAKE) --no-print-directory test-go || failed="$$failed test-go"; \
+	@failed=""; clog=$$(mktemp); \
+	  echo "== test-cluster runs in the background; its output follows the other parts'"; \
+	  ( $(MAKE) --no-print-directory test-cluster >$$clog 2>&1 ) & cpid=$$!; \
+	  $(MAKE) --no-print-directory test-go || failed="$$failed test-go"; \
 	  $(MAKE) --no-print-directory helm-check || failed="$$failed helm-check"; \
+	  wait $$cpid || failed="$$failed test-cluster"; \
+	  echo "== test-cluster output"; cat $$clog; rm -f $$clog; \
 	  $(FAILED_REPORT)
 
 # The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
@@ -110,8 +118,10 @@ helm-check:
 
 # The chart on the test cluster (required: a missing cluster fails).
 CLUSTER_TESTS = ^(TestChartOnCluster|TestChartByNamespaceAdmin|TestPodSecurityLevels|TestHelmTemplateAsDocumented)$$
-test-cluster: cluster
-	cd deploy/helm && GOWORK=off AGENTPLANE_TEST_CLUSTER=required go test -count=1 -timeout 30m -run '$(CLUSTER_TESTS)' .
+test-cluster:
+	@failed=""; $(call TIMED,build (or reuse) the test cluster,bash deploy/cluster/build.sh,cluster-build); \
+	  $(call TIMED,go test deploy/helm -run '$(CLUSTER_TESTS)',cd deploy/helm && GOWORK=off AGENTPLANE_TEST_CLUSTER=required go test -count=1 -timeout 30m -run '$(CLUSTER_TESTS)' .,cluster-tests); \
+	  $(FAILED_REPORT)
 
 bench: tools
 	bash bench/run.sh

@@ -8,7 +8,8 @@
 #   - runs the Helm SDK's strict lint (warnings fail) for every ci/ values file;
 #   - the sandbox pod's seccomp and AppArmor profiles (deploy/profiles).
 # The tests on the test cluster (install/upgrade/uninstall, PodSecurity, namespace admin, helm
-# template) are not run here: `make test-cluster` builds the cluster and runs them.
+# template) are `make test-cluster`, which `make test` runs after this: it builds (or reuses)
+# the cluster first, and a missing cluster fails them there.
 # The Go module deploy/helm is not in go.work, so it runs with GOWORK=off.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"

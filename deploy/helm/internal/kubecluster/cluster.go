@@ -167,7 +167,12 @@ func Start(t testing.TB, nodes int) *Cluster {
 		"--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(cmPort), "--leader-elect=false",
 		"--service-account-private-key-file="+p("sa.key"), "--root-ca-file="+p("ca.crt"),
-		"--use-service-account-credentials=true", "--cluster-cidr=10.244.0.0/16")
+		"--use-service-account-credentials=true", "--cluster-cidr=10.244.0.0/16",
+		// kwok renews the nodes' leases; on a loaded machine a renewal can lag past the default
+		// 50 s grace, the node turns NotReady and `helm upgrade --wait` waits for pods that never
+		// become ready (seen with the ha and minimal values beside a CI run). No test here is about
+		// node failure.
+		"--node-monitor-grace-period=1h")
 	start("kube-scheduler", "--kubeconfig="+c.Kubeconfig,
 		"--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(schedPort), "--leader-elect=false")
