@@ -126,7 +126,7 @@ var sessionKeyPatterns = []struct {
 	fate keyFate
 }{
 	// session service
-	{regexp.MustCompile(`^ses:\{ses/[^}]+\}:(meta|del|msgs|content|order|active|seen|events)$`), gone},
+	{regexp.MustCompile(`^ses:\{ses/[^}]+\}:(meta|del|msgs|content|order|active|seen|events|audit|auditn)$`), gone},
 	{regexp.MustCompile(`^fence:\{ses/[^}]+\}:(token|lease)$`), gone},
 	{regexp.MustCompile(`^ses:wipe:\{ses/[^}]+\}$`), expires},
 	{regexp.MustCompile(`^ses:idx:(active|updated|deleting|org:.+|user:.+)$`), gone},
