@@ -78,6 +78,7 @@ func TestCLI(t *testing.T) {
 		{"git_push_prefix", cliGitPushPrefix},
 		{"files_cat", cliFilesCat},
 		{"usage", cliUsage},
+		{"audit", cliAudit},
 	} {
 		t.Run(tc.name, tc.test)
 	}
@@ -681,6 +682,42 @@ func cliUsage(t *testing.T) {
 	require.Regexp(t, `(?m)^requests\s+0$`, r.stdout)
 	require.Regexp(t, `(?m)^cost\s+-$`, r.stdout)
 	r = agentplane(t, "session", "usage", "ses-nope")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "[SESSION_NOT_FOUND]")
+}
+
+// cliAudit (issue 36 item 2): session audit lists the session's audit
+// records with their turn, as lines or one AuditRecord per JSON line;
+// --turn lists one turn's; an unknown session is exit 2 with its reason.
+func cliAudit(t *testing.T) {
+	dir := "/work/cli-audit-" + cliSuite.org
+	r := agentplane(t, "run", "--dir", dir, "--output", "json", "hello audit")
+	require.Equal(t, 0, r.code, r.stderr)
+	var id, turn string
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		ev := &sessionv1.SessionEvent{}
+		require.NoError(t, protojson.Unmarshal([]byte(line), ev))
+		if m := ev.GetMessage(); m != nil {
+			id, turn = m.GetSessionId(), m.GetMessageId()
+		}
+	}
+	require.NotEmpty(t, id)
+	// The proxy reports in batches: the record comes shortly after the turn.
+	require.Eventually(t, func() bool {
+		r = agentplane(t, "session", "audit", id)
+		return r.code == 0 && strings.Contains(r.stdout, "provider")
+	}, 30*time.Second, 100*time.Millisecond, "stdout %q stderr %q", r.stdout, r.stderr)
+	require.Regexp(t, `^TIME\s+TURN\s+KIND\s+WHAT\s+RESULT\n`, r.stdout)
+	require.Regexp(t, `(?m)^\d\d:\d\d:\d\d\.\d{3}\s+`+regexp.QuoteMeta(turn)+`\s+provider\s+POST v1/chat/completions\s+200 \(`, r.stdout)
+	r = agentplane(t, "session", "audit", "--output", "json", "--turn", turn, id)
+	require.Equal(t, 0, r.code, r.stderr)
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		rec := &sessionv1.AuditRecord{}
+		require.NoError(t, protojson.Unmarshal([]byte(line), rec))
+		require.Equal(t, turn, rec.GetTurnId())
+		require.Equal(t, id, rec.GetSessionId())
+	}
+	r = agentplane(t, "session", "audit", "ses-nope")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "[SESSION_NOT_FOUND]")
 }

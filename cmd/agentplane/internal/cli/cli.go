@@ -52,6 +52,7 @@ var sessionVerbs = []struct{ name, args, help string }{
 	{"delete", "ID [--timeout D]", "delete a session (waits through a pending cleanup)"},
 	{"export", "ID", "print the session's whole history (every runtime session of it, in order)"},
 	{"usage", "ID", "show the session's provider tokens, requests, model and cost so far"},
+	{"audit", "ID [--turn M]", "list the session's audit records (proxied requests, egress decisions), each with its turn"},
 }
 
 // sessionUsage lists the verbs of `agentplane session`.

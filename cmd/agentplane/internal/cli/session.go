@@ -63,6 +63,8 @@ func (e *env) session(verb string, args []string) int {
 		return e.sessionExport(args)
 	case "usage":
 		return e.sessionUsage(args)
+	case "audit":
+		return e.sessionAudit(args)
 	}
 	return e.fail(fmt.Errorf("unknown verb %q", verb))
 }
@@ -191,6 +193,52 @@ func (e *env) sessionExport(args []string) int {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", it.GetRuntimeSessionId(), item.GetItemId(),
 				enumName(item.GetType().String(), "ITEM_TYPE_"), item.GetVersion(), payload)
+		}
+		return tw.Flush()
+	})
+}
+
+// sessionAudit lists a session's audit records, oldest first: one line
+// each (time, turn, then the request or the egress decision).
+func (e *env) sessionAudit(args []string) int {
+	fs := e.flags("[flags] ID")
+	turn := fs.String("turn", "", "only this turn's records (a message id)")
+	pos, code, ok := e.parse(fs, args, 1)
+	if !ok {
+		return code
+	}
+	return e.withClient(func(ctx context.Context, c *client.Client) error {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		if e.output == "human" {
+			fmt.Fprintln(tw, "TIME\tTURN\tKIND\tWHAT\tRESULT")
+		}
+		for r, err := range c.ListAuditRecords(ctx, &sessionv1.ListAuditRecordsRequest{SessionId: pos[0], TurnId: *turn}) {
+			if err != nil {
+				return err
+			}
+			if e.output == "json" {
+				writeJSON(e.stdout, r)
+				continue
+			}
+			t := r.GetTurnId()
+			if t == "" {
+				t = "-"
+			}
+			when := r.GetTime().AsTime().UTC().Format("15:04:05.000")
+			if p := r.GetProxyRequest(); p != nil {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s %s\t%d (%d B in, %d B out, %s)\n", when, t, p.GetRoute(), p.GetMethod(), p.GetPathTemplate(),
+					p.GetStatus(), p.GetBytesIn(), p.GetBytesOut(), p.GetDuration().AsDuration().Round(time.Millisecond))
+				continue
+			}
+			g := r.GetEgress()
+			result := g.GetDecision()
+			if g.GetReason() != "" {
+				result += " (" + g.GetReason() + ")"
+			}
+			if g.GetExpected() {
+				result += fmt.Sprintf(", expected ×%d", g.GetCount())
+			}
+			fmt.Fprintf(tw, "%s\t%s\tegress\t%s:%d\t%s\n", when, t, g.GetHost(), g.GetPort(), result)
 		}
 		return tw.Flush()
 	})
