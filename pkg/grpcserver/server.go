@@ -28,6 +28,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/stats"
 
 	"agentplane.dev/pkg/telemetry"
@@ -68,6 +69,10 @@ type Options struct {
 
 	InternalToken string                       // bearer token for internal calls; empty disables the check (dev only)
 	AuthExempt    func(fullMethod string) bool // methods that authenticate callers themselves
+	// Unlisted names services served here that reflection does not list: the
+	// services' own calls to each other, which no person calls (the session
+	// service's SessionNotifyService beside its public SessionService).
+	Unlisted []string
 
 	HealthInterval time.Duration // between Redis PINGs; default 2s
 	HealthTimeout  time.Duration // bound on one PING; default 1s
@@ -225,8 +230,23 @@ func New(opts Options) (*Server, error) {
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING) // not ready before Redis answers
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	reflectionpb.RegisterServerReflectionServer(s.grpc, reflection.NewServerV1(reflection.ServerOptions{
+		Services: listed{s.grpc, opts.Unlisted}}))
 	return s, nil
+}
+
+// listed is the server's services less the unlisted ones, for reflection.
+type listed struct {
+	all      reflection.ServiceInfoProvider
+	unlisted []string
+}
+
+func (l listed) GetServiceInfo() map[string]grpc.ServiceInfo {
+	m := l.all.GetServiceInfo()
+	for _, name := range l.unlisted {
+		delete(m, name)
+	}
+	return m
 }
 
 func setDefaults(o *Options) {

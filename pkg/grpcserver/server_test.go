@@ -500,3 +500,25 @@ func TestMalformedRequests(t *testing.T) {
 	require.Contains(t, string(metrics), `grpc_server_handled_total{grpc_code="InvalidArgument",grpc_method="Check",grpc_service="grpc.health.v1.Health",grpc_type="unary"} 2`)
 	require.Contains(t, h.logs.String(), "grpc.code=InvalidArgument")
 }
+
+// An unlisted service is served but not listed by reflection: the services'
+// calls to each other sit beside a public service on one port, and nobody
+// browsing the port should find them (a call still needs the token).
+func TestUnlistedServicesAreServedNotListed(t *testing.T) {
+	h := start(t, func(o *grpcserver.Options) { o.Unlisted = []string{"test.Echo"} })
+	h.waitStatus(t, "", healthpb.HealthCheckResponse_SERVING)
+	_, err := h.call(t.Context(), "Echo", "x")
+	require.NoError(t, err, "served")
+	rc, err := reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+	resp, err := rc.Recv()
+	require.NoError(t, err)
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	require.Contains(t, names, "grpc.health.v1.Health")
+	require.NotContains(t, names, "test.Echo")
+	require.NoError(t, rc.CloseSend())
+}

@@ -95,6 +95,7 @@ func run(ctx context.Context, cfg Config, ls Listeners, h hooks) error {
 		Name: "session", Logger: log, Redis: rdb, Telemetry: tel,
 		Addr: cfg.GRPCAddr, Listener: ls.GRPC, MetricsAddr: cfg.MetricsAddr, MetricsListener: ls.Metrics,
 		InternalToken: cfg.InternalToken, DrainDelay: cfg.DrainDelay, ShutdownTimeout: cfg.ShutdownTimeout,
+		Unlisted: []string{sessionv1.SessionNotifyService_ServiceDesc.ServiceName},
 	})
 	if err != nil {
 		return err
