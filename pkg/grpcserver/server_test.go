@@ -266,13 +266,7 @@ func TestAuth(t *testing.T) {
 	require.Equal(t, grpcserver.ReasonInvalidCredentials, apierr.Reason(err))
 	rc, err = reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(withToken("s3cret-token"))
 	require.NoError(t, err)
-	require.NoError(t, rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
-	resp, err := rc.Recv()
-	require.NoError(t, err)
-	var names []string
-	for _, s := range resp.GetListServicesResponse().GetService() {
-		names = append(names, s.GetName())
-	}
+	names := listServices(t, rc)
 	require.Contains(t, names, "test.Echo")
 	require.Contains(t, names, "grpc.health.v1.Health")
 	require.NoError(t, rc.CloseSend())
@@ -511,6 +505,15 @@ func TestUnlistedServicesAreServedNotListed(t *testing.T) {
 	require.NoError(t, err, "served")
 	rc, err := reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(t.Context())
 	require.NoError(t, err)
+	names := listServices(t, rc)
+	require.Contains(t, names, "grpc.health.v1.Health")
+	require.NotContains(t, names, "test.Echo")
+	require.NoError(t, rc.CloseSend())
+}
+
+// listServices asks a reflection stream for the services it lists.
+func listServices(t *testing.T, rc reflectionpb.ServerReflection_ServerReflectionInfoClient) []string {
+	t.Helper()
 	require.NoError(t, rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
 	resp, err := rc.Recv()
 	require.NoError(t, err)
@@ -518,7 +521,5 @@ func TestUnlistedServicesAreServedNotListed(t *testing.T) {
 	for _, s := range resp.GetListServicesResponse().GetService() {
 		names = append(names, s.GetName())
 	}
-	require.Contains(t, names, "grpc.health.v1.Health")
-	require.NotContains(t, names, "test.Echo")
-	require.NoError(t, rc.CloseSend())
+	return names
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"os/signal"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"agentplane.dev/client"
@@ -174,27 +176,17 @@ func (e *env) sessionExport(args []string) int {
 		return code
 	}
 	return e.withClient(func(ctx context.Context, c *client.Client) error {
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		if e.output == "human" {
-			fmt.Fprintln(tw, "RUNTIME SESSION\tITEM\tTYPE\tVERSION\tPAYLOAD")
-		}
-		for it, err := range c.ExportHistory(ctx, &sessionv1.ExportHistoryRequest{SessionId: pos[0]}) {
-			if err != nil {
-				return err
-			}
-			if e.output == "json" {
-				writeJSON(e.stdout, it)
-				continue
-			}
-			item := it.GetItem()
-			payload := string(item.GetPayload())
-			if len(payload) > 120 {
-				payload = payload[:120] + "…"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", it.GetRuntimeSessionId(), item.GetItemId(),
-				enumName(item.GetType().String(), "ITEM_TYPE_"), item.GetVersion(), payload)
-		}
-		return tw.Flush()
+		return printRows(e, "RUNTIME SESSION\tITEM\tTYPE\tVERSION\tPAYLOAD",
+			c.ExportHistory(ctx, &sessionv1.ExportHistoryRequest{SessionId: pos[0]}),
+			func(it *sessionv1.HistoryItem) string {
+				item := it.GetItem()
+				payload := string(item.GetPayload())
+				if len(payload) > 120 {
+					payload = payload[:120] + "…"
+				}
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", it.GetRuntimeSessionId(), item.GetItemId(),
+					enumName(item.GetType().String(), "ITEM_TYPE_"), item.GetVersion(), payload)
+			})
 	})
 }
 
@@ -208,40 +200,52 @@ func (e *env) sessionAudit(args []string) int {
 		return code
 	}
 	return e.withClient(func(ctx context.Context, c *client.Client) error {
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		if e.output == "human" {
-			fmt.Fprintln(tw, "TIME\tTURN\tKIND\tWHAT\tRESULT")
-		}
-		for r, err := range c.ListAuditRecords(ctx, &sessionv1.ListAuditRecordsRequest{SessionId: pos[0], TurnId: *turn}) {
-			if err != nil {
-				return err
-			}
-			if e.output == "json" {
-				writeJSON(e.stdout, r)
-				continue
-			}
-			t := r.GetTurnId()
-			if t == "" {
-				t = "-"
-			}
-			when := r.GetTime().AsTime().UTC().Format("15:04:05.000")
-			if p := r.GetProxyRequest(); p != nil {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s %s\t%d (%d B in, %d B out, %s)\n", when, t, p.GetRoute(), p.GetMethod(), p.GetPathTemplate(),
-					p.GetStatus(), p.GetBytesIn(), p.GetBytesOut(), p.GetDuration().AsDuration().Round(time.Millisecond))
-				continue
-			}
-			g := r.GetEgress()
-			result := g.GetDecision()
-			if g.GetReason() != "" {
-				result += " (" + g.GetReason() + ")"
-			}
-			if g.GetExpected() {
-				result += fmt.Sprintf(", expected ×%d", g.GetCount())
-			}
-			fmt.Fprintf(tw, "%s\t%s\tegress\t%s:%d\t%s\n", when, t, g.GetHost(), g.GetPort(), result)
-		}
-		return tw.Flush()
+		return printRows(e, "TIME\tTURN\tKIND\tWHAT\tRESULT",
+			c.ListAuditRecords(ctx, &sessionv1.ListAuditRecordsRequest{SessionId: pos[0], TurnId: *turn}), auditRow)
 	})
+}
+
+// auditRow is one audit record as a line: time, turn, then the request or
+// the egress decision.
+func auditRow(r *sessionv1.AuditRecord) string {
+	t := r.GetTurnId()
+	if t == "" {
+		t = "-"
+	}
+	when := r.GetTime().AsTime().UTC().Format("15:04:05.000")
+	if p := r.GetProxyRequest(); p != nil {
+		return fmt.Sprintf("%s\t%s\t%s\t%s %s\t%d (%d B in, %d B out, %s)", when, t, p.GetRoute(), p.GetMethod(), p.GetPathTemplate(),
+			p.GetStatus(), p.GetBytesIn(), p.GetBytesOut(), p.GetDuration().AsDuration().Round(time.Millisecond))
+	}
+	g := r.GetEgress()
+	result := g.GetDecision()
+	if g.GetReason() != "" {
+		result += " (" + g.GetReason() + ")"
+	}
+	if g.GetExpected() {
+		result += fmt.Sprintf(", expected ×%d", g.GetCount())
+	}
+	return fmt.Sprintf("%s\t%s\tegress\t%s:%d\t%s", when, t, g.GetHost(), g.GetPort(), result)
+}
+
+// printRows prints every item of a paged listing: a table under header, or
+// one JSON object per line with --output json.
+func printRows[T proto.Message](e *env, header string, items iter.Seq2[T, error], row func(T) string) error {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	if e.output == "human" {
+		fmt.Fprintln(tw, header)
+	}
+	for it, err := range items {
+		if err != nil {
+			return err
+		}
+		if e.output == "json" {
+			writeJSON(e.stdout, it)
+			continue
+		}
+		fmt.Fprintln(tw, row(it))
+	}
+	return tw.Flush()
 }
 
 func (e *env) sessionSend(args []string) int {
