@@ -92,7 +92,7 @@ func TestRenderedConfigCheckCatchesBadAddress(t *testing.T) {
 		c := w.pod.Spec.Containers[0]
 		env := podEnv(t, r, c)
 		mountSecretStandIns(t, w.pod.Spec, c, env)
-		err := loadConfig["session"](c.Args[1:], lookup(env))
+		err := loadConfig["session"](c.Args[2:], lookup(env))
 		if err == nil || !strings.Contains(err.Error(), "AGENTPLANE_SANDBOX_ADDR") {
 			t.Fatalf("want AGENTPLANE_SANDBOX_ADDR refused, got %v", err)
 		}
