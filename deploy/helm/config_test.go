@@ -279,33 +279,60 @@ func TestPriceTableValue(t *testing.T) {
 	vals := readValues(t, filepath.Join(chartDir, "ci", "ha-values.yaml"))
 	sess, _ := vals["session"].(map[string]any)
 	sess["priceTable"] = map[string]any{"gpt-4o": map[string]any{"input": 2.5, "output": 10, "cached": 1.25}, "*": map[string]any{"input": 1, "output": 2}}
-	r, err := render(t, vals)
-	if err != nil {
-		t.Fatalf("render: %v", err)
-	}
-	found := false
-	for _, w := range r.workloads() {
-		for _, c := range w.pod.Spec.Containers {
-			env := podEnv(t, r, c)
-			if w.component != "session" {
-				continue
-			}
-			found = true
-			want := `{"*":{"input":1,"output":2},"gpt-4o":{"cached":1.25,"input":2.5,"output":10}}`
-			if got := env["AGENTPLANE_SESSION_PRICE_TABLE"]; got != want {
-				t.Errorf("AGENTPLANE_SESSION_PRICE_TABLE = %q, want %q", got, want)
-			}
-			mountSecretStandIns(t, w.pod.Spec, c, env)
-			if err := loadConfig["session"](c.Args[2:], lookup(env)); err != nil {
-				t.Errorf("the session service refuses the rendered configuration: %v", err)
-			}
-		}
-	}
-	if !found {
-		t.Fatal("no session container")
+	env := acceptedEnv(t, vals, "session")
+	want := `{"*":{"input":1,"output":2},"gpt-4o":{"cached":1.25,"input":2.5,"output":10}}`
+	if got := env["AGENTPLANE_SESSION_PRICE_TABLE"]; got != want {
+		t.Errorf("AGENTPLANE_SESSION_PRICE_TABLE = %q, want %q", got, want)
 	}
 	sess["priceTable"] = map[string]any{"m": map[string]any{"input": -1}}
 	if _, err := render(t, vals); err == nil || !strings.Contains(err.Error(), "priceTable") {
 		t.Fatalf("want a schema error on session.priceTable, got %v", err)
 	}
+}
+
+// sandbox.egress.expectedDenials reaches the sandbox service as its profiles'
+// expected denials, which it accepts; a host that is not a name is refused by
+// the schema.
+func TestExpectedDenialsValue(t *testing.T) {
+	vals := readValues(t, filepath.Join(chartDir, "ci", "ha-values.yaml"))
+	sbx, _ := vals["sandbox"].(map[string]any)
+	egress, _ := sbx["egress"].(map[string]any)
+	if egress == nil {
+		egress = map[string]any{}
+		sbx["egress"] = egress
+	}
+	egress["expectedDenials"] = map[string]any{"kilo": []any{"us.i.posthog.com"}, "opencode": []any{"*.sentry.io", "telemetry.example"}}
+	env := acceptedEnv(t, vals, "sandbox")
+	want := "kilo=us.i.posthog.com,opencode=*.sentry.io|telemetry.example"
+	if got := env["AGENTPLANE_AGENT_EXPECTED_DENIALS"]; got != want {
+		t.Errorf("AGENTPLANE_AGENT_EXPECTED_DENIALS = %q, want %q", got, want)
+	}
+	egress["expectedDenials"] = map[string]any{"kilo": []any{"Bad Host"}}
+	if _, err := render(t, vals); err == nil || !strings.Contains(err.Error(), "expectedDenials") {
+		t.Fatalf("want a schema error on sandbox.egress.expectedDenials, got %v", err)
+	}
+}
+
+// acceptedEnv renders vals and returns the environment of component's
+// container, failing unless the service accepts that configuration.
+func acceptedEnv(t *testing.T, vals map[string]any, component string) map[string]string {
+	t.Helper()
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	for _, w := range r.workloads() {
+		if w.component != component {
+			continue
+		}
+		c := w.pod.Spec.Containers[0]
+		env := podEnv(t, r, c)
+		mountSecretStandIns(t, w.pod.Spec, c, env)
+		if err := loadConfig[component](c.Args[2:], lookup(env)); err != nil {
+			t.Fatalf("the %s service refuses the rendered configuration: %v", component, err)
+		}
+		return env
+	}
+	t.Fatalf("no %s workload rendered", component)
+	return nil
 }

@@ -163,3 +163,12 @@ profile (AGENTPLANE_SESSION_SUSPEND_AFTER_PROFILES).
 {{- end }}
 {{- join "," $out }}
 {{- end }}
+
+{{/* A map of agent profile to hosts as profile=host|host,... (AGENT_EXPECTED_DENIALS). */}}
+{{- define "agentplane.profileHosts" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}
+{{- $out = append $out (printf "%s=%s" $k (join "|" $v)) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}

@@ -117,6 +117,10 @@ spec:
           value: {{ include "agentplane.proxyURL" $root | quote }}
         - name: AGENTPLANE_SANDBOX_EGRESS_ALLOW
           value: {{ join "," $c.egress.allow | quote }}
+        {{- with $c.egress.expectedDenials }}
+        - name: AGENTPLANE_AGENT_EXPECTED_DENIALS
+          value: {{ include "agentplane.profileHosts" . | quote }}
+        {{- end }}
         - name: AGENTPLANE_SANDBOX_EGRESS_MAX_CONNS
           value: {{ int $c.egress.maxConns | quote }}
         - name: AGENTPLANE_SANDBOX_EGRESS_MAX_BYTES
