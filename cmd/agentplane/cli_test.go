@@ -180,8 +180,7 @@ func cliEnv(addr string, extra ...string) []string {
 
 func sessionsClient(t *testing.T) sessionv1.SessionServiceClient {
 	_, addr := suiteForCLI(t)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := devConn(t, addr, addr)
 	t.Cleanup(func() { _ = conn.Close() })
 	return sessionv1.NewSessionServiceClient(conn)
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -124,7 +126,7 @@ func parseDev(args []string) (devOptions, error) {
 	fs.IntVar(&o.redisPort, "redis-port", 0, "port of the private redis-server; 0: port base + 5")
 	fs.StringVar(&o.sandboxRoot, "sandbox-root", "", "directory of the process provider's sandboxes; empty: a new temporary directory")
 	fs.StringVar(&o.redisURLFile, "redis-file", "", "file holding the Redis URL (when it carries a password)")
-	fs.StringVar(&o.internalToken, "internal-token", "", "service-to-service bearer token; empty disables the check (prefer --internal-token-file)")
+	fs.StringVar(&o.internalToken, "internal-token", "", "service-to-service bearer token (prefer --internal-token-file); empty: a new random one, which the CLI reads from dev's state file")
 	fs.StringVar(&o.internalTokenFile, "internal-token-file", "", "file holding the service-to-service bearer token")
 	fs.DurationVar(&o.drainDelay, "drain-delay", envDuration("AGENTPLANE_DRAIN_DELAY", 500*time.Millisecond), "time between NOT_SERVING and stopping on SIGTERM (env AGENTPLANE_DRAIN_DELAY)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", envDuration("AGENTPLANE_SHUTDOWN_TIMEOUT", 5*time.Second), "bound on the graceful stop of each service (env AGENTPLANE_SHUTDOWN_TIMEOUT)")
@@ -192,6 +194,15 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err := o.readSecretFiles(stderr); err != nil {
 		return err
 	}
+	// The services' calls to each other (SessionNotifyService among them)
+	// need the token like every other call, so dev always has one.
+	if o.internalToken == "" {
+		token, err := randomToken()
+		if err != nil {
+			return err
+		}
+		o.internalToken = token
+	}
 
 	scratch, err := os.MkdirTemp("", "agentplane-dev-")
 	if err != nil {
@@ -225,9 +236,7 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	common := func(c *config.Common) {
 		c.RedisURL = redisURL
-		if o.internalToken != "" {
-			c.InternalToken = o.internalToken
-		}
+		c.InternalToken = o.internalToken
 		c.DrainDelay = o.drainDelay
 		c.ShutdownTimeout = o.shutdownTimeout
 		c.LogFormat = o.logFormat
@@ -281,6 +290,10 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tokenFile := filepath.Join(scratch, "internal-token")
+	if err := os.WriteFile(tokenFile, []byte(o.internalToken), 0o600); err != nil {
+		return err
+	}
 	defer func() { _ = os.Remove(cli.DevStatePath(portOf(ses.GRPCAddr))) }()
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -288,6 +301,7 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	fmt.Fprintf(tw, "provider: %s\n", providerWhat)
 	fmt.Fprintf(tw, "credential: %s\n", credWhat)
 	fmt.Fprintf(tw, "wrapper: %s\n", sbx.WrapperBin)
+	fmt.Fprintf(tw, "internal token: in %s (every call needs it; the CLI reads it itself)\n", tokenFile)
 
 	fmt.Fprintln(tw, "SERVICE\tgRPC\tMETRICS\tNOTES")
 	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, metricsColumn(ses.MetricsAddr))
@@ -299,8 +313,8 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	fmt.Fprintf(tw, "credential\t%s\t%s\tHTTP credential proxy on %s\n", cred.GRPCAddr, metricsColumn(cred.MetricsAddr), cred.ProxyAddr)
 	fmt.Fprintf(tw, "ingest\t%s\t%s\t\n", ing.GRPCAddr, metricsColumn(ing.MetricsAddr))
 	_ = tw.Flush()
-	fmt.Fprintf(stdout, "try: %sagentplane run \"hello\" (agentplane session -h lists the other verbs; grpcurl -plaintext %s list the API)\n",
-		addrPrefix(ses.GRPCAddr), ses.GRPCAddr)
+	fmt.Fprintf(stdout, "try: %sagentplane run \"hello\" (agentplane session -h lists the other verbs; grpcurl -plaintext -H \"authorization: Bearer $(cat %s)\" %s list the API)\n",
+		addrPrefix(ses.GRPCAddr), tokenFile, ses.GRPCAddr)
 
 	g, gctx := errgroup.WithContext(ctx)
 	// The sandbox service stops first and the others once it has: up to its
@@ -581,6 +595,15 @@ func startFakeModel(addr string) (stop func(), url string, err error) {
 	srv := &http.Server{Handler: fakemodel.New(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	return func() { _ = srv.Close() }, "http://" + addr, nil
+}
+
+// randomToken is a new internal token: 32 random bytes, hex.
+func randomToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
 }
 
 // devHandOver writes the state file `agentplane run` reads (the provider key

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
@@ -75,8 +73,7 @@ func TestDevRunsARealAgent(t *testing.T) {
 		t.Fatal("agentplane dev created no session")
 	}
 
-	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(base), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := devConn(t, "127.0.0.1:"+strconv.Itoa(base), "127.0.0.1:"+strconv.Itoa(base))
 	defer conn.Close()
 	c := sessionv1.NewSessionServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

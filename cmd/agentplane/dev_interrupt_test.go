@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"agentplane.dev/cmd/agentplane/internal/cli"
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
@@ -52,8 +50,7 @@ func TestDevCtrlCInATerminal(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
 
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := devConn(t, addr, addr)
 	defer conn.Close()
 	waitServing(t, conn, addr)
 	banner := out.String()
@@ -178,8 +175,7 @@ func TestRunUsesDevsProviderKey(t *testing.T) {
 		}
 		require.NotContains(t, out.String(), key, "the key is in no output of dev")
 	})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := devConn(t, addr, addr)
 	defer conn.Close()
 	waitServing(t, conn, addr)
 	require.Contains(t, out.String(), "credential: `agentplane run` and `session create` use the key of --provider-key-file")

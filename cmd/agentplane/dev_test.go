@@ -25,9 +25,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 )
 
 // The services `agentplane dev` must expose, by offset from --port-base
@@ -125,8 +127,7 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 	require.NotEmpty(t, redisServers(t, redisPort), "the private redis-server runs while dev runs")
 
 	for off, want := range devServices {
-		conn, err := grpc.NewClient(addr(off), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		require.NoError(t, err)
+		conn := devConn(t, addr(off), addr(0))
 		waitServing(t, conn, addr(off))
 		listed := listServices(t, conn)
 		require.Subset(t, listed, want, "services listed by reflection on %s", addr(off))
@@ -134,6 +135,15 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 		require.NotContains(t, listed, "agentplane.session.v1.SessionNotifyService")
 		require.NoError(t, conn.Close())
 	}
+	// dev has an internal token of its own: without it the services' calls
+	// to each other (and every other call) are refused.
+	bare, err := grpc.NewClient(addr(0), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	_, err = sessionv1.NewSessionNotifyServiceClient(bare).NotifyRouteReady(context.Background(), &sessionv1.NotifyRouteReadyRequest{})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "a notification without dev's token: %v", err)
+	_, err = sessionv1.NewSessionServiceClient(bare).ListSessions(context.Background(), &sessionv1.ListSessionsRequest{})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "a call without dev's token: %v", err)
+	require.NoError(t, bare.Close())
 	// The start-up table names the four metrics addresses, on the moved base, and each serves.
 	for i := range 4 {
 		var u string
@@ -165,8 +175,7 @@ func TestDevStartsAllServicesAndStopsCleanly(t *testing.T) {
 
 	// A session with a message leaves a wrapper and a runtime running
 	// under the sandbox root.
-	conn, err := grpc.NewClient(addr(0), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := devConn(t, addr(0), addr(0))
 	defer conn.Close()
 	sessions := sessionv1.NewSessionServiceClient(conn)
 	created, err := sessions.CreateSession(t.Context(), &sessionv1.CreateSessionRequest{

@@ -16,9 +16,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
@@ -73,8 +71,7 @@ func startDevSuite(t *testing.T, bin string) *devSuite {
 	t.Cleanup(func() { _ = stop(); sandboxprocs.Stop(root, time.Second, 10*time.Second) })
 
 	addr := fmt.Sprintf("127.0.0.1:%d", base)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := devConn(t, addr, addr)
 	t.Cleanup(func() { _ = conn.Close() })
 	waitServing(t, conn, addr)
 	return &devSuite{root: root, sessions: sessionv1.NewSessionServiceClient(conn), logs: logs, stop: stop}

@@ -75,7 +75,7 @@ type stackOptions struct {
 	root                string       // sandbox root; "": a new directory
 	redisURL            string       // the services' Redis; "": a private redis-server
 	minReplicas         int          // every service's REDIS_MIN_REPLICAS
-	noToken             bool         // no internal token (agentplane dev's default)
+	noToken             bool         // no internal token (a deployment that sets none)
 }
 
 func newStack(t testing.TB, o stackOptions) *stack {

@@ -214,8 +214,8 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 	require.Contains(t, out, "alice-secret")
 }
 
-// TestControlSocketServesOnlyTheWrapperWithoutToken: agentplane dev's
-// default, no internal token. A runtime calling the SandboxService through
+// TestControlSocketServesOnlyTheWrapperWithoutToken: a deployment with no
+// internal token. A runtime calling the SandboxService through
 // its control socket, as another session, is refused.
 func TestControlSocketServesOnlyTheWrapperWithoutToken(t *testing.T) {
 	s, probe := tenantSuite(t, true)
