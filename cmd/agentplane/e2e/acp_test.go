@@ -87,7 +87,7 @@ func startACPSuiteTuned(t *testing.T, agent string, tune func(*sandbox.Config), 
 	return &acpSuite{suite: s, model: model}
 }
 
-func (s *acpSuite) createAgent(t *testing.T, sandboxID, dir, secret, profile string) *sessionv1.Session {
+func (s *suite) createAgent(t testing.TB, sandboxID, dir, secret, profile string) *sessionv1.Session {
 	var out *sessionv1.Session
 	require.Eventually(t, func() bool {
 		resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{

@@ -21,7 +21,7 @@ import (
 
 // suspend calls SuspendSession until it answers, honouring the RetryInfo
 // of SUSPEND_PENDING; other errors are returned.
-func (s *suite) suspend(t *testing.T, id string, force bool) (*sessionv1.Session, error) {
+func (s *suite) suspend(t testing.TB, id string, force bool) (*sessionv1.Session, error) {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {

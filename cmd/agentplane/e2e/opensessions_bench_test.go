@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
+	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testenv"
+	sandbox "agentplane.dev/services/sandbox/server"
+)
+
+// BenchmarkOpenSessions (DESIGN.md 3.8): many open sessions on one node,
+// few active. Sessions come in waves of `active` at a time: each wave's
+// sessions are created and answer a turn together, then are suspended,
+// except the last wave's, which stay active. The scripted runtime serves
+// all but the last wave, opencode (fake model) the last. Then: the node's
+// sandbox processes are only the active sandboxes' (a suspended one runs
+// none), their memory is summed (PSS), one suspended session resumes and
+// answers, and after every session is deleted no sandbox process, workspace
+// or home is left. b.N is not used: one run is the measurement.
+//
+//	cd cmd/agentplane && go test ./e2e -run '^$' -bench '^BenchmarkOpenSessions$' -benchtime 1x -timeout 30m
+//
+// AGENTPLANE_OPEN_SESSIONS (default 200) and AGENTPLANE_ACTIVE_SESSIONS
+// (default 10) change the shape.
+func BenchmarkOpenSessions(b *testing.B) {
+	total, active := envCount(b, "AGENTPLANE_OPEN_SESSIONS", 200), envCount(b, "AGENTPLANE_ACTIVE_SESSIONS", 10)
+	require.Zero(b, total%active, "open sessions must be a multiple of active ones")
+	dir := agentsDir(b)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
+		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
+	}
+	model := fakemodel.New()
+	up := httptest.NewServer(model)
+	b.Cleanup(up.Close)
+	s := startSuiteWith(b, model, func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
+	ctx := context.Background()
+
+	start := time.Now()
+	ids := make([]string, total)
+	sandboxes := make([]string, total)
+	for wave := 0; wave < total/active; wave++ {
+		last := wave == total/active-1
+		profile := "scripted"
+		if last {
+			profile = "opencode"
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		for j := range active {
+			i := wave*active + j
+			g.Go(func() error {
+				sess := s.createAgent(b, fmt.Sprintf("sbx-open-%d", i), fmt.Sprintf("/work/open-%d", i), newSecret(), profile)
+				ids[i], sandboxes[i] = sess.GetSessionId(), sess.GetSandboxId()
+				if err := s.answer(gctx, ids[i], "m1", "hello"); err != nil {
+					return fmt.Errorf("session %d (%s): %w", i, profile, err)
+				}
+				if last {
+					return nil
+				}
+				_, err := s.suspend(b, ids[i], false)
+				return err
+			})
+		}
+		require.NoError(b, g.Wait(), "wave %d", wave)
+	}
+	b.Logf("%d sessions opened, %d active, in %v", total, active, time.Since(start).Round(time.Second))
+
+	// Only the active sandboxes run processes.
+	for i, sbx := range sandboxes {
+		pids, err := listWrapperPIDs(sbx)
+		require.NoError(b, err)
+		if i < total-active {
+			require.Empty(b, pids, "suspended session %d runs no process", i)
+		} else {
+			require.NotEmpty(b, pids, "active session %d runs its agent", i)
+		}
+	}
+	procs := sandboxprocs.Under(s.root)
+	var pss int
+	for _, pid := range procs {
+		pss += pssKiB(pid)
+	}
+	perActive := float64(pss) / float64(active) / 1024
+	b.Logf("sandbox processes: %d, PSS %.1f MiB in all, %.1f MiB per active session; %d suspended sessions: 0 processes",
+		len(procs), float64(pss)/1024, perActive, total-active)
+	b.ReportMetric(float64(pss)/1024, "MiB-sandboxes")
+	b.ReportMetric(perActive, "MiB/active")
+	b.ReportMetric(float64(len(procs)), "processes")
+
+	// A suspended session resumes on its next message.
+	require.NoError(b, s.answer(ctx, ids[0], "m2", "hello again"))
+
+	for _, id := range ids {
+		s.deleteSession(b, id)
+	}
+	require.Eventually(b, func() bool { return len(sandboxprocs.Under(s.root)) == 0 }, 2*time.Minute, 200*time.Millisecond,
+		"sandbox processes left after every session was deleted")
+	for _, d := range []string{"workspaces", "homes"} {
+		require.Eventually(b, func() bool { return emptyOrMissing(filepath.Join(s.root, d)) }, 2*time.Minute, 200*time.Millisecond,
+			"%s left under the sandbox root after every session was deleted", d)
+	}
+}
+
+// answer sends a message and waits for its turn to succeed, without
+// assertions (it runs in a goroutine).
+func (s *suite) answer(ctx context.Context, sessionID, messageID, content string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if _, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: sessionID, MessageId: messageID, Content: content}); err != nil {
+		return err
+	}
+	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: sessionID})
+	if err != nil {
+		return err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if o := resp.GetEvent().GetOutcome(); o != nil && o.GetLastMessageId() == messageID {
+			if o.GetResult() != runtimev1.TurnResult_TURN_RESULT_SUCCEEDED {
+				return fmt.Errorf("outcome %v", o)
+			}
+			return nil
+		}
+		if msg := resp.GetEvent().GetMessage(); msg.GetMessageId() == messageID && msg.GetState() == sessionv1.MessageState_MESSAGE_STATE_FAILED {
+			return errors.New("message failed: " + msg.GetFailureReason())
+		}
+	}
+}
+
+// pssKiB is a process's proportional set size, 0 when it is gone.
+func pssKiB(pid int) int {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
+}
+
+func emptyOrMissing(dir string) bool {
+	ents, err := os.ReadDir(dir)
+	return (err == nil && len(ents) == 0) || errors.Is(err, os.ErrNotExist)
+}
+
+func envCount(tb testing.TB, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(tb, err, name)
+	require.Positive(tb, n, name)
+	return n
+}
