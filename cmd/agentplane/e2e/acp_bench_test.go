@@ -353,13 +353,18 @@ func directFirstEvent(b *testing.B, oc, upURL string) (startup, first time.Durat
 // openCodeTemplate is the profile's provider config (internal/agents).
 const openCodeTemplate = `{"provider":{"agentplane":{"npm":"@ai-sdk/openai-compatible","name":"agentplane","options":{"baseURL":"{{BASE_URL}}","apiKey":"{{API_KEY}}"},"models":{"{{MODEL}}":{"name":"{{MODEL}}"}}}},"enabled_providers":["agentplane"],"autoupdate":false,"share":"disabled","model":"agentplane/{{MODEL}}"}`
 
-func rssKiB(pid int) int {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+// rssKiB is a process's resident set size, 0 when it is gone.
+func rssKiB(pid int) int { return procKiB(pid, "status", "VmRSS:") }
+
+// procKiB is the kB figure of key's line in /proc/<pid>/<file>, 0 when the
+// process is gone.
+func procKiB(pid int, file, key string) int {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), file))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
 			return n
 		}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -145,19 +144,7 @@ func (s *suite) answer(ctx context.Context, sessionID, messageID, content string
 }
 
 // pssKiB is a process's proportional set size, 0 when it is gone.
-func pssKiB(pid int) int {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return n
-		}
-	}
-	return 0
-}
+func pssKiB(pid int) int { return procKiB(pid, "smaps_rollup", "Pss:") }
 
 func emptyOrMissing(dir string) bool {
 	ents, err := os.ReadDir(dir)
