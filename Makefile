@@ -3,6 +3,7 @@
 #   make test       every module's tests against private redis-servers, the chart checks, and
 #                   the chart on the test cluster (built cold on first use: see make cluster)
 #   make test-redis-topologies  the store and fence suites on a real Redis Cluster and Sentinel
+#                   (test-redis-stores), and the services through a failover (test-redis-failover)
 #   make generate   regenerate pkg/gen from proto/ with the pinned local plugins
 #   make lint       buf lint + format + breaking, go vet, golangci-lint
 #   make bench      benchmarks side by side with their references (see docs/benchmarks.md)
@@ -20,7 +21,7 @@ BUF   := $(BIN)/buf
 MODULES = $(shell go list -m -f '{{.Dir}}')
 GOTEST_FLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go test-redis-topologies bench helm-check cluster test-cluster dev build clean
+.PHONY: agents all tools generate check-generated lint proto-lint vet golangci test test-go test-redis-topologies test-redis-stores test-redis-failover bench helm-check cluster test-cluster dev build clean
 
 all: lint test
 
@@ -72,8 +73,16 @@ golangci: $(BIN)/golangci-lint
 
 lint: proto-lint golangci
 
+# The e2e module (cmd/agentplane, the long pole) runs in the background beside the other
+# modules, which run one after another; its output is printed after theirs.
+E2E_MODULE = $(CURDIR)/cmd/agentplane
 test-go:
-	@failed=""; for m in $(MODULES); do $(call TIMED,go test $$m,cd $$m && go test $(GOTEST_FLAGS) ./...,$$m); done; \
+	@failed=""; elog=$$(mktemp); \
+	  ( failed=""; $(call TIMED,go test $(E2E_MODULE),cd $(E2E_MODULE) && go test $(GOTEST_FLAGS) ./...,$(E2E_MODULE)); \
+	    $(FAILED_REPORT) ) >$$elog 2>&1 & epid=$$!; \
+	  for m in $(filter-out $(E2E_MODULE),$(MODULES)); do $(call TIMED,go test $$m,cd $$m && go test $(GOTEST_FLAGS) ./...,$$m); done; \
+	  wait $$epid || failed="$$failed $(E2E_MODULE)"; \
+	  echo "== go test $(E2E_MODULE) output"; cat $$elog; rm -f $$elog; \
 	  $(FAILED_REPORT)
 
 # Each part runs even when an earlier one failed (make -k would also run them; this
@@ -99,18 +108,22 @@ cluster:
 	bash deploy/cluster/build.sh
 
 # The store and fence suites again on a real Redis Cluster (3 masters + 3 replicas) and a real
-# Sentinel group (pkg/redistest; `make test` runs them on one redis-server).
+# Sentinel group (pkg/redistest; `make test` runs them on one redis-server), and the failover
+# e2e tests: real services on a Sentinel group / Cluster while its master fails over. CI runs
+# test-redis-stores beside `make test` and test-redis-failover after it (.ci/run).
 REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ services/ingest:./internal/store/ \
   services/session:./internal/store/ services/sandbox:./internal/store/,./internal/ownership/,./internal/leasestore/
-# The failover e2e tests: real services on a Sentinel group / Cluster while its master fails over.
 REDIS_FAILOVER_E2E = ^(TestSentinelFailover(Acks|KeepsSandboxes)|TestClusterFailoverKill)$$
-test-redis-topologies:
+test-redis-topologies: test-redis-stores test-redis-failover
+test-redis-stores:
 	@failed=""; for topo in cluster sentinel; do for s in $(REDIS_TOPOLOGY_SUITES); do \
 	  m=$${s%%:*}; p=$${s#*:}; \
 	  $(call TIMED,AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//$(comma)/ },cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//$(comma)/ },$$topo:$$s); \
 	  done; done; \
 	  $(call TIMED,go test pkg ./replication/ (WAIT on a replica pair and a Cluster),cd pkg && go test $(GOTEST_FLAGS) ./replication/,pkg:./replication/); \
-	  $(call TIMED,go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)',cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/,failover-e2e); \
+	  $(FAILED_REPORT)
+test-redis-failover:
+	@failed=""; $(call TIMED,go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)',cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/,failover-e2e); \
 	  $(FAILED_REPORT)
 
 helm-check:

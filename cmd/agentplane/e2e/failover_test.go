@@ -232,19 +232,37 @@ func (s *suite) losses(t *testing.T, l *ledger, sessions []string) (lost []strin
 }
 
 // plannedFailover runs SENTINEL FAILOVER and returns once the sentinels
-// name another master, with the time that took.
+// name another master, with the time the attempt that did it took. Sentinel
+// aborts a failover whose promotion it does not see within its
+// failover-timeout (10 s here), which a loaded machine can cause; the
+// failover is then asked for again (a test of the services needs the switch,
+// not Sentinel's first attempt), three attempts at most. The sentinels' logs
+// are printed when none switched.
 func plannedFailover(t *testing.T, g *redistest.SentinelGroup) time.Duration {
 	t.Helper()
 	ctx := t.Context()
 	before, err := g.MasterAddr(ctx)
 	require.NoError(t, err)
-	started := time.Now()
-	require.NoError(t, g.Failover(ctx))
-	require.Eventually(t, func() bool {
-		after, err := g.MasterAddr(ctx)
-		return err == nil && after != before
-	}, 30*time.Second, 20*time.Millisecond)
-	return time.Since(started)
+	for attempt := 1; attempt <= 3; attempt++ {
+		started := time.Now()
+		if err := g.Failover(ctx); err != nil && !strings.Contains(err.Error(), "INPROG") {
+			require.NoError(t, err, "SENTINEL FAILOVER")
+		}
+		// Longer than failover-timeout: an attempt still running then has been aborted.
+		for time.Since(started) < 25*time.Second {
+			if after, err := g.MasterAddr(ctx); err == nil && after != before {
+				return time.Since(started)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("failover attempt %d: the sentinels still name %s after 25s", attempt, before)
+	}
+	for _, s := range g.Sentinels {
+		b, _ := os.ReadFile(filepath.Join(s.Dir(), "redis.log"))
+		t.Logf("sentinel %s log:\n%s", s.Addr(), b)
+	}
+	t.Fatalf("no failover from %s in 3 attempts", before)
+	return 0
 }
 
 // TestSentinelFailoverAcks (issue 20): four
