@@ -261,47 +261,14 @@ func BenchmarkOpenCodeColdFirstEvent(b *testing.B) {
 			b.Fatal(err)
 		}
 		id := resp.GetSession().GetSessionId()
-		stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: id})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		if _, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: id, MessageId: "m1", Content: "hello"}); err != nil {
-			b.Fatal(err)
-		}
-		measured := false
-		var agentOpen time.Duration
-		var busyAt time.Time
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				b.Fatal(err)
-			}
-			ev := r.GetEvent()
-			re := ev.GetRuntimeEvent()
-			if re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_STATUS && re.GetText() == "busy" {
-				// The wrapper's own clock: when it sent the prompt, and how
-				// long opening the route waited on the agent.
-				busyAt = re.GetTime().AsTime()
-				ms, _ := re.GetData().AsMap()["agent_open_ms"].(float64)
-				agentOpen = time.Duration(ms * float64(time.Millisecond))
-			}
-			if !measured && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE_DELTA {
-				total := time.Since(t0)
-				cold, measured = append(cold, total), true
-				// The agent's own time on this path: opening (start-up
-				// not hidden behind agentplane's work, session/new) and
-				// prompt → first chunk read by the wrapper (which also
-				// holds the model's answer through the relay and proxy:
-				// counted as the agent's, so the share is a lower bound
-				// by that hop).
-				own := agentOpen + re.GetTime().AsTime().Sub(busyAt)
-				share = append(share, total-own)
-			}
-			if ev.GetOutcome() != nil {
-				break
-			}
-		}
+		tt := timeTurn(ctx, b, s, id, "m1")
+		cold = append(cold, tt.firstDelta)
+		// The agent's own time on this path: opening (start-up not hidden
+		// behind agentplane's work, session/new) and prompt → first chunk
+		// read by the wrapper (which also holds the model's answer through
+		// the relay and proxy: counted as the agent's, so the share is a
+		// lower bound by that hop).
+		share = append(share, tt.firstDelta-tt.agentOpen()-tt.promptToDelta)
 		cancel()
 		// The sandbox is idle now: the wrapper and the agent's group.
 		got, err := s.ses.GetSession(context.Background(), &sessionv1.GetSessionRequest{SessionId: id})
@@ -324,6 +291,101 @@ func BenchmarkOpenCodeColdFirstEvent(b *testing.B) {
 	slices.Sort(rss)
 	b.ReportMetric(float64(share[len(share)/2].Microseconds())/1000, "agentplane-share-p50-ms")
 	b.ReportMetric(rss[len(rss)/2], "idle-sandbox-rss-MB")
+}
+
+// turnTiming is one turn as a WatchSession subscriber saw it.
+type turnTiming struct {
+	firstDelta    time.Duration  // SendMessage → the first message delta at the subscriber
+	busy          map[string]any // the busy event's data: where opening the route waited on the agent
+	promptToDelta time.Duration  // the wrapper's clock: the prompt sent (busy) → the first delta read
+}
+
+// ms returns a duration the busy event's data carries in milliseconds.
+func (tt turnTiming) ms(key string) time.Duration {
+	v, _ := tt.busy[key].(float64)
+	return time.Duration(v * float64(time.Millisecond))
+}
+
+func (tt turnTiming) agentOpen() time.Duration { return tt.ms("agent_open_ms") }
+
+// timeTurn sends messageID to the session and follows WatchSession until
+// the turn's outcome.
+func timeTurn(ctx context.Context, b testing.TB, s *suite, id, messageID string) turnTiming {
+	stream, err := s.ses.WatchSession(ctx, &sessionv1.WatchSessionRequest{SessionId: id})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	if _, err := s.ses.SendMessage(ctx, &sessionv1.SendMessageRequest{SessionId: id, MessageId: messageID, Content: "hello"}); err != nil {
+		b.Fatal(err)
+	}
+	var tt turnTiming
+	var busyAt time.Time
+	measured := false
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			b.Fatal(err)
+		}
+		ev := r.GetEvent()
+		if ev.GetOutcome() != nil && ev.GetOutcome().GetLastMessageId() == messageID {
+			return tt
+		}
+		re := ev.GetRuntimeEvent()
+		if re.GetMessageId() != messageID {
+			continue // an earlier turn's, replayed
+		}
+		if re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_STATUS && re.GetText() == "busy" {
+			busyAt, tt.busy = re.GetTime().AsTime(), re.GetData().AsMap()
+		}
+		if !measured && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_MESSAGE_DELTA {
+			tt.firstDelta, measured = time.Since(t0), true
+			tt.promptToDelta = re.GetTime().AsTime().Sub(busyAt)
+		}
+	}
+}
+
+// BenchmarkOpenCodeResumedFirstEvent (DESIGN.md 3.8, without a warm pool):
+// an opencode session that answered one turn is suspended (SuspendSession:
+// no process of its sandbox runs), then SendMessage → the first agent event
+// at a WatchSession subscriber, which relaunches the wrapper and opencode,
+// initializes it and session/loads the conversation. Reports where the time
+// goes from the first turn's busy event: the agent's start-up and
+// initialize, session/load, and prompt → first chunk; and the same for the
+// cold first turn before it (session/new).
+func BenchmarkOpenCodeResumedFirstEvent(b *testing.B) {
+	dir := agentsDir(b)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
+		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
+	}
+	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
+	var cold, coldStart, coldSession, resumed, resumedStart, resumedLoad, resumedPrompt []time.Duration
+	for i := range b.N {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		id := s.createAgent(b, fmt.Sprintf("sbx-oc-resume-%d", i), "/work/oc-resume", "sk-resume", "opencode").GetSessionId()
+		c := timeTurn(ctx, b, s, id, "m1")
+		cold, coldStart, coldSession = append(cold, c.firstDelta), append(coldStart, c.ms("agent_start_ms")), append(coldSession, c.ms("agent_session_ms"))
+		got, err := s.suspend(b, id, false)
+		if err != nil || got.GetRoute().GetState() != sessionv1.RouteState_ROUTE_STATE_SUSPENDED {
+			b.Fatalf("suspend: %v (route %v)", err, got.GetRoute().GetState())
+		}
+		r := timeTurn(ctx, b, s, id, "m2")
+		if loaded, _ := r.busy["agent_session_loaded"].(bool); !loaded {
+			b.Fatalf("the resumed turn did not session/load: busy %v", r.busy)
+		}
+		resumed, resumedStart = append(resumed, r.firstDelta), append(resumedStart, r.ms("agent_start_ms"))
+		resumedLoad, resumedPrompt = append(resumedLoad, r.ms("agent_session_ms")), append(resumedPrompt, r.promptToDelta)
+		cancel()
+		s.deleteSession(b, id)
+	}
+	b.StopTimer()
+	percentiles(b, "cold-first-event", cold)
+	percentiles(b, "cold-agent-start", coldStart)
+	percentiles(b, "cold-session-new", coldSession)
+	percentiles(b, "resumed-first-event", resumed)
+	percentiles(b, "resumed-agent-start", resumedStart)
+	percentiles(b, "resumed-session-load", resumedLoad)
+	percentiles(b, "resumed-prompt-to-delta", resumedPrompt)
 }
 
 // directFirstEvent runs opencode alone over ACP: spawn → initialize →

@@ -150,8 +150,11 @@ type route struct {
 	// agentOpen is how long opening the route waited on the agent itself
 	// (the rest of initialize, session/new or load); the route's first
 	// turn reports it, so agentplane's own share of a cold start can be
-	// told from the agent's.
-	agentOpen time.Duration
+	// told from the agent's. agentStart is the part spent waiting for the
+	// agent's start-up and initialize, agentSession the session/new or
+	// session/load (loaded says which): where a cold or resumed start goes.
+	agentOpen, agentStart, agentSession time.Duration
+	loaded                              bool
 	reported  bool
 	// restarted says why the route's earlier agent session could not be
 	// loaded ("" when it was, or when there was none): the route opens a
@@ -336,6 +339,9 @@ func (r *Runtime) call(method string, params any, timeout time.Duration, out any
 
 var errTimeout = errors.New("acp: no answer in time")
 
+// ms is d in milliseconds, as an event's data carries durations.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 func (r *Runtime) initialize() {
 	var res struct {
 		ProtocolVersion   int               `json:"protocolVersion"`
@@ -461,7 +467,7 @@ func (r *Runtime) open(f runtimejsonl.Frame) {
 		r.routeFailed(id, fail, true)
 		return
 	}
-	rt.agentOpen = waited + took
+	rt.agentOpen, rt.agentStart, rt.agentSession = waited+took, waited, took
 	r.addRoute(rt)
 }
 
@@ -513,6 +519,7 @@ func (r *Runtime) startAgentSession(rt *route) (time.Duration, *failure) {
 	}
 	took, err := r.loadSession(rt, prev)
 	if err == nil {
+		rt.loaded = true
 		return took, nil
 	}
 	r.log.Warn("session/load failed; starting a new agent session", "session", rt.sessionID, "err", asFailure(err, ReasonSession).detail)
@@ -624,7 +631,8 @@ func (r *Runtime) playTurn(rt *route, m runtimejsonl.Frame) {
 	var busy map[string]any
 	if !rt.reported {
 		rt.reported = true
-		busy = map[string]any{"agent_open_ms": float64(rt.agentOpen.Microseconds()) / 1000}
+		busy = map[string]any{"agent_open_ms": ms(rt.agentOpen), "agent_start_ms": ms(rt.agentStart),
+			"agent_session_ms": ms(rt.agentSession), "agent_session_loaded": rt.loaded}
 	}
 	rt.mu.Unlock()
 	r.event(rt, t.messageID, mapped{kind: runtimejsonl.KindStatus, text: "busy", data: busy})

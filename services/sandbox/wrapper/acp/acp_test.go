@@ -144,6 +144,10 @@ func TestTurnMapsUpdatesToEvents(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"agent_thought_chunk", "plan"}, progress)
 	require.Subset(t, status, []string{"busy", "usage", "some_future_kind", "idle"}, "unknown kinds are kept as typed status events")
+	busy := busyData(t, rec, "s1", "m1")
+	require.Equal(t, false, busy["agent_session_loaded"], "a new route: session/new")
+	require.InDelta(t, busy["agent_open_ms"], busy["agent_start_ms"].(float64)+busy["agent_session_ms"].(float64), 0.01,
+		"the open time splits into start-up and session")
 
 	ids := map[string]bool{}
 	for _, f := range rec.all() {
@@ -241,6 +245,21 @@ func TestTwoRoutesShareOneAgentAndResumeWithLoad(t *testing.T) {
 	require.Empty(t, restarts(rec2, "s1"), "a loaded conversation did not restart")
 	ready := rec2.wait(t, "route_ready", func(f runtimejsonl.Frame) bool { return f.Type == runtimejsonl.TypeRouteReady })
 	require.Equal(t, "rs_1", ready.RuntimeSessionID, "the same runtime session goes on")
+	send(t, rt2, "s1", "m2", "again")
+	require.Equal(t, runtimejsonl.ResultSucceeded, outcomeOf(t, rec2, "s1", "m2").Result)
+	require.Equal(t, true, busyData(t, rec2, "s1", "m2")["agent_session_loaded"], "the first turn after a load says so")
+}
+
+// busyData is the data of the busy event that began the turn of message id.
+func busyData(t *testing.T, rec *recorder, session, id string) map[string]any {
+	t.Helper()
+	for _, f := range rec.all() {
+		if f.Type == runtimejsonl.TypeEvent && f.SessionID == session && f.Event.MessageID == id && f.Event.Text == "busy" {
+			return f.Event.Data
+		}
+	}
+	t.Fatalf("no busy event for %s/%s", session, id)
+	return nil
 }
 
 // restarts returns the session's conversation_restarted events.
