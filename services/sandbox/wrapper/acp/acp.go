@@ -155,7 +155,7 @@ type route struct {
 	// session/load (loaded says which): where a cold or resumed start goes.
 	agentOpen, agentStart, agentSession time.Duration
 	loaded                              bool
-	reported  bool
+	reported                            bool
 	// restarted says why the route's earlier agent session could not be
 	// loaded ("" when it was, or when there was none): the route opens a
 	// new one and the session is told (conversation_restarted).
