@@ -7,7 +7,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +50,10 @@ func BenchmarkOpenSessions(b *testing.B) {
 	b.Cleanup(up.Close)
 	s := startSuiteWith(b, model, func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
 	ctx := context.Background()
+	// What the node's services hold per open session (they run in this
+	// process): the Go heap after a collection, before and after the
+	// sessions are opened; and the store's memory, which may live elsewhere.
+	heap0, redis0 := liveHeap(), redisUsed(b, s)
 
 	start := time.Now()
 	ids := make([]string, total)
@@ -99,6 +105,10 @@ func BenchmarkOpenSessions(b *testing.B) {
 	b.ReportMetric(float64(pss)/1024, "MiB-sandboxes")
 	b.ReportMetric(perActive, "MiB/active")
 	b.ReportMetric(float64(len(procs)), "processes")
+	heapPer, redisPer := float64(liveHeap()-heap0)/float64(total)/1024, float64(redisUsed(b, s)-redis0)/float64(total)/1024
+	b.Logf("per open session: %.1f KiB of the services' Go heap, %.1f KiB of Redis memory", heapPer, redisPer)
+	b.ReportMetric(heapPer, "KiB-heap/open")
+	b.ReportMetric(redisPer, "KiB-redis/open")
 
 	// A suspended session resumes on its next message.
 	require.NoError(b, s.answer(ctx, ids[0], "m2", "hello again"))
@@ -160,4 +170,28 @@ func envCount(tb testing.TB, name string, def int) int {
 	require.NoError(tb, err, name)
 	require.Positive(tb, n, name)
 	return n
+}
+
+// liveHeap is the bytes of this process's Go heap still reachable after a
+// collection.
+func liveHeap() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// redisUsed is the suite's Redis used_memory in bytes.
+func redisUsed(b *testing.B, s *suite) int64 {
+	info, err := s.redis.Info(context.Background(), "memory").Result()
+	require.NoError(b, err)
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(b, err)
+			return n
+		}
+	}
+	b.Fatal("INFO memory has no used_memory")
+	return 0
 }
