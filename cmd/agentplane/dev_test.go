@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"agentplane.dev/pkg/config"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/logging/logtest"
+	"agentplane.dev/pkg/testaddr"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -42,26 +42,33 @@ var devServices = map[int][]string{
 }
 
 // freePortBase finds a base whose five service ports and four metrics
-// ports are free right now, so the test runs beside a developer's own
-// `agentplane dev` on the documented ports.
+// ports are free and reserved (testaddr) until the test ends, so the test
+// runs beside a developer's own `agentplane dev` on the documented ports and
+// beside other test processes.
 func freePortBase(t *testing.T) int {
 	t.Helper()
-	for base := 21000 + rand.IntN(20000); ; base = 21000 + rand.IntN(20000) {
-		var held []net.Listener
-		ok := true
-		for _, off := range []int{0, 1, 2, 3, 4, 5, 6, 2000, 2001, 2002, 2003} {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+off))
-			if err != nil {
-				ok = false
+	offsets := []int{0, 1, 2, 3, 4, 5, 6, 2000, 2001, 2002, 2003}
+	from, to := testaddr.Span()
+	for {
+		base := from + rand.IntN(to-from-offsets[len(offsets)-1])
+		var held []func()
+		for _, off := range offsets {
+			release, ok := testaddr.TryReserve(base + off)
+			if !ok {
 				break
 			}
-			held = append(held, l)
+			held = append(held, release)
 		}
-		for _, l := range held {
-			_ = l.Close()
-		}
-		if ok {
+		if len(held) == len(offsets) {
+			t.Cleanup(func() {
+				for _, release := range held {
+					release()
+				}
+			})
 			return base
+		}
+		for _, release := range held {
+			release()
 		}
 	}
 }

@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"agentplane.dev/pkg/testaddr"
 )
 
 // Binary is the redis-server executable looked up on PATH.
@@ -89,9 +91,10 @@ type Server struct {
 	port int    // TCP port, 0 with a Unix socket
 	sock string // Unix socket path, "" with TCP
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when cmd has been reaped
+	mu      sync.Mutex
+	release func() // the port's reservation (testaddr), until Close
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has been reaped
 }
 
 // Start starts a server for tb and stops it in tb.Cleanup.
@@ -160,27 +163,22 @@ func New(dir string, opts ...Option) (*Server, error) {
 		}
 		return s, nil
 	}
-	// The free port is picked by the kernel and released before redis binds
-	// it, so another process can win the race: retry with a new port.
+	// The port stays reserved (testaddr) until Close, also across restarts;
+	// a process that takes no part in reservations may still hold it: retry
+	// with another.
 	var err error
 	for range 5 {
-		if s.port, err = freePort(); err != nil {
-			return nil, err
+		port, release, rerr := testaddr.Reserve()
+		if rerr != nil {
+			return nil, rerr
 		}
+		s.port, s.release = port, release
 		if err = s.start(); err == nil {
 			return s, nil
 		}
+		release()
 	}
 	return nil, err
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Addr is the address to dial: host:port, or the socket path.
@@ -289,6 +287,12 @@ func (s *Server) Running() bool {
 // Close kills the server if it is running. Safe to call more than once.
 func (s *Server) Close() error {
 	err := s.Kill()
+	s.mu.Lock()
+	if s.release != nil {
+		s.release()
+		s.release = nil
+	}
+	s.mu.Unlock()
 	if s.sock != "" && filepath.Dir(s.sock) != s.dir {
 		_ = os.RemoveAll(filepath.Dir(s.sock))
 	}

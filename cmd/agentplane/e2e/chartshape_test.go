@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	"agentplane.dev/pkg/testaddr"
 	"agentplane.dev/pkg/testenv"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
@@ -206,7 +207,7 @@ func chartEnv(t testing.TB, st *stack, svc string, p *podShape) []string {
 		}
 	}
 	if _, chart := vals["AGENTPLANE_METRICS_ADDR"]; chart {
-		setVal("AGENTPLANE_METRICS_ADDR", freeAddr(t))
+		setVal("AGENTPLANE_METRICS_ADDR", testaddr.Addr(t))
 	}
 	if svc == svcCredential { // the chart leaves the provider at its default, the test has its own
 		setVal("AGENTPLANE_PROVIDER_UPSTREAM", st.env[svc]["PROVIDER_UPSTREAM"])

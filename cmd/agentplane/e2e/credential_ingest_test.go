@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/testaddr"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -26,14 +27,6 @@ import (
 )
 
 const token = "e2e-internal-token"
-
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
 
 func listen(t testing.TB) net.Listener {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -48,7 +41,7 @@ func TestProxyIngestAgainstRealIngest(t *testing.T) {
 	rs := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	credGL, proxyL := listen(t), listen(t)
-	ingestAddr := freeAddr(t)
+	ingestAddr := testaddr.Addr(t)
 
 	ccfg := credential.DefaultConfig()
 	ccfg.RedisURL, ccfg.InternalToken, ccfg.DrainDelay, ccfg.MetricsAddr = rs.URL(), token, 0, ""

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
+	"agentplane.dev/pkg/testaddr"
 )
 
 // sockets lists the sockets of one way out of the sandbox root (egress,
@@ -54,7 +55,7 @@ func startEgressReplicas(t *testing.T, name string, kv ...string) *egressReplica
 	e := startEgressServers(t)
 	st := newStack(t, stackOptions{logLevel: "info"})
 	st.releaseListeners(svcSandbox)
-	addrA, addrC := freeAddr(t), freeAddr(t)
+	addrA, addrC := testaddr.Addr(t), testaddr.Addr(t)
 	lb := startBalancer(t, addrA, addrC)
 	st.set(svcSession, "SANDBOX_ADDR", lb.addr())
 	st.runInProcess(nil, svcCredential, svcIngest, svcSession)

@@ -19,6 +19,7 @@ import (
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testaddr"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -37,7 +38,7 @@ const egressHosts = "allowed.test=127.0.0.1,denied.test=127.0.0.1,other.test=127
 
 func startEgressSuite(t *testing.T) *egressSuite {
 	e := startEgressServers(t)
-	metricsAddr := freeAddr(t)
+	metricsAddr := testaddr.Addr(t)
 	e.metrics = "http://" + metricsAddr + "/metrics"
 	e.suite = startSuiteWith(t, nil, func(c *sandbox.Config) {
 		c.MetricsAddr = metricsAddr

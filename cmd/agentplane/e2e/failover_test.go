@@ -17,6 +17,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testaddr"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -362,7 +363,7 @@ func (s *suite) wrappers(t *testing.T) []int {
 // confirmed again, within the 5 TTLs a holder waits before it lets go.
 func TestSentinelFailoverKeepsSandboxes(t *testing.T) {
 	g := redistest.StartSentinel(t)
-	metricsAddr := freeAddr(t)
+	metricsAddr := testaddr.Addr(t)
 	s := startSuiteAt(t, nil, func(c *sandbox.Config) {
 		c.OwnerTTL = 8 * time.Second
 		c.MetricsAddr = metricsAddr

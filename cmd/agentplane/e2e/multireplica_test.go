@@ -17,6 +17,7 @@ import (
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testaddr"
 )
 
 // replicated is the stack with two replicas of every service, each its own
@@ -39,7 +40,7 @@ func startReplicated(t *testing.T, sandboxKV ...string) *replicated {
 	st := newStack(t, stackOptions{logLevel: "info"})
 	st.releaseListeners()
 	r := &replicated{stack: st}
-	two := func() [2]string { return [2]string{freeAddr(t), freeAddr(t)} }
+	two := func() [2]string { return [2]string{testaddr.Addr(t), testaddr.Addr(t)} }
 	ses, sbx, cred, prox, ing := two(), two(), two(), two(), two()
 	r.sesLB, r.sbxLB, r.proxyLB = startBalancer(t, ses[0], ses[1]), startBalancer(t, sbx[0], sbx[1]), startBalancer(t, prox[0], prox[1])
 	credList, ingList := cred[0]+","+cred[1], ing[0]+","+ing[1]

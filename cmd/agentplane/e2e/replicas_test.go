@@ -19,6 +19,7 @@ import (
 	"agentplane.dev/pkg/apierr"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/testaddr"
 )
 
 // balancer is a round-robin TCP balancer standing in for a Kubernetes
@@ -87,7 +88,7 @@ const replicaOwnerTTL = 2 * time.Second
 // Service); kv overrides more settings.
 func (st *stack) startSandboxReplica(name, addr, controlAddr string, kv ...string) *sandboxReplica {
 	t := st.t
-	metrics := freeAddr(t)
+	metrics := testaddr.Addr(t)
 	r := &sandboxReplica{addr: addr, metrics: "http://" + metrics + "/metrics", proc: st.process(svcSandbox, name, append([]string{
 		"GRPC_ADDR", addr, "SANDBOX_ADVERTISE_ADDR", addr, "SANDBOX_CONTROL_ADDRS", controlAddr,
 		"SANDBOX_OWNER_TTL", replicaOwnerTTL.String(), "SANDBOX_HEARTBEAT", "200ms",
@@ -173,7 +174,7 @@ func TestOwnerAwareRoutingBehindABalancer(t *testing.T) {
 	st := newStack(t, stackOptions{})
 	st.releaseListeners(svcSandbox)
 	run := st.run
-	addrA, addrB := freeAddr(t), freeAddr(t)
+	addrA, addrB := testaddr.Addr(t), testaddr.Addr(t)
 	lb := startBalancer(t, addrA, addrB)
 	// Without a proxy and credential service: this test is about routing.
 	a := st.startSandboxReplica("replica-a", addrA, lb.addr(), "SANDBOX_PROXY_URL", "", "CREDENTIAL_ADDR", "")

@@ -31,6 +31,7 @@ import (
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testaddr"
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
@@ -105,7 +106,7 @@ func newStack(t testing.TB, o stackOptions) *stack {
 		st.lis[name] = listen(t)
 		st.addr[name] = st.lis[name].Addr().String()
 	}
-	st.addr[svcSession], st.addr[svcIngest] = freeAddr(t), freeAddr(t)
+	st.addr[svcSession], st.addr[svcIngest] = testaddr.Addr(t), testaddr.Addr(t)
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	st.attKey = make([]byte, 32)
@@ -119,7 +120,7 @@ func newStack(t testing.TB, o stackOptions) *stack {
 	for _, svc := range allServices {
 		metrics := ""
 		if o.metrics {
-			metrics = freeAddr(t)
+			metrics = testaddr.Addr(t)
 			st.metricsURL[svc] = "http://" + metrics + "/metrics"
 		}
 		st.env[svc] = map[string]string{

@@ -27,6 +27,7 @@ import (
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testaddr"
 )
 
 // otlpReceiver is an in-process OTLP/gRPC trace collector keeping every span with the
@@ -124,7 +125,7 @@ func TestOneTraceAcrossEveryHop(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	b64 := base64.StdEncoding.EncodeToString(key)
-	ses, sbx, cred, ing, proxy := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	ses, sbx, cred, ing, proxy := testaddr.Addr(t), testaddr.Addr(t), testaddr.Addr(t), testaddr.Addr(t), testaddr.Addr(t)
 	common := []string{
 		"AGENTPLANE_REDIS_URL=" + rs.URL(), "AGENTPLANE_INTERNAL_TOKEN=" + token, "AGENTPLANE_DRAIN_DELAY=0s",
 		"AGENTPLANE_LOG_LEVEL=warn", "AGENTPLANE_METRICS_ADDR=",

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/logging/logtest"
+	"agentplane.dev/pkg/testaddr"
 )
 
 // replica is a sandbox-service replica running as its own process.
@@ -27,13 +27,6 @@ type replica struct {
 	stderr *logtest.Buffer
 	client sandboxv1.SandboxServiceClient
 	done   chan struct{}
-}
-
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
 }
 
 const failoverTTL = time.Second
@@ -94,7 +87,7 @@ func startPair(t *testing.T) (n *fakeNotify, a, b *replica) {
 	n = startNotify(t)
 	root := sandboxRoot(t)
 	t.Cleanup(func() { logWrappers(t, root) })
-	addrA, addrB := freeAddr(t), freeAddr(t)
+	addrA, addrB := testaddr.Addr(t), testaddr.Addr(t)
 	peers := addrA + "," + addrB
 	a = startReplica(t, "replica-a", addrA, peers, root, n.addr)
 	b = startReplica(t, "replica-b", addrB, peers, root, n.addr)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	"agentplane.dev/pkg/testaddr"
 	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/server"
 )
@@ -20,7 +21,7 @@ import (
 // is closed" and the leases stayed.)
 func TestSigtermReleasesOwnership(t *testing.T) {
 	n := startNotify(t)
-	addr := freeAddr(t)
+	addr := testaddr.Addr(t)
 	r := startReplica(t, "r-term", addr, addr, sandboxRoot(t), n.addr)
 	sb := uniqueSandbox(t)
 	_, err := r.client.Prepare(context.Background(), route(sb, "s1", "/repo/term"))

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"agentplane.dev/pkg/testaddr"
 )
 
 // Cluster is a running control plane with kwok nodes.
@@ -126,7 +127,7 @@ func Start(t testing.TB, nodes int) *Cluster {
 	if c.pki, err = newPKI(work); err != nil {
 		t.Fatal(err)
 	}
-	etcdPort, peerPort, apiPort, cmPort, schedPort := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	etcdPort, peerPort, apiPort, cmPort, schedPort := testaddr.Port(t), testaddr.Port(t), testaddr.Port(t), testaddr.Port(t), testaddr.Port(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 	start("etcd", "--data-dir="+filepath.Join(work, "etcd"), "--name=default",
@@ -325,14 +326,4 @@ func poll(ctx context.Context, bound time.Duration, f func() error) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
 }
