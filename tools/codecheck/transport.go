@@ -28,6 +28,13 @@ type Crossing struct {
 // module at dir, each one that depends on transport, and through which
 // imports. It asks `go list -deps` for the import graph.
 func TransportCrossings(dir, pattern string) ([]Crossing, error) {
+	return Crossings(dir, pattern, Transport)
+}
+
+// Crossings lists, for the packages matching pattern in the Go module at
+// dir, each one that depends on a package banned says is out of bounds, and
+// through which imports.
+func Crossings(dir, pattern string, banned func(path string) bool) ([]Crossing, error) {
 	roots, err := goList(dir, "{{.ImportPath}}", pattern)
 	if err != nil {
 		return nil, err
@@ -43,7 +50,7 @@ func TransportCrossings(dir, pattern string) ([]Crossing, error) {
 	}
 	var out []Crossing
 	for _, root := range roots {
-		if edges := crossingEdges(root, imports); len(edges) > 0 {
+		if edges := crossingEdges(root, imports, banned); len(edges) > 0 {
 			out = append(out, Crossing{Package: root, Edges: edges})
 		}
 	}
@@ -51,8 +58,8 @@ func TransportCrossings(dir, pattern string) ([]Crossing, error) {
 }
 
 // crossingEdges walks root's dependencies and returns every edge from a
-// package that is not transport to one that is.
-func crossingEdges(root string, imports map[string][]string) []string {
+// package that is not banned to one that is.
+func crossingEdges(root string, imports map[string][]string, banned func(string) bool) []string {
 	var edges []string
 	seen := map[string]bool{root: true}
 	queue := []string{root}
@@ -60,7 +67,7 @@ func crossingEdges(root string, imports map[string][]string) []string {
 		p := queue[0]
 		queue = queue[1:]
 		for _, imp := range imports[p] {
-			if Transport(imp) {
+			if banned(imp) {
 				edges = append(edges, p+" imports "+imp)
 				continue
 			}

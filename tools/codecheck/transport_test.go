@@ -77,13 +77,13 @@ func TestCrossingEdges(t *testing.T) {
 		"svc/adapter": {"google.golang.org/grpc"},
 	}
 	want := []string{"svc/codec imports agentplane.dev/pkg/gen/agentplane/x/v1", "svc/codec imports google.golang.org/grpc/status"}
-	if got := crossingEdges("svc/domain", imports); !slices.Equal(got, want) {
+	if got := crossingEdges("svc/domain", imports, Transport); !slices.Equal(got, want) {
 		t.Errorf("domain: %v, want %v", got, want)
 	}
-	if got := crossingEdges("svc/clean", imports); len(got) != 0 {
+	if got := crossingEdges("svc/clean", imports, Transport); len(got) != 0 {
 		t.Errorf("clean: %v, want none", got)
 	}
-	if got := crossingEdges("svc/adapter", imports); len(got) != 1 {
+	if got := crossingEdges("svc/adapter", imports, Transport); len(got) != 1 {
 		t.Errorf("adapter: %v, want one edge", got)
 	}
 	for path, want := range map[string]bool{

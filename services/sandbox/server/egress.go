@@ -21,6 +21,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/boundary"
 	"agentplane.dev/services/sandbox/internal/driver"
 	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/egresshandoff"
 	"agentplane.dev/services/sandbox/internal/notify"
 	"agentplane.dev/services/sandbox/internal/relay"
 	"agentplane.dev/services/sandbox/internal/store"
@@ -146,7 +147,7 @@ func (e *egressSetup) serve(cfg EgressConfig, drv *driver.Driver, n *notify.Noti
 	def, _ := egresspolicy.ParseList(cfg.Allow, egresspolicy.MaxRulesCeiling) // validated
 	hosts, _ := parseHosts(cfg.Hosts)                                         // validated
 	p := egress.New(egress.Config{
-		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+		Authorize: func(_ context.Context, id egresshandoff.Identity) (egress.Grant, error) {
 			eg, err := drv.EgressWrapper(id.SandboxID, id.Instance, id.Credential)
 			if errors.Is(err, driver.ErrEgressNotOwner) {
 				return egress.Grant{}, egress.ErrNotOwner // the wrapper offers it to the next replica

@@ -38,7 +38,7 @@ import (
 	"agentplane.dev/pkg/nodump"
 	"agentplane.dev/services/sandbox/internal/agents"
 	"agentplane.dev/services/sandbox/internal/boundary"
-	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/egresshandoff"
 	"agentplane.dev/services/sandbox/internal/provider"
 	"agentplane.dev/services/sandbox/internal/relay"
 	"agentplane.dev/services/sandbox/internal/runtimejsonl"
@@ -375,12 +375,12 @@ func Run(ctx context.Context, opts Options) int {
 			w.log.Error("cannot offer the egress proxy inside the sandbox", "addr", opts.EgressListen, "err", err)
 			return ExitUsage
 		}
-		id := egress.Identity{SandboxID: opts.Markers.SandboxID, Instance: opts.Markers.InstanceID, Credential: opts.Credential}
+		id := egresshandoff.Identity{SandboxID: opts.Markers.SandboxID, Instance: opts.Markers.InstanceID, Credential: opts.Credential}
 		relayed := make(chan struct{})
 		go func() {
 			// Each connection is handed to the proxy, socket and all: the
 			// wrapper carries none of its bytes.
-			relay.Accept(ln, egress.Handoff(opts.EgressDir, id))
+			relay.Accept(ln, egresshandoff.Handler(opts.EgressDir, id))
 			close(relayed)
 		}()
 		defer func() { _ = ln.Close(); <-relayed }()

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/pkg/egresspolicy"
+	"agentplane.dev/services/sandbox/internal/egresshandoff"
 )
 
 // clientHello is a real ClientHello for sni, as crypto/tls writes it.
@@ -69,7 +70,7 @@ func FuzzProxyRequest(f *testing.F) {
 	f.Add("AGENTPLANE-EGRESS/1 sb i !!\nGET https://x/ HTTP/1.1\r\n\r\n")
 	f.Fuzz(func(t *testing.T, in string) {
 		line, rest, _ := strings.Cut(in, "\n")
-		id, err := parsePreamble([]byte(line + "\n"))
+		id, err := egresshandoff.Parse([]byte(line + "\n"))
 		if err != nil {
 			return
 		}

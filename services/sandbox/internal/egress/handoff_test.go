@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/egresshandoff"
 	"agentplane.dev/services/sandbox/internal/relay"
 )
 
@@ -68,7 +69,7 @@ func fileFD(t *testing.T, f syscall.Conn) int {
 func TestEgressRefusesAHostileHandoff(t *testing.T) {
 	dir := t.TempDir()
 	decisions := egress.NewDecisions()
-	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(_ context.Context, id egresshandoff.Identity) (egress.Grant, error) {
 		if id.SandboxID == "sb-elsewhere" {
 			return egress.Grant{}, egress.ErrNotOwner
 		}
@@ -315,7 +316,7 @@ func TestEgressHandoffFindsTheOwner(t *testing.T) {
 	require.NoError(t, err)
 	accepted := make(chan struct{})
 	go func() {
-		relay.Accept(front, egress.Handoff(r.dir, egress.Identity{SandboxID: "sb-none", Instance: "i1", Credential: "cred-1"}))
+		relay.Accept(front, egresshandoff.Handler(r.dir, egresshandoff.Identity{SandboxID: "sb-none", Instance: "i1", Credential: "cred-1"}))
 		close(accepted)
 	}()
 	defer func() { _ = front.Close(); <-accepted }()
@@ -329,7 +330,7 @@ func TestEgressHandoffFindsTheOwner(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	require.Equal(t, egress.ReasonNoOwner, resp.Header.Get("X-Agentplane-Egress"))
+	require.Equal(t, egresshandoff.ReasonNoOwner, resp.Header.Get("X-Agentplane-Egress"))
 	require.Zero(t, otherCount())
 	require.Zero(t, metric(egress.Denied, egress.ReasonUnauthenticated))
 }

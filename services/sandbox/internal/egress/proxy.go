@@ -15,7 +15,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -29,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"agentplane.dev/pkg/egresspolicy"
+	"agentplane.dev/services/sandbox/internal/egresshandoff"
 )
 
 // Decisions.
@@ -112,7 +112,13 @@ type Grant struct {
 }
 
 // Authorizer checks a connection's preamble.
-type Authorizer func(ctx context.Context, id Identity) (Grant, error)
+type Authorizer func(ctx context.Context, id egresshandoff.Identity) (Grant, error)
+
+// ErrNotOwner is what an Authorizer returns for a wrapper whose sandbox
+// another replica owns (or none does): the proxy answers
+// egresshandoff.AnswerNotOwner and leaves the runtime's connection to the next
+// replica.
+var ErrNotOwner = errors.New("egress: the wrapper's sandbox is not owned here")
 
 // Limits bound each sandbox (0: unbounded).
 type Limits struct {
@@ -173,7 +179,7 @@ type Proxy struct {
 
 // Timeouts of the steps before bytes flow.
 const (
-	headerTimeout  = 10 * time.Second
+	headerTimeout  = egresshandoff.Timeout
 	resolveTimeout = 5 * time.Second
 	dialTimeout    = 10 * time.Second
 )
@@ -401,7 +407,7 @@ func (p *Proxy) handle(c net.Conn) {
 	if err != nil {
 		p.count(Denied, ReasonUnauthenticated)
 		p.cfg.Log.Warn("egress connection refused: the wrapper did not authenticate", "sandbox", id.SandboxID, "instance", id.Instance, "err", err)
-		writeDenied(client, http.StatusProxyAuthRequired, ReasonUnauthenticated)
+		egresshandoff.WriteDenied(client, http.StatusProxyAuthRequired, ReasonUnauthenticated)
 		return
 	}
 	b, refused := p.acquire(g)
@@ -421,17 +427,17 @@ func (p *Proxy) handle(c net.Conn) {
 // then closes uc. client nil: nothing for this replica to serve (a refused
 // handoff, counted; another replica's wrapper, told so). Else this replica
 // decides client: a Grant, or the reason the wrapper did not authenticate.
-func (p *Proxy) take(uc *net.UnixConn) (Identity, *net.TCPConn, Grant, error) {
+func (p *Proxy) take(uc *net.UnixConn) (egresshandoff.Identity, *net.TCPConn, Grant, error) {
 	defer p.track(uc)()
 	defer func() { _ = uc.Close() }()
-	id, client, err := receive(uc)
-	if errors.Is(err, errNoHandoff) {
-		return Identity{}, nil, Grant{}, nil
+	id, client, err := egresshandoff.Receive(uc)
+	if errors.Is(err, egresshandoff.ErrNothing) {
+		return egresshandoff.Identity{}, nil, Grant{}, nil
 	}
 	if err != nil {
 		p.count(Denied, ReasonUnauthenticated)
 		p.cfg.Log.Warn("egress handoff refused: not one preamble with one connected TCP socket", "err", err)
-		return Identity{}, nil, Grant{}, err
+		return egresshandoff.Identity{}, nil, Grant{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), headerTimeout)
 	g, err := p.cfg.Authorize(ctx, id)
@@ -441,10 +447,10 @@ func (p *Proxy) take(uc *net.UnixConn) (Identity, *net.TCPConn, Grant, error) {
 		// The wrapper still holds the socket: closing this copy sends
 		// nothing to the runtime.
 		_ = client.Close()
-		_, _ = uc.Write([]byte{answerNotOwner})
-		return Identity{}, nil, Grant{}, nil
+		_, _ = uc.Write([]byte{egresshandoff.AnswerNotOwner})
+		return egresshandoff.Identity{}, nil, Grant{}, nil
 	}
-	_, _ = uc.Write([]byte{answerAccepted}) // a wrapper gone meanwhile changes nothing: this replica decides
+	_, _ = uc.Write([]byte{egresshandoff.AnswerAccepted}) // a wrapper gone meanwhile changes nothing: this replica decides
 	return id, client, g, err
 }
 
@@ -517,7 +523,7 @@ func (p *Proxy) deny(g Grant, m *meter, d Decision, code int, reason string) {
 	d.Decision, d.Reason = Denied, reason
 	d.BytesUp, d.BytesDown = m.counts()
 	p.record(g, d)
-	writeDenied(m, code, reason)
+	egresshandoff.WriteDenied(m, code, reason)
 }
 
 // finish records an allowed connection once it ended: allowed, or closed
@@ -530,12 +536,6 @@ func (p *Proxy) finish(g Grant, m *meter, d Decision) {
 	}
 	d.BytesUp, d.BytesDown = m.counts()
 	p.record(g, d)
-}
-
-func writeDenied(w io.Writer, code int, reason string) {
-	body := "agentplane egress: denied (" + reason + ")\n"
-	_, _ = fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Agentplane-Egress: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
-		code, http.StatusText(code), reason, len(body), body)
 }
 
 // target is the request's destination: a normalized name and a port, or

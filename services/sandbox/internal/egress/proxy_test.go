@@ -25,6 +25,7 @@ import (
 
 	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/services/sandbox/internal/egress"
+	"agentplane.dev/services/sandbox/internal/egresshandoff"
 	"agentplane.dev/services/sandbox/internal/relay"
 )
 
@@ -65,7 +66,7 @@ func startRigLedger(t testing.TB, lim egress.Limits, ledger egress.Ledger, h htt
 	lo := netip.MustParseAddr("127.0.0.1")
 	decisions := egress.NewDecisions()
 	p := egress.New(egress.Config{
-		Authorize: func(_ context.Context, id egress.Identity) (egress.Grant, error) {
+		Authorize: func(_ context.Context, id egresshandoff.Identity) (egress.Grant, error) {
 			if id.SandboxID != "sb1" {
 				return egress.Grant{}, egress.ErrNotOwner // this replica owns sb1 only
 			}
@@ -109,7 +110,7 @@ func startRigLedger(t testing.TB, lim egress.Limits, ledger egress.Ledger, h htt
 	require.NoError(t, err)
 	relayed := make(chan struct{})
 	go func() {
-		relay.Accept(front, egress.Handoff(dir, egress.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
+		relay.Accept(front, egresshandoff.Handler(dir, egresshandoff.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
 		close(relayed)
 	}()
 	t.Cleanup(func() { _ = front.Close(); <-relayed; _ = ln.Close(); <-served })
@@ -128,7 +129,7 @@ func startRigLedger(t testing.TB, lim egress.Limits, ledger egress.Ledger, h htt
 func (r *rig) addReplica(t testing.TB, name string) *prometheus.CounterVec {
 	t.Helper()
 	decisions := egress.NewDecisions()
-	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egress.Identity) (egress.Grant, error) {
+	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egresshandoff.Identity) (egress.Grant, error) {
 		return egress.Grant{}, egress.ErrNotOwner
 	}})
 	ln, err := relay.Listen(filepath.Join(r.dir, name))
@@ -524,7 +525,7 @@ func TestEgressCountsEveryByte(t *testing.T) {
 func TestEgressRefusesAnUnauthenticatedConnection(t *testing.T) {
 	dir := t.TempDir()
 	decisions := egress.NewDecisions()
-	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egress.Identity) (egress.Grant, error) {
+	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egresshandoff.Identity) (egress.Grant, error) {
 		return egress.Grant{}, errors.New("no")
 	}})
 	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
