@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	sandbox "agentplane.dev/services/sandbox/server"
@@ -44,7 +45,7 @@ func TestACPAgentFaults(t *testing.T) {
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 		Agent:      &sessionv1.Agent{Profile: "acp", Model: "another-model"},
 	})
-	requireReason(t, err, codes.FailedPrecondition, "AGENT_MISMATCH")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "AGENT_MISMATCH")
 	turnOK("h00")
 
 	for i, tc := range []struct {

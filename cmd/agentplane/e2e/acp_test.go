@@ -20,6 +20,7 @@ import (
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -485,7 +486,7 @@ func TestAgentProfileChecks(t *testing.T) {
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 		Agent:      &sessionv1.Agent{Profile: "opencode"},
 	})
-	requireReason(t, err, codes.FailedPrecondition, "AGENT_MISMATCH")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "AGENT_MISMATCH")
 	_, o = s.watchTurn(t, scripted.GetSessionId(), "m2", "still here", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult(), "the worktree's own session is not affected")
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	sandbox "agentplane.dev/services/sandbox/server"
@@ -84,7 +85,7 @@ func TestAgentWorksAtItsDirectory(t *testing.T) {
 		UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-dir-proc-" + s.run, Worktree: &sessionv1.Worktree{Directory: "/proc/self"},
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 	})
-	requireReason(t, err, codes.InvalidArgument, "DIRECTORY_RESERVED")
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, "DIRECTORY_RESERVED")
 }
 
 // TestAgentCreatesAFileAtItsDirectory (issue 32 item 5): a real pinned agent

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/client"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
@@ -82,16 +83,16 @@ func TestWorktreeFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, err := c.ReadWorktreeFile(ctx, tc.req)
-			requireReason(t, err, tc.code, tc.reason)
+			apierrtest.RequireStatus(t, err, tc.code, tc.reason)
 			require.Empty(t, resp.GetData())
 		})
 	}
 	_, err = c.Raw().ListWorktreeFiles(ctx, &sessionv1.ListWorktreeFilesRequest{SessionId: id, Path: "up"})
-	requireReason(t, err, codes.FailedPrecondition, "PATH_ESCAPES_WORKTREE")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "PATH_ESCAPES_WORKTREE")
 	_, err = c.Raw().ListWorktreeFiles(ctx, &sessionv1.ListWorktreeFilesRequest{SessionId: id, Path: "a.txt"})
-	requireReason(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY")
 	_, err = c.Raw().ListWorktreeFiles(ctx, &sessionv1.ListWorktreeFilesRequest{SessionId: id, PageSize: 1001})
-	requireReason(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 }
 
 // TestWorktreeFilesWrite (issue 36 item 3): the client writes a batch (a new
@@ -147,7 +148,7 @@ func TestWorktreeFilesWrite(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.WriteWorktreeFiles(ctx, &sessionv1.WriteWorktreeFilesRequest{SessionId: id, Files: tc.files})
-			requireReason(t, err, tc.code, tc.reason)
+			apierrtest.RequireStatus(t, err, tc.code, tc.reason)
 		})
 	}
 
@@ -156,7 +157,7 @@ func TestWorktreeFilesWrite(t *testing.T) {
 	require.NoError(t, err)
 	write := &sessionv1.WriteWorktreeFilesRequest{SessionId: id, Files: []*runtimev1.WorktreeFileWrite{{Path: "b.txt", Data: []byte("b")}}}
 	_, err = c.WriteWorktreeFiles(ctx, write)
-	requireReason(t, err, codes.FailedPrecondition, "TURN_RUNNING")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "TURN_RUNNING")
 	write.Force = true
 	_, err = c.WriteWorktreeFiles(ctx, write)
 	require.NoError(t, err)

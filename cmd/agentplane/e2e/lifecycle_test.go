@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/gittest"
@@ -291,7 +292,7 @@ func TestDirectoryIsBoundToItsRepository(t *testing.T) {
 		})
 		return err
 	}
-	requireReason(t, create("org/other.git"), codes.FailedPrecondition, "WORKTREE_REPO_MISMATCH")
+	apierrtest.RequireStatus(t, create("org/other.git"), codes.FailedPrecondition, "WORKTREE_REPO_MISMATCH")
 	require.NoError(t, create("org/app.git"), "the directory's own repository is admitted")
 
 	s.deleteSession(t, first.GetSessionId())
@@ -345,7 +346,7 @@ func TestHistoryExportSpansAnIdleStop(t *testing.T) {
 
 	s.deleteSession(t, id)
 	_, err := s.ses.ExportHistory(context.Background(), &sessionv1.ExportHistoryRequest{SessionId: id})
-	requireReason(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 }
 
 // freeBytes is what statfs says an unprivileged writer may still use on

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/gittest"
@@ -40,7 +41,7 @@ func TestWorktreePushScope(t *testing.T) {
 		"author_email": {SessionId: id, Branch: "agent/x", CommitMessage: "m", AuthorEmail: "eve at example.com"},
 	} {
 		_, err := s.ses.PushWorktree(ctx, req)
-		requireReason(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+		apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 		requireFieldViolation(t, err, field)
 	}
 
@@ -101,7 +102,7 @@ func TestWorktreePushPrefix(t *testing.T) {
 	refsBefore := gittest.Run(t, "", "ls-remote", g.AuthURL("org/app.git"))
 	seen := len(g.Log())
 	_, err = s.ses.PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: id, Branch: "agent/x", CommitMessage: "unused"})
-	requireReason(t, err, codes.FailedPrecondition, "PUSH_REJECTED")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "PUSH_REJECTED")
 	require.Contains(t, status.Convert(err).Message(), "agentplane: only branches team/bot/* may be pushed", "the caller reads the route's reason")
 	require.Equal(t, refsBefore, gittest.Run(t, "", "ls-remote", g.AuthURL("org/app.git")), "the remote's refs are unchanged")
 	for _, r := range g.Log()[seen:] {
@@ -115,7 +116,7 @@ func TestWorktreePushPrefix(t *testing.T) {
 			Credential:    &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
 			GitCredential: &sessionv1.GitCredentialInput{Token: token, PushBranchPrefix: bad},
 		})
-		requireReason(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+		apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 		requireFieldViolation(t, err, "git_credential.push_branch_prefix")
 		require.NotContains(t, err.Error(), token)
 	}

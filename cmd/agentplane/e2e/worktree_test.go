@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"agentplane.dev/pkg/apierr/apierrtest"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -163,23 +162,9 @@ func TestWorktreeCloneChangesPush(t *testing.T) {
 	gittest.Run(t, own, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "moved on")
 	gittest.Run(t, own, "push", "-q", "origin", "HEAD:refs/heads/agent/notes")
 	_, err = s.ses.PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: second.GetSessionId(), Branch: "agent/notes", CommitMessage: "again"})
-	requireReason(t, err, codes.FailedPrecondition, "PUSH_REJECTED")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "PUSH_REJECTED")
 	_, err = s.ses.PushWorktree(ctx, &sessionv1.PushWorktreeRequest{SessionId: first.GetSessionId(), Branch: "bad..branch", CommitMessage: "m"})
-	requireReason(t, err, codes.InvalidArgument, "INVALID_REQUEST")
-}
-
-func requireReason(t *testing.T, err error, code codes.Code, reason string) {
-	t.Helper()
-	require.Error(t, err)
-	st := status.Convert(err)
-	require.Equal(t, code, st.Code(), "%v", err)
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			require.Equal(t, reason, info.GetReason(), "%v", err)
-			return
-		}
-	}
-	t.Fatalf("no ErrorInfo in %v", err)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 }
 
 // failedRoute sends a message and waits for the route to fail; it returns

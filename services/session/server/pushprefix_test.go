@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
+	"agentplane.dev/pkg/apierr/apierrtest"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
 
@@ -39,7 +40,7 @@ func TestCreateSessionPushBranchPrefix(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, created.GetSession().GetCreateTime().AsTime(), again.GetSession().GetCreateTime().AsTime())
 	_, err = e.api.CreateSession(e.ctx, req("s1", "other/"))
-	requireStatus(t, err, codes.AlreadyExists, "SESSION_ID_CONFLICT")
+	apierrtest.RequireStatus(t, err, codes.AlreadyExists, "SESSION_ID_CONFLICT")
 
 	def, err := e.api.CreateSession(e.ctx, req("s2", ""))
 	require.NoError(t, err)
@@ -54,7 +55,7 @@ func TestCreateSessionPushBranchPrefix(t *testing.T) {
 	require.Empty(t, plain.GetSession().GetPushBranchPrefix(), "no repository: no push")
 
 	_, err = e.api.CreateSession(e.ctx, req("s4", "main"))
-	requireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 	_, ok = e.creds.secret("cref-s4")
 	require.False(t, ok, "nothing stored for a refused request")
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
@@ -24,12 +25,12 @@ func TestForgedFenceTokensAreRefused(t *testing.T) {
 	for _, tok := range []uint64{0, math.MaxUint64} {
 		_, err := e.notify.NotifyRouteReady(e.ctx, &sessionv1.NotifyRouteReadyRequest{
 			Route: e.route("s1", tok), RuntimeSessionId: "rt-forged", WrapperInstance: "w-forged"})
-		requireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+		apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 		fv := apierr.FieldViolations(err)
 		require.Len(t, fv, 1)
 		require.Equal(t, "route.fence_token", fv[0].GetField())
 		_, err = e.notify.NotifyRuntimeEvents(e.ctx, &sessionv1.NotifyRuntimeEventsRequest{Route: e.route("s1", tok)})
-		requireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+		apierrtest.RequireStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 	}
 	got, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
 	require.NoError(t, err)
@@ -50,12 +51,12 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	e.create("s1", "u1", "/work/repo")
 	require.NoError(t, e.redis.Kill())
 	_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
-	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
+	apierrtest.RequireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
 	d, ok := apierr.RetryDelay(err)
 	require.True(t, ok, "RetryInfo")
 	require.Positive(t, d)
 	_, err = e.api.SendMessage(e.ctx, &sessionv1.SendMessageRequest{SessionId: "s1", MessageId: "m1", Content: "hi"})
-	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
+	apierrtest.RequireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
 	e.redis.Start(t)
 }
 
@@ -89,7 +90,7 @@ func TestWatchCursorOlderThanTheTrimmedLogIsRefused(t *testing.T) {
 	w, err := e.api.WatchSession(e.ctx, &sessionv1.WatchSessionRequest{SessionId: "s1", Cursor: old})
 	require.NoError(t, err)
 	_, err = w.Recv()
-	requireStatus(t, err, codes.OutOfRange, "CURSOR_EXPIRED")
+	apierrtest.RequireStatus(t, err, codes.OutOfRange, "CURSOR_EXPIRED")
 	oldest := apierr.Info(err).GetMetadata()["oldest_cursor"]
 	require.NotEmpty(t, oldest)
 	require.Equal(t, "cursor", apierr.FieldViolations(err)[0].GetField())
@@ -109,7 +110,7 @@ func TestExhaustedLeaseAllowsDeletion(t *testing.T) {
 	e.create("s1", "u1", "/work/repo")
 	e.sandbox.inspectionFails.Store(true)
 	_, err := e.api.DeleteSession(e.ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
-	requireStatus(t, err, codes.FailedPrecondition, "DELETION_PENDING_CLEANUP")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "DELETION_PENDING_CLEANUP")
 
 	e.sandbox.inspectionFails.Store(false)
 	e.sandbox.exhaustedLease.Store(true)
@@ -118,5 +119,5 @@ func TestExhaustedLeaseAllowsDeletion(t *testing.T) {
 		return err == nil || apierr.Reason(err) == "SESSION_NOT_FOUND"
 	}, "deletion completes on the exhausted lease")
 	_, err = e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
-	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 }

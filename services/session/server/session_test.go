@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/services/session/internal/session"
@@ -31,13 +32,6 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func requireStatus(t *testing.T, err error, code codes.Code, reason string) {
-	t.Helper()
-	require.Error(t, err)
-	require.Equal(t, code, status.Code(err), "status: %v", err)
-	require.Equal(t, reason, apierr.Reason(err), "status: %v", err)
-}
-
 func TestSendMessageIsIdempotentOnMessageID(t *testing.T) {
 	e := newEnv(t)
 	e.create("s1", "u1", "/work/repo")
@@ -51,7 +45,7 @@ func TestSendMessageIsIdempotentOnMessageID(t *testing.T) {
 	require.True(t, first.GetCreateTime().AsTime().Equal(again.GetCreateTime().AsTime()))
 
 	_, err := e.api.SendMessage(e.ctx, &sessionv1.SendMessageRequest{SessionId: "s1", MessageId: "m1", Content: "other"})
-	requireStatus(t, err, codes.AlreadyExists, "MESSAGE_ID_CONFLICT")
+	apierrtest.RequireStatus(t, err, codes.AlreadyExists, "MESSAGE_ID_CONFLICT")
 
 	list, err := e.api.ListMessages(e.ctx, &sessionv1.ListMessagesRequest{SessionId: "s1"})
 	require.NoError(t, err)
@@ -75,7 +69,7 @@ func TestCreateSessionKeepsOnlyACredentialReference(t *testing.T) {
 		Worktree:   &sessionv1.Worktree{Directory: "/work/repo", RepoUrl: "https://example.com/r.git"},
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "other"},
 	})
-	requireStatus(t, err, codes.AlreadyExists, "SESSION_ID_CONFLICT")
+	apierrtest.RequireStatus(t, err, codes.AlreadyExists, "SESSION_ID_CONFLICT")
 
 	// Same user, another directory: the same derived sandbox.
 	other := e.create("s2", "u1", "/work/other")
@@ -228,7 +222,7 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 
 	e.sandbox.inspectionFails.Store(true)
 	_, err := e.api.DeleteSession(e.ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
-	requireStatus(t, err, codes.FailedPrecondition, "DELETION_PENDING_CLEANUP")
+	apierrtest.RequireStatus(t, err, codes.FailedPrecondition, "DELETION_PENDING_CLEANUP")
 	delay, ok := apierr.RetryDelay(err)
 	require.True(t, ok, "RetryInfo attached")
 	require.Positive(t, delay)
@@ -238,7 +232,7 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sessionv1.SessionState_SESSION_STATE_DELETING, got.GetSession().GetState())
 	_, err = e.api.SendMessage(e.ctx, &sessionv1.SendMessageRequest{SessionId: "s1", MessageId: "m2", Content: "x"})
-	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 	// The fake clock moves so persisted backoffs come due; no client call.
 	eventually(t, func() bool {
 		e.clock.Add(100 * time.Millisecond)
@@ -269,7 +263,7 @@ func TestDeletionWaitsForVerifiedAbsenceThenReconcilerFinishes(t *testing.T) {
 		require.Zero(t, e.rdb.ZCard(e.ctx, idx).Val(), idx)
 	}
 	_, err = e.api.DeleteSession(e.ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
-	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 }
 
 func TestDeleteSucceedsAtOnceWhenAbsenceIsVerified(t *testing.T) {
@@ -278,11 +272,11 @@ func TestDeleteSucceedsAtOnceWhenAbsenceIsVerified(t *testing.T) {
 	_, err := e.api.DeleteSession(e.ctx, &sessionv1.DeleteSessionRequest{SessionId: "s1"})
 	require.NoError(t, err)
 	_, err = e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "s1"})
-	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 	stream, err := e.api.WatchSession(e.ctx, &sessionv1.WatchSessionRequest{SessionId: "s1"})
 	require.NoError(t, err)
 	_, err = stream.Recv()
-	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 }
 
 // A queued message whose drain ended without delivering it (the replica
@@ -405,7 +399,7 @@ func TestStopAndCancel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sessionv1.MessageState_MESSAGE_STATE_CANCELLED, c.GetMessage().GetState())
 	_, err = e.api.CancelMessage(e.ctx, &sessionv1.CancelMessageRequest{SessionId: "s1", MessageId: "zz"})
-	requireStatus(t, err, codes.NotFound, "MESSAGE_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "MESSAGE_NOT_FOUND")
 
 	st, err := e.api.StopSession(e.ctx, &sessionv1.StopSessionRequest{SessionId: "s1"})
 	require.NoError(t, err)
@@ -427,7 +421,7 @@ func TestRetentionDeletesIdleSessions(t *testing.T) {
 	e.clock.Add(31 * 24 * time.Hour)
 	e.svc.Sweep(context.Background())
 	_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "old"})
-	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+	apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 	_, err = e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: "young"})
 	require.NoError(t, err)
 	require.True(t, e.sandbox.released["old"])
@@ -605,11 +599,11 @@ func TestCreateSessionRefusesAnotherTenantsSandbox(t *testing.T) {
 		})
 		return err
 	}
-	requireStatus(t, create("s-m1", alice.GetSandboxId()), codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
-	requireStatus(t, create("s-m2", session.SandboxFor("org1", "bob")), codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
+	apierrtest.RequireStatus(t, create("s-m1", alice.GetSandboxId()), codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
+	apierrtest.RequireStatus(t, create("s-m2", session.SandboxFor("org1", "bob")), codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
 	for _, id := range []string{"s-m1", "s-m2"} {
 		_, err := e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: id})
-		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+		apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 		_, ok := e.creds.secret("cref-" + id)
 		require.False(t, ok, "no credential stored for %s", id)
 	}
@@ -621,7 +615,7 @@ func TestCreateSessionRefusesAnotherTenantsSandbox(t *testing.T) {
 		Worktree:   &sessionv1.Worktree{Directory: "/work/repo"},
 		Credential: &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-a"},
 	})
-	requireStatus(t, err, codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
+	apierrtest.RequireStatus(t, err, codes.PermissionDenied, "SANDBOX_TENANT_MISMATCH")
 }
 
 // A directory the session's workspace cannot be bound at inside its sandbox
@@ -641,12 +635,12 @@ func TestCreateSessionRefusesADirectoryTheSandboxMounts(t *testing.T) {
 	for i, dir := range []string{"/proc", "/proc/self", "/usr/src/app", "/etc", "/tmp", "/run/agentplane", "/dev/shm/x", "/sys/x", "/lib64/x"} {
 		id := fmt.Sprintf("s-r%d", i)
 		err := create(id, dir)
-		requireStatus(t, err, codes.InvalidArgument, "DIRECTORY_RESERVED")
+		apierrtest.RequireStatus(t, err, codes.InvalidArgument, "DIRECTORY_RESERVED")
 		v := apierr.FieldViolations(err)
 		require.Len(t, v, 1, dir)
 		require.Equal(t, "worktree.directory", v[0].GetField())
 		_, err = e.api.GetSession(e.ctx, &sessionv1.GetSessionRequest{SessionId: id})
-		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+		apierrtest.RequireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 	}
 	for i, dir := range []string{"/tmp/repo", "/usrx/app", "/home/u/repo"} {
 		require.NoError(t, create(fmt.Sprintf("s-ok%d", i), dir), dir)

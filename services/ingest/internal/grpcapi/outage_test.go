@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 )
 
@@ -22,12 +23,12 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, h.redis.Kill())
 	_, err = h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs-1"})
-	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
+	apierrtest.RequireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
 	d, ok := apierr.RetryDelay(err)
 	require.True(t, ok, "RetryInfo")
 	require.Positive(t, d)
 	_, err = h.client.Ingest(ctx, &ingestv1.IngestRequest{RuntimeSessionId: "rs-1", Items: []*ingestv1.Item{pbItem("a", 1)}})
-	requireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
+	apierrtest.RequireStatus(t, err, codes.Unavailable, apierr.ReasonStoreUnavailable)
 	h.redis.Start(t)
 }
 
@@ -54,7 +55,7 @@ func TestIngestStreamRechecksMembershipOnEveryBatch(t *testing.T) {
 	h.credential.leave("sbx", "/w", "rs-m") // the member is released mid-stream
 	require.NoError(t, stream.Send(&ingestv1.IngestStreamRequest{RuntimeSessionId: "rs-m", Scope: md, Items: []*ingestv1.Item{pbItem("b", 1)}}))
 	_, err = stream.CloseAndRecv()
-	requireStatus(t, err, codes.PermissionDenied, "SCOPE_MISMATCH")
+	apierrtest.RequireStatus(t, err, codes.PermissionDenied, "SCOPE_MISMATCH")
 	resp, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs-m"})
 	require.NoError(t, err)
 	require.Len(t, resp.GetItems(), 1, "the batch after the release was not stored")

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"agentplane.dev/pkg/apierr"
+	"agentplane.dev/pkg/apierr/apierrtest"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	"agentplane.dev/pkg/paging"
 	"agentplane.dev/services/ingest/internal/grpcapi"
@@ -27,13 +28,6 @@ func pbItem(id string, version uint64) *ingestv1.Item {
 		Payload: fmt.Appendf(nil, `{"id":%q,"v":%d}`, id, version),
 		Time:    timestamppb.New(time.Unix(1700000000, 0)),
 	}
-}
-
-func requireStatus(t *testing.T, err error, code codes.Code, reason string) {
-	t.Helper()
-	require.Error(t, err)
-	require.Equal(t, code, status.Code(err), "%v", err)
-	require.Equal(t, reason, apierr.Reason(err), "%v", err)
 }
 
 func requireItems(t *testing.T, want, got []*ingestv1.Item) {
@@ -110,20 +104,20 @@ func TestStoreExportTailDelete(t *testing.T) {
 	_, err = h.client.Delete(ctx, &ingestv1.DeleteRequest{RuntimeSessionId: "rs-1"})
 	require.NoError(t, err)
 	_, err = tail.Recv()
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
 	_, err = resumed.Recv()
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
 
 	_, err = h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs-1"})
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
 	_, err = h.client.Ingest(ctx, &ingestv1.IngestRequest{RuntimeSessionId: "rs-1", Items: []*ingestv1.Item{pbItem("a", 9)}})
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
 	again, err := h.client.Tail(ctx, &ingestv1.TailRequest{RuntimeSessionId: "rs-1"})
 	require.NoError(t, err)
 	_, err = again.Recv()
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
 	_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{RuntimeSessionId: "rs-1"}})
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionDeleted)
 	_, err = h.client.Delete(ctx, &ingestv1.DeleteRequest{RuntimeSessionId: "rs-1"})
 	require.NoError(t, err, "delete is idempotent")
 	keys, err := h.rdb.Keys(ctx, "ing:{rs-1}:*").Result()
@@ -135,16 +129,16 @@ func TestUnknownRuntimeSession(t *testing.T) {
 	h := start(t)
 	ctx := context.Background()
 	_, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "nobody"})
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
 	tail, err := h.client.Tail(ctx, &ingestv1.TailRequest{RuntimeSessionId: "nobody"})
 	require.NoError(t, err)
 	_, err = tail.Recv()
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
 
 	_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{RuntimeSessionId: "rs", SessionId: "a"}})
 	require.NoError(t, err)
 	_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{RuntimeSessionId: "rs", SessionId: "b"}})
-	requireStatus(t, err, codes.AlreadyExists, grpcapi.ReasonRuntimeSessionConflict)
+	apierrtest.RequireStatus(t, err, codes.AlreadyExists, grpcapi.ReasonRuntimeSessionConflict)
 	// A created session with no items exports nothing, with no cursor.
 	exp, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs"})
 	require.NoError(t, err)
@@ -210,14 +204,14 @@ func TestLimitsStoreNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := h.client.Ingest(ctx, &ingestv1.IngestRequest{RuntimeSessionId: "rs", Items: tt.items})
-			requireStatus(t, err, codes.InvalidArgument, tt.reason)
+			apierrtest.RequireStatus(t, err, codes.InvalidArgument, tt.reason)
 			require.Equal(t, tt.fields, violationFields(err))
 
 			stream, err := h.client.IngestStream(ctx)
 			require.NoError(t, err)
 			require.NoError(t, stream.Send(&ingestv1.IngestStreamRequest{RuntimeSessionId: "rs", Items: tt.items}))
 			_, err = stream.CloseAndRecv()
-			requireStatus(t, err, codes.InvalidArgument, tt.reason)
+			apierrtest.RequireStatus(t, err, codes.InvalidArgument, tt.reason)
 			require.Equal(t, tt.fields, violationFields(err))
 
 			keys, err := h.rdb.Keys(ctx, "ing:*").Result()
@@ -227,12 +221,12 @@ func TestLimitsStoreNothing(t *testing.T) {
 	}
 
 	_, err := h.client.Ingest(ctx, &ingestv1.IngestRequest{RuntimeSessionId: "bad/id", Items: fill(1)})
-	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"runtime_session_id"}, violationFields(err))
 	tail, err := h.client.Tail(ctx, &ingestv1.TailRequest{RuntimeSessionId: "rs", Cursor: "not-a-cursor"})
 	require.NoError(t, err)
 	_, err = tail.Recv()
-	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"cursor"}, violationFields(err))
 }
 
@@ -246,7 +240,7 @@ func TestStreamKeepsEarlierBatchesWhenALaterOneFails(t *testing.T) {
 	bad.Payload = []byte("nope")
 	_ = stream.Send(&ingestv1.IngestStreamRequest{RuntimeSessionId: "rs", Items: []*ingestv1.Item{pbItem("c", 1), bad}})
 	_, err = stream.CloseAndRecv()
-	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"items[1].payload"}, violationFields(err))
 
 	exp, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs"})
@@ -331,7 +325,7 @@ func TestScopeV2(t *testing.T) {
 
 	// Malformed v2 metadata is INVALID_ARGUMENT with field violations.
 	_, err := h.client.Export(context.Background(), &ingestv1.ExportRequest{RuntimeSessionId: "rs-b", Scope: v2("", "", "")})
-	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"scope.v2.sandbox_id", "scope.v2.directory", "scope.v2.resolving_runtime_session_id"}, violationFields(err))
 
 	// The credential service failing is retryable, never an admission.
@@ -399,12 +393,12 @@ func TestExportPages(t *testing.T) {
 	requireItems(t, want, got)
 
 	_, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: -1, PageToken: "!!"})
-	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"page_size", "page_token"}, violationFields(err))
 	// The cap every list call shares (pkg/paging): above it is refused, not clamped.
 	for _, size := range []int32{paging.MaxPageSize + 1, math.MaxInt32} {
 		_, err = h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: size})
-		requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+		apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 		require.Equal(t, []string{"page_size"}, violationFields(err))
 	}
 	resp, err := h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs", PageSize: paging.MaxPageSize})
@@ -420,14 +414,14 @@ func TestCreateRuntimeSessionValidatesIDsAndDirectory(t *testing.T) {
 	_, err := h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
 		RuntimeSessionId: "rs-1", SessionId: "s/..", SandboxId: "..", Directory: "../x",
 	}})
-	requireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
+	apierrtest.RequireStatus(t, err, codes.InvalidArgument, grpcapi.ReasonInvalidRequest)
 	require.Equal(t, []string{"runtime_session.session_id", "runtime_session.sandbox_id", "runtime_session.directory"}, violationFields(err))
 	for _, id := range []string{"..", ".", "a/b", "rs:1"} {
 		_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{RuntimeSessionId: id}})
 		require.Equal(t, []string{"runtime_session.runtime_session_id"}, violationFields(err), id)
 	}
 	_, err = h.client.Export(ctx, &ingestv1.ExportRequest{RuntimeSessionId: "rs-1"})
-	requireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
+	apierrtest.RequireStatus(t, err, codes.NotFound, grpcapi.ReasonRuntimeSessionNotFound)
 	_, err = h.client.CreateRuntimeSession(ctx, &ingestv1.CreateRuntimeSessionRequest{RuntimeSession: &ingestv1.RuntimeSession{
 		RuntimeSessionId: "rs-1", SessionId: "s1", SandboxId: "sbx-a", Directory: "/w/repo",
 	}})
