@@ -82,3 +82,16 @@ func TryReserve(port int) (release func(), ok bool) {
 	_ = l.Close()
 	return func() { _ = f.Close() }, true
 }
+
+// Listen is a TCP listener on a loopback port the kernel picks, closed when
+// tb ends (closing it earlier is fine): for a server the test runs itself,
+// which needs no reservation.
+func Listen(tb testing.TB) net.Listener {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("testaddr: %v", err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
+}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -28,19 +27,13 @@ import (
 
 const token = "e2e-internal-token"
 
-func listen(t testing.TB) net.Listener {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	return l
-}
-
 // TestProxyIngestAgainstRealIngest: the proxy's ingest route carries v2
 // metadata for an adopted worktree handle and v1 for a per-session handle,
 // and the real ingest service admits and refuses accordingly.
 func TestProxyIngestAgainstRealIngest(t *testing.T) {
 	rs := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	credGL, proxyL := listen(t), listen(t)
+	credGL, proxyL := testaddr.Listen(t), testaddr.Listen(t)
 	ingestAddr := testaddr.Addr(t)
 
 	ccfg := credential.DefaultConfig()

@@ -103,7 +103,7 @@ func newStack(t testing.TB, o stackOptions) *stack {
 	}
 
 	for _, name := range []string{svcCredential, "proxy", svcSandbox} {
-		st.lis[name] = listen(t)
+		st.lis[name] = testaddr.Listen(t)
 		st.addr[name] = st.lis[name].Addr().String()
 	}
 	st.addr[svcSession], st.addr[svcIngest] = testaddr.Addr(t), testaddr.Addr(t)

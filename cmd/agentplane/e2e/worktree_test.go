@@ -17,6 +17,7 @@ import (
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/gittest"
+	"agentplane.dev/pkg/testaddr"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -230,7 +231,7 @@ func TestWorktreeBadInput(t *testing.T) {
 
 // closedAddr is a loopback address nothing listens on.
 func closedAddr(t *testing.T) string {
-	l := listen(t)
+	l := testaddr.Listen(t)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 	return addr

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"agentplane.dev/pkg/grpcclient"
+	"agentplane.dev/pkg/testaddr"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -133,15 +134,9 @@ type harness struct {
 	rdb      *redistest.Server
 }
 
-func listen(t testing.TB) net.Listener {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	return l
-}
-
 func startHarness(t testing.TB, opts ...func(*Config)) *harness {
 	h := &harness{up: newUpstream(t), ingest: &fakeIngest{}, rdb: redistest.Start(t)}
-	il := listen(t)
+	il := testaddr.Listen(t)
 	gs := grpc.NewServer()
 	ingestv1.RegisterIngestServiceServer(gs, h.ingest)
 	go func() { _ = gs.Serve(il) }()
@@ -195,7 +190,7 @@ type running struct {
 
 // runService runs one credential service process with cfg until stop.
 func runService(t testing.TB, cfg Config) running {
-	gl, pl, ml := listen(t), listen(t), listen(t)
+	gl, pl, ml := testaddr.Listen(t), testaddr.Listen(t), testaddr.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- RunWith(ctx, cfg, Listeners{GRPC: gl, Proxy: pl, Metrics: ml}) }()

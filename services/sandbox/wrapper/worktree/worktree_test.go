@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/pkg/gittest"
+	"agentplane.dev/pkg/testaddr"
 )
 
 const testHandle = "aph_test-handle"
@@ -45,7 +46,7 @@ func fakeProxy(t *testing.T, upstream, token string) string {
 
 func newServer(t *testing.T, h http.Handler) string {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	ln := listen(t)
+	ln := testaddr.Listen(t)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -185,7 +186,7 @@ func TestCloneFailuresLeaveNothingBehind(t *testing.T) {
 		"wrong token":        {func(d string) Spec { return spec(d, g.RepoURL("org/app.git"), fakeProxy(t, g.URL, "wrong")) }, ReasonRepoAuthFailed},
 		"no such repository": {func(d string) Spec { return spec(d, g.RepoURL("org/none.git"), good) }, ReasonRepoUnreachable},
 		"unreachable host": {func(d string) Spec {
-			return spec(d, "http://"+listenClosed(t)+"/org/app.git", fakeProxy(t, "http://"+listenClosed(t), "x"))
+			return spec(d, "http://"+testaddr.Addr(t)+"/org/app.git", fakeProxy(t, "http://"+testaddr.Addr(t), "x"))
 		}, ReasonRepoUnreachable},
 		"too large": {func(d string) Spec {
 			s := spec(d, g.RepoURL("org/app.git"), good)
