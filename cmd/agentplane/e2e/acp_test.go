@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -378,8 +379,12 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 		c.Timers.Heartbeat, c.Timers.DeadAfter, c.Timers.ReconnectWindow = 200*time.Millisecond, time.Second, 2*time.Second
 	})
 	sess := s.createAgent(t, "sbx-kill-"+agent, "/work/e2e-kill", newSecret(), agent)
-	_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello", nil)
+	_, o := s.watchTurn(t, sess.GetSessionId(), "m1", "hello kumquat", nil)
 	require.Equal(t, runtimev1.TurnResult_TURN_RESULT_SUCCEEDED, o.GetResult())
+	// A kill -9 loses what the agent has not written yet: the turn's outcome
+	// can come before the agent stores the turn (a loaded machine showed it),
+	// and a conversation the agent never stored cannot be loaded.
+	agentStored(t, s.root, "kumquat")
 	before := s.routeView(t, sess.GetSessionId())
 	maps := findFile(t, s.root, "acp-sessions.json")
 	require.Len(t, maps, 1)
@@ -406,6 +411,26 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 	// continued rather than starting over.
 	last := turnRequest(t, s.model.Requests(), "hello again")
 	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
+}
+
+// agentStored waits until a file of an agent's home under root holds text:
+// the agent wrote it to its own store (both pinned agents keep their
+// conversations in SQLite, whose write-ahead log has a prompt's text as soon
+// as it is stored).
+func agentStored(t *testing.T, root, text string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		found := false
+		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || found || !strings.Contains(p, "/homes/") {
+				return nil
+			}
+			b, err := os.ReadFile(p)
+			found = err == nil && bytes.Contains(b, []byte(text))
+			return nil
+		})
+		return found
+	}, 2*time.Minute, 200*time.Millisecond, "the agent never stored %q", text)
 }
 
 // turnRequest is the last model request of the turn whose user message
