@@ -73,16 +73,23 @@ golangci: $(BIN)/golangci-lint
 
 lint: proto-lint golangci
 
-# The e2e module (cmd/agentplane, the long pole) runs in the background beside the other
-# modules, which run one after another; its output is printed after theirs.
+# The e2e module (cmd/agentplane, the long pole: its e2e package runs ~1,300 s of tests one
+# after another, mostly waiting on agents and timers, at a load near 1) runs in the background
+# beside the other modules, which run one after another, in two shards: E2E_SHARD (its longest
+# tests, ~700 s) and the rest of the module. A test is in exactly one shard whatever the list
+# names (-run and -skip of one pattern). Their output is printed after the other modules'.
 E2E_MODULE = $(CURDIR)/cmd/agentplane
+E2E_SHARD = ^(TestChartShapedTenantsOpenCode|TestChurnSoak|TestNothingOutlivesItsOpencodeSessions|TestSentinelFailoverAcks|TestSandboxKilledWhileSuspending|TestChartShapedTenants|TestAgentResumesAfterWrapperKill)$$
 test-go:
-	@failed=""; elog=$$(mktemp); \
-	  ( failed=""; $(call TIMED,go test $(E2E_MODULE),cd $(E2E_MODULE) && go test $(GOTEST_FLAGS) ./...,$(E2E_MODULE)); \
-	    $(FAILED_REPORT) ) >$$elog 2>&1 & epid=$$!; \
+	@failed=""; alog=$$(mktemp); blog=$$(mktemp); \
+	  ( cd $(E2E_MODULE) && go test $(GOTEST_FLAGS) -run '^$$' ./e2e/ >/dev/null 2>&1; \
+	    ( failed=""; $(call TIMED,go test $(E2E_MODULE) ./e2e/ -run '$(E2E_SHARD)',go test $(GOTEST_FLAGS) -run '$(E2E_SHARD)' ./e2e/,e2e-shard); \
+	      $(FAILED_REPORT) ) >$$alog 2>&1 & apid=$$!; \
+	    ( failed=""; $(call TIMED,go test $(E2E_MODULE) ./... -skip '$(E2E_SHARD)',go test $(GOTEST_FLAGS) -skip '$(E2E_SHARD)' ./...,rest); \
+	      $(FAILED_REPORT) ) >$$blog 2>&1; b=$$?; wait $$apid && exit $$b ) & epid=$$!; \
 	  for m in $(filter-out $(E2E_MODULE),$(MODULES)); do $(call TIMED,go test $$m,cd $$m && go test $(GOTEST_FLAGS) ./...,$$m); done; \
 	  wait $$epid || failed="$$failed $(E2E_MODULE)"; \
-	  echo "== go test $(E2E_MODULE) output"; cat $$elog; rm -f $$elog; \
+	  echo "== go test $(E2E_MODULE), in two shards: output"; cat $$alog $$blog; rm -f $$alog $$blog; \
 	  $(FAILED_REPORT)
 
 # Each part runs even when an earlier one failed (make -k would also run them; this
@@ -109,8 +116,8 @@ cluster:
 
 # The store and fence suites again on a real Redis Cluster (3 masters + 3 replicas) and a real
 # Sentinel group (pkg/redistest; `make test` runs them on one redis-server), and the failover
-# e2e tests: real services on a Sentinel group / Cluster while its master fails over. CI runs
-# test-redis-stores beside `make test` and test-redis-failover after it (.ci/run).
+# e2e tests: real services on a Sentinel group / Cluster while its master fails over (they are
+# e2e tests, so `make test` runs them too). CI runs test-redis-stores beside `make test` (.ci/run).
 REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ services/ingest:./internal/store/ \
   services/session:./internal/store/ services/sandbox:./internal/store/,./internal/ownership/,./internal/leasestore/
 REDIS_FAILOVER_E2E = ^(TestSentinelFailover(Acks|KeepsSandboxes)|TestClusterFailoverKill)$$
