@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -413,24 +414,36 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
 }
 
-// agentStored waits until a file of an agent's home under root holds text:
-// the agent wrote it to its own store (both pinned agents keep their
+// agentStored waits until a file of an agent's home under root holds text
+// and the agent has stopped writing its home (no file of it changed size or
+// time for a second): the agent wrote the turn to its own store and
+// finished what it does after a turn. Both pinned agents keep their
 // conversations in SQLite, whose write-ahead log has a prompt's text as soon
-// as it is stored).
+// as it is stored; a loaded run showed kilo's outcome arrive before the
+// prompt was stored, and the prompt stored before the turn was complete.
 func agentStored(t *testing.T, root, text string) {
 	t.Helper()
+	var last map[string]string
 	require.Eventually(t, func() bool {
 		found := false
+		now := map[string]string{}
 		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || found || !strings.Contains(p, "/homes/") {
+			if err != nil || d.IsDir() || !strings.Contains(p, "/homes/") {
 				return nil
 			}
-			b, err := os.ReadFile(p)
-			found = err == nil && bytes.Contains(b, []byte(text))
+			if fi, err := d.Info(); err == nil {
+				now[p] = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+			}
+			if !found {
+				b, err := os.ReadFile(p)
+				found = err == nil && bytes.Contains(b, []byte(text))
+			}
 			return nil
 		})
-		return found
-	}, 2*time.Minute, 200*time.Millisecond, "the agent never stored %q", text)
+		quiet := maps.Equal(now, last)
+		last = now
+		return found && quiet
+	}, 2*time.Minute, time.Second, "the agent never stored %q and went quiet", text)
 }
 
 // turnRequest is the last model request of the turn whose user message
