@@ -10,6 +10,7 @@ import (
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func TestLifecycle(t *testing.T) {
+	t.Parallel()
 	tm := DefaultTimers()
 	a := Apply(tm, Allocation{}, Create{Now: t0})
 	require.Equal(t, Creating, a.Phase)
@@ -40,6 +41,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestTimeouts(t *testing.T) {
+	t.Parallel()
 	tm := DefaultTimers()
 	c := Apply(tm, Allocation{}, Create{Now: t0})
 	require.Equal(t, ReasonCreateTimeout, Apply(tm, c, Tick{Now: t0.Add(2 * time.Minute)}).Reason)
@@ -58,6 +60,7 @@ func TestTimeouts(t *testing.T) {
 }
 
 func TestStreamClosedAndStop(t *testing.T) {
+	t.Parallel()
 	tm := DefaultTimers()
 	a := Apply(tm, Apply(tm, Allocation{}, Launched{Now: t0, Instance: "w"}), Hello{Now: t0, Instance: "w"})
 	require.Equal(t, Connected, Apply(tm, a, StreamClosed{Now: t0, Instance: "old"}).Phase, "stale stream")
@@ -73,6 +76,7 @@ func TestStreamClosedAndStop(t *testing.T) {
 // Property: no event sequence leaves the known phases, and Stopped is only
 // reached through Stopping.
 func TestPhasesClosed(t *testing.T) {
+	t.Parallel()
 	tm := DefaultTimers()
 	events := []func(time.Time) any{
 		func(n time.Time) any { return Create{Now: n} }, func(n time.Time) any { return Created{Now: n} },

@@ -8,6 +8,7 @@ import (
 )
 
 func TestDecodeQuarantinesGarbage(t *testing.T) {
+	t.Parallel()
 	for _, raw := range []string{"", "{", "null", `{"state":"sleeping"}`, `{"state":"owns_wrapper","next_generation":1}`,
 		`{"state":"stopping","next_generation":1}`, `{"state":"none","attempts":-1}`, `[]`} {
 		l, err := Decode([]byte(raw), t0)

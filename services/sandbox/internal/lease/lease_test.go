@@ -73,6 +73,7 @@ var table = map[string]map[string]string{
 }
 
 func TestEveryStateEventPair(t *testing.T) {
+	t.Parallel()
 	evs := events()
 	for sname, l := range states() {
 		require.Len(t, table[sname], len(evs), sname)
@@ -94,6 +95,7 @@ func TestEveryStateEventPair(t *testing.T) {
 }
 
 func TestTransitionDetails(t *testing.T) {
+	t.Parallel()
 	s := states()
 	t.Run("allocate takes the next generation", func(t *testing.T) {
 		got := Apply(p, s["none"], Allocate{Instance: "i2", Now: t0})
@@ -153,6 +155,7 @@ func TestTransitionDetails(t *testing.T) {
 // every 10 min, for 60 min (issue 33 item 7: start short, back off), then
 // only a final observation; release only on observed absence.
 func TestBackoffSchedule(t *testing.T) {
+	t.Parallel()
 	l := Apply(p, Lease{}, RequestStop{Reason: "x", Now: t0})
 	now := t0
 	var delays []time.Duration
@@ -195,6 +198,7 @@ func TestBackoffSchedule(t *testing.T) {
 }
 
 func TestDue(t *testing.T) {
+	t.Parallel()
 	s := states()
 	ev, ok := Due(s["owns_wrapper"], t0.Add(time.Minute))
 	require.True(t, ok)
@@ -213,6 +217,7 @@ func TestDue(t *testing.T) {
 // events naming a stale instance or attempt change nothing, owns_wrapper
 // becomes none only through verified absence, and no attempt id repeats.
 func TestProperties(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(300) {
 		r := rand.New(rand.NewPCG(seed, 42))
 		l := Lease{State: None}

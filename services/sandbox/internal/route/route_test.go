@@ -121,6 +121,7 @@ func flags(e Effects) []string {
 }
 
 func TestEveryStateEventPair(t *testing.T) {
+	t.Parallel()
 	evs, sts := events(), states()
 	require.Len(t, sts, len(States))
 	require.Len(t, table, len(States))
@@ -147,6 +148,7 @@ func TestEveryStateEventPair(t *testing.T) {
 }
 
 func TestTransitionDetails(t *testing.T) {
+	t.Parallel()
 	s := states()
 	t.Run("a record of another directory is not moved", func(t *testing.T) {
 		for _, name := range []string{"unknown", "preparing", "ready", "reconnecting", "failed"} {
@@ -333,6 +335,7 @@ func randomEvent(rng *rand.Rand) Event {
 // performs the effects the way the driver does (an admission may refuse a
 // new route) and checks the invariants after every step.
 func TestProperties(t *testing.T) {
+	t.Parallel()
 	seen := map[State]bool{}
 	for seed := range uint64(300) {
 		rng := rand.New(rand.NewPCG(seed, 24))
@@ -389,6 +392,7 @@ func TestProperties(t *testing.T) {
 // record names the contract and runtime session id it carries, and only a
 // preparing route takes the step.
 func TestPrepareSentOnARouteThatMovedOn(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"unknown", "ready", "reconnecting", "failed", "released"} {
 		r := states()[name]
 		r.RuntimeSessionID = ""

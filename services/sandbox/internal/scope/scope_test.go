@@ -7,6 +7,7 @@ import (
 )
 
 func TestNegotiate(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name            string
 		pinned, offered Contract
@@ -31,6 +32,7 @@ func TestNegotiate(t *testing.T) {
 }
 
 func TestOffered(t *testing.T) {
+	t.Parallel()
 	require.Equal(t, Worktree, Offered([]string{"worktree"}, 1))
 	require.Equal(t, PerSession, Offered([]string{"worktree"}, 0), "stale protocol")
 	require.Equal(t, PerSession, Offered(nil, 1), "missing capability")
@@ -38,12 +40,14 @@ func TestOffered(t *testing.T) {
 }
 
 func TestRuntimeKey(t *testing.T) {
+	t.Parallel()
 	require.Equal(t, "/w", RuntimeKey(Worktree, "/w", "s1"))
 	require.Equal(t, "/w", RuntimeKey(Unpinned, "/w", "s1"))
 	require.Equal(t, "s1", RuntimeKey(PerSession, "/w", "s1"))
 }
 
 func TestMembers(t *testing.T) {
+	t.Parallel()
 	s := &Scope{SandboxID: "sb", Directory: "/w"}
 	require.NoError(t, s.Admit("a", "static"))
 	s.Join("a", "rs-a", "static")
