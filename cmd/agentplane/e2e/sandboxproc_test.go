@@ -25,6 +25,7 @@ const (
 type cutProxy struct {
 	addr  string
 	cut   atomic.Bool
+	hold  atomic.Bool // accept, never forward: a call waits for its deadline
 	mu    sync.Mutex
 	conns map[net.Conn]bool
 }
@@ -43,6 +44,12 @@ func startCutProxy(t testing.TB, target string) *cutProxy {
 			}
 			if p.cut.Load() {
 				_ = c.Close()
+				continue
+			}
+			if p.hold.Load() {
+				p.mu.Lock()
+				p.conns[c] = true // closed when the hold ends
+				p.mu.Unlock()
 				continue
 			}
 			s, err := net.Dial("tcp", target)
@@ -75,6 +82,14 @@ func (p *cutProxy) setCut(cut bool) {
 	if cut {
 		p.dropAll()
 	}
+}
+
+// setHold makes every connection hang (true: the open ones are dropped,
+// new ones accepted and never forwarded, so a call waits for its deadline)
+// or heals it (false: the held ones are dropped, so callers dial again).
+func (p *cutProxy) setHold(hold bool) {
+	p.hold.Store(hold)
+	p.dropAll()
 }
 
 // startProcSuite is the suite with the sandbox service in its own process

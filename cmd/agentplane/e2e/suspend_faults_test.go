@@ -205,7 +205,9 @@ func TestSandboxKilledWhileSuspending(t *testing.T) {
 // TestSandboxKilledWhileResuming (issue 35, "Faults and bad input"):
 // kill -9 of the sandbox service while a suspended session is being
 // resumed — its new wrapper launched and its route still preparing, held
-// there by a cut to the credential service (no handle can be minted).
+// there by a credential service that accepts connections and never answers
+// (no handle can be minted; a refused connection would fail the route at
+// once, too soon for a loaded machine to see it preparing).
 // The restart follows at once (the wrapper may still reconnect). The
 // resume then completes: the route is ready under the same runtime
 // session id with one wrapper, the next message answers with the workspace
@@ -221,7 +223,7 @@ func TestSandboxKilledWhileResuming(t *testing.T) {
 	require.NoError(t, err)
 	s.requireSuspended(t, sess)
 
-	credCut.setCut(true)
+	credCut.setHold(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	resumed := make(chan error, 1)
@@ -239,7 +241,7 @@ func TestSandboxKilledWhileResuming(t *testing.T) {
 		t.Fatalf("ResumeSession answered before the route could be ready: %v", err)
 	default:
 	}
-	credCut.setCut(false)
+	credCut.setHold(false)
 	sbx.start()
 
 	if err := <-resumed; err != nil {
