@@ -411,6 +411,11 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 	// The model got the earlier turn's messages again: the conversation
 	// continued rather than starting over.
 	last := turnRequest(t, s.model.Requests(), "hello again")
+	if last.Messages <= 2 {
+		for i, r := range s.model.Requests() {
+			t.Logf("model request %d: %d messages, %d tools, last %q", i, r.Messages, len(r.Tools), r.LastText)
+		}
+	}
 	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
 }
 
