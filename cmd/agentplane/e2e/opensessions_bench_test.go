@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -183,15 +182,9 @@ func liveHeap() int64 {
 
 // redisUsed is the suite's Redis used_memory in bytes.
 func redisUsed(b *testing.B, s *suite) int64 {
-	info, err := s.redis.Info(context.Background(), "memory").Result()
-	require.NoError(b, err)
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(b, err)
-			return n
-		}
-	}
-	b.Fatal("INFO memory has no used_memory")
-	return 0
+	info := s.redis.InfoMap(context.Background(), "memory")
+	require.NoError(b, info.Err())
+	n, err := strconv.ParseInt(info.Item("Memory", "used_memory"), 10, 64)
+	require.NoError(b, err, "INFO memory's used_memory")
+	return n
 }
