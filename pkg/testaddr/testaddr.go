@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -58,14 +59,23 @@ func Reserve() (port int, release func(), err error) {
 // each port with TryReserve.
 func Span() (from, to int) { return low, high }
 
-// TryReserve reserves port if it is free now and no other process holds it.
-func TryReserve(port int) (release func(), ok bool) {
+// locks is the directory of the lock files, made once per process.
+var locks = sync.OnceValues(func() (string, error) {
 	dir := filepath.Join(os.TempDir(), "agentplane-test-ports")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, false
+		return "", err
 	}
 	// Tests run as other uids too (testenv.AsUID): everyone may add a lock file.
 	_ = os.Chmod(dir, 0o1777)
+	return dir, nil
+})
+
+// TryReserve reserves port if it is free now and no other process holds it.
+func TryReserve(port int) (release func(), ok bool) {
+	dir, err := locks()
+	if err != nil {
+		return nil, false
+	}
 	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDONLY, 0o666)
 	if err != nil {
 		return nil, false // another uid's file: its port is someone else's
