@@ -134,7 +134,6 @@ test-redis-stores:
 	  m=$${s%%:*}; p=$${s#*:}; \
 	  $(call TIMED,AGENTPLANE_TEST_REDIS=$$topo go test $$m $${p//$(comma)/ },cd $$m && AGENTPLANE_TEST_REDIS=$$topo go test $(GOTEST_FLAGS) $${p//$(comma)/ },$$topo:$$s); \
 	  done; done; \
-	  $(call TIMED,go test pkg ./replication/ (WAIT on a replica pair and a Cluster),cd pkg && go test $(GOTEST_FLAGS) ./replication/,pkg:./replication/); \
 	  $(FAILED_REPORT)
 test-redis-failover:
 	@failed=""; $(call TIMED,go test cmd/agentplane ./e2e/ -run '$(REDIS_FAILOVER_E2E)',cd cmd/agentplane && go test -count=1 -timeout 10m -run '$(REDIS_FAILOVER_E2E)' ./e2e/,failover-e2e); \
