@@ -57,7 +57,11 @@ func (s *Service) SuspendIdle(ctx context.Context) {
 }
 
 func (s *Service) suspendIdle(ctx context.Context, id string, now time.Time) {
-	_, err := s.suspend(ctx, id, func(a *session.Aggregate) (bool, error) {
+	// It waits longer than a caller of SuspendSession, who asks again: no
+	// one asks again for the sweeper, and until the absence is verified the
+	// route is not shown suspended. Within the claim, so no other replica
+	// tries meanwhile.
+	_, err := s.suspend(ctx, id, suspendLease/2, func(a *session.Aggregate) (bool, error) {
 		if due := s.cfg.Suspend.Due(a); due.IsZero() || due.After(now) {
 			return false, errNotDue
 		}
@@ -77,7 +81,9 @@ func (s *Service) suspendIdle(ctx context.Context, id string, now time.Time) {
 		// again when the claim ends).
 		s.log.DebugContext(ctx, "suspend: runtime shared, left running", "session_id", id)
 	case errors.As(err, &pending):
-		// The stop goes on; its route notice records the suspend.
+		// The stop goes on past a stop's watchdog: the route stays
+		// unknown (not suspended) until a message or a resume prepares it.
+		s.log.WarnContext(ctx, "suspend: runtime absence not verified", "session_id", id)
 	default:
 		s.log.WarnContext(ctx, "suspend: idle runtime not suspended", "session_id", id, "error", err)
 	}

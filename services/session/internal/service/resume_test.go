@@ -32,6 +32,11 @@ func (s *lostStateSandbox) Prepare(_ context.Context, sess *session.Session, res
 	return session.RouteView{State: session.RouteFailed, FailureReason: session.ReasonResumeStateLost, SandboxID: sess.SandboxID}, nil
 }
 
+// SuspendRoute verifies the absence at once.
+func (*lostStateSandbox) SuspendRoute(context.Context, RouteRef) (bool, time.Duration, error) {
+	return true, 0, nil
+}
+
 func (s *lostStateSandbox) calls() []bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -51,7 +56,8 @@ func TestResumeRestartsOnlyWhenAsked(t *testing.T) {
 	require.NoError(t, err)
 	n := session.Notice{SandboxID: sess.SandboxID, FenceToken: 1}
 	require.NoError(t, a.RouteReady(ctx, "s1", n, "rs1", "w1"))
-	require.NoError(t, a.RouteLost(ctx, "s1", n, session.ReasonSuspend))
+	_, err = a.Suspend(ctx, "s1", false)
+	require.NoError(t, err)
 
 	_, err = a.Resume(ctx, "s1", false)
 	var failed *session.RouteFailedError
@@ -70,7 +76,8 @@ func TestResumeRestartsOnlyWhenAsked(t *testing.T) {
 	require.Len(t, sbx.calls(), 2, "a ready route is returned as it is, whatever restart says")
 
 	// Suspended again and lost again: restart tries the plain resume first.
-	require.NoError(t, a.RouteLost(ctx, "s1", session.Notice{SandboxID: sess.SandboxID, FenceToken: 2}, session.ReasonSuspend))
+	_, err = a.Suspend(ctx, "s1", false)
+	require.NoError(t, err)
 	got, err = a.Resume(ctx, "s1", true)
 	require.NoError(t, err)
 	require.Equal(t, session.RouteReady, got.Route.State)

@@ -23,12 +23,14 @@ const resumeWait = 5 * time.Minute
 // (session.ErrTurnRunning) unless force, which cancels that work and sends
 // the running turn an abort first. Idempotent.
 func (s *Service) Suspend(ctx context.Context, id string, force bool) (*session.Session, error) {
-	return s.suspend(ctx, id, func(a *session.Aggregate) (bool, error) { return a.BeginSuspend(force, s.now()) })
+	return s.suspend(ctx, id, suspendWait, func(a *session.Aggregate) (bool, error) { return a.BeginSuspend(force, s.now()) })
 }
 
 // suspend is Suspend with its first step: begin checks (and may change)
-// the session and says whether a running turn is to be aborted.
-func (s *Service) suspend(ctx context.Context, id string, begin func(*session.Aggregate) (abort bool, err error)) (*session.Session, error) {
+// the session and says whether a running turn is to be aborted. It waits
+// up to wait for the absence to be verified: only then is the route
+// suspended.
+func (s *Service) suspend(ctx context.Context, id string, wait time.Duration, begin func(*session.Aggregate) (abort bool, err error)) (*session.Session, error) {
 	var abort bool
 	a, err := s.update(ctx, id, store.Load{}, func(a *session.Aggregate) error {
 		var err error
@@ -42,7 +44,7 @@ func (s *Service) suspend(ctx context.Context, id string, begin func(*session.Ag
 		s.abort(ctx, &a.Session, "")
 	}
 	ref := RouteRef{SessionID: id, SandboxID: a.Session.SandboxID, Tenant: session.Tenant{Org: a.Session.OrgID, User: a.Session.UserID}}
-	wctx, cancel := context.WithTimeout(ctx, suspendWait)
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
 		pctx, pcancel := s.peerCtx(wctx)

@@ -330,7 +330,7 @@ func (a *Aggregate) Reconnecting(n Notice, now time.Time) {
 }
 
 // Failed records a failed preparation: queued and accepted work fails.
-// A preparation the suspend stopped leaves the route suspended.
+// A preparation the suspend stopped is a route lost to it (Lost).
 func (a *Aggregate) Failed(n Notice, reason string, now time.Time) {
 	if reason == ReasonSuspend {
 		a.Lost(n, reason, now)
@@ -352,12 +352,14 @@ func (a *Aggregate) Lost(n Notice, reason string, now time.Time) (reprepare bool
 	}
 	a.failWhere(isAccepted, MessageFailed, msg, now)
 	v := a.Session.Route
-	v.State, v.Step, v.FenceToken = RouteUnknown, "", n.FenceToken
-	if reason == ReasonSuspend {
-		// The runtime was stopped on purpose (SuspendSession): the route
-		// shows it, and the next message or resume prepares it again.
-		v.State, v.FailureReason = RouteSuspended, ""
+	if reason == ReasonSuspend && v.State == RouteSuspended {
+		// A late notice of the stop this suspend already verified.
+		return len(a.Queued()) > 0
 	}
+	// A route lost to a suspend is not suspended yet: the sandbox asked
+	// its runtime to stop and has not seen it gone. Only Suspended, once
+	// the suspend verified the absence, says so (DESIGN.md 3.8).
+	v.State, v.Step, v.FenceToken = RouteUnknown, "", n.FenceToken
 	a.setRoute(v, now)
 	return len(a.Queued()) > 0
 }

@@ -140,6 +140,7 @@ func TestResumeTiming(t *testing.T) {
 		{"suspended again first", func(a *Aggregate) {
 			a.Preparing(n, "", t0.Add(time.Second))
 			a.Lost(n, ReasonSuspend, t0.Add(2*time.Second))
+			a.Suspended(t0.Add(3 * time.Second))
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
