@@ -12,6 +12,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chartutil"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -103,6 +104,7 @@ func TestChartByNamespaceAdmin(t *testing.T) {
 	if _, err := c.Client.RbacV1().RoleBindings("team").Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitAllowed(t, c, user, "team")
 	kubeconfig := c.UserKubeconfig(t, user)
 	vals := readValues(t, filepath.Join(chartDir, "ci", "minimal-values.yaml"))
 
@@ -128,6 +130,31 @@ func TestChartByNamespaceAdmin(t *testing.T) {
 	_, err := other.Run(loadChart(t), vals)
 	if err == nil || !strings.Contains(err.Error(), "forbidden") {
 		t.Fatalf("install by the namespace admin into another namespace: %v, want forbidden", err)
+	}
+}
+
+// waitAllowed waits until the API server's authorizer applies a new binding: the RBAC
+// authorizer reads bindings through an informer, so a loaded server may refuse the user for a
+// moment after the binding was created (the chart's `lookup` of its Secret was refused so once).
+func waitAllowed(t *testing.T, c *kubecluster.Cluster, user, namespace string) {
+	t.Helper()
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:               user,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "get", Resource: "secrets"},
+	}}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		got, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), review, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Allowed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still not allowed to get secrets in %s: %s", user, namespace, got.Status.Reason)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
