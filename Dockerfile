@@ -34,7 +34,7 @@ ARG VERSION=dev
 RUN --mount=type=cache,target=/root/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     go build -ldflags "-s -w -X main.version=${VERSION}" -o /out/agentplane ./cmd/agentplane \
- && go build -ldflags "-s -w" -o /out/agentplane-wrapper ./services/sandbox/cmd/agentplane-wrapper \
+ && go build -tags grpcnotrace -ldflags "-s -w" -o /out/agentplane-wrapper ./services/sandbox/cmd/agentplane-wrapper \
  && mkdir -p /out/sandboxes
 
 # bubblewrap puts every sandbox behind its boundary (docs/sandbox.md, "The boundary"); it is

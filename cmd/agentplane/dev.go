@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,6 +34,7 @@ import (
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
+	"agentplane.dev/services/sandbox/wrapper"
 	session "agentplane.dev/services/session/server"
 )
 
@@ -572,7 +574,7 @@ func devWrapper(asked, self, dir string, stderr io.Writer) (string, error) {
 		return filepath.Abs(p)
 	}
 	out := filepath.Join(dir, name)
-	build := exec.Command("go", "build", "-o", out, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper")
+	build := exec.Command("go", slices.Concat([]string{"build"}, wrapper.BuildFlags, []string{"-o", out, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper"})...)
 	if msg, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(stderr, "agentplane dev: WARNING: cannot build %s (%v: %s); sandboxes start this binary's wrapper, which starts slower\n",
 			name, err, strings.TrimSpace(string(msg)))

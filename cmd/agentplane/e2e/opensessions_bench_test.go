@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,4 +189,33 @@ func redisUsed(b *testing.B, s *suite) int64 {
 	n, err := strconv.ParseInt(info.Item("Memory", "used_memory"), 10, 64)
 	require.NoError(b, err, "INFO memory's used_memory")
 	return n
+}
+
+// BenchmarkSandboxShare (DESIGN.md 3.8, goal ≤ 10 MiB): agentplane's own
+// memory beside a lone idle opencode sandbox — both bubblewraps and the
+// wrapper — by bench/sandbox-pss.sh, the command an operator runs on a node,
+// after one turn and a few quiet seconds. Reported: agentplane-MiB and
+// agent-MiB (PSS). Run it with no other sandbox on the node: PSS divides the
+// wrapper binary's pages among every wrapper running.
+//
+//	cd cmd/agentplane && go test ./e2e -run '^$' -bench '^BenchmarkSandboxShare$' -benchtime 1x
+func BenchmarkSandboxShare(b *testing.B) {
+	dir := agentsDir(b)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
+		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
+	}
+	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
+	sess := s.createAgent(b, "sbx-share", "/work/share", "sk-share", "opencode")
+	s.turn(b, sess.GetSessionId(), "m1", "hello")
+	time.Sleep(5 * time.Second) // idle: the turn's allocations collected, nothing running
+	out, err := exec.Command("bash", "../../../bench/sandbox-pss.sh", sess.GetSandboxId()).CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	b.Logf("bench/sandbox-pss.sh %s:\n%s", sess.GetSandboxId(), out)
+	var ours, agent float64
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	_, err = fmt.Sscanf(lines[len(lines)-1], "agentplane %f MiB PSS, agent %f MiB PSS", &ours, &agent)
+	require.NoError(b, err, "the script's last line: %q", lines[len(lines)-1])
+	b.ReportMetric(ours, "agentplane-MiB")
+	b.ReportMetric(agent, "agent-MiB")
+	s.deleteSession(b, sess.GetSessionId())
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +33,7 @@ import (
 	"agentplane.dev/services/credential/attestation"
 	credential "agentplane.dev/services/credential/server"
 	sandbox "agentplane.dev/services/sandbox/server"
+	"agentplane.dev/services/sandbox/wrapper"
 )
 
 // wrapperBin is the real agentplane-wrapper binary, built once, as deployed
@@ -53,7 +55,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	wrapperBin = filepath.Join(dir, "agentplane-wrapper")
-	build := exec.Command("go", "build", "-o", wrapperBin, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper")
+	build := exec.Command("go", slices.Concat([]string{"build"}, wrapper.BuildFlags, []string{"-o", wrapperBin, "agentplane.dev/services/sandbox/cmd/agentplane-wrapper"})...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build agentplane-wrapper:", err)
