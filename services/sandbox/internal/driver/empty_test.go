@@ -14,8 +14,8 @@ import (
 	"agentplane.dev/services/sandbox/internal/store"
 )
 
-// Issue 33 item 4: calls that only talk to a route (Deliver, Abort,
-// UpdateEgress, Route, RotateHandle, worktree calls) on sandboxes this
+// Calls that only talk to a route (Deliver, Abort, UpdateEgress, Route,
+// RotateHandle, SuspendRoute, worktree calls) on sandboxes this
 // replica does not drive take none of them over: no owner lease, no
 // goroutine, no Redis key per id asked about. A release of an unknown
 // session takes the sandbox (its absence must be verified) and the tick lets
@@ -43,6 +43,9 @@ func TestTalkingToASandboxDoesNotTakeItOver(t *testing.T) {
 		require.False(t, found)
 		_, err = d.RotateHandle(ctx, id, "s1")
 		require.ErrorIs(t, err, ErrRouteNotFound)
+		sus, err := d.SuspendRoute(ctx, id, "s1")
+		require.NoError(t, err)
+		require.True(t, sus.AbsenceVerified, "no route: nothing of the session runs")
 	}
 	require.Zero(t, d.OwnedCount(), "no sandbox was taken over by talking to it")
 	require.Zero(t, d.cfg.Redis.DBSize(ctx).Val(), "no key was written for an id asked about")

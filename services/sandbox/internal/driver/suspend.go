@@ -32,7 +32,12 @@ type Suspend struct {
 // relaunches the key once the stop is verified (checkStopped). Repeating
 // the call only reports.
 func (d *Driver) SuspendRoute(ctx context.Context, sandboxID, sessionID string) (Suspend, error) {
-	sb, err := d.own(ctx, sandboxID)
+	// Like the other calls that talk to a route, it takes over only a
+	// sandbox with stored routes and no live owner.
+	sb, err := d.ownStored(ctx, sandboxID)
+	if errors.Is(err, ErrRouteNotFound) {
+		return Suspend{AbsenceVerified: true}, nil
+	}
 	if err != nil {
 		return Suspend{}, err
 	}
