@@ -67,3 +67,17 @@ func copyFile(src, dst string) error {
 	_, err = io.Copy(out, in)
 	return errors.Join(err, out.Close())
 }
+
+// SandboxRoot is a new directory for a sandbox service's root that the
+// sandboxes' own user (nobody when the tests run as root) can traverse:
+// t.TempDir's directories are 0700.
+func SandboxRoot(t testing.TB) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, dir := range []string{filepath.Dir(root), root} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}

@@ -402,11 +402,3 @@ func TestSiblingAdoptsWorktreeHandle(t *testing.T) {
 	require.Len(t, digests, 1)
 }
 
-// sandboxRoot is a fresh sandbox root that the sandboxes' own user (nobody,
-// when the tests run as root) can traverse: t.TempDir's directories are 0700.
-func sandboxRoot(t testing.TB) string {
-	root := t.TempDir()
-	require.NoError(t, os.Chmod(filepath.Dir(root), 0o755))
-	require.NoError(t, os.Chmod(root, 0o755))
-	return root
-}

@@ -208,7 +208,7 @@ func TestChaosSandboxKilledPastReconnectWindow(t *testing.T) {
 // stopped and the processes under it were killed).
 func tmpfsRoot(t *testing.T, inodes int) string {
 	t.Helper()
-	root := sandboxRoot(t)
+	root := testenv.SandboxRoot(t)
 	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m,mode=0755,nr_inodes="+strconv.Itoa(inodes), "tmpfs", root).CombinedOutput()
 	if err != nil {
 		testenv.Missing(t, "mount a tmpfs sandbox root: %v: %s", err, out)

@@ -32,6 +32,7 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/pkg/testaddr"
+	"agentplane.dev/pkg/testenv"
 	credential "agentplane.dev/services/credential/server"
 	ingest "agentplane.dev/services/ingest/server"
 	sandbox "agentplane.dev/services/sandbox/server"
@@ -87,7 +88,7 @@ func newStack(t testing.TB, o stackOptions) *stack {
 		o.logFormat = "json"
 	}
 	if o.root == "" {
-		o.root = sandboxRoot(t)
+		o.root = testenv.SandboxRoot(t)
 	}
 	st := &stack{t: t, up: &upstream{}, root: o.root, run: newRunID(),
 		addr: map[string]string{}, metricsURL: map[string]string{}, lis: map[string]net.Listener{}}

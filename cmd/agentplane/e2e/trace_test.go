@@ -28,6 +28,7 @@ import (
 	"agentplane.dev/pkg/grpcclient"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/pkg/testaddr"
+	"agentplane.dev/pkg/testenv"
 )
 
 // otlpReceiver is an in-process OTLP/gRPC trace collector keeping every span with the
@@ -120,7 +121,7 @@ func TestOneTraceAcrossEveryHop(t *testing.T) {
 	rs := redistest.Start(t)
 	provider := httptest.NewServer(&upstream{})
 	t.Cleanup(provider.Close)
-	root := sandboxRoot(t)
+	root := testenv.SandboxRoot(t)
 	killProcessesUnder(t, root)
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)

@@ -17,6 +17,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/logging/logtest"
 	"agentplane.dev/pkg/testaddr"
+	"agentplane.dev/pkg/testenv"
 )
 
 // replica is a sandbox-service replica running as its own process.
@@ -85,7 +86,7 @@ func (r *replica) owner(t *testing.T, sb string) (string, uint64) {
 // sandbox root; each lists both as the addresses wrappers dial.
 func startPair(t *testing.T) (n *fakeNotify, a, b *replica) {
 	n = startNotify(t)
-	root := sandboxRoot(t)
+	root := testenv.SandboxRoot(t)
 	t.Cleanup(func() { logWrappers(t, root) })
 	addrA, addrB := testaddr.Addr(t), testaddr.Addr(t)
 	peers := addrA + "," + addrB

@@ -26,6 +26,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testenv"
 	"agentplane.dev/services/sandbox/internal/allocation"
 	"agentplane.dev/services/sandbox/server"
 )
@@ -225,7 +226,7 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 	cfg.MetricsAddr = ""
 	cfg.DrainDelay = 0
 	cfg.ShutdownTimeout = 2 * time.Second
-	cfg.SandboxRoot = sandboxRoot(t)
+	cfg.SandboxRoot = testenv.SandboxRoot(t)
 	cfg.WrapperCommand = []string{binPath, "wrapper"}
 	cfg.SessionAddr = notifyAddr
 	cfg.ProxyURL = ""
@@ -259,16 +260,6 @@ func startServiceCtx(t *testing.T, parent context.Context, notifyAddr string, mu
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	return &service{addr: lis.Addr().String(), root: cfg.SandboxRoot, client: sandboxv1.NewSandboxServiceClient(conn)}
-}
-
-// sandboxRoot is a new sandbox root that the sandboxes' own user can reach
-// (t.TempDir's directories are 0700).
-func sandboxRoot(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
-	require.NoError(t, os.Chmod(dir, 0o755))
-	return dir
 }
 
 // logWrappers prints the wrapper logs under root when the test failed.

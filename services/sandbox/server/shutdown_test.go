@@ -10,6 +10,7 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/testaddr"
+	"agentplane.dev/pkg/testenv"
 	"agentplane.dev/services/sandbox/internal/ownership"
 	"agentplane.dev/services/sandbox/server"
 )
@@ -22,7 +23,7 @@ import (
 func TestSigtermReleasesOwnership(t *testing.T) {
 	n := startNotify(t)
 	addr := testaddr.Addr(t)
-	r := startReplica(t, "r-term", addr, addr, sandboxRoot(t), n.addr)
+	r := startReplica(t, "r-term", addr, addr, testenv.SandboxRoot(t), n.addr)
 	sb := uniqueSandbox(t)
 	_, err := r.client.Prepare(context.Background(), route(sb, "s1", "/repo/term"))
 	require.NoError(t, err)
