@@ -117,11 +117,15 @@ type Runtime struct {
 
 	emitMu sync.Mutex // OnFrame is called by one goroutine at a time
 
-	mu       sync.Mutex
-	routes   map[string]*route // by agentplane session id
-	byACP    map[string]*route // by ACP session id
-	broken   *failure          // why the connection ended
-	stopping bool              // Stop was called: the wrapper ends the agent
+	mu     sync.Mutex
+	routes map[string]*route // by agentplane session id
+	byACP  map[string]*route // by ACP session id
+	// opening: a route being opened, closed when that open ended. A
+	// repeated open_route waits for it instead of opening a second ACP
+	// session.
+	opening  map[string]chan struct{}
+	broken   *failure // why the connection ended
+	stopping bool     // Stop was called: the wrapper ends the agent
 }
 
 // failure is a named reason with a detail (no secrets).
@@ -235,7 +239,7 @@ func start(cfg Config, instance string, h runtimedriver.Hooks) (*Runtime, error)
 		cfg: cfg, hooks: h, log: cfg.Logger.With("agent", cfg.Spec.Profile), relay: rl, rpc: newConn(stdin),
 		store: &sessionStore{file: filepath.Join(state, "acp-sessions.json")}, http: cfg.Client,
 		pgid: cmd.Process.Pid, stdin: stdin, exited: make(chan struct{}), ready: make(chan struct{}),
-		prefix: randomHex(4), routes: map[string]*route{}, byACP: map[string]*route{},
+		prefix: randomHex(4), routes: map[string]*route{}, byACP: map[string]*route{}, opening: map[string]chan struct{}{},
 	}
 	go r.read(stdout, cmd)
 	go r.initialize()
@@ -447,9 +451,28 @@ func (r *Runtime) routeFailed(id string, f *failure, retryable bool) {
 // the route's runtime session had before (a restarted wrapper).
 func (r *Runtime) open(f runtimejsonl.Frame) {
 	id := f.SessionID
-	if existing := r.route(id); existing != nil {
-		r.reopen(existing, f)
-		return
+	for {
+		r.mu.Lock()
+		if existing := r.routes[id]; existing != nil {
+			r.mu.Unlock()
+			r.reopen(existing, f)
+			return
+		}
+		wait, busy := r.opening[id]
+		if !busy {
+			done := make(chan struct{})
+			r.opening[id] = done
+			r.mu.Unlock()
+			defer func() {
+				r.mu.Lock()
+				delete(r.opening, id)
+				r.mu.Unlock()
+				close(done)
+			}()
+			break
+		}
+		r.mu.Unlock()
+		<-wait // then served (answered as a reopen) or failed (opened again)
 	}
 	waited, fail := r.awaitAgent(id)
 	if fail != nil {
@@ -575,16 +598,12 @@ func (r *Runtime) newSession(rt *route) (time.Duration, *failure) {
 // addRoute records the route's agent session for a restarted wrapper, then
 // serves the route and answers route_ready.
 func (r *Runtime) addRoute(rt *route) {
+	// One open of a session at a time (open), so this is the route's ACP
+	// session: a restarted wrapper loads it.
 	if err := r.store.put(rt.sessionID, rt.acpID); err != nil {
 		r.log.Warn("could not record the agent session", "session", rt.sessionID, "err", err)
 	}
 	r.mu.Lock()
-	if old := r.routes[rt.sessionID]; old != nil {
-		// A repeated open_route raced this one: keep the first.
-		r.mu.Unlock()
-		r.routeReady(rt.sessionID, old.rsid)
-		return
-	}
 	r.routes[rt.sessionID] = rt
 	r.byACP[rt.acpID] = rt
 	r.mu.Unlock()

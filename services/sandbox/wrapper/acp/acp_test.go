@@ -456,3 +456,34 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 	}
 	require.Contains(t, first[2], relay.DummyKey, "the config names the relay's dummy key")
 }
+
+// Two open_route frames for one session before either is answered (the
+// sandbox service sends the route again on a Hello and on a preparation
+// that finds the wrapper connected): the agent opens one ACP session, and
+// the one recorded for a restarted wrapper's session/load is the one the
+// route's turns go to. The recorded one was the losing open's, so a
+// restarted wrapper loaded an empty conversation.
+func TestRepeatedOpenOpensOneAgentSession(t *testing.T) {
+	rt, rec := startFake(t, "good", 30*time.Second)
+	for range 2 {
+		require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: "s1", Directory: t.TempDir(), RuntimeSessionID: "rs_1"}))
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for countFrames(rec, "s1", runtimejsonl.TypeRouteReady) < 2 {
+		require.True(t, time.Now().Before(deadline), "both opens answered; frames: %+v", rec.all())
+		time.Sleep(10 * time.Millisecond)
+	}
+	served := rt.route("s1").acpID
+	require.True(t, strings.HasSuffix(served, "-1"), "one session/new: %s", served)
+	require.Equal(t, served, rt.store.get("s1"), "the recorded ACP session is the served one")
+}
+
+func countFrames(rec *recorder, session, typ string) int {
+	n := 0
+	for _, f := range rec.all() {
+		if f.SessionID == session && f.Type == typ {
+			n++
+		}
+	}
+	return n
+}
