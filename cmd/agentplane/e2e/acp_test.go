@@ -386,6 +386,11 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 	// can come before the agent stores the turn (a loaded machine showed it),
 	// and a conversation the agent never stored cannot be loaded.
 	agentStored(t, s.root, "kumquat")
+	t.Cleanup(func() {
+		if t.Failed() {
+			logHomes(t, s.root, "kumquat")
+		}
+	})
 	before := s.routeView(t, sess.GetSessionId())
 	maps := findFile(t, s.root, "acp-sessions.json")
 	require.Len(t, maps, 1)
@@ -417,6 +422,19 @@ func testAgentResumesAfterWrapperKill(t *testing.T, agent string) {
 		}
 	}
 	require.Greater(t, last.Messages, 2, "the resumed conversation carries the first turn")
+}
+
+// logHomes logs every file of the agents' homes under root, with its size
+// and whether it holds text.
+func logHomes(t *testing.T, root, text string) {
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.Contains(p, "/homes/") {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		t.Logf("home file %s: %d bytes, holds %q: %v", p, len(b), text, bytes.Contains(b, []byte(text)))
+		return nil
+	})
 }
 
 // agentStored waits until a file of an agent's home under root holds text
