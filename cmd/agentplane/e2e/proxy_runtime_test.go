@@ -401,4 +401,3 @@ func TestSiblingAdoptsWorktreeHandle(t *testing.T) {
 	}
 	require.Len(t, digests, 1)
 }
-
