@@ -154,14 +154,37 @@ func TestChurnSoak(t *testing.T) {
 	// Nothing a sandbox replica holds grows with the number of sessions.
 	r.requireFlatSandboxReplicas(t)
 
-	// Memory flat: the peak RSS of the last window within 20% of the first's.
+	// Memory flat, per service: the peak of its replicas' summed RSS in the
+	// last window within 20% (16 MiB for a small total) of the first
+	// window's. Summed, because sandboxes, and the memory that drives them,
+	// move between a service's replicas as ownership changes: one loaded
+	// run saw sandbox-b grow 28% while sandbox-a held still (+17% summed).
 	window := min(time.Minute, elapsed/4)
-	for _, p := range services {
-		first, last := peakRSS(rss[p.name], 0, window), peakRSS(rss[p.name], elapsed-window, elapsed)
-		t.Logf("RSS %s: first %v peak %d KiB, last %v peak %d KiB (%+.1f%%)", p.name, window, first, window, last,
+	for name, samples := range sumByService(rss) {
+		first, last := peakRSS(samples, 0, window), peakRSS(samples, elapsed-window, elapsed)
+		t.Logf("RSS %s (replicas summed): first %v peak %d KiB, last %v peak %d KiB (%+.1f%%)", name, window, first, window, last,
 			100*float64(last-first)/float64(first))
-		require.LessOrEqual(t, float64(last), 1.2*float64(first), "%s RSS grew more than 20%%", p.name)
+		require.LessOrEqual(t, float64(last), max(1.2*float64(first), float64(first+16<<10)), "%s RSS grew more than 20%%", name)
 	}
+}
+
+// sumByService adds up, sample by sample, the RSS of each service's
+// replicas (processes named service-a, service-b; sampled together).
+func sumByService(rss map[string][]rssSample) map[string][]rssSample {
+	out := map[string][]rssSample{}
+	for proc, samples := range rss {
+		name, _, _ := strings.Cut(proc, "-")
+		sum := out[name]
+		for i, s := range samples {
+			if i < len(sum) {
+				sum[i].kib += s.kib
+			} else {
+				sum = append(sum, s)
+			}
+		}
+		out[name] = sum
+	}
+	return out
 }
 
 // churnOnce is one session's life: create in the worktree, one message
