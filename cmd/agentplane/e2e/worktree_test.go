@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	"agentplane.dev/pkg/apierr/apierrtest"
 	ingestv1 "agentplane.dev/pkg/gen/agentplane/ingest/v1"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
@@ -217,16 +220,36 @@ func TestWorktreeBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			sess := s.createGit(t, "sbx-bad", c.dir, c.wt, c.token)
+			sess := s.createGit(t, "sbx-bad-"+strings.ReplaceAll(c.name, " ", "-"), c.dir, c.wt, c.token)
 			route, msg := s.failedRoute(t, sess.GetSessionId())
 			require.Equal(t, c.reason, route)
 			require.Equal(t, "route_failed", msg)
 			// Nothing half-cloned: the workspace holds no .git.
 			matches, _ := filepath.Glob(filepath.Join(s.root, "*", "workspaces", "*", ".git"))
 			require.Empty(t, matches, "no clone left behind")
+			if c.reason != "repo_unreachable" { // retryable: the route is prepared again
+				// The agent runtime, started while the clone ran, does not
+				// stay up for a route that failed.
+				require.Eventually(t, func() bool {
+					return len(runtimeProcesses(filepath.Join(s.root, sess.GetSandboxId()))) == 0
+				}, 30*time.Second, 100*time.Millisecond, "a runtime left running in %s", sess.GetSandboxId())
+			}
 		})
 	}
 	scanFiles(t, s.root, token)
+}
+
+// runtimeProcesses lists the agent runtimes (`agentplane-wrapper runtime
+// ...`, the scripted runtime) running under a sandbox's directory.
+func runtimeProcesses(dir string) []int {
+	var out []int
+	for _, pid := range sandboxprocs.Under(dir) {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && bytes.Contains(cmdline, []byte("\x00runtime\x00")) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // closedAddr is a loopback address nothing listens on.
