@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	"agentplane.dev/pkg/gittest"
 	"agentplane.dev/pkg/testenv"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
@@ -460,4 +464,54 @@ func wrapperProcessB(b *testing.B, instance string) int {
 	}
 	b.Fatalf("no wrapper with instance %s", instance)
 	return 0
+}
+
+// BenchmarkOpenCodeColdFirstEventWithClone: a cold opencode session whose
+// worktree is a clone of a 40 MB repository (git http-backend, through the
+// credential proxy's git route): SendMessage → the first message delta.
+// The wrapper clones, then starts the agent (docs/benchmarks.md "Cold
+// first event with a clone": starting it first was measured no faster).
+//
+//	cd cmd/agentplane && go test ./e2e -run '^$' -bench '^BenchmarkOpenCodeColdFirstEventWithClone$' -benchtime 3x -timeout 15m
+func BenchmarkOpenCodeColdFirstEventWithClone(b *testing.B) {
+	dir := agentsDir(b)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
+		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
+	}
+	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
+	token := "ghs_bench" + newSecret()
+	g := gittest.Start(b, token)
+	bare := g.CreateRepo(b, "org/big.git", map[string]string{"README.md": "big\n"})
+	work := b.TempDir()
+	gittest.Run(b, "", "clone", "-q", bare, work)
+	for i := range 8 {
+		blob := make([]byte, 5<<20)
+		_, _ = rand.Read(blob)
+		require.NoError(b, os.WriteFile(filepath.Join(work, fmt.Sprintf("blob%d.bin", i)), blob, 0o644))
+	}
+	gittest.Run(b, work, "add", "-A")
+	gittest.Run(b, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "big")
+	gittest.Run(b, work, "push", "-q", "origin", "main")
+
+	var first []time.Duration
+	for i := range b.N {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		var id string
+		require.Eventually(b, func() bool {
+			resp, err := s.ses.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+				UserId: "u-e2e", OrgId: "o-e2e", SandboxId: fmt.Sprintf("sbx-oc-clone-%s-%d", s.run, i),
+				Worktree:      &sessionv1.Worktree{Directory: "/work/oc-clone", RepoUrl: g.RepoURL("org/big.git")},
+				Credential:    &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: "sk-clone"},
+				GitCredential: &sessionv1.GitCredentialInput{Token: token},
+				Agent:         &sessionv1.Agent{Profile: "opencode"},
+			})
+			id = resp.GetSession().GetSessionId()
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond)
+		first = append(first, timeTurn(ctx, b, s, id, "m1").firstDelta)
+		cancel()
+		s.deleteSession(b, id)
+	}
+	b.StopTimer()
+	percentiles(b, "cold-first-event-with-clone", first)
 }

@@ -228,8 +228,8 @@ func TestWorktreeBadInput(t *testing.T) {
 			matches, _ := filepath.Glob(filepath.Join(s.root, "*", "workspaces", "*", ".git"))
 			require.Empty(t, matches, "no clone left behind")
 			if c.reason != "repo_unreachable" { // retryable: the route is prepared again
-				// The agent runtime, started while the clone ran, does not
-				// stay up for a route that failed.
+				// No agent runtime stays up for a route whose worktree
+				// failed (the wrapper starts it after the clone).
 				require.Eventually(t, func() bool {
 					return len(runtimeProcesses(filepath.Join(s.root, sess.GetSandboxId()))) == 0
 				}, 30*time.Second, 100*time.Millisecond, "a runtime left running in %s", sess.GetSandboxId())

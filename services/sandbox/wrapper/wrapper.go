@@ -514,31 +514,13 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 	}
 	r.directory = dir
 	r.git = gitRoute{repoURL: p.GetRepoUrl(), clone: p.GetCloneRepo(), ref: p.GetRepoRef(), depth: int(p.GetRepoDepth()), proxyURL: p.GetProxyUrl(), handle: p.GetHandle()}
-	needStart := w.runtime == nil
 	w.mu.Unlock()
-	// The agent starts while the worktree is prepared: its start-up
-	// (seconds for a real agent) needs no worktree, and open_route waits
-	// for it.
-	if needStart {
-		w.emit(progress(id, "start_runtime", "starting the agent runtime"))
-		if err := w.startRuntime(); err != nil {
-			w.mu.Lock()
-			delete(w.routes, id)
-			w.mu.Unlock()
-			w.emit(routeFailed(id, "runtime_start_failed", "could not start the runtime", true))
-			return
-		}
-	} else {
-		w.emit(progress(id, "reuse_runtime", "joining the running agent runtime"))
-	}
 	if !w.prepareWorktree(id, dir) {
-		w.stopUnusedRuntime()
 		return
 	}
 	w.mu.Lock()
 	if w.routes[id] != r { // released while the worktree was prepared
 		w.mu.Unlock()
-		w.stopUnusedRuntime()
 		return
 	}
 	rsid := r.runtimeSessionID
@@ -547,7 +529,17 @@ func (w *wrapper) prepare(p *sandboxv1.PrepareRoute) {
 		// grant, so ingest admits the history the runtime posts under it.
 		rsid = p.GetRuntimeSessionId()
 	}
+	needStart := w.runtime == nil
 	w.mu.Unlock()
+	if needStart {
+		w.emit(progress(id, "start_runtime", "starting the agent runtime"))
+		if err := w.startRuntime(); err != nil {
+			w.emit(routeFailed(id, "runtime_start_failed", "could not start the runtime", true))
+			return
+		}
+	} else {
+		w.emit(progress(id, "reuse_runtime", "joining the running agent runtime"))
+	}
 	w.toRuntime(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: id, Directory: dir,
 		Handle: p.GetHandle(), ProxyURL: p.GetProxyUrl(), RuntimeSessionID: rsid,
 		Agent: p.GetAgent().GetProfile(), RejectToolKinds: p.GetAgent().GetRejectToolKinds()})
@@ -616,21 +608,6 @@ func (w *wrapper) runtimeExited(p runtimedriver.Runtime) {
 	for _, id := range ids {
 		w.emit(routeFailed(id, "runtime_exited", "the agent runtime exited", true))
 	}
-}
-
-// stopUnusedRuntime stops the runtime when no route is prepared or open:
-// one started beside a worktree that then failed (or was released) would
-// hold an agent's memory for nothing until the key's idle stop.
-func (w *wrapper) stopUnusedRuntime() {
-	w.mu.Lock()
-	p := w.runtime
-	if p == nil || len(w.routes) > 0 {
-		w.mu.Unlock()
-		return
-	}
-	w.runtime = nil
-	w.mu.Unlock()
-	p.Stop()
 }
 
 func (w *wrapper) stopRuntime() {
