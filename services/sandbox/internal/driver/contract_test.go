@@ -279,8 +279,14 @@ func TestRoutesKeyedBeforeTheFirstHelloMintUnderItsContract(t *testing.T) {
 	creds.mu.Lock()
 	defer creds.mu.Unlock()
 	require.Equal(t, map[string]scope.Contract{"s1": scope.Worktree, "s2": scope.Worktree}, creds.contracts)
-	require.Equal(t, []string{"retire:wrapper_restart", "mint", "mint"}, creds.calls,
-		"a fresh wrapper's Hello retires the scope's accepted handles before any mint")
+	// A route may be sent twice (by the Hello, and by its preparation
+	// finding the wrapper connected), each time with a handle minted for
+	// it: the order is what matters.
+	require.Equal(t, "retire:wrapper_restart", creds.calls[0],
+		"a fresh wrapper's Hello retires the scope's accepted handles before any mint: %v", creds.calls)
+	for _, c := range creds.calls[1:] {
+		require.Equal(t, "mint", c, "%v", creds.calls)
+	}
 	wr.mu.Lock()
 	defer wr.mu.Unlock()
 	require.Len(t, wr.launched, 1, "one wrapper for the directory")
