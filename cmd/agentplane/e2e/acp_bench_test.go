@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -358,10 +357,7 @@ func timeTurn(ctx context.Context, b testing.TB, s *suite, id, messageID string)
 // initialize, session/load, and prompt → first chunk; and the same for the
 // cold first turn before it (session/new).
 func BenchmarkOpenCodeResumedFirstEvent(b *testing.B) {
-	dir := agentsDir(b)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
-		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
-	}
+	dir := requireAgent(b, "opencode")
 	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
 	var cold, coldStart, coldSession, resumed, resumedStart, resumedLoad, resumedPrompt []time.Duration
 	for i := range b.N {
@@ -474,24 +470,11 @@ func wrapperProcessB(b *testing.B, instance string) int {
 //
 //	cd cmd/agentplane && go test ./e2e -run '^$' -bench '^BenchmarkOpenCodeColdFirstEventWithClone$' -benchtime 3x -timeout 15m
 func BenchmarkOpenCodeColdFirstEventWithClone(b *testing.B) {
-	dir := agentsDir(b)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
-		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
-	}
+	dir := requireAgent(b, "opencode")
 	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
 	token := "ghs_bench" + newSecret()
 	g := gittest.Start(b, token)
-	bare := g.CreateRepo(b, "org/big.git", map[string]string{"README.md": "big\n"})
-	work := b.TempDir()
-	gittest.Run(b, "", "clone", "-q", bare, work)
-	for i := range 8 {
-		blob := make([]byte, 5<<20)
-		_, _ = rand.Read(blob)
-		require.NoError(b, os.WriteFile(filepath.Join(work, fmt.Sprintf("blob%d.bin", i)), blob, 0o644))
-	}
-	gittest.Run(b, work, "add", "-A")
-	gittest.Run(b, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "big")
-	gittest.Run(b, work, "push", "-q", "origin", "main")
+	bigRepo(b, g, "org/big.git", 8, 5<<20)
 
 	var first []time.Duration
 	for i := range b.N {

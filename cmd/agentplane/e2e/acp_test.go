@@ -56,7 +56,7 @@ func agentsDir(t testing.TB) string {
 // requireAgent returns the agents directory when the pinned agent's program
 // is installed. Under CI=true a missing agent fails the test; locally the
 // test is skipped and says why.
-func requireAgent(t *testing.T, name string) string {
+func requireAgent(t testing.TB, name string) string {
 	dir := agentsDir(t)
 	bin := map[string]string{"opencode": filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode"),
 		"kilo": filepath.Join(dir, "node_modules", "@kilocode", "cli-linux-x64", "bin", "kilo")}[name]

@@ -21,7 +21,6 @@ import (
 	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
-	"agentplane.dev/pkg/testenv"
 	sandbox "agentplane.dev/services/sandbox/server"
 )
 
@@ -42,10 +41,7 @@ import (
 func BenchmarkOpenSessions(b *testing.B) {
 	total, active := envCount(b, "AGENTPLANE_OPEN_SESSIONS", 200), envCount(b, "AGENTPLANE_ACTIVE_SESSIONS", 10)
 	require.Zero(b, total%active, "open sessions must be a multiple of active ones")
-	dir := agentsDir(b)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
-		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
-	}
+	dir := requireAgent(b, "opencode")
 	model := fakemodel.New()
 	up := httptest.NewServer(model)
 	b.Cleanup(up.Close)
@@ -200,10 +196,7 @@ func redisUsed(b *testing.B, s *suite) int64 {
 //
 //	cd cmd/agentplane && go test ./e2e -run '^$' -bench '^BenchmarkSandboxShare$' -benchtime 1x
 func BenchmarkSandboxShare(b *testing.B) {
-	dir := agentsDir(b)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "opencode-linux-x64", "bin", "opencode")); err != nil {
-		testenv.Missing(b, "pinned opencode is not installed (make agents): %v", err)
-	}
+	dir := requireAgent(b, "opencode")
 	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) { c.AgentsDir, c.AgentModel = dir, "fake-model" })
 	sess := s.createAgent(b, "sbx-share", "/work/share", "sk-share", "opencode")
 	s.turn(b, sess.GetSessionId(), "m1", "hello")

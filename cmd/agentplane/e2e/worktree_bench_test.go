@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,18 +25,8 @@ func BenchmarkWorktreeClone(b *testing.B) {
 	s := startSuite(b)
 	token := "ghs_bench" + newSecret()
 	g := gittest.Start(b, token)
-	bare := g.CreateRepo(b, "org/big.git", map[string]string{"README.md": "big\n"})
-	work := b.TempDir()
-	gittest.Run(b, "", "clone", "-q", bare, work)
 	const size = 50 << 20
-	for i := range 10 {
-		blob := make([]byte, size/10)
-		_, _ = rand.Read(blob)
-		require.NoError(b, os.WriteFile(filepath.Join(work, "blob"+string(rune('0'+i))+".bin"), blob, 0o644))
-	}
-	gittest.Run(b, work, "add", "-A")
-	gittest.Run(b, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "big")
-	gittest.Run(b, work, "push", "-q", "origin", "main")
+	bigRepo(b, g, "org/big.git", 10, size/10)
 
 	ctx := context.Background()
 	sandboxID := "sbx-bench-" + s.run
@@ -76,4 +67,20 @@ func BenchmarkWorktreeClone(b *testing.B) {
 			require.NoError(b, err)
 		}
 	})
+}
+
+// bigRepo creates repository name on g holding blobs files of blobSize
+// random (incompressible) bytes each, in one commit on main.
+func bigRepo(tb testing.TB, g *gittest.Server, name string, blobs, blobSize int) {
+	bare := g.CreateRepo(tb, name, map[string]string{"README.md": "big\n"})
+	work := tb.TempDir()
+	gittest.Run(tb, "", "clone", "-q", bare, work)
+	for i := range blobs {
+		blob := make([]byte, blobSize)
+		_, _ = rand.Read(blob)
+		require.NoError(tb, os.WriteFile(filepath.Join(work, fmt.Sprintf("blob%d.bin", i)), blob, 0o644))
+	}
+	gittest.Run(tb, work, "add", "-A")
+	gittest.Run(tb, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "big")
+	gittest.Run(tb, work, "push", "-q", "origin", "main")
 }
