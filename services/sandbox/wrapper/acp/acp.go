@@ -451,29 +451,12 @@ func (r *Runtime) routeFailed(id string, f *failure, retryable bool) {
 // the route's runtime session had before (a restarted wrapper).
 func (r *Runtime) open(f runtimejsonl.Frame) {
 	id := f.SessionID
-	for {
-		r.mu.Lock()
-		if existing := r.routes[id]; existing != nil {
-			r.mu.Unlock()
-			r.reopen(existing, f)
-			return
-		}
-		wait, busy := r.opening[id]
-		if !busy {
-			done := make(chan struct{})
-			r.opening[id] = done
-			r.mu.Unlock()
-			defer func() {
-				r.mu.Lock()
-				delete(r.opening, id)
-				r.mu.Unlock()
-				close(done)
-			}()
-			break
-		}
-		r.mu.Unlock()
-		<-wait // then served (answered as a reopen) or failed (opened again)
+	existing, end := r.beginOpen(id)
+	if existing != nil {
+		r.reopen(existing, f)
+		return
 	}
+	defer end()
 	waited, fail := r.awaitAgent(id)
 	if fail != nil {
 		r.routeFailed(id, fail, true)
@@ -492,6 +475,33 @@ func (r *Runtime) open(f runtimejsonl.Frame) {
 	}
 	rt.agentOpen, rt.agentStart, rt.agentSession = waited+took, waited, took
 	r.addRoute(rt)
+}
+
+// beginOpen waits until no other open of the session runs. It returns the
+// route served meanwhile, or end, which this open calls when it ended
+// (served or failed: a waiting repeat then reopens or opens again).
+func (r *Runtime) beginOpen(id string) (existing *route, end func()) {
+	for {
+		r.mu.Lock()
+		if rt := r.routes[id]; rt != nil {
+			r.mu.Unlock()
+			return rt, nil
+		}
+		wait, busy := r.opening[id]
+		if !busy {
+			done := make(chan struct{})
+			r.opening[id] = done
+			r.mu.Unlock()
+			return nil, func() {
+				r.mu.Lock()
+				delete(r.opening, id)
+				r.mu.Unlock()
+				close(done)
+			}
+		}
+		r.mu.Unlock()
+		<-wait
+	}
 }
 
 // reopen answers open_route for a route already served: only the tool kinds

@@ -17,7 +17,7 @@ import (
 // resume_state_lost (its workspace is gone) and a restart with a ready
 // route under a new runtime session; it records each restart flag.
 type lostStateSandbox struct {
-	recordingSandbox
+	suspendingSandbox
 	mu       sync.Mutex
 	restarts []bool
 }
@@ -30,11 +30,6 @@ func (s *lostStateSandbox) Prepare(_ context.Context, sess *session.Session, res
 		return session.RouteView{State: session.RouteReady, RuntimeSessionID: "rs2", WrapperInstance: "w2", SandboxID: sess.SandboxID}, nil
 	}
 	return session.RouteView{State: session.RouteFailed, FailureReason: session.ReasonResumeStateLost, SandboxID: sess.SandboxID}, nil
-}
-
-// SuspendRoute verifies the absence at once.
-func (*lostStateSandbox) SuspendRoute(context.Context, RouteRef) (bool, time.Duration, error) {
-	return true, 0, nil
 }
 
 func (s *lostStateSandbox) calls() []bool {
