@@ -113,6 +113,11 @@ type Options struct {
 	Limits       boundary.Limits
 	// Nest runs the runtime in the agent's nested sandbox (--nest-bwrap).
 	Nest *runtimedriver.Nest
+	// Claim, when set, makes this a pooled wrapper (--claim-fd, DESIGN.md
+	// 3.8): it starts its runtime bound to no sandbox and waits for the
+	// identity it serves (provider.Claim) before it talks to any service;
+	// the descriptor closing without one ends it.
+	Claim io.Reader
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -163,6 +168,7 @@ func parse(args []string) (Options, error) {
 		fenceTok  = fs.Uint64("fence-token", 0, "fencing token of the sandbox owner that launched the wrapper")
 		credFD    = fs.Int("credential-fd", -1, "inherited file descriptor holding the launch credential")
 		credFile  = fs.String("credential-file", "", "0600 file holding the launch credential; deleted after reading")
+		claimFD   = fs.Int("claim-fd", -1, "pooled: inherited file descriptor on which the sandbox service sends the identity this wrapper serves (instead of --allocation, --fence-token and the launch credential)")
 		root      = fs.String("workspace-root", "", "directory under which route directories are mapped; empty: the working directory the provider prepared")
 		caps      = fs.String("capabilities", CapabilityWorktree, "comma separated capabilities to announce")
 		heartbeat = fs.Duration("heartbeat", 5*time.Second, "heartbeat interval (HelloAck may change it)")
@@ -206,6 +212,11 @@ func parse(args []string) (Options, error) {
 	}
 	o.Limits = lim
 	o.Markers = markersFromEnv()
+	if *claimFD >= 0 {
+		if o.Claim = os.NewFile(uintptr(*claimFD), "claim"); o.Claim == nil {
+			return Options{}, fmt.Errorf("claim fd %d is not open", *claimFD)
+		}
+	}
 	if err := o.checkLaunch(); err != nil {
 		return Options{}, err
 	}
@@ -225,6 +236,9 @@ func parse(args []string) (Options, error) {
 		if err := nodump.Set(); err != nil {
 			return Options{}, err
 		}
+	}
+	if o.Claim != nil {
+		return o, nil // the credential comes with the claim
 	}
 	cred, err := readCredential(*credFD, *credFile)
 	if err != nil {
@@ -254,8 +268,11 @@ func (o *Options) checkLaunch() error {
 	if (o.EgressListen == "") != (o.EgressDir == "") {
 		return errors.New("--egress-listen and --egress-dir go together")
 	}
-	if len(o.ControlAddrs) == 0 || o.AllocationID == "" || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
-		return errors.New("need --control-addr, --allocation and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
+	if len(o.ControlAddrs) == 0 || o.Markers.SandboxID == "" || o.Markers.RuntimeKey == "" || o.Markers.InstanceID == "" {
+		return errors.New("need --control-addr and the AGENTPLANE_SANDBOX/RUNTIME_KEY/INSTANCE markers")
+	}
+	if (o.AllocationID == "") == (o.Claim == nil) {
+		return errors.New("need exactly one of --allocation (launched for a runtime key) and --claim-fd (pooled)")
 	}
 	for _, a := range o.ControlAddrs {
 		// The same check the sandbox service applies to SANDBOX_CONTROL_ADDRS.
@@ -356,6 +373,14 @@ func Run(ctx context.Context, opts Options) int {
 		// A failed start is retried (and reported) by that PrepareRoute.
 		go func() { _ = w.startRuntime() }()
 	}
+	if opts.Claim != nil && !w.claimed(ctx) {
+		w.stopRuntime()
+		if opts.Contained {
+			endNamespace(w.log)
+		}
+		return ExitOK
+	}
+	opts = w.opts
 	if opts.ProxyListen != "" {
 		ln, err := net.Listen("tcp", opts.ProxyListen)
 		if err != nil {
@@ -394,6 +419,37 @@ func Run(ctx context.Context, opts Options) int {
 		endNamespace(w.log)
 	}
 	return code
+}
+
+// claimed waits for a pooled wrapper's claim and takes on its identity;
+// false when the pool let it go (or the wrapper is told to stop) first.
+func (w *wrapper) claimed(ctx context.Context) bool {
+	got := make(chan struct{})
+	var c provider.Claim
+	var err error
+	go func() {
+		c, err = provider.ReadClaim(w.opts.Claim)
+		close(got)
+	}()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-got:
+	}
+	if closer, ok := w.opts.Claim.(io.Closer); ok {
+		_ = closer.Close()
+	}
+	if err != nil {
+		if !errors.Is(err, provider.ErrNoClaim) {
+			w.log.Error("pooled wrapper got no usable claim", "err", err)
+		}
+		return false
+	}
+	w.mu.Lock()
+	w.opts.Markers, w.opts.AllocationID, w.opts.FenceToken, w.opts.Credential = c.Markers(), c.Allocation, c.FenceToken, c.Credential
+	w.mu.Unlock()
+	w.log.Info("pooled wrapper claimed", "claimed_sandbox", c.SandboxID, "claimed_runtime_key", c.RuntimeKey, "claimed_instance", c.InstanceID)
+	return true
 }
 
 // endNamespace kills every other process of the wrapper's PID namespace:

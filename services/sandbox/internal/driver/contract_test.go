@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"io"
 	"slices"
 	"strconv"
 	"sync"
@@ -81,11 +80,9 @@ type recordingProvider struct{ launched chan launchedWrapper }
 
 func (p *recordingProvider) Create(context.Context, string) error { return nil }
 func (p *recordingProvider) Launch(_ context.Context, spec provider.LaunchSpec) (provider.Observed, error) {
-	cred, err := io.ReadAll(spec.ExtraFiles[0])
-	if err != nil {
-		return provider.Observed{}, err
-	}
-	p.launched <- launchedWrapper{markers: spec.Markers, args: spec.Args, credential: string(cred)}
+	id := spec.Identity
+	args := append(slices.Clone(spec.Args), "--allocation", id.Allocation, "--fence-token", strconv.FormatUint(id.FenceToken, 10))
+	p.launched <- launchedWrapper{markers: spec.Markers, args: args, credential: id.Credential}
 	return provider.Observed{InstanceID: spec.Markers.InstanceID, Generation: spec.Markers.Generation}, nil
 }
 func (p *recordingProvider) Discover(context.Context, string, string) provider.Discovery {

@@ -20,8 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -579,7 +577,8 @@ func digest(secret string) []byte {
 
 // launch starts a wrapper for the runtime key with markers m. The launch
 // credential is recorded as a digest before the process exists, and reaches
-// the wrapper through an inherited pipe (fd 3), never environ or argv.
+// the wrapper through the provider (an inherited pipe, or a pooled
+// wrapper's claim), never environ or argv.
 func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) reconciler.LaunchFunc {
 	return func(ctx context.Context, m provider.Markers) error {
 		// The runtime key's wrapper runs the agent of the route that
@@ -614,22 +613,9 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 		token := sb.owner.Token()
 		sb.mu.Unlock()
 
-		r, wp, err := os.Pipe()
-		if err != nil {
-			return err
-		}
-		_, werr := wp.WriteString(cred)
-		_ = wp.Close()
-		if werr != nil {
-			_ = r.Close()
-			return werr
-		}
 		args := append([]string{}, d.cfg.WrapperCommand[1:]...)
 		args = append(args,
 			"--control-addr", strings.Join(d.cfg.ControlAddrs, ","),
-			"--allocation", alloc,
-			"--fence-token", strconv.FormatUint(token, 10),
-			"--credential-fd", "3",
 			"--heartbeat", d.cfg.Timers.Heartbeat.String(),
 			"--reconnect-window", d.cfg.Timers.ReconnectWindow.String(),
 		)
@@ -637,9 +623,9 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 			args = append(args, "--runtime-spec", spec.Encode())
 		}
 		_, err = d.cfg.Provider.Launch(ctx, provider.LaunchSpec{
-			Markers: m, Path: d.cfg.WrapperCommand[0], Args: args, ExtraFiles: []*os.File{r}, Workspace: directory,
+			Markers: m, Identity: &provider.Identity{Allocation: alloc, FenceToken: token, Credential: cred},
+			Path: d.cfg.WrapperCommand[0], Args: args, Workspace: directory,
 		})
-		_ = r.Close()
 		if err != nil {
 			// No wrapper is starting: a slot left "starting" would make the
 			// next preparation wait for a Hello that never comes.

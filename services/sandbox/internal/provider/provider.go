@@ -41,7 +41,12 @@ type Markers struct {
 // LaunchSpec describes a wrapper to start inside a sandbox.
 type LaunchSpec struct {
 	Markers Markers
-	// Path and Args of the wrapper command (Args excludes the program name).
+	// Identity, when set, is handed to the wrapper as --allocation,
+	// --fence-token and --credential-fd (a pipe after ExtraFiles), or, to
+	// a pooled wrapper that takes the launch, in its Claim.
+	Identity *Identity
+	// Path and Args of the wrapper command (Args excludes the program name
+	// and the Identity flags: what every wrapper of the same shape shares).
 	Path string
 	Args []string
 	// Env is extra environment (never secrets: environ is readable through /proc).

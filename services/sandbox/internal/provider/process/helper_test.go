@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"agentplane.dev/services/sandbox/internal/provider"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,6 +53,17 @@ func TestMain(m *testing.M) {
 		_ = os.WriteFile("ready", nil, 0o644)
 		time.Sleep(time.Hour)
 		runtime.KeepAlive(b)
+	case "pooled":
+		// A pooled wrapper: ready at once, then it waits for its claim on
+		// fd 3 and writes what it got where it works (the workspace); the
+		// pipe closing without a claim ends it.
+		_ = os.WriteFile("ready", nil, 0o644)
+		c, err := provider.ReadClaim(os.NewFile(3, "claim"))
+		if err != nil {
+			os.Exit(0)
+		}
+		_ = os.WriteFile("claim", []byte(c.SandboxID+" "+c.RuntimeKey+" "+c.InstanceID+" "+c.Allocation), 0o644)
+		time.Sleep(time.Hour)
 	case "ignore-term":
 		signal.Ignore(syscall.SIGTERM)
 		_ = os.WriteFile("ready", nil, 0o644)

@@ -112,6 +112,31 @@ func (p *Provider) enterGroup(m provider.Markers, pid int, f *launchFiles) (laun
 	return l, nil
 }
 
+// relabel moves a launch's accounting to the runtime key m that claimed it
+// (pool.go): its disk sampling, and its cgroup's breaches, are m's now. The
+// cgroup keeps its name; a later launch of m makes m's own.
+func (p *Provider) relabel(l launchRec, m provider.Markers) launchRec {
+	p.groups.mu.Lock()
+	defer p.groups.mu.Unlock()
+	to := provider.Markers{SandboxID: m.SandboxID, RuntimeKey: m.RuntimeKey}
+	if ks := p.groups.keys[l.m.SandboxID]; ks != nil {
+		if ks[l.m.RuntimeKey]--; ks[l.m.RuntimeKey] <= 0 {
+			delete(ks, l.m.RuntimeKey)
+		}
+		if len(ks) == 0 {
+			delete(p.groups.keys, l.m.SandboxID)
+		}
+	}
+	if p.groups.keys[to.SandboxID] == nil {
+		p.groups.keys[to.SandboxID] = map[string]int{}
+	}
+	p.groups.keys[to.SandboxID][to.RuntimeKey]++
+	if lg := p.groups.live[l.group]; l.group != "" && lg != nil {
+		lg.markers = to
+	}
+	return launchRec{m: to, group: l.group}
+}
+
 // leaveGroup forgets a launch once its namespace is gone, and removes its
 // group when no other launch of the key uses it.
 func (p *Provider) leaveGroup(l launchRec) {

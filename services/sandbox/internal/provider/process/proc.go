@@ -167,6 +167,10 @@ type nsRecord struct {
 	AnchorStart uint64 `json:"anchor_start"`
 	InitPID     int    `json:"init_pid"`
 	InitStart   uint64 `json:"init_start"`
+	// Pool, on the record of a claimed pooled wrapper (pool.go), is the
+	// sandbox marker its environment still carries: its anchor is this
+	// sandbox's, under the record's key, instance and generation.
+	Pool string `json:"pool,omitempty"`
 }
 
 // units finds the sandbox's wrappers. Markers are trusted only on processes
@@ -222,6 +226,19 @@ func anchorUnits(t *procTable, sc scope, sandboxID string, records []nsRecord) (
 			out = append(out, u)
 		}
 	}
+	for _, r := range records {
+		a := t.procs[r.AnchorPID]
+		if r.Pool == "" || !sameProc(a, r.AnchorPID, r.AnchorStart) || a.depth != t.selfDepth || a.pidNS != t.selfNS || !sc.ours(a.vars, r.Pool) {
+			continue
+		}
+		// A claimed pooled wrapper: its environment names the pool, the
+		// record (which nothing inside a sandbox can write) its key.
+		claimed := *a
+		claimed.vars = recordVars(r)
+		u := &unit{anchor: &claimed}
+		byAnchor[a.pid] = u
+		out = append(out, u)
+	}
 	return byAnchor, out, nil
 }
 
@@ -240,14 +257,19 @@ func orphanUnits(t *procTable, records []nsRecord, byAnchor map[int]*unit) (byIn
 		if a := t.procs[r.AnchorPID]; sameProc(a, r.AnchorPID, r.AnchorStart) && byAnchor[a.pid] != nil {
 			continue // its bubblewrap lives: the tree below it is found from there
 		}
-		u := &unit{anchor: &procInfo{pid: init.pid, ppid: init.ppid, start: init.start, depth: init.depth, vars: map[string]string{
-			provider.EnvRuntimeKey: r.RuntimeKey, provider.EnvInstance: r.Instance,
-			provider.EnvGeneration: strconv.FormatUint(r.Generation, 10), EnvWorkspace: r.Workspace,
-		}}, orphan: true}
+		u := &unit{anchor: &procInfo{pid: init.pid, ppid: init.ppid, start: init.start, depth: init.depth, vars: recordVars(r)}, orphan: true}
 		byInit[init.pid] = u
 		orphans = append(orphans, u)
 	}
 	return byInit, orphans
+}
+
+// recordVars are the markers a namespace record names.
+func recordVars(r nsRecord) map[string]string {
+	return map[string]string{
+		provider.EnvRuntimeKey: r.RuntimeKey, provider.EnvInstance: r.Instance,
+		provider.EnvGeneration: strconv.FormatUint(r.Generation, 10), EnvWorkspace: r.Workspace,
+	}
 }
 
 // assignMembers gives every process below the service's depth to its

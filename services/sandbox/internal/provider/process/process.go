@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,6 +106,7 @@ type Provider struct {
 	scope   scope
 	reapers sync.WaitGroup
 	groups  groups // limits.go
+	pool    pool   // pool.go
 }
 
 var (
@@ -157,6 +159,11 @@ func (p *Provider) Create(_ context.Context, sandboxID string) error {
 	if err := validSandboxID(sandboxID); err != nil {
 		return err
 	}
+	return p.createTree(sandboxID)
+}
+
+// createTree makes the tree of a sandbox or of a pooled one (pool.go).
+func (p *Provider) createTree(sandboxID string) error {
 	for _, d := range []string{"workspaces", "homes", "logs"} {
 		if err := os.MkdirAll(filepath.Join(p.SandboxDir(sandboxID), d), 0o755); err != nil {
 			return provider.SetupError("create sandbox", err)
@@ -190,8 +197,11 @@ func (p *Provider) StateKept(_ context.Context, sandboxID, workspace, runtimeKey
 // and records which route directory they serve (a small file in the home,
 // which is also where a full disk shows up as ENOSPC). It reports whether
 // the workspace already existed (warm).
-func (p *Provider) PrepareWorkspace(ctx context.Context, sandboxID, workspace, runtimeKey string) (warm bool, err error) {
-	if err := p.Create(ctx, sandboxID); err != nil {
+func (p *Provider) PrepareWorkspace(_ context.Context, sandboxID, workspace, runtimeKey string) (warm bool, err error) {
+	if err := validSandboxID(sandboxID); err != nil && !isPoolID(sandboxID) {
+		return false, err
+	}
+	if err := p.createTree(sandboxID); err != nil {
 		return false, err
 	}
 	ws, home := p.WorkspaceDir(sandboxID, workspace), p.HomeDir(sandboxID, runtimeKey)
@@ -220,9 +230,11 @@ func (p *Provider) PrepareWorkspace(ctx context.Context, sandboxID, workspace, r
 
 // Launch prepares the workspace and starts the wrapper in its own process
 // group with the four markers, HOME, the workspace as working directory,
-// spec.Env (reserved names dropped) and spec.ExtraFiles as fds 3, 4, ....
-// The child is reaped in the background so that an exited wrapper never
-// lingers as a zombie that looks alive.
+// spec.Env (reserved names dropped), spec.ExtraFiles as fds 3, 4, ... and
+// spec.Identity (flags and a credential pipe). A fresh runtime key (no
+// workspace or home yet) whose shape the pool holds takes a pooled
+// wrapper instead (pool.go). The child is reaped in the background so that
+// an exited wrapper never lingers as a zombie that looks alive.
 func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provider.Observed, error) {
 	m := spec.Markers
 	if err := validSandboxID(m.SandboxID); err != nil {
@@ -231,24 +243,65 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if m.InstanceID == "" {
 		return provider.Observed{}, errors.New("process provider: launch without instance id")
 	}
+	if o, ok := p.claim(ctx, spec); ok {
+		return o, nil
+	}
+	var credR *os.File
+	if id := spec.Identity; id != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return provider.Observed{}, err
+		}
+		_, err = w.WriteString(id.Credential)
+		_ = w.Close()
+		if err != nil {
+			_ = r.Close()
+			return provider.Observed{}, err
+		}
+		credR = r
+		defer credR.Close()
+		spec.Args = append(slices.Clone(spec.Args), "--allocation", id.Allocation,
+			"--fence-token", strconv.FormatUint(id.FenceToken, 10),
+			"--credential-fd", strconv.Itoa(3+len(spec.ExtraFiles)))
+		spec.ExtraFiles = append(slices.Clone(spec.ExtraFiles), credR)
+	}
+	o, _, err := p.start(ctx, spec)
+	return o, err
+}
+
+// started is one launch the provider reaps: what its reaper undoes when
+// the namespace is gone, which a claim (pool.go) moves to the claiming
+// runtime key.
+type started struct {
+	mu       sync.Mutex
+	rec      launchRec
+	record   string        // the namespace record's path ("" until written, or none)
+	recorded chan struct{} // closed once the namespace record was attempted
+	initPID  int
+	exited   chan struct{} // closed once the launch was reaped
+}
+
+// start launches spec's wrapper (see Launch) and its reaper.
+func (p *Provider) start(ctx context.Context, spec provider.LaunchSpec) (provider.Observed, *started, error) {
+	m := spec.Markers
 	if iso := p.cfg.Isolation; iso != nil {
 		if err := iso.Check(p.mount(spec)); err != nil {
-			return provider.Observed{}, fmt.Errorf("%w: %w", provider.ErrDirectoryReserved, err)
+			return provider.Observed{}, nil, fmt.Errorf("%w: %w", provider.ErrDirectoryReserved, err)
 		}
 	}
 	if _, err := p.PrepareWorkspace(ctx, m.SandboxID, spec.Workspace, m.RuntimeKey); err != nil {
-		return provider.Observed{}, err
+		return provider.Observed{}, nil, err
 	}
 	name := WorkspaceName(spec.Workspace)
 	logPath := filepath.Join(p.SandboxDir(m.SandboxID), "logs", name+"."+WorkspaceName(m.InstanceID)+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return provider.Observed{}, provider.SetupError("open wrapper log", err)
+		return provider.Observed{}, nil, provider.SetupError("open wrapper log", err)
 	}
 	cs, extra, err := p.command(spec)
 	if err != nil {
 		_ = logf.Close()
-		return provider.Observed{}, err
+		return provider.Observed{}, nil, err
 	}
 	cs.Dir = p.WorkspaceDir(m.SandboxID, spec.Workspace)
 	cs.Env = p.env(spec, name)
@@ -259,7 +312,7 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 	if err != nil {
 		extra.close()
 		_ = logf.Close()
-		return provider.Observed{}, fmt.Errorf("process provider: start wrapper: %w", err)
+		return provider.Observed{}, nil, fmt.Errorf("process provider: start wrapper: %w", err)
 	}
 	group, err := p.enterGroup(m, cmd.Process.Pid, extra)
 	if err != nil {
@@ -268,16 +321,21 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 		_ = cmd.Wait()
 		extra.close()
 		_ = logf.Close()
-		return provider.Observed{}, err
+		return provider.Observed{}, nil, err
 	}
+	st := &started{rec: group, recorded: make(chan struct{}), exited: make(chan struct{})}
 	p.reapers.Add(1)
 	go func() {
 		defer p.reapers.Done()
+		defer close(st.exited)
 		init, initPID := extra.namespaceInit()
-		record := ""
 		if init >= 0 {
-			record = p.recordNamespace(m, name, cmd.Process.Pid, initPID)
+			record := p.recordNamespace(m, name, cmd.Process.Pid, initPID)
+			st.mu.Lock()
+			st.record, st.initPID = record, initPID
+			st.mu.Unlock()
 		}
+		close(st.recorded)
 		_ = cmd.Wait()
 		_ = logf.Close()
 		if init >= 0 {
@@ -287,15 +345,18 @@ func (p *Provider) Launch(ctx context.Context, spec provider.LaunchSpec) (provid
 			_ = unix.PidfdSendSignal(init, syscall.SIGKILL, nil, 0)
 			waitExit(init)
 			_ = unix.Close(init)
-			if record != "" {
-				_ = os.Remove(record)
-			}
 		}
-		p.leaveGroup(group)
+		st.mu.Lock()
+		record, rec := st.record, st.rec
+		st.mu.Unlock()
+		if record != "" {
+			_ = os.Remove(record)
+		}
+		p.leaveGroup(rec)
 	}()
 	p.cfg.Logger.Info("wrapper launched", "sandbox", m.SandboxID, "runtime_key", m.RuntimeKey,
 		"instance", m.InstanceID, "generation", m.Generation, "pid", cmd.Process.Pid)
-	return provider.Observed{PID: cmd.Process.Pid, InstanceID: m.InstanceID, Generation: m.Generation, Workspace: name}, nil
+	return provider.Observed{PID: cmd.Process.Pid, InstanceID: m.InstanceID, Generation: m.Generation, Workspace: name}, st, nil
 }
 
 // launchFiles are the descriptors bubblewrap inherits besides the
@@ -486,6 +547,11 @@ func (p *Provider) units(sandboxID string) ([]*unit, error) {
 	if err := validSandboxID(sandboxID); err != nil {
 		return nil, err
 	}
+	return p.scan(sandboxID)
+}
+
+// scan finds the wrappers of a sandbox or of a pooled one.
+func (p *Provider) scan(sandboxID string) ([]*unit, error) {
 	records, err := p.records(sandboxID)
 	if err != nil {
 		return nil, err
@@ -549,16 +615,33 @@ func (p *Provider) recordNamespace(m provider.Markers, workspace string, anchorP
 }
 
 func (p *Provider) writeNamespaceRecord(m provider.Markers, workspace string, anchorPID, initPID int) (string, error) {
-	anchor, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(anchorPID), "stat"))
+	return p.writeRecord(m, nsRecordFor(m, workspace, anchorPID, initPID, ""))
+}
+
+// nsRecordFor is the record of a namespace whose bubblewrap and init are
+// named (their start times read when written); pool names the sandbox
+// marker of a claimed pooled wrapper.
+func nsRecordFor(m provider.Markers, workspace string, anchorPID, initPID int, pool string) nsRecord {
+	return nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
+		AnchorPID: anchorPID, InitPID: initPID, Pool: pool}
+}
+
+// writeRecord writes r (with its processes' start times) under the run/
+// directory of m's sandbox, named by m's instance.
+func (p *Provider) writeRecord(m provider.Markers, r nsRecord) (string, error) {
+	anchor, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(r.AnchorPID), "stat"))
 	if err != nil {
 		return "", fmt.Errorf("read the bubblewrap's stat: %w", err)
 	}
-	init, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(initPID), "stat"))
-	if err != nil {
-		return "", fmt.Errorf("read the namespace init's stat: %w", err)
+	r.AnchorStart = anchor.start
+	if r.InitPID != 0 { // 0: no namespace (no boundary), the wrapper is the anchor
+		init, err := readStat(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(r.InitPID), "stat"))
+		if err != nil {
+			return "", fmt.Errorf("read the namespace init's stat: %w", err)
+		}
+		r.InitStart = init.start
 	}
-	b, err := json.Marshal(nsRecord{RuntimeKey: m.RuntimeKey, Instance: m.InstanceID, Generation: m.Generation, Workspace: workspace,
-		AnchorPID: anchorPID, AnchorStart: anchor.start, InitPID: initPID, InitStart: init.start})
+	b, err := json.Marshal(r)
 	if err != nil {
 		return "", err
 	}
@@ -648,7 +731,39 @@ func observed(u *unit) provider.Observed {
 // once more. Only an observation that could look and found nothing yields
 // StopAbsent.
 func (p *Provider) Stop(ctx context.Context, t provider.StopTarget) provider.StopResult {
-	us, d := p.matchStop(t)
+	r := p.stopUnits(ctx, func() ([]*unit, error) {
+		us, err := p.units(t.SandboxID)
+		if err != nil {
+			return nil, err
+		}
+		var keep []*unit
+		for _, u := range matchKey(us, t.RuntimeKey) {
+			if t.InstanceID == "" || observed(u).InstanceID == t.InstanceID {
+				keep = append(keep, u)
+			}
+		}
+		return keep, nil
+	})
+	if r.Kind == provider.StopStillPresent {
+		p.cfg.Logger.Warn("wrapper still present after the kill sequence", "sandbox", t.SandboxID, "runtime_key", t.RuntimeKey)
+	}
+	return r
+}
+
+// stopUnits terminates the units find names, then kills what is left after
+// StopSchedule, and verifies their absence.
+func (p *Provider) stopUnits(ctx context.Context, find func() ([]*unit, error)) provider.StopResult {
+	match := func() ([]*unit, provider.Discovery) {
+		us, err := find()
+		switch {
+		case err != nil:
+			return nil, provider.Discovery{Kind: provider.InspectionFailed, Err: err}
+		case len(us) == 0:
+			return nil, provider.Discovery{Kind: provider.Absent}
+		}
+		return us, provider.Discovery{Kind: provider.Present}
+	}
+	us, d := match()
 	if d.Kind != provider.Present {
 		return stopResult(d)
 	}
@@ -659,7 +774,7 @@ func (p *Provider) Stop(ctx context.Context, t provider.StopTarget) provider.Sto
 			return provider.StopResult{Kind: provider.StopInspectionFailed, Err: err}
 		}
 		elapsed = at
-		us, d = p.matchStop(t)
+		us, d = match()
 		if d.Kind == provider.Absent {
 			return provider.StopResult{Kind: provider.StopAbsent}
 		}
@@ -668,13 +783,13 @@ func (p *Provider) Stop(ctx context.Context, t provider.StopTarget) provider.Sto
 		}
 	}
 	if d.Kind == provider.Present {
-		p.cfg.Logger.Warn("wrapper ignored SIGTERM, killing", "sandbox", t.SandboxID, "runtime_key", t.RuntimeKey, "count", len(us))
+		p.cfg.Logger.Warn("wrapper ignored SIGTERM, killing", "count", len(us))
 		p.kill(us)
 	}
 	if err := p.cfg.Sleep(ctx, KillSettle); err != nil {
 		return provider.StopResult{Kind: provider.StopInspectionFailed, Err: err}
 	}
-	_, d = p.matchStop(t)
+	_, d = match()
 	return stopResult(d)
 }
 
@@ -687,25 +802,6 @@ func stopResult(d provider.Discovery) provider.StopResult {
 	default:
 		return provider.StopResult{Kind: provider.StopInspectionFailed, Err: d.Err}
 	}
-}
-
-// matchStop discovers the target: every wrapper of the key, or only one
-// instance.
-func (p *Provider) matchStop(t provider.StopTarget) ([]*unit, provider.Discovery) {
-	us, err := p.units(t.SandboxID)
-	if err != nil {
-		return nil, provider.Discovery{Kind: provider.InspectionFailed, Err: err}
-	}
-	var keep []*unit
-	for _, u := range matchKey(us, t.RuntimeKey) {
-		if t.InstanceID == "" || observed(u).InstanceID == t.InstanceID {
-			keep = append(keep, u)
-		}
-	}
-	if len(keep) == 0 {
-		return nil, provider.Discovery{Kind: provider.Absent}
-	}
-	return keep, provider.Discovery{Kind: provider.Present}
 }
 
 // terminate asks each unit's wrapper to stop: behind the boundary the

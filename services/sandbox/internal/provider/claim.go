@@ -1,0 +1,73 @@
+package provider
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Identity is who a launched wrapper is, beyond its markers: the
+// allocation and owner fencing token it was launched under, and its launch
+// credential (a secret: it travels on a descriptor, never argv or environ).
+type Identity struct {
+	Allocation string
+	FenceToken uint64
+	Credential string
+}
+
+// Claim is what a pooled wrapper waits for on its claim descriptor: the
+// identity of the runtime key it now serves (DESIGN.md 3.8). A pooled
+// wrapper was started bound to no sandbox; until a claim arrives it talks
+// to no service, and when the descriptor closes without one (the service
+// destroyed the pooled sandbox, or died) it stops its runtime and exits.
+type Claim struct {
+	SandboxID  string `json:"sandbox_id"`
+	RuntimeKey string `json:"runtime_key"`
+	InstanceID string `json:"instance_id"`
+	Generation uint64 `json:"generation"`
+	Allocation string `json:"allocation"`
+	FenceToken uint64 `json:"fence_token"`
+	Credential string `json:"credential"`
+}
+
+// maxClaim bounds what a pooled wrapper reads as its claim.
+const maxClaim = 8 << 10
+
+// WriteClaim writes c as one line.
+func WriteClaim(w io.Writer, c Claim) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// ErrNoClaim: the claim descriptor closed without a claim.
+var ErrNoClaim = errors.New("provider: the pool closed the claim descriptor without a claim")
+
+// ReadClaim reads one claim line; every identity field must be set.
+func ReadClaim(r io.Reader) (Claim, error) {
+	line, err := bufio.NewReaderSize(io.LimitReader(r, maxClaim), maxClaim).ReadBytes('\n')
+	if errors.Is(err, io.EOF) && len(line) == 0 {
+		return Claim{}, ErrNoClaim
+	}
+	if err != nil {
+		return Claim{}, fmt.Errorf("read claim: %w", err)
+	}
+	var c Claim
+	if err := json.Unmarshal(line, &c); err != nil {
+		return Claim{}, fmt.Errorf("parse claim: %w", err)
+	}
+	if c.SandboxID == "" || c.RuntimeKey == "" || c.InstanceID == "" || c.Allocation == "" || c.Credential == "" {
+		return Claim{}, errors.New("claim: sandbox, runtime key, instance, allocation and credential are required")
+	}
+	return c, nil
+}
+
+// Markers of the claim.
+func (c Claim) Markers() Markers {
+	return Markers{SandboxID: c.SandboxID, RuntimeKey: c.RuntimeKey, InstanceID: c.InstanceID, Generation: c.Generation}
+}

@@ -1,0 +1,213 @@
+package process
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/services/sandbox/internal/provider"
+)
+
+type poolEvents struct {
+	mu     sync.Mutex
+	claims []string
+	misses []PoolMiss
+}
+
+func (e *poolEvents) Claimed(label string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.claims = append(e.claims, label)
+}
+
+func (e *poolEvents) Missed(_ string, why PoolMiss) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.misses = append(e.misses, why)
+}
+
+func (e *poolEvents) seen() ([]string, []PoolMiss) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string{}, e.claims...), append([]PoolMiss{}, e.misses...)
+}
+
+// poolShape is the shape both the pool and the routes launch.
+func poolShape(mode, workspace string) provider.LaunchSpec {
+	return provider.LaunchSpec{Path: os.Args[0], Env: []string{"HELPER_MODE=" + mode}, Workspace: workspace}
+}
+
+func poolDirs(t *testing.T, p *Provider) []string {
+	t.Helper()
+	ents, err := os.ReadDir(p.cfg.Root)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		if isPoolID(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func waitPooledReady(t *testing.T, p *Provider) string {
+	t.Helper()
+	var id string
+	require.Eventually(t, func() bool {
+		for _, d := range poolDirs(t, p) {
+			if _, err := os.Stat(filepath.Join(p.WorkspaceDir(d, "/work/repo"), "ready")); err == nil {
+				id = d
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond)
+	return id
+}
+
+func TestPooledWrapperServesOneRuntimeKeyOnce(t *testing.T) {
+	p := newProvider(t)
+	ev := &poolEvents{}
+	p.SetPoolObserver(ev)
+	sb := sandboxID(t, p)
+	ctx := context.Background()
+	t.Cleanup(func() { p.DrainPool(ctx) })
+
+	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
+	require.Equal(t, map[string]int{"helper": 1}, p.PoolSize())
+	pooledID := waitPooledReady(t, p)
+	require.Equal(t, provider.Absent, p.Discover(ctx, sb, "k").Kind, "a pooled wrapper belongs to no sandbox")
+
+	spec := poolShape("pooled", "/work/repo")
+	spec.Markers = provider.Markers{SandboxID: sb, RuntimeKey: "k", InstanceID: "i1", Generation: 3}
+	spec.Identity = &provider.Identity{Allocation: "a1", FenceToken: 9, Credential: "aplc_test"}
+	o, err := p.Launch(ctx, spec)
+	require.NoError(t, err)
+	claims, misses := ev.seen()
+	require.Equal(t, []string{"helper"}, claims)
+	require.Empty(t, misses)
+	require.Empty(t, p.PoolSize()["helper"], "a claimed wrapper leaves the pool")
+	require.NotContains(t, poolDirs(t, p), pooledID, "its pooled directory is gone")
+
+	// The wrapper got the key's identity, and works in the key's workspace.
+	claimFile := filepath.Join(p.WorkspaceDir(sb, "/work/repo"), "claim")
+	require.Eventually(t, func() bool { _, err := os.Stat(claimFile); return err == nil }, 20*time.Second, 10*time.Millisecond)
+	got, err := os.ReadFile(claimFile)
+	require.NoError(t, err)
+	require.Equal(t, sb+" k i1 a1", string(got))
+	b, err := os.ReadFile(filepath.Join(p.HomeDir(sb, "k"), ".agentplane-workspace"))
+	require.NoError(t, err)
+	require.Equal(t, "/work/repo\n", string(b))
+
+	// Discovery finds it under the key, by its record.
+	d := p.Discover(ctx, sb, "k")
+	require.Equal(t, provider.Present, d.Kind)
+	require.Len(t, d.Observed, 1)
+	require.Equal(t, o.PID, d.Observed[0].PID)
+	require.Equal(t, "i1", d.Observed[0].InstanceID)
+	require.Equal(t, uint64(3), d.Observed[0].Generation)
+	sd := p.DiscoverSandbox(ctx, sb)
+	require.Equal(t, provider.Present, sd.Kind)
+	require.Len(t, sd.ByRuntimeKey["k"], 1)
+
+	// The next fresh key finds the pool empty and launches cold.
+	spec2 := poolShape("pooled", "/work/repo")
+	spec2.Markers = provider.Markers{SandboxID: sb + "0", RuntimeKey: "k2", InstanceID: "i2", Generation: 1}
+	spec2.Identity = &provider.Identity{Allocation: "a1", FenceToken: 9, Credential: "aplc_test"}
+	o2, err := p.Launch(ctx, spec2)
+	require.NoError(t, err)
+	require.NotEqual(t, o.PID, o2.PID)
+	_, misses = ev.seen()
+	require.Equal(t, []PoolMiss{MissEmpty}, misses)
+
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+	require.False(t, alive(o.PID))
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb + "0", RuntimeKey: "k2"}).Kind)
+}
+
+func TestPoolMissesAResumedKey(t *testing.T) {
+	p := newProvider(t)
+	ev := &poolEvents{}
+	p.SetPoolObserver(ev)
+	sb := sandboxID(t, p)
+	ctx := context.Background()
+	t.Cleanup(func() { p.DrainPool(ctx) })
+	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
+	// The key has its home already (it ran before): the pooled wrapper
+	// cannot take it on, its agent having started in another home.
+	_, err := p.PrepareWorkspace(ctx, sb, "/work/repo", "k")
+	require.NoError(t, err)
+	spec := poolShape("pooled", "/work/repo")
+	spec.Markers = provider.Markers{SandboxID: sb, RuntimeKey: "k", InstanceID: "i1", Generation: 2}
+	spec.Identity = &provider.Identity{Allocation: "a1", FenceToken: 9, Credential: "aplc_test"}
+	_, err = p.Launch(ctx, spec)
+	require.NoError(t, err)
+	claims, misses := ev.seen()
+	require.Empty(t, claims)
+	require.Equal(t, []PoolMiss{MissNotFresh}, misses)
+	require.Equal(t, 1, p.PoolSize()["helper"], "the pooled wrapper still waits")
+	// Another shape (another directory) is no launch of the pool's.
+	other := poolShape("pooled", "/work/other")
+	other.Markers = provider.Markers{SandboxID: sb, RuntimeKey: "k3", InstanceID: "i3", Generation: 1}
+	other.Identity = spec.Identity
+	_, err = p.Launch(ctx, other)
+	require.NoError(t, err)
+	claims, _ = ev.seen()
+	require.Empty(t, claims)
+	require.Equal(t, 1, p.PoolSize()["helper"])
+	for _, k := range []string{"k", "k3"} {
+		require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: k}).Kind)
+	}
+}
+
+func TestPooledWrapperEndsWithItsPipe(t *testing.T) {
+	p := newProvider(t)
+	ctx := context.Background()
+	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
+	id := waitPooledReady(t, p)
+	us, err := p.scan(id)
+	require.NoError(t, err)
+	require.Len(t, us, 1)
+	pid := us[0].anchor.pid
+	p.DrainPool(ctx)
+	require.False(t, alive(pid))
+	require.Empty(t, poolDirs(t, p), "a drained pool leaves no directory")
+	require.Empty(t, p.PoolSize()["helper"])
+}
+
+func TestPooledWrapperThatDiesLeavesThePool(t *testing.T) {
+	p := newProvider(t)
+	ctx := context.Background()
+	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
+	id := waitPooledReady(t, p)
+	require.Equal(t, provider.StopAbsent, p.stopPooled(ctx, id).Kind)
+	require.Eventually(t, func() bool { return p.PoolSize()["helper"] == 0 && len(poolDirs(t, p)) == 0 },
+		20*time.Second, 10*time.Millisecond)
+	p.Wait()
+}
+
+func TestSweepPoolEndsAnEarlierIncarnationsPool(t *testing.T) {
+	root := t.TempDir()
+	first, err := New(Config{Root: root, Isolation: isolation(t)})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, first.FillPool(ctx, "helper", poolShape("sleep", "/work/repo")))
+	id := waitPooledReady(t, first)
+	us, err := first.scan(id)
+	require.NoError(t, err)
+	require.Len(t, us, 1)
+	// A second incarnation on the same root (the first one's pipes still
+	// open: a "sleep" helper would not end by itself anyway).
+	second, err := New(Config{Root: root, Isolation: isolation(t)})
+	require.NoError(t, err)
+	require.NoError(t, second.SweepPool(ctx))
+	require.False(t, alive(us[0].anchor.pid))
+	require.Empty(t, poolDirs(t, second))
+	first.DrainPool(ctx)
+	first.Wait()
+}
