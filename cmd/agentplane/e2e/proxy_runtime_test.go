@@ -100,7 +100,8 @@ type suite struct {
 	up      *upstream
 	attKey  []byte
 	root    string
-	proxy   string // http://host:port of the credential proxy
+	metrics map[string]string // each service's /metrics URL (stackOptions.metrics)
+	proxy   string            // http://host:port of the credential proxy
 	logs    *logtest.Buffer
 	stopped func()
 	// run makes the suite's sandbox ids its own: wrappers are found by

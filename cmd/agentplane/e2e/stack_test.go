@@ -275,6 +275,7 @@ func (st *stack) suite() *suite {
 		root:    st.root,
 		proxy:   "http://" + st.addr["proxy"],
 		run:     st.run,
+		metrics: st.metricsURL,
 	}
 }
 

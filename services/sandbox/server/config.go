@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,6 +89,11 @@ type Config struct {
 	Deployment  string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
 	// Egress is the egress proxy's (server/egress.go).
 	Egress EgressConfig
+	// The warm pool (DESIGN.md 3.8, internal/warmpool): Pool
+	// (SANDBOX_POOL, profile=N,...) pooled sandboxes per agent profile on
+	// this replica, for routes at PoolDirectory (SANDBOX_POOL_DIRECTORY).
+	Pool          string
+	PoolDirectory string
 
 	// Agent profiles (internal/agents, docs/runtime-protocol.md).
 	AgentsDir    string // AGENTS_DIR: where `make agents` installed the pinned agents (holds node_modules); empty: no opencode/kilo
@@ -128,6 +135,7 @@ func DefaultConfig() Config {
 		PidsLimit:         int(cgroup.DefaultLimits.Pids),
 		Nice:              10,
 		Egress:            DefaultEgressConfig(),
+		PoolDirectory:     "/workspace",
 	}
 }
 
@@ -188,6 +196,8 @@ func (c *Config) Bind(l *config.Loader) {
 	l.Duration(&c.SocketIdle, "SANDBOX_SOCKET_IDLE", c.SocketIdle, "close a sandbox's connection to a handed-in socket that read nothing this long")
 	l.String(&c.Rlimits, "SANDBOX_RLIMITS", c.Rlimits, "per-sandbox rlimits: nofile=N,nproc=N,as=BYTES,fsize=BYTES,cpu=SECONDS")
 	l.String(&c.Deployment, "SANDBOX_DEPLOYMENT", c.Deployment, "deployment id in wrapper markers; empty: derived from the sandbox root")
+	l.String(&c.Pool, "SANDBOX_POOL", c.Pool, "warm pool: pooled sandboxes per agent profile, profile=N,... (e.g. opencode=2); empty: none")
+	l.String(&c.PoolDirectory, "SANDBOX_POOL_DIRECTORY", c.PoolDirectory, "the session directory pooled sandboxes serve (a route at another directory launches cold)")
 	c.Egress.Bind(l)
 }
 
@@ -210,6 +220,21 @@ func (c *Config) Validate() error {
 	}
 	if _, err := agents.ParseExpectedDenials(c.AgentExpectedDenials); err != nil {
 		bad("AGENT_EXPECTED_DENIALS", err)
+	}
+	if sizes, err := ParsePool(c.Pool); err != nil {
+		bad("SANDBOX_POOL", err)
+	} else {
+		// A configured profile that is not installed is the pool's to
+		// report at start (AGENT_UNAVAILABLE); a name no profile has is a typo.
+		names := c.Agents().Names()
+		for profile := range sizes {
+			if !slices.Contains(names, profile) {
+				bad("SANDBOX_POOL", fmt.Errorf("no agent profile %q (configured: %s)", profile, strings.Join(names, ", ")))
+			}
+		}
+	}
+	if !filepath.IsAbs(c.PoolDirectory) || filepath.Clean(c.PoolDirectory) != c.PoolDirectory {
+		bad("SANDBOX_POOL_DIRECTORY", errors.New("must be a clean absolute path"))
 	}
 	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, ":@ ") {
 		bad("SANDBOX_REPLICA", errors.New("required, without ':', '@' or spaces"))
@@ -408,4 +433,29 @@ func splitList(s string) []string {
 // cgroupLimits are the cgroup limits of every sandbox.
 func (c *Config) cgroupLimits() cgroup.Limits {
 	return cgroup.Limits{MemoryBytes: uint64(c.MemoryLimit), CPUMillis: uint64(c.CPULimit), Pids: uint64(c.PidsLimit)}
+}
+
+// ParsePool parses SANDBOX_POOL: profile=N pairs, comma separated; N from
+// 0 (off) to 64.
+func ParsePool(s string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, pair := range strings.Split(s, ",") {
+		if pair = strings.TrimSpace(pair); pair == "" {
+			continue
+		}
+		name, n, ok := strings.Cut(pair, "=")
+		size, err := strconv.Atoi(strings.TrimSpace(n))
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok || name == "":
+			return nil, fmt.Errorf("%q: want profile=N", pair)
+		case err != nil || size < 0 || size > 64:
+			return nil, fmt.Errorf("%q: N must be 0 to 64", pair)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("profile %q named twice", name)
+		}
+		out[name] = size
+	}
+	return out, nil
 }

@@ -31,6 +31,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/provider/process"
 	"agentplane.dev/services/sandbox/internal/reconciler"
 	"agentplane.dev/services/sandbox/internal/tenancy"
+	"agentplane.dev/services/sandbox/internal/warmpool"
 )
 
 // Listeners lets a caller (tests, agentplane dev) pass bound listeners;
@@ -104,8 +105,15 @@ func RunWith(ctx context.Context, cfg Config, ls Listeners) error {
 	if err := registerServices(srv, cfg, rdb, drv, notifier, egr, recMetrics, admissions, log); err != nil {
 		return err
 	}
+	pool, err := newPool(cfg, drv, prov, log)
+	if err != nil {
+		return err
+	}
+	if err := pool.Register(srv.Registry()); err != nil {
+		return err
+	}
 
-	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv, prov) })
+	srv.Go(func(ctx context.Context) { runLoops(ctx, cfg, log, notifier, rec, drv, prov, pool) })
 	return serve(ctx, srv, bnd.controlLn)
 }
 
@@ -116,6 +124,17 @@ func newProvider(cfg Config, bnd *boundarySetup, log *slog.Logger) (*process.Pro
 		Deployment: cfg.Deployment, Isolation: bnd.iso, BaseEnv: wrapperBaseEnv(os.LookupEnv),
 		Cgroups: bnd.cgroups, CgroupLimits: cfg.cgroupLimits(), DiskQuota: uint64(cfg.DiskQuota),
 		MemoryLimit: uint64(cfg.MemoryLimit), Nice: cfg.Nice})
+}
+
+// newPool builds this replica's warm pool (SANDBOX_POOL; empty: a pool of
+// none, which only sweeps what an earlier run left).
+func newPool(cfg Config, drv *driver.Driver, prov *process.Provider, log *slog.Logger) (*warmpool.Pool, error) {
+	sizes, err := ParsePool(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	return warmpool.New(warmpool.Config{Sizes: sizes, Directory: cfg.PoolDirectory, Shape: drv.PoolShape,
+		ReserveBytes: 2 * uint64(cfg.CapacityThreshold), Logger: log.With("component", "pool")}, prov, nil), nil
 }
 
 // serve runs srv until ctx ends (a cancelled context is a clean stop).
@@ -216,9 +235,10 @@ func (c *Config) wrapperReach(bnd *boundarySetup, grpcLn net.Listener) (control 
 // last act is releasing its sandboxes and writing their state, so another
 // replica takes them over at once. Then the notifier drains, bounded, what
 // is still queued (turn outcomes above all).
-func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notify.Notifier, rec *reconciler.Reconciler, drv *driver.Driver, prov provider.Limiter) {
+func runLoops(ctx context.Context, cfg Config, log *slog.Logger, notifier *notify.Notifier, rec *reconciler.Reconciler, drv *driver.Driver, prov provider.Limiter, pool *warmpool.Pool) {
 	var loops sync.WaitGroup
 	loops.Go(func() { notifier.Run(ctx) })
+	loops.Go(func() { pool.Run(ctx) })
 	loops.Go(func() { _ = rec.Run(ctx) })
 	loops.Go(func() { drv.Run(ctx) })
 	loops.Go(func() { enforceLimits(ctx, prov, drv, log) })

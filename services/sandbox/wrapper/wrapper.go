@@ -353,6 +353,9 @@ type wrapper struct {
 	runtime runtimedriver.Runtime
 	stopped bool // the wrapper is ending: no runtime starts any more
 	busy    map[string]bool
+	// unclaimed, for a pooled wrapper, closes if its runtime ends before
+	// the claim (nil once claimed, and for a wrapper launched for a key).
+	unclaimed chan struct{}
 }
 
 // Run runs the wrapper until shutdown or the reconnect window passes
@@ -372,6 +375,16 @@ func Run(ctx context.Context, opts Options) int {
 		// the Hello and the handle mint, not after the first PrepareRoute.
 		// A failed start is retried (and reported) by that PrepareRoute.
 		go func() { _ = w.startRuntime() }()
+	}
+	if opts.Claim != nil {
+		// Pooled: the runtime starts now, bound to nothing; one that
+		// cannot start, or ends before the claim, ends the wrapper (the
+		// pool replaces it).
+		w.unclaimed = make(chan struct{})
+		if err := w.startRuntime(); err != nil {
+			w.log.Error("pooled wrapper cannot start its runtime", "err", err)
+			close(w.unclaimed)
+		}
 	}
 	if opts.Claim != nil && !w.claimed(ctx) {
 		w.stopRuntime()
@@ -424,6 +437,9 @@ func Run(ctx context.Context, opts Options) int {
 // claimed waits for a pooled wrapper's claim and takes on its identity;
 // false when the pool let it go (or the wrapper is told to stop) first.
 func (w *wrapper) claimed(ctx context.Context) bool {
+	w.mu.Lock()
+	unclaimed := w.unclaimed
+	w.mu.Unlock()
 	got := make(chan struct{})
 	var c provider.Claim
 	var err error
@@ -433,6 +449,9 @@ func (w *wrapper) claimed(ctx context.Context) bool {
 	}()
 	select {
 	case <-ctx.Done():
+		return false
+	case <-unclaimed:
+		w.log.Warn("pooled wrapper's runtime ended before a claim")
 		return false
 	case <-got:
 	}
@@ -446,6 +465,7 @@ func (w *wrapper) claimed(ctx context.Context) bool {
 		return false
 	}
 	w.mu.Lock()
+	w.unclaimed = nil
 	w.opts.Markers, w.opts.AllocationID, w.opts.FenceToken, w.opts.Credential = c.Markers(), c.Allocation, c.FenceToken, c.Credential
 	w.mu.Unlock()
 	w.log.Info("pooled wrapper claimed", "claimed_sandbox", c.SandboxID, "claimed_runtime_key", c.RuntimeKey, "claimed_instance", c.InstanceID)
@@ -654,6 +674,10 @@ func (w *wrapper) runtimeExited(p runtimedriver.Runtime) {
 		return
 	}
 	w.runtime = nil
+	if w.unclaimed != nil {
+		close(w.unclaimed)
+		w.unclaimed = nil
+	}
 	ids := make([]string, 0, len(w.routes))
 	for id := range w.routes {
 		ids = append(ids, id)

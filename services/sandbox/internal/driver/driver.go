@@ -613,19 +613,9 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 		token := sb.owner.Token()
 		sb.mu.Unlock()
 
-		args := append([]string{}, d.cfg.WrapperCommand[1:]...)
-		args = append(args,
-			"--control-addr", strings.Join(d.cfg.ControlAddrs, ","),
-			"--heartbeat", d.cfg.Timers.Heartbeat.String(),
-			"--reconnect-window", d.cfg.Timers.ReconnectWindow.String(),
-		)
-		if spec.Protocol != agents.ProtocolJSONL || spec.Profile != agents.Scripted {
-			args = append(args, "--runtime-spec", spec.Encode())
-		}
-		_, err = d.cfg.Provider.Launch(ctx, provider.LaunchSpec{
-			Markers: m, Identity: &provider.Identity{Allocation: alloc, FenceToken: token, Credential: cred},
-			Path: d.cfg.WrapperCommand[0], Args: args, Workspace: directory,
-		})
+		ls := d.wrapperShape(spec, directory)
+		ls.Markers, ls.Identity = m, &provider.Identity{Allocation: alloc, FenceToken: token, Credential: cred}
+		_, err = d.cfg.Provider.Launch(ctx, ls)
 		if err != nil {
 			// No wrapper is starting: a slot left "starting" would make the
 			// next preparation wait for a Hello that never comes.
@@ -638,6 +628,33 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 		}
 		return err
 	}
+}
+
+// wrapperShape is the launch of a wrapper running spec's agent for
+// directory, without its markers and identity: what a launch shares with
+// the pooled wrappers of its agent (DESIGN.md 3.8).
+func (d *Driver) wrapperShape(spec agents.Spec, directory string) provider.LaunchSpec {
+	args := append([]string{}, d.cfg.WrapperCommand[1:]...)
+	args = append(args,
+		"--control-addr", strings.Join(d.cfg.ControlAddrs, ","),
+		"--heartbeat", d.cfg.Timers.Heartbeat.String(),
+		"--reconnect-window", d.cfg.Timers.ReconnectWindow.String(),
+	)
+	if spec.Protocol != agents.ProtocolJSONL || spec.Profile != agents.Scripted {
+		args = append(args, "--runtime-spec", spec.Encode())
+	}
+	return provider.LaunchSpec{Path: d.cfg.WrapperCommand[0], Args: args, Workspace: directory}
+}
+
+// PoolShape is the launch a warm pool of profile (its default model) keeps
+// ready for routes at directory; an agent that is not installed answers
+// agents.ErrUnavailable.
+func (d *Driver) PoolShape(profile, directory string) (provider.LaunchSpec, error) {
+	spec, err := d.cfg.Agents.Resolve(profile, "")
+	if err != nil {
+		return provider.LaunchSpec{}, err
+	}
+	return d.wrapperShape(spec, directory), nil
 }
 
 // helloAck builds the ack for a contract.

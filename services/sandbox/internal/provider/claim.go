@@ -2,6 +2,7 @@ package provider
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -70,4 +71,37 @@ func ReadClaim(r io.Reader) (Claim, error) {
 // Markers of the claim.
 func (c Claim) Markers() Markers {
 	return Markers{SandboxID: c.SandboxID, RuntimeKey: c.RuntimeKey, InstanceID: c.InstanceID, Generation: c.Generation}
+}
+
+// PoolMiss says why a launch of a pooled shape did not take a pooled
+// wrapper.
+type PoolMiss string
+
+const (
+	MissEmpty    PoolMiss = "empty"     // no pooled wrapper of the shape was waiting
+	MissNotFresh PoolMiss = "not_fresh" // the runtime key has a workspace or home already (a resume)
+	MissClaim    PoolMiss = "claim"     // the claim failed; the wrapper was destroyed and a cold launch ran
+)
+
+// PoolObserver hears of each launch of a pooled shape (label names the
+// shape, as the pool was filled).
+type PoolObserver interface {
+	Claimed(label string)
+	Missed(label string, why PoolMiss)
+}
+
+// Pool is implemented by providers that keep a warm pool (DESIGN.md 3.8).
+type Pool interface {
+	// FillPool starts one pooled wrapper of spec's shape for launches of
+	// spec.Workspace (spec's markers and identity are its own).
+	FillPool(ctx context.Context, label string, spec LaunchSpec) error
+	// PoolSize counts the idle pooled wrappers by label.
+	PoolSize() map[string]int
+	// SweepPool ends what an earlier incarnation's pool left.
+	SweepPool(ctx context.Context) error
+	// DrainPool ends every idle pooled wrapper.
+	DrainPool(ctx context.Context)
+	SetPoolObserver(o PoolObserver)
+	// RootCapacity measures the free bytes where sandboxes live.
+	RootCapacity() Capacity
 }

@@ -42,23 +42,6 @@ func isPoolID(id string) bool {
 	return strings.HasPrefix(id, poolPrefix) && !strings.ContainsAny(id, "/\\\x00") && len(id) <= 64
 }
 
-// PoolMiss says why a launch of a pooled shape did not take a pooled
-// wrapper.
-type PoolMiss string
-
-const (
-	MissEmpty    PoolMiss = "empty"     // no pooled wrapper of the shape was waiting
-	MissNotFresh PoolMiss = "not_fresh" // the runtime key has a workspace or home already (a resume)
-	MissClaim    PoolMiss = "claim"     // the claim failed; the wrapper was destroyed and a cold launch ran
-)
-
-// PoolObserver hears of each launch of a pooled shape (label is the one
-// its FillPool gave).
-type PoolObserver interface {
-	Claimed(label string)
-	Missed(label string, why PoolMiss)
-}
-
 type pooled struct {
 	id, label, workspace string
 	instance             string
@@ -71,7 +54,7 @@ type pool struct {
 	mu     sync.Mutex
 	idle   map[string][]*pooled // by shape
 	labels map[string]string    // every shape filled, by shape: its label
-	obs    PoolObserver
+	obs    provider.PoolObserver
 }
 
 // shapeOf is what a pooled wrapper must share with a launch it serves:
@@ -89,7 +72,7 @@ func shapeOf(spec provider.LaunchSpec) string {
 }
 
 // SetPoolObserver sets who hears of claims and misses.
-func (p *Provider) SetPoolObserver(o PoolObserver) {
+func (p *Provider) SetPoolObserver(o provider.PoolObserver) {
 	p.pool.mu.Lock()
 	p.pool.obs = o
 	p.pool.mu.Unlock()
@@ -245,7 +228,7 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 	if !known {
 		return provider.Observed{}, false
 	}
-	missed := func(why PoolMiss) (provider.Observed, bool) {
+	missed := func(why provider.PoolMiss) (provider.Observed, bool) {
 		if obs != nil {
 			obs.Missed(label, why)
 		}
@@ -255,7 +238,7 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 	ws, home := p.WorkspaceDir(m.SandboxID, spec.Workspace), p.HomeDir(m.SandboxID, m.RuntimeKey)
 	for _, d := range []string{ws, home} {
 		if _, err := os.Lstat(d); !errors.Is(err, fs.ErrNotExist) {
-			return missed(MissNotFresh)
+			return missed(provider.MissNotFresh)
 		}
 	}
 	var e *pooled
@@ -269,13 +252,13 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 	}
 	p.pool.mu.Unlock()
 	if e == nil {
-		return missed(MissEmpty)
+		return missed(provider.MissEmpty)
 	}
 	o, err := p.handOver(spec, e)
 	if err != nil {
 		p.cfg.Logger.Warn("pooled wrapper not claimed; launching cold", "sandbox", m.SandboxID, "runtime_key", m.RuntimeKey, "err", err)
 		p.destroy(ctx, e)
-		return missed(MissClaim)
+		return missed(provider.MissClaim)
 	}
 	if obs != nil {
 		obs.Claimed(label)

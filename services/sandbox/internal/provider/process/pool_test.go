@@ -16,7 +16,7 @@ import (
 type poolEvents struct {
 	mu     sync.Mutex
 	claims []string
-	misses []PoolMiss
+	misses []provider.PoolMiss
 }
 
 func (e *poolEvents) Claimed(label string) {
@@ -25,16 +25,16 @@ func (e *poolEvents) Claimed(label string) {
 	e.claims = append(e.claims, label)
 }
 
-func (e *poolEvents) Missed(_ string, why PoolMiss) {
+func (e *poolEvents) Missed(_ string, why provider.PoolMiss) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.misses = append(e.misses, why)
 }
 
-func (e *poolEvents) seen() ([]string, []PoolMiss) {
+func (e *poolEvents) seen() ([]string, []provider.PoolMiss) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return append([]string{}, e.claims...), append([]PoolMiss{}, e.misses...)
+	return append([]string{}, e.claims...), append([]provider.PoolMiss{}, e.misses...)
 }
 
 // poolShape is the shape both the pool and the routes launch.
@@ -123,7 +123,7 @@ func TestPooledWrapperServesOneRuntimeKeyOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, o.PID, o2.PID)
 	_, misses = ev.seen()
-	require.Equal(t, []PoolMiss{MissEmpty}, misses)
+	require.Equal(t, []provider.PoolMiss{provider.MissEmpty}, misses)
 
 	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
 	require.False(t, alive(o.PID))
@@ -149,7 +149,7 @@ func TestPoolMissesAResumedKey(t *testing.T) {
 	require.NoError(t, err)
 	claims, misses := ev.seen()
 	require.Empty(t, claims)
-	require.Equal(t, []PoolMiss{MissNotFresh}, misses)
+	require.Equal(t, []provider.PoolMiss{provider.MissNotFresh}, misses)
 	require.Equal(t, 1, p.PoolSize()["helper"], "the pooled wrapper still waits")
 	// Another shape (another directory) is no launch of the pool's.
 	other := poolShape("pooled", "/work/other")

@@ -112,6 +112,7 @@ type Provider struct {
 var (
 	_ provider.AgentSandbox = (*Provider)(nil)
 	_ provider.Inventory    = (*Provider)(nil)
+	_ provider.Pool         = (*Provider)(nil)
 )
 
 // New builds a process provider rooted at cfg.Root (created if missing).
@@ -881,6 +882,15 @@ func (p *Provider) Capacity(_ context.Context, sandboxID string) provider.Capaci
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(p.SandboxDir(sandboxID), &st); err != nil {
+		return provider.Capacity{Kind: provider.CapacityUnmeasurable, Err: fmt.Errorf("statfs: %w", err)}
+	}
+	return provider.Capacity{Kind: provider.CapacityMeasured, AvailableBytes: st.Bavail * uint64(st.Bsize)}
+}
+
+// RootCapacity measures the free bytes of the sandbox root's filesystem.
+func (p *Provider) RootCapacity() provider.Capacity {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(p.cfg.Root, &st); err != nil {
 		return provider.Capacity{Kind: provider.CapacityUnmeasurable, Err: fmt.Errorf("statfs: %w", err)}
 	}
 	return provider.Capacity{Kind: provider.CapacityMeasured, AvailableBytes: st.Bavail * uint64(st.Bsize)}

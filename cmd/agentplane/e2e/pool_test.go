@@ -1,0 +1,227 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
+	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
+	sandbox "agentplane.dev/services/sandbox/server"
+)
+
+// poolDir is the directory the tests' pools serve.
+const poolDir = "/work/e2e-pool"
+
+// pooledWrappers maps the anchor pid (the outer bubblewrap) of every
+// wrapper carrying a pool's sandbox marker (.pool-<hex>) under root to
+// that marker: the idle pooled wrappers, and the claimed ones, which keep
+// the marker they started with.
+func pooledWrappers(t testing.TB, root string) map[int]string {
+	t.Helper()
+	marked := markedPool(t, root)
+	out := map[int]string{}
+	for pid, id := range marked {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if ppid, _ := strconv.Atoi(f[1]); marked[ppid] != id {
+			out[pid] = id
+		}
+	}
+	return out
+}
+
+// markedPool maps every process carrying a pool's marker to it.
+func markedPool(t testing.TB, root string) map[int]string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	out := map[int]string{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, []byte("AGENTPLANE_SANDBOX_ROOT="+root+"\x00")) {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && bytes.Contains(stat, []byte(") Z ")) {
+			continue
+		}
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "AGENTPLANE_SANDBOX="); ok && strings.HasPrefix(v, ".pool-") {
+				out[pid] = v
+			}
+		}
+	}
+	return out
+}
+
+// idlePool waits until n pooled wrappers wait unclaimed (their pool
+// directory exists) and returns their pids.
+func idlePool(t testing.TB, root string, n int) []int {
+	t.Helper()
+	var idle []int
+	require.Eventually(t, func() bool {
+		idle = idle[:0]
+		for pid, id := range pooledWrappers(t, root) {
+			if _, err := os.Stat(filepath.Join(root, id)); err == nil {
+				idle = append(idle, pid)
+			}
+		}
+		return len(idle) == n
+	}, 2*time.Minute, 50*time.Millisecond, "%d idle pooled wrappers", n)
+	slices.Sort(idle)
+	return idle
+}
+
+// claimedBy returns the pid of the pooled wrapper a sandbox's namespace
+// record names (0: none), as the provider's discovery finds it.
+func claimedBy(t testing.TB, root, sandboxID string) int {
+	t.Helper()
+	recs, _ := filepath.Glob(filepath.Join(root, sandboxID, "run", "*.json"))
+	for _, r := range recs {
+		b, err := os.ReadFile(r)
+		require.NoError(t, err)
+		if bytes.Contains(b, []byte(`"pool":".pool-`)) {
+			i := bytes.Index(b, []byte(`"anchor_pid":`))
+			j := bytes.IndexAny(b[i+13:], ",}")
+			pid, err := strconv.Atoi(string(b[i+13 : i+13+j]))
+			require.NoError(t, err)
+			return pid
+		}
+	}
+	return 0
+}
+
+// requireGone waits for a sandbox's tree to go: an owner lets a sandbox
+// with no session left go, its tree with it, after its empty grace.
+func requireGone(t *testing.T, dir string) {
+	t.Helper()
+	require.Eventually(t, func() bool { _, err := os.Stat(dir); return os.IsNotExist(err) }, time.Minute, 50*time.Millisecond,
+		"nothing of the sandbox outlives its sessions: %s", dir)
+}
+
+func alivePID(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	return err == nil && !bytes.Contains(b, []byte(") Z "))
+}
+
+// TestWarmPoolServesEachTenantOnce (DESIGN.md 3.8): with a pool of the
+// scripted runtime, a fresh session at the pool's directory is served by a
+// pooled wrapper (no cold launch: no wrapper carries its sandbox's
+// marker), the pool refills, a second tenant gets another pooled wrapper
+// and never the first one's, a session at another directory launches cold,
+// and deleting the sessions ends the claimed wrappers. The metrics count
+// the claims and the resumed key's miss.
+func TestWarmPoolServesEachTenantOnce(t *testing.T) {
+	s := startSuiteTuned(t, stackOptions{metrics: true}, func(c *sandbox.Config) {
+		c.Pool, c.PoolDirectory, c.EmptyGrace = "scripted=1", poolDir, time.Second
+	}, nil)
+	first := idlePool(t, s.root, 1)[0]
+
+	a := s.create(t, "sbx-pool-a", poolDir, newSecret())
+	s.turn(t, a.GetSessionId(), "m1", "echo: pooled a")
+	require.Equal(t, first, claimedBy(t, s.root, a.GetSandboxId()), "tenant a's route took the pooled wrapper")
+	require.Empty(t, wrapperPIDs(t, a.GetSandboxId()), "no cold launch for a")
+	second := idlePool(t, s.root, 1)[0]
+	require.NotEqual(t, first, second, "the pool refilled with a new wrapper")
+
+	other := &sandboxv1.Tenant{OrgId: "o-pool-b", UserId: "u-pool-b"}
+	b, err := createAs(s, other, "sbx-pool-b-"+s.run, poolDir)
+	require.NoError(t, err)
+	s.turn(t, b.GetSessionId(), "m1", "echo: pooled b")
+	require.Equal(t, second, claimedBy(t, s.root, b.GetSandboxId()), "tenant b's route took the refilled wrapper")
+	require.NotEqual(t, claimedBy(t, s.root, a.GetSandboxId()), claimedBy(t, s.root, b.GetSandboxId()), "no pooled wrapper serves two tenants")
+	s.turn(t, a.GetSessionId(), "m2", "echo: still a")
+	require.True(t, alivePID(first))
+
+	cold := s.create(t, "sbx-pool-cold", "/work/e2e-elsewhere", newSecret())
+	s.turn(t, cold.GetSessionId(), "m1", "echo: cold")
+	require.Zero(t, claimedBy(t, s.root, cold.GetSandboxId()), "another directory launches cold")
+	require.NotEmpty(t, wrapperPIDs(t, cold.GetSandboxId()))
+
+	// A suspended key's resume cannot take a pooled wrapper (its agent
+	// started in another home): it launches cold, counted as a miss.
+	_, err = s.suspend(t, a.GetSessionId(), false)
+	require.NoError(t, err)
+	require.False(t, alivePID(first), "suspend stops the claimed wrapper")
+	s.turn(t, a.GetSessionId(), "m3", "echo: resumed a")
+	require.NotEmpty(t, wrapperPIDs(t, a.GetSandboxId()), "the resume launched cold")
+
+	var m map[string]float64
+	require.Eventually(t, func() bool { // the refill after b's claim
+		m = scrape(t, s.metrics[svcSandbox])
+		return sum(m, "agentplane_sandbox_pool_size", `profile="scripted"`) == 1
+	}, time.Minute, 50*time.Millisecond)
+	require.Equal(t, 2.0, sum(m, "agentplane_sandbox_pool_claims_total", `profile="scripted"`))
+	require.Equal(t, 1.0, sum(m, "agentplane_sandbox_pool_misses_total", `profile="scripted"`, `reason="not_fresh"`))
+	require.Positive(t, sum(m, "agentplane_sandbox_pool_refill_seconds_count", `profile="scripted"`))
+
+	for _, id := range []string{a.GetSessionId(), b.GetSessionId(), cold.GetSessionId()} {
+		s.deleteSession(t, id)
+	}
+	require.False(t, alivePID(second), "deleting b's session ended its claimed wrapper")
+	for _, sb := range []string{a.GetSandboxId(), b.GetSandboxId(), cold.GetSandboxId()} {
+		requireGone(t, filepath.Join(s.root, sb))
+	}
+	require.Len(t, pooledWrappers(t, s.root), 1, "only the idle pooled wrapper runs")
+}
+
+// TestWarmPoolOfAnAgentNotInstalled: a pool of a profile whose program is
+// missing reports AGENT_UNAVAILABLE at start (the gauge) and stays empty;
+// sessions of the scripted runtime are served as ever.
+func TestWarmPoolOfAnAgentNotInstalled(t *testing.T) {
+	s := startSuiteTuned(t, stackOptions{metrics: true}, func(c *sandbox.Config) {
+		c.AgentsDir, c.Pool = t.TempDir(), "opencode=2"
+	}, nil)
+	sess := s.create(t, "sbx-pool-none", poolDir, newSecret())
+	s.turn(t, sess.GetSessionId(), "m1", "echo: served")
+	require.Equal(t, 1.0, sum(scrape(t, s.metrics[svcSandbox]), "agentplane_sandbox_pool_unavailable", `profile="opencode"`))
+	require.Contains(t, s.logs.String(), `"reason":"AGENT_UNAVAILABLE"`, "reported at start")
+	require.Empty(t, pooledWrappers(t, s.root))
+	require.Zero(t, sum(scrape(t, s.metrics[svcSandbox]), "agentplane_sandbox_pool_size"))
+}
+
+// TestAgentWarmPool (opencode, fake model): a cold session at the pool's
+// directory is served by a pooled agent, started and initialized before
+// the session existed; after a suspend its resume session/loads the same
+// conversation from the home the claim moved into the sandbox.
+func TestAgentWarmPool(t *testing.T) {
+	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
+		c.Pool, c.PoolDirectory, c.EmptyGrace = "opencode=1", poolDir, time.Second
+	})
+	pooled := idlePool(t, s.root, 1)[0]
+	sess := s.createAgent(t, "sbx-pool-agent", poolDir, newSecret(), "opencode")
+	id := sess.GetSessionId()
+	turn := func(messageID, content string) {
+		t.Helper()
+		_, o := s.watchTurn(t, id, messageID, content, nil)
+		require.Equal(t, "TURN_RESULT_SUCCEEDED", o.GetResult().String(), "%s: %s", messageID, o.GetFailureReason())
+	}
+	turn("m1", "the pooled turn says papaya")
+	require.Equal(t, pooled, claimedBy(t, s.root, sess.GetSandboxId()), "the pooled agent served the session")
+	rs := s.routeView(t, id).GetRuntimeSessionId()
+
+	_, err := s.suspend(t, id, false)
+	require.NoError(t, err)
+	require.Equal(t, sessionv1.RouteState_ROUTE_STATE_SUSPENDED, s.routeView(t, id).GetState())
+	require.False(t, alivePID(pooled))
+	turn("m2", "the resumed turn says quince")
+	require.Contains(t, turnRequest(t, s.model.Requests(), "quince").Prompt, "papaya", "the resumed agent loaded the pooled one's conversation")
+	require.Equal(t, rs, s.routeView(t, id).GetRuntimeSessionId())
+	s.deleteSession(t, id)
+	require.Empty(t, wrapperPIDs(t, sess.GetSandboxId()))
+	requireGone(t, filepath.Join(s.root, sess.GetSandboxId()))
+}
