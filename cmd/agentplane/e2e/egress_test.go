@@ -36,13 +36,20 @@ type egressSuite struct {
 // egressHosts is the egress proxy's name map of the egress tests.
 const egressHosts = "allowed.test=127.0.0.1,denied.test=127.0.0.1,other.test=127.0.0.1,private.test=10.255.0.1"
 
-func startEgressSuite(t *testing.T) *egressSuite {
+func startEgressSuite(t *testing.T) *egressSuite { return startEgressSuiteTuned(t, nil) }
+
+// startEgressSuiteTuned is startEgressSuite with a hook that adjusts the
+// sandbox configuration further.
+func startEgressSuiteTuned(t *testing.T, tune func(*sandbox.Config)) *egressSuite {
 	e := startEgressServers(t)
 	metricsAddr := testaddr.Addr(t)
 	e.metrics = "http://" + metricsAddr + "/metrics"
 	e.suite = startSuiteWith(t, nil, func(c *sandbox.Config) {
 		c.MetricsAddr = metricsAddr
 		c.Egress.Hosts = egressHosts
+		if tune != nil {
+			tune(c)
+		}
 	})
 	return e
 }

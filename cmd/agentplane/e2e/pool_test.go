@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/pkg/gittest"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
@@ -179,6 +182,23 @@ func TestWarmPoolServesEachTenantOnce(t *testing.T) {
 	require.Len(t, pooledWrappers(t, s.root), 1, "only the idle pooled wrapper runs")
 }
 
+// TestEgressThroughAPooledWrapper: a claimed pooled wrapper hands its
+// runtime's connections to the egress proxy under the identity of the
+// sandbox that claimed it, so that sandbox's policy applies (allowed and
+// denied), not a pool's.
+func TestEgressThroughAPooledWrapper(t *testing.T) {
+	e := startEgressSuiteTuned(t, func(c *sandbox.Config) { c.Pool, c.PoolDirectory = "scripted=1", poolDir })
+	pooled := idlePool(t, e.root, 1)[0]
+	sess := e.createSession(t, "egress-pool-"+e.run, poolDir)
+	curl := []string{"curl", "-sS", "-m", "15"}
+	code, out := e.runIn(t, sess.GetSessionId(), "m1", append(curl, e.url("http", "allowed.test", e.httpPort))...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "egress-ok allowed.test:")
+	code, out = e.runIn(t, sess.GetSessionId(), "m2", append(curl, e.url("http", "denied.test", e.httpPort))...)
+	require.Contains(t, out, "denied (not_allowed)", "exit %d", code)
+	require.Equal(t, pooled, claimedBy(t, e.root, sess.GetSandboxId()), "the pooled wrapper served both")
+}
+
 // TestWarmPoolOfAnAgentNotInstalled: a pool of a profile whose program is
 // missing reports AGENT_UNAVAILABLE at start (the gauge) and stays empty;
 // sessions of the scripted runtime are served as ever.
@@ -203,7 +223,18 @@ func TestAgentWarmPool(t *testing.T) {
 		c.Pool, c.PoolDirectory, c.EmptyGrace = "opencode=1", poolDir, time.Second
 	})
 	pooled := idlePool(t, s.root, 1)[0]
-	sess := s.createAgent(t, "sbx-pool-agent", poolDir, newSecret(), "opencode")
+	token := "ghs_e2e" + newSecret()
+	g := gittest.Start(t, token)
+	g.CreateRepo(t, "org/pooled.git", map[string]string{"README.md": "hello\n", "main.go": "package main\n"})
+	resp, err := s.ses.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+		UserId: "u-e2e", OrgId: "o-e2e", SandboxId: "sbx-pool-agent-" + s.run,
+		Worktree:      &sessionv1.Worktree{Directory: poolDir, RepoUrl: g.RepoURL("org/pooled.git")},
+		Credential:    &sessionv1.CredentialInput{Class: sessionv1.CredentialClass_CREDENTIAL_CLASS_STATIC, Secret: newSecret()},
+		GitCredential: &sessionv1.GitCredentialInput{Token: token},
+		Agent:         &sessionv1.Agent{Profile: "opencode"},
+	})
+	require.NoError(t, err)
+	sess := resp.GetSession()
 	id := sess.GetSessionId()
 	turn := func(messageID, content string) {
 		t.Helper()
@@ -212,9 +243,12 @@ func TestAgentWarmPool(t *testing.T) {
 	}
 	turn("m1", "the pooled turn says papaya")
 	require.Equal(t, pooled, claimedBy(t, s.root, sess.GetSandboxId()), "the pooled agent served the session")
+	out := runIn(t, s.suite, id, "m1b", "ls", poolDir)
+	require.Contains(t, out, "README.md", "the repository was cloned where the pooled agent works")
+	require.Contains(t, out, "main.go")
 	rs := s.routeView(t, id).GetRuntimeSessionId()
 
-	_, err := s.suspend(t, id, false)
+	_, err = s.suspend(t, id, false)
 	require.NoError(t, err)
 	require.Equal(t, sessionv1.RouteState_ROUTE_STATE_SUSPENDED, s.routeView(t, id).GetState())
 	require.False(t, alivePID(pooled))
@@ -224,4 +258,87 @@ func TestAgentWarmPool(t *testing.T) {
 	s.deleteSession(t, id)
 	require.Empty(t, wrapperPIDs(t, sess.GetSandboxId()))
 	requireGone(t, filepath.Join(s.root, sess.GetSandboxId()))
+}
+
+// servingWrappers counts the wrappers that serve a sandbox: launched for it (its
+// marker), or claimed from a pool (its namespace record names them).
+func servingWrappers(t *testing.T, root, sandboxID string) int {
+	n := len(wrappersOf(sandboxID))
+	if pid := claimedBy(t, root, sandboxID); pid != 0 && alivePID(pid) {
+		n++
+	}
+	return n
+}
+
+// TestSandboxKilledWithAWarmPool: kill -9 of the sandbox service (a process)
+// with two pooled wrappers, one of them claimed, and a fresh session's first
+// message under way (its claim may be in progress). Without their service
+// the unclaimed pooled wrappers end by themselves (their claim pipe
+// closed); the claimed one keeps serving its session across the restart;
+// the restarted service sweeps the old pool's directories and fills its
+// own; the fresh session is served by exactly one wrapper; no pooled
+// wrapper serves two sandboxes; deleting the sessions leaves no process.
+func TestSandboxKilledWithAWarmPool(t *testing.T) {
+	s, sbx, _ := startProcSuiteWith(t, procOptions{env: []string{"SANDBOX_POOL", "scripted=2", "SANDBOX_POOL_DIRECTORY", poolDir}})
+	first := idlePool(t, s.root, 2)
+	a := s.create(t, "sbx-kill-pool-a", poolDir, newSecret())
+	s.turn(t, a.GetSessionId(), "m1", "echo: a")
+	aPID := claimedBy(t, s.root, a.GetSandboxId())
+	require.Contains(t, first, aPID)
+	before := idlePool(t, s.root, 2)
+
+	c := s.create(t, "sbx-kill-pool-c", poolDir, newSecret())
+	sent := make(chan error, 1)
+	go func() {
+		_, err := s.ses.SendMessage(context.Background(), &sessionv1.SendMessageRequest{SessionId: c.GetSessionId(), MessageId: "m1", Content: "echo: c"})
+		sent <- err
+	}()
+	// Kill as soon as the fresh session's workspace appears: only a claim
+	// renames it into place, so the claim is under way or just done.
+	require.Eventually(t, func() bool {
+		ws, _ := filepath.Glob(filepath.Join(s.root, c.GetSandboxId(), "workspaces", "*"))
+		return len(ws) > 0
+	}, time.Minute, 100*time.Microsecond)
+	sbx.kill9()
+	require.NoError(t, <-sent)
+	cPID := claimedBy(t, s.root, c.GetSandboxId())
+	t.Logf("killed with c's claim record naming pid %d", cPID)
+
+	for _, pid := range before {
+		if pid == cPID {
+			continue
+		}
+		require.Eventually(t, func() bool { return !alivePID(pid) }, time.Minute, 20*time.Millisecond,
+			"pooled wrapper %d ends without its service", pid)
+	}
+	require.True(t, alivePID(aPID), "the claimed wrapper outlives the service")
+
+	sbx.start()
+	after := idlePool(t, s.root, 2)
+	for _, pid := range after {
+		require.NotContains(t, before, pid, "the restarted service fills a pool of its own")
+	}
+	entries, err := os.ReadDir(s.root)
+	require.NoError(t, err)
+	pools := 0
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".pool-") {
+			pools++
+		}
+	}
+	require.Equal(t, 2, pools, "the old pool's directories were swept")
+
+	s.turn(t, a.GetSessionId(), "m2", "echo: a again")
+	require.Equal(t, aPID, claimedBy(t, s.root, a.GetSandboxId()), "the same claimed wrapper serves a")
+	s.turn(t, c.GetSessionId(), "m1", "echo: c")
+	require.Equal(t, 1, servingWrappers(t, s.root, c.GetSandboxId()), "one wrapper serves c")
+	if cNow := claimedBy(t, s.root, c.GetSandboxId()); cNow != 0 {
+		require.NotEqual(t, aPID, cNow, "no pooled wrapper serves two sandboxes")
+	}
+
+	s.deleteSession(t, a.GetSessionId())
+	s.deleteSession(t, c.GetSessionId())
+	require.Eventually(t, func() bool {
+		return !alivePID(aPID) && servingWrappers(t, s.root, a.GetSandboxId()) == 0 && servingWrappers(t, s.root, c.GetSandboxId()) == 0
+	}, time.Minute, 50*time.Millisecond, "deleting the sessions leaves no process")
 }

@@ -219,6 +219,10 @@ type sandbox struct {
 	// a failed setup) until their wrappers are verified absent and what of
 	// them is recreatable is removed (recovery.go).
 	recovering map[string]*keyRecovery
+	// launching counts the launches of each runtime key in flight on this
+	// replica: a starting key not launching here whose wrapper is verified
+	// absent is gone (tick.go checkGone).
+	launching map[string]int
 	// emptySince is when the sandbox was first seen with nothing to drive
 	// (zero while it has something): releaseIfEmpty lets it go after
 	// EmptyGrace.
@@ -611,7 +615,18 @@ func (d *Driver) launch(sb *sandbox, key, directory string, agent store.Agent) r
 		d.persistAllocations(sb, []*store.KeyAllocation{slot})
 		alloc := sb.allocationID
 		token := sb.owner.Token()
+		if sb.launching == nil {
+			sb.launching = map[string]int{}
+		}
+		sb.launching[key]++
 		sb.mu.Unlock()
+		defer func() {
+			sb.mu.Lock()
+			if sb.launching[key]--; sb.launching[key] <= 0 {
+				delete(sb.launching, key)
+			}
+			sb.mu.Unlock()
+		}()
 
 		ls := d.wrapperShape(spec, directory)
 		ls.Markers, ls.Identity = m, &provider.Identity{Allocation: alloc, FenceToken: token, Credential: cred}

@@ -45,7 +45,7 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 	for key, s := range sb.keyAllocations {
 		before := s.Alloc
 		s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Tick{Now: now})
-		if s.Alloc.Phase == allocation.Disconnected {
+		if s.Alloc.Phase == allocation.Disconnected || s.Alloc.Phase == allocation.Starting && sb.launching[key] == 0 {
 			disconnected = append(disconnected, key)
 		}
 		if s.Alloc.Phase != before.Phase {
@@ -70,7 +70,10 @@ func (d *Driver) tickSandbox(ctx context.Context, sb *sandbox) {
 		}
 	}
 	// A disconnected wrapper that verifiably no longer runs is lost now;
-	// waiting out the reconnect window would only delay the session.
+	// waiting out the reconnect window would only delay the session. So is
+	// a starting one no launch here is making that no longer runs (or never
+	// did: a pooled wrapper ends when its service dies before its claim
+	// reached it), rather than after the whole Hello timeout.
 	for _, key := range disconnected {
 		d.checkGone(ctx, sb, key)
 	}
@@ -117,11 +120,14 @@ func (d *Driver) stopping(ctx context.Context, sb *sandbox, ch keyChange) {
 func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 	sb.mu.Lock()
 	s := sb.keyAllocations[key]
-	if s == nil || s.Alloc.Phase != allocation.Disconnected {
+	gone := func() bool {
+		return s.Alloc.Phase == allocation.Disconnected || s.Alloc.Phase == allocation.Starting && sb.launching[key] == 0
+	}
+	if s == nil || !gone() {
 		sb.mu.Unlock()
 		return
 	}
-	instance := s.Alloc.Instance
+	instance, phase := s.Alloc.Instance, s.Alloc.Phase
 	sb.mu.Unlock()
 	disc := d.cfg.Provider.Discover(ctx, sb.id, key)
 	if disc.Kind == provider.InspectionFailed {
@@ -134,12 +140,12 @@ func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 	}
 	now := d.cfg.Now()
 	sb.mu.Lock()
-	if s.Alloc.Phase != allocation.Disconnected || s.Alloc.Instance != instance {
+	if !gone() || s.Alloc.Phase != phase || s.Alloc.Instance != instance {
 		sb.mu.Unlock()
 		return
 	}
 	reason := s.Alloc.Reason
-	if reason == allocation.ReasonStreamClosed {
+	if reason == allocation.ReasonStreamClosed || phase == allocation.Starting {
 		reason = "wrapper_exited"
 	}
 	s.Alloc = allocation.Apply(d.cfg.Timers, s.Alloc, allocation.Stop{Now: now, Reason: reason})
