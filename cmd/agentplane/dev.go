@@ -59,6 +59,9 @@ type devOptions struct {
 	fakeModel               bool // serve internal/fakemodel as the provider
 	wrapperBin              string
 	idleStop                time.Duration // 0: the sandbox service's setting
+	// pool is the warm pool: auto (2 per installed profile), off, or
+	// SANDBOX_POOL's profile=N,...; poolDir the directory it serves.
+	pool, poolDir string
 }
 
 // devPorts lays the services out from base: gRPC on base..base+3 (session,
@@ -136,6 +139,8 @@ func parseDev(args []string) (devOptions, error) {
 	fs.StringVar(&o.sandboxIsolation, "sandbox-isolation", os.Getenv("AGENTPLANE_SANDBOX_ISOLATION"), "namespaces or none (env AGENTPLANE_SANDBOX_ISOLATION); empty: namespaces when this host allows them, else none with a warning")
 	fs.StringVar(&o.wrapperBin, "wrapper-bin", os.Getenv("AGENTPLANE_WRAPPER_BIN"), "the wrapper binary sandboxes start (env AGENTPLANE_WRAPPER_BIN); empty: agentplane-wrapper next to this binary or on PATH, else built from this checkout, as the image ships it")
 	fs.DurationVar(&o.idleStop, "idle-stop", 0, "stop a sandbox's wrapper after this long without activity (AGENTPLANE_SANDBOX_IDLE_STOP); 0: the sandbox service's setting")
+	fs.StringVar(&o.pool, "pool", envOr("AGENTPLANE_SANDBOX_POOL", "auto"), "warm pool (env AGENTPLANE_SANDBOX_POOL): auto (2 sandboxes per installed agent profile), off, or profile=N,...")
+	fs.StringVar(&o.poolDir, "pool-directory", "", "the session directory the pool serves; empty: the directory dev runs in (where `agentplane run` takes its --dir from)")
 	fs.IntVar(&o.portBase, "port-base", 7401, "first of the five service ports; 7401 gives the documented ports")
 	fs.IntVar(&o.metricsPortBase, "metrics-port-base", -1, "first of the four /metrics ports (session, sandbox, credential, ingest); -1: port base + 2000; 0: no metrics")
 	fs.StringVar(&o.agent, "agent", os.Getenv("AGENTPLANE_AGENT_DEFAULT"), "agent profile of sessions that name none (scripted, opencode, kilo); with --provider-key-file dev creates a session that runs it")
@@ -278,6 +283,9 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 		cred.ProviderUpstream = url
 		providerWhat = "the fake model at " + url + " (offline; --provider-url gives a real one)"
 	}
+	if sbx.Pool, sbx.PoolDirectory, err = devPool(o.pool, o.poolDir, &sbx); err != nil {
+		return err
+	}
 	for _, v := range []interface{ Validate() error }{&ses, &sbx, &cred, &ing} {
 		if err := v.Validate(); err != nil {
 			return err
@@ -309,6 +317,9 @@ func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
 	fmt.Fprintf(tw, "session\t%s\t%s\tpublic agentplane.session.v1.SessionService\n", ses.GRPCAddr, metricsColumn(ses.MetricsAddr))
 	fmt.Fprintf(tw, "sandbox\t%s\t%s\tprocess provider, sandboxes in %s\n", sbx.GRPCAddr, metricsColumn(sbx.MetricsAddr), sbx.SandboxRoot)
 	fmt.Fprintf(tw, "\t\t\t%s\n", isolation)
+	if sbx.Pool != "" {
+		fmt.Fprintf(tw, "\t\t\twarm pool %s for sessions at %s (--pool off: none)\n", sbx.Pool, sbx.PoolDirectory)
+	}
 	if ok, why := sandbox.CgroupLimits(); !ok {
 		fmt.Fprintf(tw, "\t\t\tcgroup limits unavailable: %s\n", why)
 	}
@@ -634,4 +645,31 @@ func addrPrefix(addr string) string {
 		return ""
 	}
 	return "AGENTPLANE_ADDR=" + addr + " "
+}
+
+// devPool resolves dev's --pool and --pool-directory: auto is 2 sandboxes
+// of every profile this configuration has installed, off is none; the
+// directory defaults to dev's own (the CLI's default --dir).
+func devPool(pool, dir string, sbx *sandbox.Config) (string, string, error) {
+	if dir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", "", err
+		}
+		dir = wd
+	}
+	switch pool {
+	case "off":
+		return "", dir, nil
+	case "auto":
+		reg := sbx.Agents()
+		var sizes []string
+		for _, name := range reg.Names() {
+			if _, err := reg.Resolve(name, ""); err == nil {
+				sizes = append(sizes, name+"=2")
+			}
+		}
+		return strings.Join(sizes, ","), dir, nil
+	}
+	return pool, dir, nil
 }

@@ -40,7 +40,8 @@ func TestDevRunsARealAgent(t *testing.T) {
 	root := t.TempDir()
 	base := freePortBase(t)
 	cmd := exec.Command(bin, "dev", "--sandbox-root", root, "--port-base", strconv.Itoa(base), "--drain-delay", "100ms",
-		"--agent", "opencode", "--agents-dir", agents, "--model", "fake-model", "--provider-url", up.URL, "--provider-key-file", keyFile)
+		"--agent", "opencode", "--agents-dir", agents, "--model", "fake-model", "--provider-url", up.URL, "--provider-key-file", keyFile,
+		"--pool", "opencode=1") // the README's flow with a pool; auto would start kilo too
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = t.Output()

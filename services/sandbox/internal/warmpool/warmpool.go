@@ -51,6 +51,11 @@ type Pool struct {
 	cfg     Config
 	prov    provider.Pool
 	metrics *Metrics
+	// failed counts each profile's failed starts in a row: its next start
+	// waits Every × 2^failed (at most a minute), so a pool that cannot
+	// start does not retry, and log, twice a second.
+	failed  map[string]int
+	retryAt map[string]time.Time
 }
 
 // New builds a pool over prov; m may be nil.
@@ -65,7 +70,7 @@ func New(cfg Config, prov provider.Pool, m *Metrics) *Pool {
 		m = NewMetrics()
 	}
 	prov.SetPoolObserver(m)
-	return &Pool{cfg: cfg, prov: prov, metrics: m}
+	return &Pool{cfg: cfg, prov: prov, metrics: m, failed: map[string]int{}, retryAt: map[string]time.Time{}}
 }
 
 // Run sweeps what an earlier incarnation's pool left, keeps the pool
@@ -116,6 +121,9 @@ func (p *Pool) fill(ctx context.Context, shapes map[string]provider.LaunchSpec) 
 	}
 	sort.Strings(profiles)
 	for _, profile := range profiles {
+		if time.Now().Before(p.retryAt[profile]) {
+			continue
+		}
 		for p.prov.PoolSize()[profile] < p.cfg.Sizes[profile] && ctx.Err() == nil {
 			if !p.room() {
 				p.metrics.deferred.Inc()
@@ -125,8 +133,11 @@ func (p *Pool) fill(ctx context.Context, shapes map[string]provider.LaunchSpec) 
 			if err := p.prov.FillPool(ctx, profile, shapes[profile]); err != nil {
 				p.cfg.Logger.Warn("pooled sandbox not started", "profile", profile, "err", err)
 				p.metrics.failures.WithLabelValues(profile).Inc()
-				return // the next check tries again
+				p.failed[profile]++
+				p.retryAt[profile] = time.Now().Add(min(time.Minute, p.cfg.Every<<min(p.failed[profile], 10)))
+				break
 			}
+			p.failed[profile] = 0
 			p.metrics.refill.WithLabelValues(profile).Observe(time.Since(start).Seconds())
 		}
 	}

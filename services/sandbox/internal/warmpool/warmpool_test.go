@@ -1,0 +1,123 @@
+package warmpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"agentplane.dev/services/sandbox/internal/agents"
+	"agentplane.dev/services/sandbox/internal/provider"
+)
+
+// fakePool is an in-memory provider.Pool (this package's logic only; the
+// process provider's pool runs real wrappers in its own tests).
+type fakePool struct {
+	mu       sync.Mutex
+	size     map[string]int
+	free     uint64
+	fail     error
+	fills    []string
+	swept    bool
+	drained  bool
+	observer provider.PoolObserver
+}
+
+func (f *fakePool) FillPool(_ context.Context, label string, spec provider.LaunchSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fills = append(f.fills, label+"@"+spec.Workspace)
+	if f.fail != nil {
+		return f.fail
+	}
+	f.size[label]++
+	return nil
+}
+
+func (f *fakePool) PoolSize() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range f.size {
+		out[k] = v
+	}
+	return out
+}
+func (f *fakePool) SweepPool(context.Context) error         { f.swept = true; return nil }
+func (f *fakePool) DrainPool(context.Context)               { f.drained = true }
+func (f *fakePool) SetPoolObserver(o provider.PoolObserver) { f.observer = o }
+func (f *fakePool) RootCapacity() provider.Capacity {
+	return provider.Capacity{Kind: provider.CapacityMeasured, AvailableBytes: f.free}
+}
+
+func shape(profile, dir string) (provider.LaunchSpec, error) {
+	if profile == "missing" {
+		return provider.LaunchSpec{}, fmt.Errorf("%w: not installed", agents.ErrUnavailable)
+	}
+	return provider.LaunchSpec{Path: profile, Workspace: dir}, nil
+}
+
+func TestFillsEachProfileToItsSizeWithinRoom(t *testing.T) {
+	t.Parallel()
+	f := &fakePool{size: map[string]int{}, free: 10 << 30}
+	p := New(Config{Sizes: map[string]int{"opencode": 2, "scripted": 1, "off": 0, "missing": 2}, Directory: "/workspace",
+		Shape: shape, ReserveBytes: 1 << 30}, f, nil)
+	shapes := p.shapes()
+	require.NotContains(t, shapes, "missing", "a profile not installed is never filled")
+	require.NotContains(t, shapes, "off")
+	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.unavailable.WithLabelValues("missing")), 0)
+	p.fill(context.Background(), shapes)
+	require.Equal(t, map[string]int{"opencode": 2, "scripted": 1}, f.PoolSize())
+	require.Equal(t, []string{"opencode@/workspace", "opencode@/workspace", "scripted@/workspace"}, f.fills)
+
+	// A claim took one: the next check refills it, and only it.
+	f.size["opencode"]--
+	f.observer.Claimed("opencode")
+	p.fill(context.Background(), shapes)
+	require.Equal(t, 2, f.PoolSize()["opencode"])
+	require.Len(t, f.fills, 4)
+	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.claimed.WithLabelValues("opencode")), 0)
+
+	// No room beyond the reserve routes need: nothing starts.
+	f.size["opencode"] = 0
+	f.free = 1 << 30
+	p.fill(context.Background(), shapes)
+	require.Len(t, f.fills, 4)
+	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.deferred), 0)
+}
+
+func TestFailedStartsBackOff(t *testing.T) {
+	t.Parallel()
+	f := &fakePool{size: map[string]int{}, free: 10 << 30, fail: errors.New("directory reserved")}
+	p := New(Config{Sizes: map[string]int{"scripted": 2}, Directory: "/", Shape: shape, Every: time.Hour}, f, nil)
+	shapes := p.shapes()
+	p.fill(context.Background(), shapes)
+	p.fill(context.Background(), shapes)
+	require.Len(t, f.fills, 1, "after a failed start the profile waits before it tries again")
+	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.failures.WithLabelValues("scripted")), 0)
+}
+
+func TestRunSweepsThenDrains(t *testing.T) {
+	t.Parallel()
+	f := &fakePool{size: map[string]int{}, free: 10 << 30}
+	p := New(Config{Sizes: map[string]int{"scripted": 1}, Directory: "/workspace", Shape: shape, Every: time.Millisecond}, f, nil)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, p.Register(reg))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return f.PoolSize()["scripted"] == 1 }, 10*time.Second, time.Millisecond)
+	n, err := testutil.GatherAndCount(reg, "agentplane_sandbox_pool_size")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	cancel()
+	<-done
+	require.True(t, f.swept, "an earlier run's pool is swept at start")
+	require.True(t, f.drained, "the pool is drained when the service stops")
+}
