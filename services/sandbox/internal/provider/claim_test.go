@@ -2,6 +2,7 @@ package provider
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -17,11 +18,11 @@ func TestClaimRoundTrip(t *testing.T) {
 	if err != nil || got != c {
 		t.Fatalf("got %+v, %v; want %+v", got, err, c)
 	}
-	if _, err := ReadClaim(strings.NewReader("")); err != ErrNoClaim {
+	if _, err := ReadClaim(strings.NewReader("")); !errors.Is(err, ErrNoClaim) {
 		t.Fatalf("empty: %v, want ErrNoClaim", err)
 	}
 	for _, bad := range []string{"{}\n", `{"sandbox_id":"sb"}` + "\n", "not json\n", `{"sandbox_id":"sb"`, strings.Repeat("x", 9<<10)} {
-		if _, err := ReadClaim(strings.NewReader(bad)); err == nil || err == ErrNoClaim {
+		if _, err := ReadClaim(strings.NewReader(bad)); err == nil || errors.Is(err, ErrNoClaim) {
 			t.Errorf("%.40q: %v, want a refusal", bad, err)
 		}
 	}

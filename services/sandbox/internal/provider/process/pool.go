@@ -204,7 +204,7 @@ func (p *Provider) SweepPool(ctx context.Context) error {
 			continue
 		}
 		if r := p.stopPooled(ctx, ent.Name()); r.Kind != provider.StopAbsent {
-			errs = append(errs, fmt.Errorf("pooled %s not verified gone: %v", ent.Name(), r.Err))
+			errs = append(errs, fmt.Errorf("pooled %s not verified gone: %w", ent.Name(), r.Err))
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(p.cfg.Root, ent.Name())); err != nil {
