@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"agentplane.dev/cmd/agentplane/internal/fakemodel"
 	"agentplane.dev/pkg/gittest"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -341,4 +343,48 @@ func TestSandboxKilledWithAWarmPool(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return !alivePID(aPID) && servingWrappers(t, s.root, a.GetSandboxId()) == 0 && servingWrappers(t, s.root, c.GetSandboxId()) == 0
 	}, time.Minute, 50*time.Millisecond, "deleting the sessions leaves no process")
+}
+
+// BenchmarkOpenCodeWarmPoolFirstEvent (DESIGN.md 3.8): SendMessage → the
+// first agent event at a WatchSession subscriber for a fresh opencode
+// session, in one suite and one run, alternating: at the pool's directory
+// (a pooled agent, started and initialized before the session existed,
+// claimed) and at another directory (cold: the wrapper and opencode start
+// for the route). Each pooled session waits for the refill and its agent's
+// start first (a pool that keeps up); the clone is excluded (no
+// repository). Reports the session/new each path spent, and the resumed
+// path of the pooled session (a resume launches cold: decision 70).
+func BenchmarkOpenCodeWarmPoolFirstEvent(b *testing.B) {
+	dir := requireAgent(b, "opencode")
+	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) {
+		c.AgentsDir, c.AgentModel, c.Pool, c.PoolDirectory = dir, "fake-model", "opencode=1", poolDir
+	})
+	var pooled, pooledNew, cold, coldNew, resumed []time.Duration
+	for i := range b.N {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		b.StopTimer()
+		idlePool(b, s.root, 1)
+		time.Sleep(8 * time.Second) // the pooled agent's start and initialize (2.7-2.9 s measured) behind it
+		b.StartTimer()
+		id := s.createAgent(b, fmt.Sprintf("sbx-oc-pool-%d", i), poolDir, "sk-pool", "opencode").GetSessionId()
+		p := timeTurn(ctx, b, s, id, "m1")
+		pooled, pooledNew = append(pooled, p.firstDelta), append(pooledNew, p.ms("agent_session_ms"))
+		coldID := s.createAgent(b, fmt.Sprintf("sbx-oc-nopool-%d", i), "/work/oc-nopool", "sk-pool", "opencode").GetSessionId()
+		c := timeTurn(ctx, b, s, coldID, "m1")
+		cold, coldNew = append(cold, c.firstDelta), append(coldNew, c.ms("agent_session_ms"))
+		if _, err := s.suspend(b, id, false); err != nil {
+			b.Fatal(err)
+		}
+		r := timeTurn(ctx, b, s, id, "m2")
+		resumed = append(resumed, r.firstDelta)
+		cancel()
+		s.deleteSession(b, id)
+		s.deleteSession(b, coldID)
+	}
+	b.StopTimer()
+	percentiles(b, "pooled-first-event", pooled)
+	percentiles(b, "pooled-session-new", pooledNew)
+	percentiles(b, "cold-first-event", cold)
+	percentiles(b, "cold-session-new", coldNew)
+	percentiles(b, "pooled-then-resumed-first-event", resumed)
 }

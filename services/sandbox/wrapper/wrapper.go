@@ -769,7 +769,13 @@ func runtimeStarter(opts Options) runtimedriver.Starter {
 	if opts.RuntimeSpec.Protocol == agents.ProtocolACP {
 		spec := opts.RuntimeSpec
 		spec.Env = append(slices.Clone(spec.Env), env...)
-		return acp.Starter(acp.Config{Spec: spec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger, Nest: opts.Nest})
+		cfg := acp.Config{Spec: spec, InitTimeout: opts.AgentInitTimeout, Logger: opts.Logger, Nest: opts.Nest}
+		if opts.Claim != nil && opts.WorkspaceRoot == "" {
+			// Pooled: the directory the pool serves is where it starts,
+			// and the first route's session can be opened before it comes.
+			cfg.PrepareSession, _ = os.Getwd()
+		}
+		return acp.Starter(cfg)
 	}
 	return jsonl.Starter(opts.RuntimeCommand, opts.Nest, env...)
 }

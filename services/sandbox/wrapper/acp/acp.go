@@ -79,6 +79,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Nest runs the agent in the nested sandbox (nil: none).
 	Nest *runtimedriver.Nest
+	// PrepareSession, for a pooled agent (DESIGN.md 3.8), is the directory
+	// of a session/new made right after initialize, before any route: the
+	// first new route at that directory takes it instead of waiting for
+	// its own. Empty: none.
+	PrepareSession string
 }
 
 // Starter starts the agent of cfg.
@@ -124,6 +129,10 @@ type Runtime struct {
 	// repeated open_route waits for it instead of opening a second ACP
 	// session.
 	opening  map[string]chan struct{}
+	// spare is the session PrepareSession made ("" once taken, or if
+	// none was made); spareReady closes when its session/new ended.
+	spare      string
+	spareReady chan struct{}
 	broken   *failure // why the connection ended
 	stopping bool     // Stop was called: the wrapper ends the agent
 }
@@ -239,7 +248,7 @@ func start(cfg Config, instance string, h runtimedriver.Hooks) (*Runtime, error)
 		cfg: cfg, hooks: h, log: cfg.Logger.With("agent", cfg.Spec.Profile), relay: rl, rpc: newConn(stdin),
 		store: &sessionStore{file: filepath.Join(state, "acp-sessions.json")}, http: cfg.Client,
 		pgid: cmd.Process.Pid, stdin: stdin, exited: make(chan struct{}), ready: make(chan struct{}),
-		prefix: randomHex(4), routes: map[string]*route{}, byACP: map[string]*route{}, opening: map[string]chan struct{}{},
+		prefix: randomHex(4), routes: map[string]*route{}, byACP: map[string]*route{}, opening: map[string]chan struct{}{}, spareReady: make(chan struct{}),
 	}
 	go r.read(stdout, cmd)
 	go r.initialize()
@@ -371,7 +380,45 @@ func (r *Runtime) initialize() {
 	if r.initErr != nil {
 		r.log.Warn("agent initialize failed", "reason", r.initErr.reason, "detail", r.initErr.detail)
 		r.kill()
+		return
 	}
+	if r.cfg.PrepareSession != "" {
+		r.prepareSpare()
+	}
+}
+
+// prepareSpare makes the session of PrepareSession. A failure only costs
+// the first route its own session/new.
+func (r *Runtime) prepareSpare() {
+	defer close(r.spareReady)
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	if err := r.call("session/new", map[string]any{"cwd": r.cfg.PrepareSession, "mcpServers": []any{}}, r.cfg.InitTimeout, &res); err != nil {
+		r.log.Warn("no agent session prepared ahead of the first route", "err", asFailure(err, ReasonSession).detail)
+		return
+	}
+	r.mu.Lock()
+	r.spare = res.SessionID
+	r.mu.Unlock()
+}
+
+// takeSpare waits for the prepared session, if one is being made for dir,
+// and takes it ("" when there is none).
+func (r *Runtime) takeSpare(dir string) string {
+	if r.cfg.PrepareSession == "" || dir != r.cfg.PrepareSession {
+		return ""
+	}
+	select {
+	case <-r.spareReady:
+	case <-r.exited:
+		return ""
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id := r.spare
+	r.spare = ""
+	return id
 }
 
 // asFailure names an error: a connection failure keeps its reason, an
@@ -586,13 +633,18 @@ func (r *Runtime) loadSession(rt *route, prev string) (time.Duration, error) {
 	return took, err
 }
 
-// newSession opens a new agent session for the route.
+// newSession opens a new agent session for the route (or gives it the one
+// prepared ahead, PrepareSession).
 func (r *Runtime) newSession(rt *route) (time.Duration, *failure) {
 	r.progress(rt.sessionID, "new_session", "opening an agent session")
+	t := time.Now()
+	if id := r.takeSpare(rt.dir); id != "" {
+		rt.acpID = id
+		return time.Since(t), nil
+	}
 	var res struct {
 		SessionID string `json:"sessionId"`
 	}
-	t := time.Now()
 	err := r.call("session/new", map[string]any{"cwd": rt.dir, "mcpServers": []any{}}, r.cfg.InitTimeout, &res)
 	took := time.Since(t)
 	if err == nil && res.SessionID == "" {

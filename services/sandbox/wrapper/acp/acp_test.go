@@ -1,6 +1,7 @@
 package acp
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -486,4 +487,30 @@ func countFrames(rec *recorder, session, typ string) int {
 		}
 	}
 	return n
+}
+
+// TestPreparedSessionServesTheFirstRouteOnly: a pooled agent's session/new
+// made right after initialize (PrepareSession) is the first route's at that
+// directory, which opens no session of its own; a second route, and a
+// route at another directory, each get their own.
+func TestPreparedSessionServesTheFirstRouteOnly(t *testing.T) {
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	rec := &recorder{exited: make(chan struct{})}
+	rt, err := start(Config{
+		Spec: agents.Spec{Profile: "acp", Protocol: agents.ProtocolACP, Command: []string{self}, Env: []string{envFakeAgent + "=good"}},
+		Home: t.TempDir(), InitTimeout: 30 * time.Second, PrepareSession: dir,
+	}, "inst-test", rec.hooks())
+	require.NoError(t, err)
+	t.Cleanup(rt.Stop)
+	<-rt.spareReady
+	for i, s := range []string{"s1", "s2"} {
+		require.NoError(t, rt.Send(runtimejsonl.Frame{Type: runtimejsonl.TypeOpenRoute, SessionID: s, Directory: dir, RuntimeSessionID: "rs_" + s}))
+		rec.wait(t, "ready "+s, func(f runtimejsonl.Frame) bool { return f.SessionID == s && f.Type == runtimejsonl.TypeRouteReady })
+		require.True(t, strings.HasSuffix(rt.route(s).acpID, fmt.Sprintf("-%d", i+1)), "%s: %s", s, rt.route(s).acpID)
+	}
+	open(t, rt, rec, "s3", "rs_s3")
+	require.True(t, strings.HasSuffix(rt.route("s3").acpID, "-3"), "another directory: its own session/new")
+	require.Equal(t, rt.route("s1").acpID, rt.store.get("s1"), "the prepared session is recorded as the route's")
 }
