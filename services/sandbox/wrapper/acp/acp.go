@@ -128,13 +128,13 @@ type Runtime struct {
 	// opening: a route being opened, closed when that open ended. A
 	// repeated open_route waits for it instead of opening a second ACP
 	// session.
-	opening  map[string]chan struct{}
+	opening map[string]chan struct{}
 	// spare is the session PrepareSession made ("" once taken, or if
 	// none was made); spareReady closes when its session/new ended.
 	spare      string
 	spareReady chan struct{}
-	broken   *failure // why the connection ended
-	stopping bool     // Stop was called: the wrapper ends the agent
+	broken     *failure // why the connection ended
+	stopping   bool     // Stop was called: the wrapper ends the agent
 }
 
 // failure is a named reason with a detail (no secrets).
