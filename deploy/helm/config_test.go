@@ -313,6 +313,25 @@ func TestExpectedDenialsValue(t *testing.T) {
 	}
 }
 
+// TestPoolValues: sandbox.pool renders AGENTPLANE_SANDBOX_POOL and its
+// directory, which the sandbox service accepts; a bad size is a schema error.
+func TestPoolValues(t *testing.T) {
+	vals := readValues(t, filepath.Join(chartDir, "ci", "ha-values.yaml"))
+	sbx, _ := vals["sandbox"].(map[string]any)
+	sbx["pool"] = map[string]any{"sizes": map[string]any{"scripted": 2}, "directory": "/work"}
+	env := acceptedEnv(t, vals, "sandbox")
+	if got := env["AGENTPLANE_SANDBOX_POOL"]; got != "scripted=2" {
+		t.Errorf("AGENTPLANE_SANDBOX_POOL = %q", got)
+	}
+	if got := env["AGENTPLANE_SANDBOX_POOL_DIRECTORY"]; got != "/work" {
+		t.Errorf("AGENTPLANE_SANDBOX_POOL_DIRECTORY = %q", got)
+	}
+	sbx["pool"] = map[string]any{"sizes": map[string]any{"opencode": 65}}
+	if _, err := render(t, vals); err == nil || !strings.Contains(err.Error(), "pool") {
+		t.Fatalf("want a schema error on sandbox.pool.sizes, got %v", err)
+	}
+}
+
 // acceptedEnv renders vals and returns the environment of component's
 // container, failing unless the service accepts that configuration.
 func acceptedEnv(t *testing.T, vals map[string]any, component string) map[string]string {

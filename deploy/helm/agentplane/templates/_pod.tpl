@@ -117,6 +117,12 @@ spec:
           value: {{ include "agentplane.proxyURL" $root | quote }}
         - name: AGENTPLANE_SANDBOX_EGRESS_ALLOW
           value: {{ join "," $c.egress.allow | quote }}
+        {{- with $c.pool }}
+        - name: AGENTPLANE_SANDBOX_POOL
+          value: {{ include "agentplane.profileDurations" (.sizes | default dict) | quote }}
+        - name: AGENTPLANE_SANDBOX_POOL_DIRECTORY
+          value: {{ .directory | quote }}
+        {{- end }}
         {{- with $c.egress.expectedDenials }}
         - name: AGENTPLANE_AGENT_EXPECTED_DENIALS
           value: {{ include "agentplane.profileHosts" . | quote }}
