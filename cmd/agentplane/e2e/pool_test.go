@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +74,37 @@ func markedPool(t testing.TB, root string) map[int]string {
 	return out
 }
 
+// requireClaimPipeOutOfReach: the pipe on which an idle pooled wrapper
+// waits for its claim (and the launch credential in it) is open in the
+// wrapper only, never in its runtime, which started before the claim.
+func requireClaimPipeOutOfReach(t *testing.T, root string) {
+	t.Helper()
+	var runtimes []int
+	require.Eventually(t, func() bool { runtimes = runtimeProcesses(root); return len(runtimes) > 0 },
+		time.Minute, 20*time.Millisecond, "the pooled wrapper's runtime starts")
+	pipes := func(pid int) map[string]bool {
+		out := map[string]bool{}
+		fds, _ := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
+		for _, fd := range fds {
+			if l, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", fd.Name())); err == nil && strings.HasPrefix(l, "pipe:") {
+				out[l] = true
+			}
+		}
+		return out
+	}
+	var claim string
+	for pid := range markedPool(t, root) {
+		exe, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "exe"))
+		if filepath.Base(exe) == filepath.Base(wrapperBin) && !slices.Contains(runtimes, pid) {
+			claim, _ = os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", "3"))
+		}
+	}
+	require.True(t, strings.HasPrefix(claim, "pipe:"), "the pooled wrapper waits on its claim pipe (fd 3: %q)", claim)
+	for _, pid := range runtimes {
+		require.False(t, pipes(pid)[claim], "runtime process %d holds the claim pipe", pid)
+	}
+}
+
 // idlePool waits until n pooled wrappers wait unclaimed (their pool
 // directory exists) and returns their pids.
 func idlePool(t testing.TB, root string, n int) []int {
@@ -128,13 +160,26 @@ func alivePID(pid int) bool {
 // pooled wrapper (no cold launch: no wrapper carries its sandbox's
 // marker), the pool refills, a second tenant gets another pooled wrapper
 // and never the first one's, a session at another directory launches cold,
-// and deleting the sessions ends the claimed wrappers. The metrics count
+// and deleting the sessions ends the claimed wrappers. A pooled runtime
+// that dies while it waits is replaced. The metrics count
 // the claims and the resumed key's miss.
 func TestWarmPoolServesEachTenantOnce(t *testing.T) {
 	s := startSuiteTuned(t, stackOptions{metrics: true}, func(c *sandbox.Config) {
 		c.Pool, c.PoolDirectory, c.EmptyGrace = "scripted=1", poolDir, time.Second
 	}, nil)
+	dead := idlePool(t, s.root, 1)[0]
+	requireClaimPipeOutOfReach(t, s.root)
+	// A pooled runtime that dies while it waits takes its wrapper with it,
+	// and the pool replaces both.
+	var runtimes []int // the runtime and its nested bubblewrap
+	require.Eventually(t, func() bool { runtimes = runtimeProcesses(s.root); return len(runtimes) > 0 },
+		time.Minute, 20*time.Millisecond, "the pooled wrapper's runtime starts")
+	for _, pid := range runtimes {
+		_ = syscall.Kill(pid, syscall.SIGKILL) // the runtime may already be gone with its bubblewrap
+	}
+	require.Eventually(t, func() bool { return !alivePID(dead) }, time.Minute, 20*time.Millisecond, "the pooled wrapper ends with its runtime")
 	first := idlePool(t, s.root, 1)[0]
+	require.NotEqual(t, dead, first, "the pool replaced it")
 
 	a := s.create(t, "sbx-pool-a", poolDir, newSecret())
 	s.turn(t, a.GetSessionId(), "m1", "echo: pooled a")

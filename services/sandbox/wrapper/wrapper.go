@@ -213,6 +213,10 @@ func parse(args []string) (Options, error) {
 	o.Limits = lim
 	o.Markers = markersFromEnv()
 	if *claimFD >= 0 {
+		// Close-on-exec before anything starts: the runtime starts before
+		// the claim arrives, and must never hold the pipe that carries the
+		// launch credential.
+		syscall.CloseOnExec(*claimFD)
 		if o.Claim = os.NewFile(uintptr(*claimFD), "claim"); o.Claim == nil {
 			return Options{}, fmt.Errorf("claim fd %d is not open", *claimFD)
 		}
