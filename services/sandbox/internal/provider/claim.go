@@ -97,7 +97,8 @@ type Pool interface {
 	FillPool(ctx context.Context, label string, spec LaunchSpec) error
 	// PoolSize counts the idle pooled wrappers by label.
 	PoolSize() map[string]int
-	// SweepPool ends what an earlier incarnation's pool left.
+	// SweepPool removes what an earlier incarnation's pool left (its
+	// wrappers ended with it; a live one is another replica's and stays).
 	SweepPool(ctx context.Context) error
 	// DrainPool ends every idle pooled wrapper.
 	DrainPool(ctx context.Context)

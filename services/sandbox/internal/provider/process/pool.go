@@ -180,11 +180,12 @@ func (p *Provider) stopPooled(ctx context.Context, id string) provider.StopResul
 	return p.stopUnits(ctx, func() ([]*unit, error) { return p.scan(id) })
 }
 
-// SweepPool ends the pooled wrappers an earlier incarnation of the service
-// left (they end themselves once its claim pipes close; this verifies it)
-// and removes their directories. A pooled directory whose wrappers cannot
-// be verified gone stays, and is reported.
-func (p *Provider) SweepPool(ctx context.Context) error {
+// SweepPool removes the directories an earlier incarnation's pool left.
+// Its wrappers ended with it (their claim pipes closed); a pooled wrapper
+// that still runs belongs to a live service on the same root (another
+// replica's pool) and is left alone, and so is its directory. A directory
+// whose wrappers cannot be inspected stays, and is reported.
+func (p *Provider) SweepPool(_ context.Context) error {
 	ents, err := os.ReadDir(p.cfg.Root)
 	if err != nil {
 		return fmt.Errorf("process provider: list the root: %w", err)
@@ -203,12 +204,14 @@ func (p *Provider) SweepPool(ctx context.Context) error {
 		if mine {
 			continue
 		}
-		if r := p.stopPooled(ctx, ent.Name()); r.Kind != provider.StopAbsent {
-			errs = append(errs, fmt.Errorf("pooled %s not verified gone: %w", ent.Name(), r.Err))
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(p.cfg.Root, ent.Name())); err != nil {
-			errs = append(errs, err)
+		us, err := p.scan(ent.Name())
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("pooled %s not inspected: %w", ent.Name(), err))
+		case len(us) == 0:
+			if err := os.RemoveAll(filepath.Join(p.cfg.Root, ent.Name())); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)

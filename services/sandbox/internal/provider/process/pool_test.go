@@ -191,23 +191,47 @@ func TestPooledWrapperThatDiesLeavesThePool(t *testing.T) {
 	p.Wait()
 }
 
-func TestSweepPoolEndsAnEarlierIncarnationsPool(t *testing.T) {
+func TestSweepPoolRemovesWhatAnEarlierIncarnationLeft(t *testing.T) {
 	root := t.TempDir()
-	first, err := New(Config{Root: root, Isolation: isolation(t)})
-	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, first.FillPool(ctx, "helper", poolShape("sleep", "/work/repo")))
-	id := waitPooledReady(t, first)
-	us, err := first.scan(id)
+	// A pool whose service died: its pipes closed (the kernel closes a
+	// dead process's descriptors), its directories left.
+	gone, err := New(Config{Root: root, Isolation: isolation(t)})
 	require.NoError(t, err)
-	require.Len(t, us, 1)
-	// A second incarnation on the same root (the first one's pipes still
-	// open: a "sleep" helper would not end by itself anyway).
-	second, err := New(Config{Root: root, Isolation: isolation(t)})
+	require.NoError(t, gone.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
+	goneID := waitPooledReady(t, gone)
+	gone.pool.mu.Lock()
+	for _, list := range gone.pool.idle {
+		for _, e := range list {
+			_ = e.claimW.Close()
+		}
+	}
+	gone.pool.idle = nil
+	gone.pool.mu.Unlock()
+	require.Eventually(t, func() bool { us, err := gone.scan(goneID); return err == nil && len(us) == 0 },
+		20*time.Second, 10*time.Millisecond, "a pooled wrapper ends with its pipe")
+	// Another live replica's pool on the same root.
+	live, err := New(Config{Root: root, Isolation: isolation(t)})
 	require.NoError(t, err)
-	require.NoError(t, second.SweepPool(ctx))
-	require.False(t, alive(us[0].anchor.pid))
-	require.Empty(t, poolDirs(t, second))
-	first.DrainPool(ctx)
-	first.Wait()
+	t.Cleanup(func() { live.DrainPool(ctx); live.Wait() })
+	require.NoError(t, live.FillPool(ctx, "helper", poolShape("sleep", "/work/repo")))
+	var liveID string
+	require.Eventually(t, func() bool {
+		for _, d := range poolDirs(t, live) {
+			if _, err := os.Stat(filepath.Join(live.WorkspaceDir(d, "/work/repo"), "ready")); err == nil && d != goneID {
+				liveID = d
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond)
+
+	restarted, err := New(Config{Root: root, Isolation: isolation(t)})
+	require.NoError(t, err)
+	require.NoError(t, restarted.SweepPool(ctx))
+	require.Equal(t, []string{liveID}, poolDirs(t, restarted), "the dead pool's directory went, the live one's stayed")
+	us, err := restarted.scan(liveID)
+	require.NoError(t, err)
+	require.Len(t, us, 1, "the live replica's pooled wrapper runs on")
+	gone.Wait()
 }
