@@ -70,15 +70,22 @@ func waitPooledReady(t *testing.T, p *Provider) string {
 	return id
 }
 
-func TestPooledWrapperServesOneRuntimeKeyOnce(t *testing.T) {
+// pooledProvider is a provider with one pooled "pooled" helper for
+// /work/repo, its observer, and a sandbox id; the pool drains at cleanup.
+func pooledProvider(t *testing.T) (*Provider, *poolEvents, string) {
+	t.Helper()
 	p := newProvider(t)
 	ev := &poolEvents{}
 	p.SetPoolObserver(ev)
 	sb := sandboxID(t, p)
-	ctx := context.Background()
-	t.Cleanup(func() { p.DrainPool(ctx) })
+	t.Cleanup(func() { p.DrainPool(context.Background()) })
+	require.NoError(t, p.FillPool(context.Background(), "helper", poolShape("pooled", "/work/repo")))
+	return p, ev, sb
+}
 
-	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
+func TestPooledWrapperServesOneRuntimeKeyOnce(t *testing.T) {
+	p, ev, sb := pooledProvider(t)
+	ctx := context.Background()
 	require.Equal(t, map[string]int{"helper": 1}, p.PoolSize())
 	pooledID := waitPooledReady(t, p)
 	require.Equal(t, provider.Absent, p.Discover(ctx, sb, "k").Kind, "a pooled wrapper belongs to no sandbox")
@@ -131,13 +138,8 @@ func TestPooledWrapperServesOneRuntimeKeyOnce(t *testing.T) {
 }
 
 func TestPoolMissesAResumedKey(t *testing.T) {
-	p := newProvider(t)
-	ev := &poolEvents{}
-	p.SetPoolObserver(ev)
-	sb := sandboxID(t, p)
+	p, ev, sb := pooledProvider(t)
 	ctx := context.Background()
-	t.Cleanup(func() { p.DrainPool(ctx) })
-	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
 	// The key has its home already (it ran before): the pooled wrapper
 	// cannot take it on, its agent having started in another home.
 	_, err := p.PrepareWorkspace(ctx, sb, "/work/repo", "k")
