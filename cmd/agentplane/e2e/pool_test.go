@@ -106,14 +106,18 @@ func requireClaimPipeOutOfReach(t *testing.T, root string) {
 }
 
 // idlePool waits until n pooled wrappers wait unclaimed (their pool
-// directory exists) and returns their pids.
+// directory exists) with their runtime started, and returns the pids of
+// their bubblewraps. A wrapper whose runtime runs was let go by its
+// provider, which holds it in the pool from then on (a process and a
+// directory alone appear a moment before that).
 func idlePool(t testing.TB, root string, n int) []int {
 	t.Helper()
 	var idle []int
 	require.Eventually(t, func() bool {
 		idle = idle[:0]
+		marked := markedPool(t, root)
 		for pid, id := range pooledWrappers(t, root) {
-			if _, err := os.Stat(filepath.Join(root, id)); err == nil {
+			if _, err := os.Stat(filepath.Join(root, id)); err == nil && runtimeStarted(marked, id) {
 				idle = append(idle, pid)
 			}
 		}
@@ -121,6 +125,25 @@ func idlePool(t testing.TB, root string, n int) []int {
 	}, 2*time.Minute, 50*time.Millisecond, "%d idle pooled wrappers", n)
 	slices.Sort(idle)
 	return idle
+}
+
+// runtimeStarted reports whether the wrapper of pooled id has a child
+// (its runtime, or the nested bubblewrap that starts it).
+func runtimeStarted(marked map[int]string, id string) bool {
+	for pid, m := range marked {
+		if m != id {
+			continue
+		}
+		exe, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "exe"))
+		if filepath.Base(exe) != filepath.Base(wrapperBin) {
+			continue
+		}
+		children, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", strconv.Itoa(pid), "children"))
+		if len(bytes.TrimSpace(children)) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // claimedBy returns the pid of the pooled wrapper a sandbox's namespace

@@ -212,14 +212,8 @@ func parse(args []string) (Options, error) {
 	}
 	o.Limits = lim
 	o.Markers = markersFromEnv()
-	if *claimFD >= 0 {
-		// Close-on-exec before anything starts: the runtime starts before
-		// the claim arrives, and must never hold the pipe that carries the
-		// launch credential.
-		syscall.CloseOnExec(*claimFD)
-		if o.Claim = os.NewFile(uintptr(*claimFD), "claim"); o.Claim == nil {
-			return Options{}, fmt.Errorf("claim fd %d is not open", *claimFD)
-		}
+	if o.Claim, err = claimFile(*claimFD); err != nil {
+		return Options{}, err
 	}
 	if err := o.checkLaunch(); err != nil {
 		return Options{}, err
@@ -231,25 +225,46 @@ func parse(args []string) (Options, error) {
 		}
 		o.RuntimeCommand = []string{self, "runtime", "scripted"}
 	}
+	if err := o.takeCredential(*credFD, *credFile); err != nil {
+		return Options{}, err
+	}
+	return o, nil
+}
+
+// takeCredential reads the launch credential (a pooled wrapper's comes
+// with its claim), made non-dumpable first when contained: a
+// non-dumpable process's /proc files belong to a root the sandbox's user
+// namespace does not map, so nothing of the sandbox's uid reads its memory
+// or environment, nor traces it. (Without the boundary the wrapper is the
+// anchor whose markers its service reads: it stays dumpable.)
+func (o *Options) takeCredential(fd int, file string) error {
 	if o.Contained {
-		// Before the credential is read: a non-dumpable process's /proc
-		// files belong to a root the sandbox's user namespace does not
-		// map, so nothing of the sandbox's uid reads its memory or
-		// environment, nor traces it. (Without the boundary the wrapper is
-		// the anchor whose markers its service reads: it stays dumpable.)
 		if err := nodump.Set(); err != nil {
-			return Options{}, err
+			return err
 		}
 	}
 	if o.Claim != nil {
-		return o, nil // the credential comes with the claim
+		return nil
 	}
-	cred, err := readCredential(*credFD, *credFile)
-	if err != nil {
-		return Options{}, err
-	}
+	cred, err := readCredential(fd, file)
 	o.Credential = cred
-	return o, nil
+	return err
+}
+
+// claimFile opens a pooled wrapper's inherited claim descriptor (nil for
+// fd < 0), close-on-exec before anything starts: the runtime starts before
+// the claim arrives, and must never hold the pipe that carries the launch
+// credential.
+func claimFile(fd int) (io.Reader, error) {
+	if fd < 0 {
+		return nil, nil
+	}
+	syscall.CloseOnExec(fd)
+	f := os.NewFile(uintptr(fd), "claim")
+	if f == nil {
+		return nil, fmt.Errorf("claim fd %d is not open", fd)
+	}
+	return f, nil
 }
 
 // markersFromEnv reads the markers the provider set in the wrapper's
