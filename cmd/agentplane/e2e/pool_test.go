@@ -138,9 +138,12 @@ func runtimeStarted(marked map[int]string, id string) bool {
 		if filepath.Base(exe) != filepath.Base(wrapperBin) {
 			continue
 		}
-		children, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", strconv.Itoa(pid), "children"))
-		if len(bytes.TrimSpace(children)) > 0 {
-			return true
+		// Any of its threads may have forked it: each lists its own children.
+		tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+		for _, task := range tasks {
+			if children, _ := os.ReadFile(task); len(bytes.TrimSpace(children)) > 0 {
+				return true
+			}
 		}
 	}
 	return false
