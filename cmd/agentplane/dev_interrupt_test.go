@@ -39,7 +39,8 @@ func TestDevCtrlCInATerminal(t *testing.T) {
 	require.NoError(t, os.Chmod(root, 0o755))
 	base := freePortBase(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", base)
-	cmd := exec.Command(bin, "dev", "--port-base", strconv.Itoa(base), "--sandbox-root", root, "--drain-delay", "100ms")
+	cmd := exec.Command(bin, "dev", "--port-base", strconv.Itoa(base), "--sandbox-root", root, "--drain-delay", "100ms",
+		"--pool", "off") // it counts the sandbox root's processes
 	cmd.Env = append(os.Environ(), "AGENTPLANE_SANDBOX_IDLE_STOP=2s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out logtest.Buffer
@@ -160,7 +161,7 @@ func TestRunUsesDevsProviderKey(t *testing.T) {
 	base := freePortBase(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", base)
 	cmd := exec.Command(bin, "dev", "--port-base", strconv.Itoa(base), "--sandbox-root", root, "--drain-delay", "100ms",
-		"--provider-url", up.URL, "--provider-key-file", keyFile)
+		"--provider-url", up.URL, "--provider-key-file", keyFile, "--pool", "off")
 	var out logtest.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())

@@ -38,7 +38,7 @@ func startDevSuite(t *testing.T, bin string) *devSuite {
 	t.Helper()
 	root := t.TempDir()
 	base := freePortBase(t)
-	cmd := exec.Command(bin, "dev", "--sandbox-root", root, "--port-base", strconv.Itoa(base),
+	cmd := exec.Command(bin, "dev", "--sandbox-root", root, "--port-base", strconv.Itoa(base), "--pool", "off",
 		"--metrics-port-base", "0", "--drain-delay", "100ms")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
