@@ -93,11 +93,17 @@ type fakeNotify struct {
 	// refused.
 	refuse, refuseOutcomes atomic.Bool
 	refused                atomic.Int64
+	// refusedOutcomes counts the turn outcomes among them.
+	refusedOutcomes atomic.Int64
 }
 
 func (f *fakeNotify) gate(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if f.refuse.Load() || f.refuseOutcomes.Load() && strings.HasSuffix(info.FullMethod, "/NotifyTurnOutcome") {
+	outcome := strings.HasSuffix(info.FullMethod, "/NotifyTurnOutcome")
+	if f.refuse.Load() || f.refuseOutcomes.Load() && outcome {
 		f.refused.Add(1)
+		if outcome {
+			f.refusedOutcomes.Add(1)
+		}
 		return nil, status.Error(codes.Unavailable, "session service down (test)")
 	}
 	return h(ctx, req)

@@ -64,10 +64,15 @@ func TestShutdownSendsQueuedNotifications(t *testing.T) {
 	sb := uniqueSandbox(t)
 	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/drain"))
 
-	n.refuse.Store(true)
+	// Outcomes are refused (the rest goes through, so nothing queued ahead
+	// holds the outcome back): once one was refused, the outcome is queued
+	// in this replica. A refusal of an earlier notification alone could
+	// come before the wrapper's outcome reached this replica, which a stop
+	// would then never see.
+	n.refuseOutcomes.Store(true)
 	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
-	require.Eventually(t, func() bool { return n.refused.Load() > 0 }, 30*time.Second, 10*time.Millisecond,
-		"the turn's notifications are being retried")
+	require.Eventually(t, func() bool { return n.refusedOutcomes.Load() > 0 }, 30*time.Second, 10*time.Millisecond,
+		"the turn's outcome is being retried")
 
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
@@ -77,7 +82,7 @@ func TestShutdownSendsQueuedNotifications(t *testing.T) {
 		_, err := svc.client.Status(context.Background(), &sandboxv1.StatusRequest{Tenant: testTenant, SandboxId: sb})
 		return err != nil
 	}, 30*time.Second, 5*time.Millisecond)
-	n.refuse.Store(false)
+	n.refuseOutcomes.Store(false)
 	<-stopped
 
 	out, _, ok := n.find(i, "outcome", "s1")
