@@ -81,7 +81,7 @@ func startACPSuite(t *testing.T, agent string, tune func(*sandbox.Config)) *acpS
 func startACPSuiteTuned(t *testing.T, agent string, tune func(*sandbox.Config), tuneCred func(*credential.Config)) *acpSuite {
 	dir := requireAgent(t, agent)
 	model := fakemodel.New()
-	s := startSuiteTuned(t, stackOptions{upstream: model}, func(c *sandbox.Config) {
+	s := startSuiteTuned(t, stackOptions{upstream: model, metrics: true}, func(c *sandbox.Config) {
 		c.AgentsDir, c.AgentModel = dir, "fake-model"
 		if tune != nil {
 			tune(c)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -140,6 +141,8 @@ type chartProc struct {
 	pid  int
 	logs string
 	done chan struct{}
+	// metrics is its /metrics URL ("" when the chart serves none).
+	metrics string
 }
 
 // startChartShaped starts the four services of st in the chart's shape; the returned suite
@@ -291,6 +294,11 @@ func startChartProc(t testing.TB, st *stack, svc string, p *podShape, secrets, b
 	require.NoError(t, err)
 	cp.cmd = exec.Command("bwrap", args...)
 	cp.cmd.Env = chartEnv(t, st, svc, p)
+	for _, kv := range cp.cmd.Env {
+		if addr, ok := strings.CutPrefix(kv, "AGENTPLANE_METRICS_ADDR="); ok && addr != "" {
+			cp.metrics = "http://" + addr + "/metrics"
+		}
+	}
 	cp.cmd.Stdout, cp.cmd.Stderr = logf, logf
 	cp.cmd.ExtraFiles = []*os.File{infoW}
 	require.NoError(t, cp.cmd.Start())
@@ -441,7 +449,9 @@ func startChartSuite(t testing.TB, o chartOptions) (*stack, *suite, map[string]*
 // credential proxy, with the sandbox service as uid 65532 launching the wrapper under the
 // chart's isolation (namespaces).
 func TestChartShapedSession(t *testing.T) {
-	st, s, procs, shape := startChartSuite(t, chartOptions{})
+	// With a warm pool at the session's directory: the claim renames, records and relabels as
+	// the service's uid in the pod's namespaces (DESIGN.md 3.8).
+	st, s, procs, shape := startChartSuite(t, chartOptions{sets: []string{"sandbox.pool.sizes.scripted=1", "sandbox.pool.directory=/work/chart-repo"}})
 	sbx := shape.Services[svcSandbox]
 	require.EqualValues(t, 65532, sbx.UID, "the chart runs the sandbox service as 65532")
 	require.True(t, sbx.RunAsNonRoot)
@@ -470,8 +480,19 @@ func TestChartShapedSession(t *testing.T) {
 	}
 
 	secret := newSecret()
+	require.NotEmpty(t, procs[svcSandbox].metrics, "the chart serves the sandbox service's metrics")
+	require.Eventually(t, func() bool {
+		// The service serves /metrics a moment after its process starts.
+		resp, err := http.Get(procs[svcSandbox].metrics)
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return sum(scrape(t, procs[svcSandbox].metrics), "agentplane_sandbox_pool_size", `profile="scripted"`) == 1
+	}, time.Minute, 50*time.Millisecond, "the pool has a sandbox ready")
 	sess := s.create(t, "sbx-chart", "/work/chart-repo", secret)
 	events := s.turn(t, sess.GetSessionId(), "m1", "hello from the chart's shape")
+	require.NotZero(t, claimedBy(t, st.root, sess.GetSandboxId()), "the session's route took the pooled sandbox")
 	var provider map[string]any
 	for _, ev := range events {
 		if re := ev.GetRuntimeEvent(); re != nil && re.GetToolName() == "provider" && re.GetKind() == runtimev1.RuntimeEventKind_RUNTIME_EVENT_KIND_TOOL_RESULT {

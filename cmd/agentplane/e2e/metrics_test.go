@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -23,10 +24,21 @@ import (
 // scrape reads a /metrics page into "name{labels}" → value.
 func scrape(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
+	out, err := tryScrape(url)
 	require.NoError(t, err)
+	return out
+}
+
+// tryScrape is scrape for a page that may not be served yet.
+func tryScrape(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -37,10 +49,12 @@ func scrape(t *testing.T, url string) map[string]float64 {
 		}
 		i := strings.LastIndexByte(line, ' ')
 		v, err := strconv.ParseFloat(line[i+1:], 64)
-		require.NoError(t, err, line)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", line, err)
+		}
 		out[line[:i]] = v
 	}
-	return out
+	return out, sc.Err()
 }
 
 // sum adds the series of name whose labels contain every one of want (`k="v"`).

@@ -74,19 +74,19 @@ func markedPool(t testing.TB, root string) map[int]string {
 	return out
 }
 
-// requireClaimPipeOutOfReach: the pipe on which an idle pooled wrapper
+// requireClaimSocketOutOfReach: the socket on which an idle pooled wrapper
 // waits for its claim (and the launch credential in it) is open in the
 // wrapper only, never in its runtime, which started before the claim.
-func requireClaimPipeOutOfReach(t *testing.T, root string) {
+func requireClaimSocketOutOfReach(t *testing.T, root string) {
 	t.Helper()
 	var runtimes []int
 	require.Eventually(t, func() bool { runtimes = runtimeProcesses(root); return len(runtimes) > 0 },
 		time.Minute, 20*time.Millisecond, "the pooled wrapper's runtime starts")
-	pipes := func(pid int) map[string]bool {
+	sockets := func(pid int) map[string]bool {
 		out := map[string]bool{}
 		fds, _ := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
 		for _, fd := range fds {
-			if l, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", fd.Name())); err == nil && strings.HasPrefix(l, "pipe:") {
+			if l, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
 				out[l] = true
 			}
 		}
@@ -99,21 +99,28 @@ func requireClaimPipeOutOfReach(t *testing.T, root string) {
 			claim, _ = os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", "3"))
 		}
 	}
-	require.True(t, strings.HasPrefix(claim, "pipe:"), "the pooled wrapper waits on its claim pipe (fd 3: %q)", claim)
+	require.True(t, strings.HasPrefix(claim, "socket:"), "the pooled wrapper waits on its claim socket (fd 3: %q)", claim)
 	for _, pid := range runtimes {
-		require.False(t, pipes(pid)[claim], "runtime process %d holds the claim pipe", pid)
+		require.False(t, sockets(pid)[claim], "runtime process %d holds the claim socket", pid)
 	}
 }
 
 // idlePool waits until n pooled wrappers wait unclaimed (their pool
-// directory exists) with their runtime started, and returns the pids of
-// their bubblewraps. A wrapper whose runtime runs was let go by its
-// provider, which holds it in the pool from then on (a process and a
-// directory alone appear a moment before that).
-func idlePool(t testing.TB, root string, n int) []int {
+// directory exists) with their runtime started, and the sandbox service
+// counts n ready (agentplane_sandbox_pool_size: each said so on its claim
+// socket, a moment after its runtime started), and returns the pids of
+// their bubblewraps.
+func idlePool(t testing.TB, metrics, root string, n int) []int {
 	t.Helper()
+	require.NotEmpty(t, metrics, "idlePool reads the pool's size from the sandbox service's metrics")
 	var idle []int
 	require.Eventually(t, func() bool {
+		// Ready as the service sees it: the wrapper said so (a claim
+		// takes no other).
+		m, err := tryScrape(metrics)
+		if err != nil || sum(m, "agentplane_sandbox_pool_size") != float64(n) {
+			return false
+		}
 		idle = idle[:0]
 		marked := markedPool(t, root)
 		for pid, id := range pooledWrappers(t, root) {
@@ -193,8 +200,8 @@ func TestWarmPoolServesEachTenantOnce(t *testing.T) {
 	s := startSuiteTuned(t, stackOptions{metrics: true}, func(c *sandbox.Config) {
 		c.Pool, c.PoolDirectory, c.EmptyGrace = "scripted=1", poolDir, time.Second
 	}, nil)
-	dead := idlePool(t, s.root, 1)[0]
-	requireClaimPipeOutOfReach(t, s.root)
+	dead := idlePool(t, s.metrics[svcSandbox], s.root, 1)[0]
+	requireClaimSocketOutOfReach(t, s.root)
 	// A pooled runtime that dies while it waits takes its wrapper with it,
 	// and the pool replaces both.
 	var runtimes []int // the runtime and its nested bubblewrap
@@ -204,14 +211,14 @@ func TestWarmPoolServesEachTenantOnce(t *testing.T) {
 		_ = syscall.Kill(pid, syscall.SIGKILL) // the runtime may already be gone with its bubblewrap
 	}
 	require.Eventually(t, func() bool { return !alivePID(dead) }, time.Minute, 20*time.Millisecond, "the pooled wrapper ends with its runtime")
-	first := idlePool(t, s.root, 1)[0]
+	first := idlePool(t, s.metrics[svcSandbox], s.root, 1)[0]
 	require.NotEqual(t, dead, first, "the pool replaced it")
 
 	a := s.create(t, "sbx-pool-a", poolDir, newSecret())
 	s.turn(t, a.GetSessionId(), "m1", "echo: pooled a")
 	require.Equal(t, first, claimedBy(t, s.root, a.GetSandboxId()), "tenant a's route took the pooled wrapper")
 	require.Empty(t, wrapperPIDs(t, a.GetSandboxId()), "no cold launch for a")
-	second := idlePool(t, s.root, 1)[0]
+	second := idlePool(t, s.metrics[svcSandbox], s.root, 1)[0]
 	require.NotEqual(t, first, second, "the pool refilled with a new wrapper")
 
 	other := &sandboxv1.Tenant{OrgId: "o-pool-b", UserId: "u-pool-b"}
@@ -261,7 +268,7 @@ func TestWarmPoolServesEachTenantOnce(t *testing.T) {
 // denied), not a pool's.
 func TestEgressThroughAPooledWrapper(t *testing.T) {
 	e := startEgressSuiteTuned(t, func(c *sandbox.Config) { c.Pool, c.PoolDirectory = "scripted=1", poolDir })
-	pooled := idlePool(t, e.root, 1)[0]
+	pooled := idlePool(t, e.metrics, e.root, 1)[0]
 	sess := e.createSession(t, "egress-pool-"+e.run, poolDir)
 	curl := []string{"curl", "-sS", "-m", "15"}
 	code, out := e.runIn(t, sess.GetSessionId(), "m1", append(curl, e.url("http", "allowed.test", e.httpPort))...)
@@ -295,7 +302,7 @@ func TestAgentWarmPool(t *testing.T) {
 	s := startACPSuite(t, "opencode", func(c *sandbox.Config) {
 		c.Pool, c.PoolDirectory, c.EmptyGrace = "opencode=1", poolDir, time.Second
 	})
-	pooled := idlePool(t, s.root, 1)[0]
+	pooled := idlePool(t, s.metrics[svcSandbox], s.root, 1)[0]
 	token := "ghs_e2e" + newSecret()
 	g := gittest.Start(t, token)
 	g.CreateRepo(t, "org/pooled.git", map[string]string{"README.md": "hello\n", "main.go": "package main\n"})
@@ -346,19 +353,19 @@ func servingWrappers(t *testing.T, root, sandboxID string) int {
 // TestSandboxKilledWithAWarmPool: kill -9 of the sandbox service (a process)
 // with two pooled wrappers, one of them claimed, and a fresh session's first
 // message under way (its claim may be in progress). Without their service
-// the unclaimed pooled wrappers end by themselves (their claim pipe
+// the unclaimed pooled wrappers end by themselves (their claim socket
 // closed); the claimed one keeps serving its session across the restart;
 // the restarted service sweeps the old pool's directories and fills its
 // own; the fresh session is served by exactly one wrapper; no pooled
 // wrapper serves two sandboxes; deleting the sessions leaves no process.
 func TestSandboxKilledWithAWarmPool(t *testing.T) {
 	s, sbx, _ := startProcSuiteWith(t, procOptions{env: []string{"SANDBOX_POOL", "scripted=2", "SANDBOX_POOL_DIRECTORY", poolDir}})
-	first := idlePool(t, s.root, 2)
+	first := idlePool(t, s.metrics[svcSandbox], s.root, 2)
 	a := s.create(t, "sbx-kill-pool-a", poolDir, newSecret())
 	s.turn(t, a.GetSessionId(), "m1", "echo: a")
 	aPID := claimedBy(t, s.root, a.GetSandboxId())
 	require.Contains(t, first, aPID)
-	before := idlePool(t, s.root, 2)
+	before := idlePool(t, s.metrics[svcSandbox], s.root, 2)
 
 	c := s.create(t, "sbx-kill-pool-c", poolDir, newSecret())
 	sent := make(chan error, 1)
@@ -387,7 +394,7 @@ func TestSandboxKilledWithAWarmPool(t *testing.T) {
 	require.True(t, alivePID(aPID), "the claimed wrapper outlives the service")
 
 	sbx.start()
-	after := idlePool(t, s.root, 2)
+	after := idlePool(t, s.metrics[svcSandbox], s.root, 2)
 	for _, pid := range after {
 		require.NotContains(t, before, pid, "the restarted service fills a pool of its own")
 	}
@@ -427,14 +434,14 @@ func TestSandboxKilledWithAWarmPool(t *testing.T) {
 // path of the pooled session (a resume launches cold: decision 70).
 func BenchmarkOpenCodeWarmPoolFirstEvent(b *testing.B) {
 	dir := requireAgent(b, "opencode")
-	s := startSuiteWith(b, fakemodel.New(), func(c *sandbox.Config) {
+	s := startSuiteTuned(b, stackOptions{upstream: fakemodel.New(), metrics: true}, func(c *sandbox.Config) {
 		c.AgentsDir, c.AgentModel, c.Pool, c.PoolDirectory = dir, "fake-model", "opencode=1", poolDir
-	})
+	}, nil)
 	var pooled, pooledNew, cold, coldNew, resumed []time.Duration
 	for i := range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		b.StopTimer()
-		idlePool(b, s.root, 1)
+		idlePool(b, s.metrics[svcSandbox], s.root, 1)
 		time.Sleep(8 * time.Second) // the pooled agent's start and initialize (2.7-2.9 s measured) behind it
 		b.StartTimer()
 		id := s.createAgent(b, fmt.Sprintf("sbx-oc-pool-%d", i), poolDir, "sk-pool", "opencode").GetSessionId()

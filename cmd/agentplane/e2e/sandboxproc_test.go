@@ -111,7 +111,7 @@ type procOptions struct {
 }
 
 func startProcSuiteWith(t *testing.T, o procOptions) (*suite, *proc, *cutProxy) {
-	st := newStack(t, stackOptions{logLevel: "warn", root: o.root})
+	st := newStack(t, stackOptions{logLevel: "warn", root: o.root, metrics: true})
 	credCut := startCutProxy(t, st.addr[svcCredential])
 	st.releaseListeners(svcSandbox) // the sandbox process listens on its address
 	stopped := st.runInProcess(nil, svcCredential, svcIngest, svcSession)

@@ -116,8 +116,9 @@ type Options struct {
 	// Claim, when set, makes this a pooled wrapper (--claim-fd, DESIGN.md
 	// 3.8): it starts its runtime bound to no sandbox and waits for the
 	// identity it serves (provider.Claim) before it talks to any service;
-	// the descriptor closing without one ends it.
-	Claim io.Reader
+	// the descriptor closing without one ends it. It says it is ready on
+	// the same descriptor (provider.WriteReady) once its runtime started.
+	Claim io.ReadWriter
 }
 
 // Main parses args, reads the launch credential and runs the wrapper until it
@@ -253,9 +254,9 @@ func (o *Options) takeCredential(fd int, file string) error {
 
 // claimFile opens a pooled wrapper's inherited claim descriptor (nil for
 // fd < 0), close-on-exec before anything starts: the runtime starts before
-// the claim arrives, and must never hold the pipe that carries the launch
+// the claim arrives, and must never hold the descriptor that carries the launch
 // credential.
-func claimFile(fd int) (io.Reader, error) {
+func claimFile(fd int) (io.ReadWriter, error) {
 	if fd < 0 {
 		return nil, nil
 	}
@@ -403,6 +404,8 @@ func Run(ctx context.Context, opts Options) int {
 		if err := w.startRuntime(); err != nil {
 			w.log.Error("pooled wrapper cannot start its runtime", "err", err)
 			close(w.unclaimed)
+		} else if err := provider.WriteReady(opts.Claim); err != nil {
+			w.log.Warn("pooled wrapper cannot say it is ready", "err", err)
 		}
 	}
 	if opts.Claim != nil && !w.claimed(ctx) {

@@ -33,6 +33,31 @@ type Claim struct {
 	Credential string `json:"credential"`
 }
 
+// ready is the one line a pooled wrapper writes on its claim descriptor
+// once it runs inside its boundary with its runtime started: every mount
+// of its sandbox is made, so its directories may be renamed into a
+// claiming sandbox's tree. Until then no claim takes it.
+const ready = "ready\n"
+
+// WriteReady says a pooled wrapper is ready for a claim.
+func WriteReady(w io.Writer) error {
+	_, err := io.WriteString(w, ready)
+	return err
+}
+
+// ReadReady waits for a pooled wrapper's ready line; an error when the
+// descriptor closed first (the wrapper ended) or carried anything else.
+func ReadReady(r io.Reader) error {
+	b := make([]byte, len(ready))
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("read ready: %w", err)
+	}
+	if string(b) != ready {
+		return errors.New("read ready: not the ready line")
+	}
+	return nil
+}
+
 // maxClaim bounds what a pooled wrapper reads as its claim.
 const maxClaim = 8 << 10
 
@@ -79,6 +104,7 @@ type PoolMiss string
 
 const (
 	MissEmpty    PoolMiss = "empty"     // no pooled wrapper of the shape was waiting
+	MissStarting PoolMiss = "starting"  // pooled wrappers of the shape were still starting
 	MissNotFresh PoolMiss = "not_fresh" // the runtime key has a workspace or home already (a resume)
 	MissClaim    PoolMiss = "claim"     // the claim failed; the wrapper was destroyed and a cold launch ran
 )
@@ -90,13 +116,17 @@ type PoolObserver interface {
 	Missed(label string, why PoolMiss)
 }
 
+// PoolCount is how many pooled wrappers of a label wait for a claim
+// (Ready) and how many are still starting (not yet claimable).
+type PoolCount struct{ Ready, Starting int }
+
 // Pool is implemented by providers that keep a warm pool (DESIGN.md 3.8).
 type Pool interface {
 	// FillPool starts one pooled wrapper of spec's shape for launches of
 	// spec.Workspace (spec's markers and identity are its own).
 	FillPool(ctx context.Context, label string, spec LaunchSpec) error
-	// PoolSize counts the idle pooled wrappers by label.
-	PoolSize() map[string]int
+	// PoolSize counts the pooled wrappers by label.
+	PoolSize() map[string]PoolCount
 	// SweepPool removes what an earlier incarnation's pool left (its
 	// wrappers ended with it; a live one is another replica's and stays).
 	SweepPool(ctx context.Context) error

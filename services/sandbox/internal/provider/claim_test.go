@@ -41,3 +41,20 @@ func FuzzReadClaim(f *testing.F) {
 		}
 	})
 }
+
+func TestReadyLine(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	if err := WriteReady(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadReady(&b); err != nil {
+		t.Fatal(err)
+	}
+	if ReadReady(strings.NewReader("")) == nil {
+		t.Fatal("closed before it said ready: accepted")
+	}
+	if ReadReady(strings.NewReader("{\"x\":1}\n")) == nil {
+		t.Fatal("not the ready line: accepted")
+	}
+}

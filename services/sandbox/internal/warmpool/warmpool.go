@@ -124,7 +124,7 @@ func (p *Pool) fill(ctx context.Context, shapes map[string]provider.LaunchSpec) 
 		if time.Now().Before(p.retryAt[profile]) {
 			continue
 		}
-		for p.prov.PoolSize()[profile] < p.cfg.Sizes[profile] && ctx.Err() == nil {
+		for pooled(p.prov.PoolSize()[profile]) < p.cfg.Sizes[profile] && ctx.Err() == nil {
 			if !p.room() {
 				p.metrics.deferred.Inc()
 				return
@@ -142,6 +142,9 @@ func (p *Pool) fill(ctx context.Context, shapes map[string]provider.LaunchSpec) 
 		}
 	}
 }
+
+// pooled counts a profile's pooled sandboxes, claimable or still starting.
+func pooled(c provider.PoolCount) int { return c.Ready + c.Starting }
 
 // room reports whether the sandbox root has more free space than the
 // reserve routes need; unmeasurable is no room.
@@ -166,7 +169,7 @@ func NewMetrics() *Metrics {
 		claimed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentplane_sandbox_pool_claims_total",
 			Help: "Fresh runtime keys that took a pooled sandbox, by agent profile."}, []string{"profile"}),
 		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentplane_sandbox_pool_misses_total",
-			Help: "Launches of a pooled shape that started cold, by agent profile and reason (empty, not_fresh, claim)."}, []string{"profile", "reason"}),
+			Help: "Launches of a pooled shape that started cold, by agent profile and reason (empty, starting, not_fresh, claim)."}, []string{"profile", "reason"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentplane_sandbox_pool_start_failures_total",
 			Help: "Pooled sandboxes that could not be started, by agent profile."}, []string{"profile"}),
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "agentplane_sandbox_pool_refills_deferred_total",
@@ -190,26 +193,28 @@ func (m *Metrics) Missed(label string, why provider.PoolMiss) {
 // Register puts the pool's metrics on reg, with its size read from the
 // provider at scrape.
 func (p *Pool) Register(reg prometheus.Registerer) error {
-	size := prometheus.NewDesc("agentplane_sandbox_pool_size", "Idle pooled sandboxes waiting for a claim, by agent profile.", []string{"profile"}, nil)
+	size := prometheus.NewDesc("agentplane_sandbox_pool_size", "Pooled sandboxes ready for a claim, by agent profile.", []string{"profile"}, nil)
+	starting := prometheus.NewDesc("agentplane_sandbox_pool_starting", "Pooled sandboxes started but not yet ready for a claim, by agent profile.", []string{"profile"}, nil)
 	return errors.Join(
 		reg.Register(p.metrics.claimed), reg.Register(p.metrics.misses), reg.Register(p.metrics.failures),
 		reg.Register(p.metrics.deferred), reg.Register(p.metrics.unavailable), reg.Register(p.metrics.refill),
-		reg.Register(sizeCollector{desc: size, pool: p}),
+		reg.Register(sizeCollector{size: size, starting: starting, pool: p}),
 	)
 }
 
 type sizeCollector struct {
-	desc *prometheus.Desc
-	pool *Pool
+	size, starting *prometheus.Desc
+	pool           *Pool
 }
 
-func (c sizeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c sizeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.size; ch <- c.starting }
 
 func (c sizeCollector) Collect(ch chan<- prometheus.Metric) {
 	got := c.pool.prov.PoolSize()
 	for profile, n := range c.pool.cfg.Sizes {
 		if n > 0 {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(got[profile]), profile)
+			ch <- prometheus.MustNewConstMetric(c.size, prometheus.GaugeValue, float64(got[profile].Ready), profile)
+			ch <- prometheus.MustNewConstMetric(c.starting, prometheus.GaugeValue, float64(got[profile].Starting), profile)
 		}
 	}
 }

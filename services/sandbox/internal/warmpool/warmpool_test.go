@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +21,9 @@ import (
 // process provider's pool runs real wrappers in its own tests).
 type fakePool struct {
 	mu       sync.Mutex
-	size     map[string]int
+	size     map[string]int // ready
+	starting map[string]int // started, not ready (slow: fills land here)
+	slow     bool
 	free     uint64
 	fail     error
 	fills    []string
@@ -36,11 +39,33 @@ func (f *fakePool) FillPool(_ context.Context, label string, spec provider.Launc
 	if f.fail != nil {
 		return f.fail
 	}
-	f.size[label]++
+	if f.slow {
+		f.starting[label]++
+	} else {
+		f.size[label]++
+	}
 	return nil
 }
 
-func (f *fakePool) PoolSize() map[string]int {
+func (f *fakePool) PoolSize() map[string]provider.PoolCount {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]provider.PoolCount{}
+	for k, v := range f.size {
+		c := out[k]
+		c.Ready = v
+		out[k] = c
+	}
+	for k, v := range f.starting {
+		c := out[k]
+		c.Starting = v
+		out[k] = c
+	}
+	return out
+}
+
+// ready counts the ready pooled sandboxes by profile.
+func (f *fakePool) ready() map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string]int{}
@@ -73,14 +98,14 @@ func TestFillsEachProfileToItsSizeWithinRoom(t *testing.T) {
 	require.NotContains(t, shapes, "off")
 	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.unavailable.WithLabelValues("missing")), 0)
 	p.fill(context.Background(), shapes)
-	require.Equal(t, map[string]int{"opencode": 2, "scripted": 1}, f.PoolSize())
+	require.Equal(t, map[string]int{"opencode": 2, "scripted": 1}, f.ready())
 	require.Equal(t, []string{"opencode@/workspace", "opencode@/workspace", "scripted@/workspace"}, f.fills)
 
 	// A claim took one: the next check refills it, and only it.
 	f.size["opencode"]--
 	f.observer.Claimed("opencode")
 	p.fill(context.Background(), shapes)
-	require.Equal(t, 2, f.PoolSize()["opencode"])
+	require.Equal(t, 2, f.ready()["opencode"])
 	require.Len(t, f.fills, 4)
 	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.claimed.WithLabelValues("opencode")), 0)
 
@@ -90,6 +115,29 @@ func TestFillsEachProfileToItsSizeWithinRoom(t *testing.T) {
 	p.fill(context.Background(), shapes)
 	require.Len(t, f.fills, 4)
 	require.InDelta(t, 1, testutil.ToFloat64(p.metrics.deferred), 0)
+}
+
+// A pooled sandbox still starting counts toward its profile's size: the
+// refill does not start another in its place.
+func TestStartingSandboxesCountTowardTheSize(t *testing.T) {
+	t.Parallel()
+	f := &fakePool{size: map[string]int{}, starting: map[string]int{}, slow: true, free: 10 << 30}
+	p := New(Config{Sizes: map[string]int{"scripted": 2}, Directory: "/workspace", Shape: shape}, f, nil)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, p.Register(reg))
+	shapes := p.shapes()
+	p.fill(context.Background(), shapes)
+	p.fill(context.Background(), shapes)
+	require.Len(t, f.fills, 2)
+	require.Empty(t, f.ready())
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP agentplane_sandbox_pool_size Pooled sandboxes ready for a claim, by agent profile.
+# TYPE agentplane_sandbox_pool_size gauge
+agentplane_sandbox_pool_size{profile="scripted"} 0
+# HELP agentplane_sandbox_pool_starting Pooled sandboxes started but not yet ready for a claim, by agent profile.
+# TYPE agentplane_sandbox_pool_starting gauge
+agentplane_sandbox_pool_starting{profile="scripted"} 2
+`), "agentplane_sandbox_pool_size", "agentplane_sandbox_pool_starting"))
 }
 
 func TestFailedStartsBackOff(t *testing.T) {
@@ -112,10 +160,10 @@ func TestRunSweepsThenDrains(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	require.Eventually(t, func() bool { return f.PoolSize()["scripted"] == 1 }, 10*time.Second, time.Millisecond)
-	n, err := testutil.GatherAndCount(reg, "agentplane_sandbox_pool_size")
+	require.Eventually(t, func() bool { return f.ready()["scripted"] == 1 }, 10*time.Second, time.Millisecond)
+	n, err := testutil.GatherAndCount(reg, "agentplane_sandbox_pool_size", "agentplane_sandbox_pool_starting")
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 2, n)
 	cancel()
 	<-done
 	require.True(t, f.swept, "an earlier run's pool is swept at start")

@@ -54,11 +54,15 @@ func TestMain(m *testing.M) {
 		time.Sleep(time.Hour)
 		runtime.KeepAlive(b)
 	case "pooled":
-		// A pooled wrapper: ready at once, then it waits for its claim on
-		// fd 3 and writes what it got where it works (the workspace); the
-		// pipe closing without a claim ends it.
+		// A pooled wrapper: ready at once (it says so on fd 3), then it
+		// waits for its claim there and writes what it got where it works
+		// (the workspace); the socket closing without a claim ends it.
 		_ = os.WriteFile("ready", nil, 0o644)
-		c, err := provider.ReadClaim(os.NewFile(3, "claim"))
+		claim := os.NewFile(3, "claim")
+		if os.Getenv("HELPER_NOT_READY") == "" {
+			_ = provider.WriteReady(claim)
+		}
+		c, err := provider.ReadClaim(claim)
 		if err != nil {
 			os.Exit(0)
 		}

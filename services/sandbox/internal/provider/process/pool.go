@@ -14,13 +14,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"agentplane.dev/services/sandbox/internal/provider"
 )
 
 // The warm pool (DESIGN.md 3.8): wrappers started, boundary and all, bound
 // to no sandbox and no tenant, their agent starting, each waiting on a
-// claim pipe only this provider holds. A pooled wrapper lives under its own
+// claim socket only this provider holds. A pooled wrapper lives under its own
 // id (<root>/.pool-<hex>: a leading dot, so no sandbox id can name it) and
 // talks to no service until claimed. A claim hands one to one runtime key,
 // once: its workspace and home are renamed into the claiming sandbox's
@@ -28,9 +29,12 @@ import (
 // sandbox sees the same directories), a namespace record in that sandbox's
 // run/ makes discovery find it under the key, its cgroup is re-labelled,
 // its pool directory removed, and only then is the identity written to the
-// pipe. A pipe that closes without a claim (the entry destroyed, or this
-// service gone) ends the pooled wrapper, so a pooled sandbox never
-// outlives the process that could hand it out, and never serves two.
+// claim socket. Only a pooled wrapper that said it is ready on that socket
+// (it runs inside its boundary, every mount made) is claimed: renaming a
+// directory bubblewrap has yet to mount would end the sandbox. A socket
+// that closes without a claim (the entry destroyed, or this service gone)
+// ends the pooled wrapper, so a pooled sandbox never outlives the process
+// that could hand it out, and never serves two.
 
 // poolPrefix starts every pooled wrapper's id; validSandboxID refuses it.
 const poolPrefix = ".pool-"
@@ -45,9 +49,10 @@ func isPoolID(id string) bool {
 type pooled struct {
 	id, label, workspace string
 	instance             string
-	claimW               *os.File // write end of the claim pipe
+	claimW               *os.File // this service's end of the claim socket
 	pid                  int      // its bubblewrap (or the wrapper without the boundary)
 	st                   *started
+	ready                bool // it said so on the claim socket (under pool.mu)
 }
 
 type pool struct {
@@ -90,7 +95,7 @@ func (p *Provider) FillPool(ctx context.Context, label string, spec provider.Lau
 	id := poolPrefix + hex.EncodeToString(raw)
 	spec.Markers = provider.Markers{SandboxID: id, RuntimeKey: poolKey, InstanceID: "p" + hex.EncodeToString(raw)}
 	shape := shapeOf(spec)
-	r, w, err := os.Pipe()
+	w, r, err := claimSocket()
 	if err != nil {
 		return err
 	}
@@ -111,7 +116,15 @@ func (p *Provider) FillPool(ctx context.Context, label string, spec provider.Lau
 	p.pool.idle[shape] = append(p.pool.idle[shape], e)
 	p.pool.labels[shape] = label
 	p.pool.mu.Unlock()
-	p.reapers.Add(1)
+	p.reapers.Add(2)
+	go func() {
+		defer p.reapers.Done()
+		if provider.ReadReady(w) == nil {
+			p.pool.mu.Lock()
+			e.ready = true
+			p.pool.mu.Unlock()
+		}
+	}()
 	go func() {
 		// A pooled wrapper that ends while it waits (its agent died) leaves
 		// the pool, its directory with it.
@@ -139,18 +152,37 @@ func (p *Provider) takeEntry(shape string, e *pooled) bool {
 	return true
 }
 
-// PoolSize counts the idle pooled wrappers by label.
-func (p *Provider) PoolSize() map[string]int {
+// claimSocket is a connected pair: ours, and the pooled wrapper's (its
+// --claim-fd). Both ends are close-on-exec here; the child gets its end
+// by ExtraFiles.
+func claimSocket() (ours, theirs *os.File, err error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("process provider: claim socket: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "claim"), os.NewFile(uintptr(fds[1]), "claim"), nil
+}
+
+// PoolSize counts the pooled wrappers by label.
+func (p *Provider) PoolSize() map[string]provider.PoolCount {
 	p.pool.mu.Lock()
 	defer p.pool.mu.Unlock()
-	out := map[string]int{}
+	out := map[string]provider.PoolCount{}
 	for shape, label := range p.pool.labels {
-		out[label] += len(p.pool.idle[shape])
+		c := out[label]
+		for _, e := range p.pool.idle[shape] {
+			if e.ready {
+				c.Ready++
+			} else {
+				c.Starting++
+			}
+		}
+		out[label] = c
 	}
 	return out
 }
 
-// DrainPool ends every idle pooled wrapper (closing its claim pipe is
+// DrainPool ends every idle pooled wrapper (closing its claim socket is
 // enough: it stops its runtime and exits) and removes its directory once
 // it is gone.
 func (p *Provider) DrainPool(ctx context.Context) {
@@ -181,7 +213,7 @@ func (p *Provider) stopPooled(ctx context.Context, id string) provider.StopResul
 }
 
 // SweepPool removes the directories an earlier incarnation's pool left.
-// Its wrappers ended with it (their claim pipes closed); a pooled wrapper
+// Its wrappers ended with it (their claim sockets closed); a pooled wrapper
 // that still runs belongs to a live service on the same root (another
 // replica's pool) and is left alone, and so is its directory. A directory
 // whose wrappers cannot be inspected stays, and is reported.
@@ -245,16 +277,22 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 		}
 	}
 	var e *pooled
+	starting := false
 	p.pool.mu.Lock()
-	for i, c := range p.pool.idle[shape] {
+	for _, c := range p.pool.idle[shape] {
 		if c.workspace == spec.Workspace {
-			e = c
-			p.pool.idle[shape] = slices.Delete(p.pool.idle[shape], i, i+1)
-			break
+			starting = starting || !c.ready
+			if c.ready {
+				e = c
+				break
+			}
 		}
 	}
 	p.pool.mu.Unlock()
-	if e == nil {
+	switch {
+	case e == nil && starting:
+		return missed(provider.MissStarting)
+	case e == nil || !p.takeEntry(shape, e):
 		return missed(provider.MissEmpty)
 	}
 	o, err := p.handOver(spec, e)
@@ -272,9 +310,9 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 }
 
 // handOver moves a pooled wrapper's directories, record and cgroup to the
-// claiming runtime key, then writes its identity to the claim pipe. Until
+// claiming runtime key, then writes its identity to the claim socket. Until
 // the write, the pooled wrapper has talked to no one: a failure (or this
-// service dying) before it closes the pipe, and the wrapper ends.
+// service dying) before it closes the socket, and the wrapper ends.
 func (p *Provider) handOver(spec provider.LaunchSpec, e *pooled) (provider.Observed, error) {
 	m, id := spec.Markers, spec.Identity
 	<-e.st.recorded

@@ -55,6 +55,12 @@ func poolDirs(t *testing.T, p *Provider) []string {
 	return out
 }
 
+// pooledCount counts the "helper" pooled wrappers, ready or starting.
+func pooledCount(p *Provider) int {
+	c := p.PoolSize()["helper"]
+	return c.Ready + c.Starting
+}
+
 func waitPooledReady(t *testing.T, p *Provider) string {
 	t.Helper()
 	var id string
@@ -67,6 +73,8 @@ func waitPooledReady(t *testing.T, p *Provider) string {
 		}
 		return false
 	}, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return p.PoolSize()["helper"].Ready > 0 }, 20*time.Second, 10*time.Millisecond,
+		"it said it is ready on its claim socket")
 	return id
 }
 
@@ -86,8 +94,9 @@ func pooledProvider(t *testing.T) (*Provider, *poolEvents, string) {
 func TestPooledWrapperServesOneRuntimeKeyOnce(t *testing.T) {
 	p, ev, sb := pooledProvider(t)
 	ctx := context.Background()
-	require.Equal(t, map[string]int{"helper": 1}, p.PoolSize())
+	require.Equal(t, 1, pooledCount(p))
 	pooledID := waitPooledReady(t, p)
+	require.Equal(t, provider.PoolCount{Ready: 1}, p.PoolSize()["helper"])
 	require.Equal(t, provider.Absent, p.Discover(ctx, sb, "k").Kind, "a pooled wrapper belongs to no sandbox")
 
 	spec := poolShape("pooled", "/work/repo")
@@ -152,7 +161,7 @@ func TestPoolMissesAResumedKey(t *testing.T) {
 	claims, misses := ev.seen()
 	require.Empty(t, claims)
 	require.Equal(t, []provider.PoolMiss{provider.MissNotFresh}, misses)
-	require.Equal(t, 1, p.PoolSize()["helper"], "the pooled wrapper still waits")
+	require.Equal(t, 1, pooledCount(p), "the pooled wrapper still waits")
 	// Another shape (another directory) is no launch of the pool's.
 	other := poolShape("pooled", "/work/other")
 	other.Markers = provider.Markers{SandboxID: sb, RuntimeKey: "k3", InstanceID: "i3", Generation: 1}
@@ -161,13 +170,51 @@ func TestPoolMissesAResumedKey(t *testing.T) {
 	require.NoError(t, err)
 	claims, _ = ev.seen()
 	require.Empty(t, claims)
-	require.Equal(t, 1, p.PoolSize()["helper"])
+	require.Equal(t, 1, pooledCount(p))
 	for _, k := range []string{"k", "k3"} {
 		require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: k}).Kind)
 	}
 }
 
-func TestPooledWrapperEndsWithItsPipe(t *testing.T) {
+// A pooled wrapper is claimed only once it said it is ready (it runs
+// inside its boundary, every mount made): before that, renaming its
+// directories would pull them from under bubblewrap.
+func TestPoolClaimsOnlyAReadyWrapper(t *testing.T) {
+	p := newProvider(t)
+	ev := &poolEvents{}
+	p.SetPoolObserver(ev)
+	sb := sandboxID(t, p)
+	ctx := context.Background()
+	t.Cleanup(func() { p.DrainPool(ctx) })
+	silent := poolShape("pooled", "/work/repo")
+	silent.Env = append(silent.Env, "HELPER_NOT_READY=1")
+	require.NoError(t, p.FillPool(ctx, "helper", silent))
+	var id string
+	require.Eventually(t, func() bool {
+		for _, d := range poolDirs(t, p) {
+			if _, err := os.Stat(filepath.Join(p.WorkspaceDir(d, "/work/repo"), "ready")); err == nil {
+				id = d
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond, "the pooled helper runs")
+	require.Equal(t, provider.PoolCount{Starting: 1}, p.PoolSize()["helper"])
+
+	spec := silent
+	spec.Markers = provider.Markers{SandboxID: sb, RuntimeKey: "k", InstanceID: "i1", Generation: 1}
+	spec.Identity = &provider.Identity{Allocation: "a1", FenceToken: 9, Credential: "aplc_test"}
+	_, err := p.Launch(ctx, spec)
+	require.NoError(t, err)
+	claims, misses := ev.seen()
+	require.Empty(t, claims)
+	require.Equal(t, []provider.PoolMiss{provider.MissStarting}, misses)
+	require.Contains(t, poolDirs(t, p), id, "the starting pooled wrapper keeps its directories")
+	require.Equal(t, provider.PoolCount{Starting: 1}, p.PoolSize()["helper"])
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+}
+
+func TestPooledWrapperEndsWithItsSocket(t *testing.T) {
 	p := newProvider(t)
 	ctx := context.Background()
 	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
@@ -188,7 +235,7 @@ func TestPooledWrapperThatDiesLeavesThePool(t *testing.T) {
 	require.NoError(t, p.FillPool(ctx, "helper", poolShape("pooled", "/work/repo")))
 	id := waitPooledReady(t, p)
 	require.Equal(t, provider.StopAbsent, p.stopPooled(ctx, id).Kind)
-	require.Eventually(t, func() bool { return p.PoolSize()["helper"] == 0 && len(poolDirs(t, p)) == 0 },
+	require.Eventually(t, func() bool { return p.PoolSize()["helper"] == provider.PoolCount{} && len(poolDirs(t, p)) == 0 },
 		20*time.Second, 10*time.Millisecond)
 	p.Wait()
 }
@@ -196,7 +243,7 @@ func TestPooledWrapperThatDiesLeavesThePool(t *testing.T) {
 func TestSweepPoolRemovesWhatAnEarlierIncarnationLeft(t *testing.T) {
 	root := t.TempDir()
 	ctx := context.Background()
-	// A pool whose service died: its pipes closed (the kernel closes a
+	// A pool whose service died: its claim sockets closed (the kernel closes a
 	// dead process's descriptors), its directories left.
 	gone, err := New(Config{Root: root, Isolation: isolation(t)})
 	require.NoError(t, err)
@@ -211,7 +258,7 @@ func TestSweepPoolRemovesWhatAnEarlierIncarnationLeft(t *testing.T) {
 	gone.pool.idle = nil
 	gone.pool.mu.Unlock()
 	require.Eventually(t, func() bool { us, err := gone.scan(goneID); return err == nil && len(us) == 0 },
-		20*time.Second, 10*time.Millisecond, "a pooled wrapper ends with its pipe")
+		20*time.Second, 10*time.Millisecond, "a pooled wrapper ends with its socket")
 	// Another live replica's pool on the same root.
 	live, err := New(Config{Root: root, Isolation: isolation(t)})
 	require.NoError(t, err)
