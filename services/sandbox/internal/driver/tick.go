@@ -157,6 +157,7 @@ func (d *Driver) checkGone(ctx context.Context, sb *sandbox, key string) {
 		}
 	}
 	sb.mu.Unlock()
+	d.log.Info("wrapper gone", "sandbox", sb.id, "runtime_key", key, "instance", instance, "was", string(phase), "reason", reason)
 	if err := d.cfg.Wrappers.WrapperGone(ctx, sb.id, key, instance); err != nil {
 		d.log.Warn("wrapper gone not recorded", "sandbox", sb.id, "runtime_key", key, "err", err)
 	}
