@@ -295,10 +295,11 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 	case e == nil || !p.takeEntry(shape, e):
 		return missed(provider.MissEmpty)
 	}
-	o, err := p.handOver(spec, e)
+	o, undo, err := p.handOver(spec, e)
 	if err != nil {
 		p.cfg.Logger.Warn("pooled wrapper not claimed; launching cold", "sandbox", m.SandboxID, "runtime_key", m.RuntimeKey, "err", err)
 		p.destroy(ctx, e)
+		undo()
 		return missed(provider.MissClaim)
 	}
 	if obs != nil {
@@ -312,23 +313,31 @@ func (p *Provider) claim(ctx context.Context, spec provider.LaunchSpec) (provide
 // handOver moves a pooled wrapper's directories, record and cgroup to the
 // claiming runtime key, then writes its identity to the claim socket. Until
 // the write, the pooled wrapper has talked to no one: a failure (or this
-// service dying) before it closes the socket, and the wrapper ends.
-func (p *Provider) handOver(spec provider.LaunchSpec, e *pooled) (provider.Observed, error) {
+// service dying) before it closes the socket, and the wrapper ends. On a
+// failure, undo (called once the wrapper is gone) removes what the claim
+// put in the key's tree, so the cold launch that follows starts fresh.
+func (p *Provider) handOver(spec provider.LaunchSpec, e *pooled) (o provider.Observed, undo func(), err error) {
 	m, id := spec.Markers, spec.Identity
+	var placed []string // in the key's tree: fresh before the claim
+	undo = func() {
+		for _, path := range placed {
+			_ = os.RemoveAll(path)
+		}
+	}
 	<-e.st.recorded
 	e.st.mu.Lock()
 	initPID := e.st.initPID
 	e.st.mu.Unlock()
 	select {
 	case <-e.st.exited:
-		return provider.Observed{}, errors.New("the pooled wrapper ended")
+		return o, undo, errors.New("the pooled wrapper ended")
 	default:
 	}
 	if p.cfg.Isolation != nil && initPID == 0 {
-		return provider.Observed{}, errors.New("the pooled wrapper's namespace is not recorded")
+		return o, undo, errors.New("the pooled wrapper's namespace is not recorded")
 	}
 	if err := p.Create(context.Background(), m.SandboxID); err != nil {
-		return provider.Observed{}, err
+		return o, undo, err
 	}
 	name := WorkspaceName(spec.Workspace)
 	moves := [][2]string{
@@ -339,16 +348,18 @@ func (p *Provider) handOver(spec provider.LaunchSpec, e *pooled) (provider.Obser
 	}
 	for _, mv := range moves {
 		if err := os.Rename(mv[0], mv[1]); err != nil {
-			return provider.Observed{}, provider.SetupError("claim a pooled sandbox", err)
+			return o, undo, provider.SetupError("claim a pooled sandbox", err)
 		}
+		placed = append(placed, mv[1])
 	}
 	if err := os.WriteFile(filepath.Join(p.HomeDir(m.SandboxID, m.RuntimeKey), ".agentplane-workspace"), []byte(spec.Workspace+"\n"), 0o644); err != nil {
-		return provider.Observed{}, provider.SetupError("record workspace", err)
+		return o, undo, provider.SetupError("record workspace", err)
 	}
 	record, err := p.writeClaimRecord(m, name, e, initPID)
 	if err != nil {
-		return provider.Observed{}, provider.SetupError("record the claimed namespace", err)
+		return o, undo, provider.SetupError("record the claimed namespace", err)
 	}
+	placed = append(placed, record)
 	e.st.mu.Lock()
 	old, oldRecord := e.st.rec, e.st.record
 	e.st.rec, e.st.record = p.relabel(old, m), record
@@ -360,7 +371,7 @@ func (p *Provider) handOver(spec provider.LaunchSpec, e *pooled) (provider.Obser
 	// before the claim is written, so nothing that finds it later can
 	// mistake the claimed wrapper for a pooled one left behind.
 	if err := os.RemoveAll(p.SandboxDir(e.id)); err != nil {
-		return provider.Observed{}, err
+		return o, undo, err
 	}
 	err = provider.WriteClaim(e.claimW, provider.Claim{
 		SandboxID: m.SandboxID, RuntimeKey: m.RuntimeKey, InstanceID: m.InstanceID, Generation: m.Generation,
@@ -368,9 +379,9 @@ func (p *Provider) handOver(spec provider.LaunchSpec, e *pooled) (provider.Obser
 	})
 	_ = e.claimW.Close()
 	if err != nil {
-		return provider.Observed{}, fmt.Errorf("write the claim: %w", err)
+		return o, undo, fmt.Errorf("write the claim: %w", err)
 	}
-	return provider.Observed{PID: e.pid, InstanceID: m.InstanceID, Generation: m.Generation, Workspace: name}, nil
+	return provider.Observed{PID: e.pid, InstanceID: m.InstanceID, Generation: m.Generation, Workspace: name}, nil, nil
 }
 
 // writeClaimRecord writes the claiming sandbox's namespace record of a

@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -211,6 +212,43 @@ func TestPoolClaimsOnlyAReadyWrapper(t *testing.T) {
 	require.Equal(t, []provider.PoolMiss{provider.MissStarting}, misses)
 	require.Contains(t, poolDirs(t, p), id, "the starting pooled wrapper keeps its directories")
 	require.Equal(t, provider.PoolCount{Starting: 1}, p.PoolSize()["helper"])
+	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
+}
+
+// A claim that fails half-way (here: the key's namespace record cannot be
+// written) destroys the pooled wrapper, takes back what it moved into the
+// key's tree, counts a miss "claim", and the launch goes on cold: the key
+// starts fresh, never in the pooled sandbox's workspace or home.
+func TestFailedClaimLeavesTheKeyFresh(t *testing.T) {
+	p, ev, sb := pooledProvider(t)
+	ctx := context.Background()
+	pooledID := waitPooledReady(t, p)
+	us, err := p.scan(pooledID)
+	require.NoError(t, err)
+	require.Len(t, us, 1)
+	pooledPID := us[0].anchor.pid
+	require.NoError(t, os.WriteFile(filepath.Join(p.WorkspaceDir(pooledID, "/work/repo"), "pooled"), nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(p.HomeDir(pooledID, poolKey), "pooled"), nil, 0o644))
+
+	spec := poolShape("pooled", "/work/repo")
+	spec.Markers = provider.Markers{SandboxID: sb, RuntimeKey: "k", InstanceID: "i1", Generation: 1}
+	spec.Identity = &provider.Identity{Allocation: "a1", FenceToken: 9, Credential: "aplc_test"}
+	// A directory where the record's temporary file goes: its write fails.
+	block := filepath.Join(p.runDir(sb), WorkspaceName("i1")+".json.tmp")
+	require.NoError(t, os.MkdirAll(filepath.Join(block, "x"), 0o700))
+	_, err = p.Launch(ctx, spec)
+	require.NoError(t, err, "launched cold")
+	claims, misses := ev.seen()
+	require.Empty(t, claims)
+	require.Equal(t, []provider.PoolMiss{provider.MissClaim}, misses)
+	require.False(t, alive(pooledPID), "the pooled wrapper was destroyed")
+	require.NotContains(t, poolDirs(t, p), pooledID)
+	require.Zero(t, pooledCount(p))
+	for _, d := range []string{p.WorkspaceDir(sb, "/work/repo"), p.HomeDir(sb, "k")} {
+		_, err := os.Lstat(filepath.Join(d, "pooled"))
+		require.ErrorIs(t, err, fs.ErrNotExist, "%s: the claim's move was taken back", d)
+	}
+	require.NoError(t, os.RemoveAll(block))
 	require.Equal(t, provider.StopAbsent, p.Stop(ctx, provider.StopTarget{SandboxID: sb, RuntimeKey: "k"}).Kind)
 }
 
