@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/cmd/agentplane/internal/fakemodel"
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	"agentplane.dev/pkg/gittest"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
@@ -32,46 +33,36 @@ const poolDir = "/work/e2e-pool"
 // the marker they started with.
 func pooledWrappers(t testing.TB, root string) map[int]string {
 	t.Helper()
-	marked := markedPool(t, root)
+	marked := poolProcs(t, root)
 	out := map[int]string{}
-	for pid, id := range marked {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if ppid, _ := strconv.Atoi(f[1]); marked[ppid] != id {
+	for pid, p := range marked {
+		if id := poolOf(p); poolOf(marked[p.PPID]) != id {
 			out[pid] = id
 		}
 	}
 	return out
 }
 
-// markedPool maps every process carrying a pool's marker to it.
-func markedPool(t testing.TB, root string) map[int]string {
+// poolProcs are the processes carrying a pool's marker under root, by pid.
+func poolProcs(t testing.TB, root string) map[int]sandboxprocs.Proc {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	procs, err := sandboxprocs.Live()
 	require.NoError(t, err)
-	out := map[int]string{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, []byte("AGENTPLANE_SANDBOX_ROOT="+root+"\x00")) {
-			continue
-		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && bytes.Contains(stat, []byte(") Z ")) {
-			continue
-		}
-		for _, kv := range strings.Split(string(env), "\x00") {
-			if v, ok := strings.CutPrefix(kv, "AGENTPLANE_SANDBOX="); ok && strings.HasPrefix(v, ".pool-") {
-				out[pid] = v
-			}
+	out := map[int]sandboxprocs.Proc{}
+	for _, p := range procs {
+		if p.Has("AGENTPLANE_SANDBOX_ROOT="+root) && poolOf(p) != "" {
+			out[p.PID] = p
 		}
 	}
 	return out
+}
+
+// poolOf is the pool marker a process carries ("" for none).
+func poolOf(p sandboxprocs.Proc) string {
+	if v, _ := p.Value("AGENTPLANE_SANDBOX"); strings.HasPrefix(v, ".pool-") {
+		return v
+	}
+	return ""
 }
 
 // requireClaimSocketOutOfReach: the socket on which an idle pooled wrapper
@@ -93,9 +84,8 @@ func requireClaimSocketOutOfReach(t *testing.T, root string) {
 		return out
 	}
 	var claim string
-	for pid := range markedPool(t, root) {
-		exe, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "exe"))
-		if filepath.Base(exe) == filepath.Base(wrapperBin) && !slices.Contains(runtimes, pid) {
+	for pid, p := range poolProcs(t, root) {
+		if filepath.Base(p.Exe) == filepath.Base(wrapperBin) && !slices.Contains(runtimes, pid) {
 			claim, _ = os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", "3"))
 		}
 	}
@@ -106,10 +96,9 @@ func requireClaimSocketOutOfReach(t *testing.T, root string) {
 }
 
 // idlePool waits until n pooled wrappers wait unclaimed (their pool
-// directory exists) with their runtime started, and the sandbox service
-// counts n ready (agentplane_sandbox_pool_size: each said so on its claim
-// socket, a moment after its runtime started), and returns the pids of
-// their bubblewraps.
+// directory exists) and the sandbox service counts n ready
+// (agentplane_sandbox_pool_size: each said so on its claim socket once its
+// runtime started), and returns the pids of their bubblewraps.
 func idlePool(t testing.TB, metrics, root string, n int) []int {
 	t.Helper()
 	require.NotEmpty(t, metrics, "idlePool reads the pool's size from the sandbox service's metrics")
@@ -122,9 +111,8 @@ func idlePool(t testing.TB, metrics, root string, n int) []int {
 			return false
 		}
 		idle = idle[:0]
-		marked := markedPool(t, root)
 		for pid, id := range pooledWrappers(t, root) {
-			if _, err := os.Stat(filepath.Join(root, id)); err == nil && runtimeStarted(marked, id) {
+			if _, err := os.Stat(filepath.Join(root, id)); err == nil {
 				idle = append(idle, pid)
 			}
 		}
@@ -132,28 +120,6 @@ func idlePool(t testing.TB, metrics, root string, n int) []int {
 	}, 2*time.Minute, 50*time.Millisecond, "%d idle pooled wrappers", n)
 	slices.Sort(idle)
 	return idle
-}
-
-// runtimeStarted reports whether the wrapper of pooled id has a child
-// (its runtime, or the nested bubblewrap that starts it).
-func runtimeStarted(marked map[int]string, id string) bool {
-	for pid, m := range marked {
-		if m != id {
-			continue
-		}
-		exe, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "exe"))
-		if filepath.Base(exe) != filepath.Base(wrapperBin) {
-			continue
-		}
-		// Any of its threads may have forked it: each lists its own children.
-		tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
-		for _, task := range tasks {
-			if children, _ := os.ReadFile(task); len(bytes.TrimSpace(children)) > 0 {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // claimedBy returns the pid of the pooled wrapper a sandbox's namespace

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"agentplane.dev/cmd/agentplane/internal/sandboxprocs"
 	"agentplane.dev/pkg/apierr"
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 )
@@ -30,25 +31,14 @@ func wrapperPIDs(t *testing.T, sandboxID string) []string {
 
 // listWrapperPIDs is wrapperPIDs without assertions (for a goroutine).
 func listWrapperPIDs(sandboxID string) ([]string, error) {
-	entries, err := os.ReadDir("/proc")
+	procs, err := sandboxprocs.Live()
 	if err != nil {
 		return nil, err
 	}
-	marker := []byte("AGENTPLANE_SANDBOX=" + sandboxID)
 	var pids []string
-	for _, e := range entries {
-		if strings.Trim(e.Name(), "0123456789") != "" {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && bytes.Contains(stat, []byte(") Z ")) {
-			continue // a zombie runs nothing
-		}
-		if slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return bytes.Equal(kv, marker) }) {
-			pids = append(pids, e.Name())
+	for _, p := range procs {
+		if p.Has("AGENTPLANE_SANDBOX=" + sandboxID) {
+			pids = append(pids, strconv.Itoa(p.PID))
 		}
 	}
 	return pids, nil

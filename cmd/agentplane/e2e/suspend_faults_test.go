@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -26,30 +23,11 @@ import (
 // exec a process the wrapper starts still shows the wrapper's binary and
 // environment. Zombies run nothing and are left out.
 func wrappersOf(sandboxID string) []int {
-	entries, _ := os.ReadDir("/proc")
-	marker := "AGENTPLANE_SANDBOX=" + sandboxID
+	procs, _ := sandboxprocs.Live()
 	parent := map[int]int{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if filepath.Base(exe) != filepath.Base(wrapperBin) {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if slices.Contains(strings.Split(string(env), "\x00"), marker) {
-			parent[pid], _ = strconv.Atoi(f[1])
+	for _, p := range procs {
+		if filepath.Base(p.Exe) == filepath.Base(wrapperBin) && p.Has("AGENTPLANE_SANDBOX="+sandboxID) {
+			parent[p.PID] = p.PPID
 		}
 	}
 	var pids []int

@@ -15,17 +15,34 @@ import (
 	"time"
 )
 
-// Under lists the live processes whose working directory is under root
-// (each wrapper's bubblewrap: its workspace is under the sandbox root) and
-// their descendants: the wrappers and runtimes inside, whose working
-// directory, read from the host, is the session's directory inside their
-// own mount namespace, not a path under root. Zombies are left out: only
-// their exit status remains.
-func Under(root string) []int {
-	entries, _ := os.ReadDir("/proc")
-	children := map[int][]int{}
-	live := map[int]bool{}
-	var queue []int
+// Proc is a live process as the host's /proc shows it.
+type Proc struct {
+	PID, PPID int
+	Exe       string   // its executable ("" when unreadable)
+	Env       []string // its environment, KEY=value (nil when unreadable)
+}
+
+// Has reports whether its environment holds kv ("KEY=value").
+func (p Proc) Has(kv string) bool { return slices.Contains(p.Env, kv) }
+
+// Value is key's value in its environment.
+func (p Proc) Value(key string) (string, bool) {
+	for _, kv := range p.Env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// Live lists the live processes. Zombies are left out: only their exit
+// status remains.
+func Live() ([]Proc, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []Proc
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -44,12 +61,32 @@ func Under(root string) []int {
 		if len(f) < 2 || f[0] == "Z" {
 			continue
 		}
-		live[pid] = true
-		if ppid, err := strconv.Atoi(f[1]); err == nil {
-			children[ppid] = append(children[ppid], pid)
+		p := Proc{PID: pid}
+		p.PPID, _ = strconv.Atoi(f[1])
+		p.Exe, _ = os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil {
+			p.Env = strings.Split(strings.TrimSuffix(string(env), "\x00"), "\x00")
 		}
-		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && strings.HasPrefix(cwd, root+string(filepath.Separator)) {
-			queue = append(queue, pid)
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// Under lists the live processes whose working directory is under root
+// (each wrapper's bubblewrap: its workspace is under the sandbox root) and
+// their descendants: the wrappers and runtimes inside, whose working
+// directory, read from the host, is the session's directory inside their
+// own mount namespace, not a path under root.
+func Under(root string) []int {
+	procs, _ := Live()
+	children := map[int][]int{}
+	live := map[int]bool{}
+	var queue []int
+	for _, p := range procs {
+		live[p.PID] = true
+		children[p.PPID] = append(children[p.PPID], p.PID)
+		if cwd, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(p.PID), "cwd")); err == nil && strings.HasPrefix(cwd, root+string(filepath.Separator)) {
+			queue = append(queue, p.PID)
 		}
 	}
 	seen := map[int]bool{}
