@@ -134,7 +134,7 @@ func newPool(cfg Config, drv *driver.Driver, prov *process.Provider, log *slog.L
 		return nil, err
 	}
 	return warmpool.New(warmpool.Config{Sizes: sizes, Directory: cfg.PoolDirectory, Shape: drv.PoolShape,
-		ReserveBytes: 2 * uint64(cfg.CapacityThreshold), Logger: log.With("component", "pool")}, prov, nil), nil
+		Room: prov, ReserveBytes: 2 * uint64(cfg.CapacityThreshold), Logger: log.With("component", "pool")}, prov, nil), nil
 }
 
 // serve runs srv until ctx ends (a cancelled context is a clean stop).

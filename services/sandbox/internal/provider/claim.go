@@ -133,6 +133,4 @@ type Pool interface {
 	// DrainPool ends every idle pooled wrapper.
 	DrainPool(ctx context.Context)
 	SetPoolObserver(o PoolObserver)
-	// RootCapacity measures the free bytes where sandboxes live.
-	RootCapacity() Capacity
 }

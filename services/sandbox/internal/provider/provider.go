@@ -162,6 +162,13 @@ type AgentSandbox interface {
 	Delete(ctx context.Context, sandboxID, workspace string, reason DeleteReason) error
 }
 
+// RootMeter is implemented by providers whose sandboxes share one
+// filesystem (process: the sandbox root): RootCapacity measures its free
+// bytes, the node's room rather than one sandbox's (Capacity).
+type RootMeter interface {
+	RootCapacity() Capacity
+}
+
 // StateKeeper is implemented by providers whose workspaces and runtime
 // homes outlive a stopped runtime (process: directories on this node). A
 // resumed route checks them before its runtime is launched again.

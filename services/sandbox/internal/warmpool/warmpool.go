@@ -36,9 +36,11 @@ type Config struct {
 	// Shape is the launch a profile's pooled wrappers share with routes
 	// (driver.PoolShape).
 	Shape func(profile, directory string) (provider.LaunchSpec, error)
-	// ReserveBytes: the pool refills only while the sandbox root keeps at
-	// least this much free beyond what it uses (the capacity threshold a
-	// cold route needs), so a route never finds its room taken by the pool.
+	// Room (required) measures the sandbox root's free bytes. ReserveBytes: the pool
+	// refills only while the root keeps at least this much free (the
+	// capacity threshold a cold route needs), so a route never finds its
+	// room taken by the pool.
+	Room         provider.RootMeter
 	ReserveBytes uint64
 	// Every is how often the pool checks its size (default 500 ms); a
 	// claim is noticed at the next check.
@@ -149,7 +151,7 @@ func pooled(c provider.PoolCount) int { return c.Ready + c.Starting }
 // room reports whether the sandbox root has more free space than the
 // reserve routes need; unmeasurable is no room.
 func (p *Pool) room() bool {
-	c := p.prov.RootCapacity()
+	c := p.cfg.Room.RootCapacity()
 	return c.Kind == provider.CapacityMeasured && c.AvailableBytes > p.cfg.ReserveBytes
 }
 

@@ -92,7 +92,7 @@ func TestFillsEachProfileToItsSizeWithinRoom(t *testing.T) {
 	t.Parallel()
 	f := &fakePool{size: map[string]int{}, free: 10 << 30}
 	p := New(Config{Sizes: map[string]int{"opencode": 2, "scripted": 1, "off": 0, "missing": 2}, Directory: "/workspace",
-		Shape: shape, ReserveBytes: 1 << 30}, f, nil)
+		Shape: shape, Room: f, ReserveBytes: 1 << 30}, f, nil)
 	shapes := p.shapes()
 	require.NotContains(t, shapes, "missing", "a profile not installed is never filled")
 	require.NotContains(t, shapes, "off")
@@ -122,7 +122,7 @@ func TestFillsEachProfileToItsSizeWithinRoom(t *testing.T) {
 func TestStartingSandboxesCountTowardTheSize(t *testing.T) {
 	t.Parallel()
 	f := &fakePool{size: map[string]int{}, starting: map[string]int{}, slow: true, free: 10 << 30}
-	p := New(Config{Sizes: map[string]int{"scripted": 2}, Directory: "/workspace", Shape: shape}, f, nil)
+	p := New(Config{Sizes: map[string]int{"scripted": 2}, Directory: "/workspace", Shape: shape, Room: f}, f, nil)
 	reg := prometheus.NewRegistry()
 	require.NoError(t, p.Register(reg))
 	shapes := p.shapes()
@@ -143,7 +143,7 @@ agentplane_sandbox_pool_starting{profile="scripted"} 2
 func TestFailedStartsBackOff(t *testing.T) {
 	t.Parallel()
 	f := &fakePool{size: map[string]int{}, free: 10 << 30, fail: errors.New("directory reserved")}
-	p := New(Config{Sizes: map[string]int{"scripted": 2}, Directory: "/", Shape: shape, Every: time.Hour}, f, nil)
+	p := New(Config{Sizes: map[string]int{"scripted": 2}, Directory: "/", Shape: shape, Room: f, Every: time.Hour}, f, nil)
 	shapes := p.shapes()
 	p.fill(context.Background(), shapes)
 	p.fill(context.Background(), shapes)
@@ -154,7 +154,7 @@ func TestFailedStartsBackOff(t *testing.T) {
 func TestRunSweepsThenDrains(t *testing.T) {
 	t.Parallel()
 	f := &fakePool{size: map[string]int{}, free: 10 << 30}
-	p := New(Config{Sizes: map[string]int{"scripted": 1}, Directory: "/workspace", Shape: shape, Every: time.Millisecond}, f, nil)
+	p := New(Config{Sizes: map[string]int{"scripted": 1}, Directory: "/workspace", Shape: shape, Room: f, Every: time.Millisecond}, f, nil)
 	reg := prometheus.NewRegistry()
 	require.NoError(t, p.Register(reg))
 	ctx, cancel := context.WithCancel(context.Background())
