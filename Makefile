@@ -120,7 +120,7 @@ cluster:
 # e2e tests: real services on a Sentinel group / Cluster while its master fails over (they are
 # e2e tests, so `make test` runs them too). CI runs test-redis-stores beside `make test` (.ci/run).
 REDIS_TOPOLOGY_SUITES = pkg:./fence/ services/credential:./internal/store/ services/ingest:./internal/store/ \
-  services/session:./internal/store/ services/sandbox:./internal/store/,./internal/ownership/,./internal/leasestore/
+  services/session:./internal/store/ services/sandbox:./internal/control/store/,./internal/control/ownership/,./internal/control/leasestore/
 REDIS_FAILOVER_E2E = ^(TestSentinelFailover(Acks|KeepsSandboxes)|TestClusterFailoverKill)$$
 test-redis-topologies: test-redis-stores test-redis-failover
 test-redis-stores:

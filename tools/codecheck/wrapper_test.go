@@ -16,14 +16,14 @@ const sandboxInternal = "agentplane.dev/services/sandbox/internal/"
 // gRPC handlers) and must not ride into every sandbox. An entry the wrapper
 // no longer links fails the test, so the list says what is true.
 var wrapperShared = map[string]string{
-	"agents":        "an agent profile's spec, rendered by the service and read by the wrapper",
-	"command":       "running the runtime's process and keeping its stderr tail",
-	"boundary":      "the agent's nested bubblewrap (NestedArgs, the seccomp filter) and the limits' wire form; the outer boundary is host-side",
-	"relay":         "the socket relays both sides serve (the directory of Unix sockets, the relay protocol)",
-	"egresshandoff": "the egress handoff's wire form and the wrapper's half of it",
-	"ingestpost":    "posting history to the ingest route of the credential proxy",
-	"provider":      "the process markers (environment names) a wrapper carries; the process provider itself is host-side",
-	"runtimejsonl":  "the runtime frames between the wrapper and its runtime",
+	"agent/agents":          "an agent profile's spec, rendered by the service and read by the wrapper",
+	"agent/command":         "running the runtime's process and keeping its stderr tail",
+	"node/boundary":         "the agent's nested bubblewrap (NestedArgs, the seccomp filter) and the limits' wire form; the outer boundary is host-side",
+	"network/relay":         "the socket relays both sides serve (the directory of Unix sockets, the relay protocol)",
+	"network/egresshandoff": "the egress handoff's wire form and the wrapper's half of it",
+	"agent/ingestpost":      "posting history to the ingest route of the credential proxy",
+	"node/provider":         "the process markers (environment names) a wrapper carries; the process provider itself is host-side",
+	"agent/runtimejsonl":    "the runtime frames between the wrapper and its runtime",
 }
 
 // hostOnlyModule reports whether an import path outside the sandbox module
@@ -41,9 +41,8 @@ func TestWrapperLinksNothingHostOnly(t *testing.T) {
 	linked := map[string]bool{}
 	banned := func(path string) bool {
 		if rel, ok := strings.CutPrefix(path, sandboxInternal); ok {
-			pkg, _, _ := strings.Cut(rel, "/")
-			if _, shared := wrapperShared[pkg]; shared && !strings.Contains(rel, "/") {
-				linked[pkg] = true
+			if _, shared := wrapperShared[rel]; shared {
+				linked[rel] = true
 				return false
 			}
 			return true

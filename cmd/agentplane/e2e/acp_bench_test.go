@@ -412,7 +412,7 @@ func directFirstEvent(b *testing.B, oc, upURL string) (startup, first time.Durat
 	return startup, first
 }
 
-// openCodeTemplate is the profile's provider config (internal/agents).
+// openCodeTemplate is the profile's provider config (internal/agent/agents).
 const openCodeTemplate = `{"provider":{"agentplane":{"npm":"@ai-sdk/openai-compatible","name":"agentplane","options":{"baseURL":"{{BASE_URL}}","apiKey":"{{API_KEY}}"},"models":{"{{MODEL}}":{"name":"{{MODEL}}"}}}},"enabled_providers":["agentplane"],"autoupdate":false,"share":"disabled","model":"agentplane/{{MODEL}}"}`
 
 // rssKiB is a process's resident set size, 0 when it is gone.

@@ -56,7 +56,7 @@ const (
 var allowedKey = []*regexp.Regexp{
 	regexp.MustCompile(`^fence:\{[^}]+\}:token$`),
 	// A sandbox's tenant binding stays while its tree on disk does (one
-	// per sandbox, never per session; internal/tenancy); a sandbox let go
+	// per sandbox, never per session; internal/control/tenancy); a sandbox let go
 	// of loses both (TestNothingOutlivesItsSessions checks that strictly).
 	regexp.MustCompile(`^sbx:\{sbx/[^}]+\}:tenant$`),
 	regexp.MustCompile(`^ses:wipe:\{ses/[^}]+\}$`),
@@ -397,7 +397,7 @@ func (r *replicated) requireFlatSandboxReplicas(t *testing.T) {
 	// The extra sessions' sandboxes are let go of again, tenant bindings
 	// included (nothing of a sandbox outlives its last session); then the
 	// calls that only talk find a sandbox bound to nobody, which answers as
-	// another tenant's does (internal/tenancy), and take nothing over: no
+	// another tenant's does (internal/control/tenancy), and take nothing over: no
 	// replica owns the sandbox and no binding is written.
 	r.footprint(t)
 	ctx := context.Background()

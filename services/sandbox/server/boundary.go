@@ -12,9 +12,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"agentplane.dev/services/sandbox/internal/boundary"
-	"agentplane.dev/services/sandbox/internal/cgroup"
-	"agentplane.dev/services/sandbox/internal/relay"
+	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/node/boundary"
+	"agentplane.dev/services/sandbox/internal/node/cgroup"
 )
 
 // sandboxProxyAddr is where a runtime behind the boundary finds the

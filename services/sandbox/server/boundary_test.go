@@ -22,7 +22,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/pkg/testenv"
-	"agentplane.dev/services/sandbox/internal/provider/process"
+	"agentplane.dev/services/sandbox/internal/node/provider/process"
 	"agentplane.dev/services/sandbox/server"
 )
 

@@ -18,11 +18,11 @@ import (
 
 	"agentplane.dev/pkg/config"
 	"agentplane.dev/pkg/grpcclient"
-	"agentplane.dev/services/sandbox/internal/agents"
-	"agentplane.dev/services/sandbox/internal/allocation"
-	"agentplane.dev/services/sandbox/internal/boundary"
-	"agentplane.dev/services/sandbox/internal/capacity"
-	"agentplane.dev/services/sandbox/internal/cgroup"
+	"agentplane.dev/services/sandbox/internal/agent/agents"
+	"agentplane.dev/services/sandbox/internal/control/allocation"
+	"agentplane.dev/services/sandbox/internal/node/boundary"
+	"agentplane.dev/services/sandbox/internal/node/capacity"
+	"agentplane.dev/services/sandbox/internal/node/cgroup"
 )
 
 // Config is the sandbox service's configuration.
@@ -67,7 +67,7 @@ type Config struct {
 	Bwrap         string // SANDBOX_BWRAP: bubblewrap binary; empty: bwrap on PATH
 	ReadOnlyPaths string // SANDBOX_READONLY_PATHS: host paths bound read-only into sandboxes (installed agents), colon separated
 	SandboxUID    int    // SANDBOX_UID: host uid (and gid) sandboxes run as when the service is root; -1 keeps the service's
-	// Cgroup limits per sandbox (internal/cgroup): SANDBOX_CGROUPS is auto
+	// Cgroup limits per sandbox (internal/node/cgroup): SANDBOX_CGROUPS is auto
 	// (where the host lets this service create groups) or off.
 	Cgroups     string
 	MemoryLimit ByteSize // SANDBOX_MEMORY_LIMIT: memory per sandbox
@@ -89,13 +89,13 @@ type Config struct {
 	Deployment  string // SANDBOX_DEPLOYMENT: deployment id in the wrappers' markers; empty: derived from SANDBOX_ROOT
 	// Egress is the egress proxy's (server/egress.go).
 	Egress EgressConfig
-	// The warm pool (DESIGN.md 3.8, internal/warmpool): Pool
+	// The warm pool (DESIGN.md 3.8, internal/node/warmpool): Pool
 	// (SANDBOX_POOL, profile=N,...) pooled sandboxes per agent profile on
 	// this replica, for routes at PoolDirectory (SANDBOX_POOL_DIRECTORY).
 	Pool          string
 	PoolDirectory string
 
-	// Agent profiles (internal/agents, docs/runtime-protocol.md).
+	// Agent profiles (internal/agent/agents, docs/runtime-protocol.md).
 	AgentsDir    string // AGENTS_DIR: where `make agents` installed the pinned agents (holds node_modules); empty: no opencode/kilo
 	AgentACP     string // AGENT_ACP_COMMAND: command line of the generic acp profile, space separated; empty: no acp profile
 	AgentModel   string // AGENT_MODEL: default model of the ACP profiles

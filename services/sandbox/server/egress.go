@@ -18,13 +18,13 @@ import (
 
 	"agentplane.dev/pkg/config"
 	"agentplane.dev/pkg/egresspolicy"
-	"agentplane.dev/services/sandbox/internal/boundary"
-	"agentplane.dev/services/sandbox/internal/driver"
-	"agentplane.dev/services/sandbox/internal/egress"
-	"agentplane.dev/services/sandbox/internal/egresshandoff"
-	"agentplane.dev/services/sandbox/internal/notify"
-	"agentplane.dev/services/sandbox/internal/relay"
-	"agentplane.dev/services/sandbox/internal/store"
+	"agentplane.dev/services/sandbox/internal/control/driver"
+	"agentplane.dev/services/sandbox/internal/control/store"
+	"agentplane.dev/services/sandbox/internal/edge/notify"
+	"agentplane.dev/services/sandbox/internal/network/egress"
+	"agentplane.dev/services/sandbox/internal/network/egresshandoff"
+	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/node/boundary"
 )
 
 // sandboxEgressAddr is where a runtime behind the boundary finds the egress

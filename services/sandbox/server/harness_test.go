@@ -27,7 +27,7 @@ import (
 	sessionv1 "agentplane.dev/pkg/gen/agentplane/session/v1"
 	"agentplane.dev/pkg/redistest"
 	"agentplane.dev/pkg/testenv"
-	"agentplane.dev/services/sandbox/internal/allocation"
+	"agentplane.dev/services/sandbox/internal/control/allocation"
 	"agentplane.dev/services/sandbox/server"
 )
 

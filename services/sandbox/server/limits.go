@@ -7,9 +7,9 @@ import (
 	"syscall"
 	"time"
 
-	"agentplane.dev/services/sandbox/internal/driver"
-	"agentplane.dev/services/sandbox/internal/provider"
-	"agentplane.dev/services/sandbox/internal/relay"
+	"agentplane.dev/services/sandbox/internal/control/driver"
+	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/node/provider"
 )
 
 // limitsEvery is how often the limits of every sandbox are checked.

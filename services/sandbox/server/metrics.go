@@ -5,8 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"agentplane.dev/services/sandbox/internal/provider"
-	"agentplane.dev/services/sandbox/internal/reconciler"
+	"agentplane.dev/services/sandbox/internal/control/reconciler"
+	"agentplane.dev/services/sandbox/internal/node/provider"
 )
 
 // admissions counts capacity admissions of cold workspaces by result.

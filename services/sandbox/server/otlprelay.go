@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"agentplane.dev/services/sandbox/internal/relay"
+	"agentplane.dev/services/sandbox/internal/network/relay"
 )
 
 // otlpTarget is where the sandbox service carries a wrapper's OTLP export

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
-	"agentplane.dev/services/sandbox/internal/store"
+	"agentplane.dev/services/sandbox/internal/control/store"
 	"agentplane.dev/services/sandbox/server"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
-	"agentplane.dev/services/sandbox/internal/provider/process"
+	"agentplane.dev/services/sandbox/internal/node/provider/process"
 	"agentplane.dev/services/sandbox/server"
 )
 

@@ -11,7 +11,7 @@ import (
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/testaddr"
 	"agentplane.dev/pkg/testenv"
-	"agentplane.dev/services/sandbox/internal/ownership"
+	"agentplane.dev/services/sandbox/internal/control/ownership"
 	"agentplane.dev/services/sandbox/server"
 )
 

@@ -5,7 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"agentplane.dev/services/sandbox/internal/relay"
+	"agentplane.dev/services/sandbox/internal/network/relay"
 )
 
 // socketRelay is one way out of the boundary: a Unix socket under

@@ -23,8 +23,8 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/grpcserver"
-	"agentplane.dev/services/sandbox/internal/provider"
-	"agentplane.dev/services/sandbox/internal/provider/process"
+	"agentplane.dev/services/sandbox/internal/node/provider"
+	"agentplane.dev/services/sandbox/internal/node/provider/process"
 )
 
 // A full disk at start-up (DESIGN.md 3.4 as amended by issue 33) is a

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
-	"agentplane.dev/services/sandbox/internal/allocation"
-	"agentplane.dev/services/sandbox/internal/store"
+	"agentplane.dev/services/sandbox/internal/control/allocation"
+	"agentplane.dev/services/sandbox/internal/control/store"
 	"agentplane.dev/services/sandbox/server"
 )
 

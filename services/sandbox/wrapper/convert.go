@@ -5,7 +5,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 )
 
 var eventKinds = map[string]runtimev1.RuntimeEventKind{

@@ -12,7 +12,7 @@ import (
 
 	runtimev1 "agentplane.dev/pkg/gen/agentplane/runtime/v1"
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
-	"agentplane.dev/services/sandbox/internal/ingestpost"
+	"agentplane.dev/services/sandbox/internal/agent/ingestpost"
 	"agentplane.dev/services/sandbox/wrapper/workfiles"
 	"agentplane.dev/services/sandbox/wrapper/worktree"
 )

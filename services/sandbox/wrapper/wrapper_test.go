@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentplane.dev/services/sandbox/internal/provider"
+	"agentplane.dev/services/sandbox/internal/node/provider"
 )
 
 // TestClaimDescriptorIsClosedOnExec: a pooled wrapper starts its runtime

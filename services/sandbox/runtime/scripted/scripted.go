@@ -38,9 +38,9 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 
-	"agentplane.dev/services/sandbox/internal/command"
-	"agentplane.dev/services/sandbox/internal/ingestpost"
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/command"
+	"agentplane.dev/services/sandbox/internal/agent/ingestpost"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 )
 
 // Main runs the runtime on stdin/stdout until stdin ends or a shutdown frame

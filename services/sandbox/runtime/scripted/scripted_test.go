@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

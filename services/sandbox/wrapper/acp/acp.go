@@ -36,8 +36,8 @@ import (
 	"syscall"
 	"time"
 
-	"agentplane.dev/services/sandbox/internal/agents"
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/agents"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/relay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )

@@ -14,8 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"agentplane.dev/services/sandbox/internal/agents"
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/agents"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/relay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )

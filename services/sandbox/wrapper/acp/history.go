@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
-	"agentplane.dev/services/sandbox/internal/ingestpost"
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/ingestpost"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 )
 
 // historyTimeout bounds one turn's history post, its retries included.

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 )
 
 // ACP session/update kinds (schema: SessionUpdate.sessionUpdate).

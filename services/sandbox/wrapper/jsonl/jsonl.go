@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
 

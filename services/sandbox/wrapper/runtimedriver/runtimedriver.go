@@ -1,5 +1,5 @@
 // Package runtimedriver is the seam between the wrapper and its one agent
-// runtime process. The wrapper speaks the frames of internal/runtimejsonl
+// runtime process. The wrapper speaks the frames of internal/agent/runtimejsonl
 // (open_route, message, abort, credentials, close_route, shutdown one way;
 // route_ready, route_failed, progress, event, outcome the other), whatever
 // the process itself speaks: the jsonl driver passes them through as
@@ -13,10 +13,10 @@ import (
 	"os/exec"
 	"strings"
 
-	"agentplane.dev/services/sandbox/internal/boundary"
-	"agentplane.dev/services/sandbox/internal/command"
-	"agentplane.dev/services/sandbox/internal/provider"
-	"agentplane.dev/services/sandbox/internal/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/agent/command"
+	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
+	"agentplane.dev/services/sandbox/internal/node/boundary"
+	"agentplane.dev/services/sandbox/internal/node/provider"
 )
 
 // EnvRuntimeParent names, in a runtime's environment, the wrapper instance

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"agentplane.dev/services/sandbox/internal/command"
+	"agentplane.dev/services/sandbox/internal/agent/command"
 )
 
 // gitEnv is the whole environment of every git command: no inherited
