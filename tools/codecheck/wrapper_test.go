@@ -19,7 +19,7 @@ var wrapperShared = map[string]string{
 	"agent/agents":          "an agent profile's spec, rendered by the service and read by the wrapper",
 	"agent/command":         "running the runtime's process and keeping its stderr tail",
 	"node/boundary":         "the agent's nested bubblewrap (NestedArgs, the seccomp filter) and the limits' wire form; the outer boundary is host-side",
-	"network/relay":         "the socket relays both sides serve (the directory of Unix sockets, the relay protocol)",
+	"network/socketrelay":   "the socket relays both sides serve (the directory of Unix sockets, the relay protocol)",
 	"network/egresshandoff": "the egress handoff's wire form and the wrapper's half of it",
 	"agent/ingestpost":      "posting history to the ingest route of the credential proxy",
 	"node/provider":         "the process markers (environment names) a wrapper carries; the process provider itself is host-side",

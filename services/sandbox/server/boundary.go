@@ -12,7 +12,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 	"agentplane.dev/services/sandbox/internal/node/boundary"
 	"agentplane.dev/services/sandbox/internal/node/cgroup"
 )
@@ -36,8 +36,8 @@ type boundarySetup struct {
 	proxy        *socketRelay // to the credential proxy
 	otlp         *socketRelay // to the OTLP collector (otlprelay.go)
 	wrapperFlags []string
-	cgroups      *cgroup.Manager // nil: no cgroup limits (reported at start-up)
-	bounds       relay.Bounds    // of every socket handed into sandboxes
+	cgroups      *cgroup.Manager    // nil: no cgroup limits (reported at start-up)
+	bounds       socketrelay.Bounds // of every socket handed into sandboxes
 }
 
 func (b *boundarySetup) close() {
@@ -80,10 +80,10 @@ func setUpBoundary(ctx context.Context, cfg Config, wrapperBin string, log *slog
 	if len(ctlPath) > maxSocketPath {
 		return nil, fmt.Errorf("SANDBOX_ROOT %q is too long for its control socket %q (max %d bytes)", cfg.SandboxRoot, ctlPath, maxSocketPath)
 	}
-	if b.controlLn, err = relay.Listen(ctlPath); err != nil {
+	if b.controlLn, err = socketrelay.Listen(ctlPath); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	b.controlLn = relay.Bound(b.controlLn, b.bounds)
+	b.controlLn = socketrelay.Bound(b.controlLn, b.bounds)
 	inner := boundary.InnerSocketDir
 	b.controlAddr = "unix://" + inner + "/control/" + name
 	b.wrapperFlags = []string{"--control-dir", inner + "/control", "--contained", "--nest-bwrap", bw, "--rlimits", lim.String()}

@@ -23,7 +23,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/edge/notify"
 	"agentplane.dev/services/sandbox/internal/network/egress"
 	"agentplane.dev/services/sandbox/internal/network/egresshandoff"
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 	"agentplane.dev/services/sandbox/internal/node/boundary"
 )
 
@@ -125,11 +125,11 @@ func listenEgress(b *boundarySetup, replica string) (*egressSetup, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("egress socket: %w", err)
 	}
-	ln, err := relay.Listen(filepath.Join(dir, socketName(replica)))
+	ln, err := socketrelay.Listen(filepath.Join(dir, socketName(replica)))
 	if err != nil {
 		return nil, fmt.Errorf("egress socket: %w", err)
 	}
-	e.ln = relay.Bound(ln, b.bounds)
+	e.ln = socketrelay.Bound(ln, b.bounds)
 	e.wrapperFlags = []string{"--egress-listen", sandboxEgressAddr, "--egress-dir", boundary.InnerSocketDir + "/egress"}
 	return e, nil
 }

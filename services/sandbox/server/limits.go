@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"agentplane.dev/services/sandbox/internal/control/driver"
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 	"agentplane.dev/services/sandbox/internal/node/provider"
 )
 
@@ -60,6 +60,6 @@ func fdBudget(perPeer int) string {
 }
 
 // socketBounds bound each sandbox's connections to every socket handed in.
-func (c *Config) socketBounds() relay.Bounds {
-	return relay.Bounds{PerPeer: c.SocketConns, Idle: c.SocketIdle}
+func (c *Config) socketBounds() socketrelay.Bounds {
+	return socketrelay.Bounds{PerPeer: c.SocketConns, Idle: c.SocketIdle}
 }

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 )
 
 // otlpTarget is where the sandbox service carries a wrapper's OTLP export
@@ -54,7 +54,7 @@ func otlpTarget(lookup func(string) (string, bool)) (network, addr string, ok bo
 
 // serveOTLPRelay binds the OTLP socket of this replica under socketDir and
 // carries it to the collector; nil when no endpoint is set.
-func serveOTLPRelay(socketDir, name string, lookup func(string) (string, bool), bounds relay.Bounds) (*socketRelay, error) {
+func serveOTLPRelay(socketDir, name string, lookup func(string) (string, bool), bounds socketrelay.Bounds) (*socketRelay, error) {
 	network, addr, ok, err := otlpTarget(lookup)
 	if err != nil || !ok {
 		return nil, err

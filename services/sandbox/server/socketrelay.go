@@ -5,7 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 )
 
 // socketRelay is one way out of the boundary: a Unix socket under
@@ -17,19 +17,19 @@ type socketRelay struct {
 }
 
 // serveRelay listens at path and joins each connection to one from dial.
-func serveRelay(path string, bounds relay.Bounds, dial func() (net.Conn, error)) (*socketRelay, error) {
+func serveRelay(path string, bounds socketrelay.Bounds, dial func() (net.Conn, error)) (*socketRelay, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	ln, err := relay.Listen(path)
+	ln, err := socketrelay.Listen(path)
 	if err != nil {
 		return nil, err
 	}
-	ln = relay.Bound(ln, bounds)
+	ln = socketrelay.Bound(ln, bounds)
 	r := &socketRelay{ln: ln, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		relay.Serve(ln, dial)
+		socketrelay.Serve(ln, dial)
 	}()
 	return r, nil
 }

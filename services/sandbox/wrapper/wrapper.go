@@ -39,7 +39,7 @@ import (
 	"agentplane.dev/services/sandbox/internal/agent/agents"
 	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
 	"agentplane.dev/services/sandbox/internal/network/egresshandoff"
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 	"agentplane.dev/services/sandbox/internal/node/boundary"
 	"agentplane.dev/services/sandbox/internal/node/provider"
 	"agentplane.dev/services/sandbox/wrapper/acp"
@@ -143,7 +143,7 @@ func Main(args []string) int {
 	// Tracing from the OTEL_* the sandbox service passes on (opt-in, like the services').
 	var telOpts []telemetry.Option
 	if opts.OTLPDir != "" {
-		telOpts = append(telOpts, telemetry.WithDialer(func(context.Context, string) (net.Conn, error) { return relay.DialDir(opts.OTLPDir) }))
+		telOpts = append(telOpts, telemetry.WithDialer(func(context.Context, string) (net.Conn, error) { return socketrelay.DialDir(opts.OTLPDir) }))
 	}
 	tel, err := telemetry.Setup(context.Background(), "agentplane-wrapper", telOpts...)
 	if err != nil {
@@ -424,7 +424,7 @@ func Run(ctx context.Context, opts Options) int {
 		}
 		relayed := make(chan struct{})
 		go func() {
-			relay.Serve(ln, func() (net.Conn, error) { return relay.DialDir(opts.ProxyDir) })
+			socketrelay.Serve(ln, func() (net.Conn, error) { return socketrelay.DialDir(opts.ProxyDir) })
 			close(relayed)
 		}()
 		defer func() { _ = ln.Close(); <-relayed }()
@@ -440,7 +440,7 @@ func Run(ctx context.Context, opts Options) int {
 		go func() {
 			// Each connection is handed to the proxy, socket and all: the
 			// wrapper carries none of its bytes.
-			relay.Accept(ln, egresshandoff.Handler(opts.EgressDir, id))
+			socketrelay.Accept(ln, egresshandoff.Handler(opts.EgressDir, id))
 			close(relayed)
 		}()
 		defer func() { _ = ln.Close(); <-relayed }()
@@ -515,7 +515,7 @@ func (w *wrapper) controlAddrs() []string {
 	if w.opts.ControlDir == "" {
 		return addrs
 	}
-	socks, _ := relay.Sockets(w.opts.ControlDir)
+	socks, _ := socketrelay.Sockets(w.opts.ControlDir)
 	for _, s := range socks {
 		if a := "unix://" + s; !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)

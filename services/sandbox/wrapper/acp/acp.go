@@ -38,7 +38,7 @@ import (
 
 	"agentplane.dev/services/sandbox/internal/agent/agents"
 	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
-	"agentplane.dev/services/sandbox/wrapper/relay"
+	"agentplane.dev/services/sandbox/wrapper/providerrelay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
 
@@ -98,7 +98,7 @@ type Runtime struct {
 	cfg   Config
 	hooks runtimedriver.Hooks
 	log   *slog.Logger
-	relay *relay.Relay
+	relay *providerrelay.Relay
 	rpc   *conn
 	store *sessionStore
 	http  *http.Client
@@ -210,7 +210,7 @@ func start(cfg Config, instance string, h runtimedriver.Hooks) (*Runtime, error)
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return nil, fmt.Errorf("acp: state directory: %w", err)
 	}
-	rl, err := relay.Start()
+	rl, err := providerrelay.Start()
 	if err != nil {
 		return nil, fmt.Errorf("acp: relay: %w", err)
 	}
@@ -218,7 +218,7 @@ func start(cfg Config, instance string, h runtimedriver.Hooks) (*Runtime, error)
 	extra = append(extra, cfg.Spec.Env...)
 	if cfg.Spec.ConfigEnv != "" && cfg.Spec.ConfigTemplate != "" {
 		file := filepath.Join(state, cfg.Spec.Profile+"-config.json")
-		text := agents.Render(cfg.Spec.ConfigTemplate, rl.BaseURL(), cfg.Spec.Model, relay.DummyKey)
+		text := agents.Render(cfg.Spec.ConfigTemplate, rl.BaseURL(), cfg.Spec.Model, providerrelay.DummyKey)
 		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
 			_ = rl.Close()
 			return nil, fmt.Errorf("acp: write agent config: %w", err)

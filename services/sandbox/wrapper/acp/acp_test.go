@@ -16,7 +16,7 @@ import (
 
 	"agentplane.dev/services/sandbox/internal/agent/agents"
 	"agentplane.dev/services/sandbox/internal/agent/runtimejsonl"
-	"agentplane.dev/services/sandbox/wrapper/relay"
+	"agentplane.dev/services/sandbox/wrapper/providerrelay"
 	"agentplane.dev/services/sandbox/wrapper/runtimedriver"
 )
 
@@ -455,7 +455,7 @@ func TestRotationReachesTheNextModelRequest(t *testing.T) {
 	for _, part := range append(first[2:], second[2:]...) {
 		require.NotContains(t, part, "aph_", "no handle in the agent's config, environment or argv")
 	}
-	require.Contains(t, first[2], relay.DummyKey, "the config names the relay's dummy key")
+	require.Contains(t, first[2], providerrelay.DummyKey, "the config names the relay's dummy key")
 }
 
 // Two open_route frames for one session before either is answered (the

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"agentplane.dev/services/sandbox/internal/network/egress"
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 )
 
 const downloadBytes = 50 << 20
@@ -141,7 +141,7 @@ func serveLoopback(b *testing.B, handle func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	done := make(chan struct{})
-	go func() { relay.Accept(ln, handle); close(done) }()
+	go func() { socketrelay.Accept(ln, handle); close(done) }()
 	b.Cleanup(func() { _ = ln.Close(); <-done })
 	return ln.Addr().String()
 }

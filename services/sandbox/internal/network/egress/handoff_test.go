@@ -19,7 +19,7 @@ import (
 
 	"agentplane.dev/services/sandbox/internal/network/egress"
 	"agentplane.dev/services/sandbox/internal/network/egresshandoff"
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 )
 
 const goodPreamble = "AGENTPLANE-EGRESS/1 sb1 i1 Y3JlZC0x\n" // cred-1
@@ -79,7 +79,7 @@ func TestEgressRefusesAHostileHandoff(t *testing.T) {
 		return egress.Grant{Key: id.SandboxID}, nil
 	}})
 	sock := filepath.Join(dir, "a.sock")
-	ln, err := relay.Listen(sock)
+	ln, err := socketrelay.Listen(sock)
 	require.NoError(t, err)
 	served := make(chan struct{})
 	go func() { p.Serve(ln); close(served) }()
@@ -316,7 +316,7 @@ func TestEgressHandoffFindsTheOwner(t *testing.T) {
 	require.NoError(t, err)
 	accepted := make(chan struct{})
 	go func() {
-		relay.Accept(front, egresshandoff.Handler(r.dir, egresshandoff.Identity{SandboxID: "sb-none", Instance: "i1", Credential: "cred-1"}))
+		socketrelay.Accept(front, egresshandoff.Handler(r.dir, egresshandoff.Identity{SandboxID: "sb-none", Instance: "i1", Credential: "cred-1"}))
 		close(accepted)
 	}()
 	defer func() { _ = front.Close(); <-accepted }()

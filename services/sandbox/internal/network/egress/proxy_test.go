@@ -26,7 +26,7 @@ import (
 	"agentplane.dev/pkg/egresspolicy"
 	"agentplane.dev/services/sandbox/internal/network/egress"
 	"agentplane.dev/services/sandbox/internal/network/egresshandoff"
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 )
 
 // rig is an egress proxy on a Unix socket, a wrapper's egress listener on
@@ -102,7 +102,7 @@ func startRigLedger(t testing.TB, lim egress.Limits, ledger egress.Ledger, h htt
 	})
 	dir := t.TempDir()
 	r.dir = dir
-	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
+	ln, err := socketrelay.Listen(filepath.Join(dir, "a.sock"))
 	require.NoError(t, err)
 	served := make(chan struct{})
 	go func() { p.Serve(ln); close(served) }()
@@ -110,7 +110,7 @@ func startRigLedger(t testing.TB, lim egress.Limits, ledger egress.Ledger, h htt
 	require.NoError(t, err)
 	relayed := make(chan struct{})
 	go func() {
-		relay.Accept(front, egresshandoff.Handler(dir, egresshandoff.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
+		socketrelay.Accept(front, egresshandoff.Handler(dir, egresshandoff.Identity{SandboxID: "sb1", Instance: "i1", Credential: "cred-1"}))
 		close(relayed)
 	}()
 	t.Cleanup(func() { _ = front.Close(); <-relayed; _ = ln.Close(); <-served })
@@ -132,7 +132,7 @@ func (r *rig) addReplica(t testing.TB, name string) *prometheus.CounterVec {
 	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egresshandoff.Identity) (egress.Grant, error) {
 		return egress.Grant{}, egress.ErrNotOwner
 	}})
-	ln, err := relay.Listen(filepath.Join(r.dir, name))
+	ln, err := socketrelay.Listen(filepath.Join(r.dir, name))
 	require.NoError(t, err)
 	served := make(chan struct{})
 	go func() { p.Serve(ln); close(served) }()
@@ -528,7 +528,7 @@ func TestEgressRefusesAnUnauthenticatedConnection(t *testing.T) {
 	p := egress.New(egress.Config{Decisions: decisions, Authorize: func(context.Context, egresshandoff.Identity) (egress.Grant, error) {
 		return egress.Grant{}, errors.New("no")
 	}})
-	ln, err := relay.Listen(filepath.Join(dir, "a.sock"))
+	ln, err := socketrelay.Listen(filepath.Join(dir, "a.sock"))
 	require.NoError(t, err)
 	go p.Serve(ln)
 	defer ln.Close()

@@ -21,7 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"agentplane.dev/services/sandbox/internal/network/relay"
+	"agentplane.dev/services/sandbox/internal/network/socketrelay"
 )
 
 // The handoff. Inside the sandbox, the wrapper's egress listener accepts
@@ -93,7 +93,7 @@ func handOff(dir string, line []byte, c net.Conn) (offered bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	socks, err := relay.Sockets(dir)
+	socks, err := socketrelay.Sockets(dir)
 	if err != nil {
 		return false, err
 	}

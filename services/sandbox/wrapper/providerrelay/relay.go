@@ -1,4 +1,4 @@
-// Package relay is the wrapper's provider relay: an HTTP server on the
+// Package providerrelay is the wrapper's provider relay: an HTTP server on the
 // sandbox's loopback that an agent uses as its OpenAI-compatible base URL.
 // It forwards each request to `<proxy_url>/provider/...` and sets
 // `Authorization: Bearer <handle>` itself, with the handle current when the
@@ -8,7 +8,7 @@
 //
 // The relay reaches nothing but the route's proxy_url, which inside the
 // sandbox boundary is itself an address on the sandbox loopback.
-package relay
+package providerrelay
 
 import (
 	"context"

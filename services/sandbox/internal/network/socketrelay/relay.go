@@ -1,9 +1,9 @@
-// Package relay joins byte streams across the sandbox boundary: inside a
+// Package socketrelay joins byte streams across the sandbox boundary: inside a
 // sandbox, the wrapper offers the credential proxy on the sandbox's own
 // loopback and carries each connection to a Unix socket handed in; outside,
 // the sandbox service carries that socket to the proxy's network address.
 // It copies bytes and knows nothing of HTTP.
-package relay
+package socketrelay
 
 import (
 	"context"
