@@ -9,6 +9,7 @@ import (
 )
 
 func TestResolve(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	oc := OpenCodeBinary(dir)
 	require.NoError(t, os.MkdirAll(filepath.Dir(oc), 0o755))
@@ -46,6 +47,7 @@ func TestResolve(t *testing.T) {
 }
 
 func TestSpecRoundTripAndRender(t *testing.T) {
+	t.Parallel()
 	s := Spec{Profile: OpenCode, Protocol: ProtocolACP, Command: []string{"/a/opencode", "acp"}, ConfigEnv: "OPENCODE_CONFIG",
 		ConfigTemplate: opencodeConfig, Model: "m"}
 	got, err := ParseSpec(s.Encode())
@@ -78,6 +80,7 @@ func FuzzParseSpec(f *testing.F) {
 // configuration adds, exact hosts and "*." suffixes; the default profile
 // answers for "".
 func TestExpectsDenial(t *testing.T) {
+	t.Parallel()
 	extra, err := ParseExpectedDenials("scripted=telemetry.example|*.sentry.io, kilo=events.example")
 	require.NoError(t, err)
 	r := New(Config{Dir: t.TempDir(), ExpectedDenials: extra})

@@ -31,6 +31,7 @@ func FuzzParse(f *testing.F) {
 }
 
 func TestParseRejects(t *testing.T) {
+	t.Parallel()
 	for _, line := range []string{
 		`{}`, `{"type":"message"}`, `{"type":"event","session_id":"s"}`,
 		`{"type":"outcome","session_id":"s","outcome":{}}`, `[1]`,
