@@ -21,6 +21,7 @@ import (
 
 	sandboxv1 "agentplane.dev/pkg/gen/agentplane/sandbox/v1"
 	"agentplane.dev/pkg/redistest"
+	"agentplane.dev/pkg/testaddr"
 	"agentplane.dev/pkg/testenv"
 	"agentplane.dev/services/sandbox/internal/node/provider/process"
 	"agentplane.dev/services/sandbox/server"
@@ -198,6 +199,90 @@ func TestSupervisorOutOfReach(t *testing.T) {
 	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
 	out, _ := n.wait(t, i, "outcome", "s1")
 	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
+}
+
+// A pooled wrapper's runtime starts before the claim, bound to no sandbox
+// (DESIGN.md 3.3, 3.8): a hostile one attacks its supervisor then, from the
+// pool. It sees no wrapper to read, trace or stop, and no credential (the
+// launch credential arrives with the claim, after it looked); the claim
+// hands the pooled sandbox to the route, the turn completes, and the
+// wrapper, non-dumpable from its start, was never stopped.
+func TestPooledSupervisorOutOfReachBeforeItsClaim(t *testing.T) {
+	bin := hostile(t)
+	n := startNotify(t)
+	metrics := testaddr.Addr(t)
+	svc := startService(t, n.addr, func(c *server.Config) {
+		c.WrapperCommand = []string{bin, "wrapper"}
+		c.Pool, c.PoolDirectory, c.MetricsAddr = "scripted=1", "/repo/pooled", metrics
+	})
+	var reportFile string
+	require.Eventually(t, func() bool {
+		found, _ := filepath.Glob(filepath.Join(svc.root, ".pool-*", "workspaces", "*", "supervisor-report.json"))
+		if len(found) == 1 {
+			reportFile = found[0]
+		}
+		return reportFile != "" && poolReady(metrics) == 1
+	}, 60*time.Second, 20*time.Millisecond, "the pooled hostile runtime never reported, or its wrapper never said it is ready")
+	poolID := strings.Split(strings.TrimPrefix(reportFile, svc.root+"/"), "/")[0]
+	// A claimed wrapper keeps its pool's marker (decision 70): the harness
+	// finds it by that one.
+	t.Cleanup(func() { killSandbox(poolID) })
+	var rep struct {
+		Parent  string         `json:"parent"`
+		Visible map[int]string `json:"visible"`
+		Cred    []int          `json:"cred"`
+		Stop    map[int]string `json:"stop"`
+		Errors  map[string]string
+	}
+	b, err := os.ReadFile(reportFile)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Empty(t, rep.Errors)
+	for pid, cmd := range rep.Visible {
+		args := strings.Fields(cmd)
+		require.False(t, len(args) > 1 && args[1] == "wrapper", "pid %d, visible from the pool, is a wrapper: %q", pid, cmd)
+	}
+	require.Empty(t, rep.Stop, "no wrapper to stop")
+	require.Empty(t, rep.Cred)
+	require.Equal(t, "bwrap", filepath.Base(strings.Fields(rep.Parent + " x")[0]), "the pooled runtime's parent is its nested sandbox's init: %q", rep.Parent)
+
+	sb := uniqueSandbox(t)
+	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/pooled"))
+	ws := filepath.Join(svc.root, sb, "workspaces", process.WorkspaceName("/repo/pooled"))
+	require.FileExists(t, filepath.Join(ws, "supervisor-report.json"), "the route took the pooled sandbox, its workspace and all")
+	inner := innerWrappersOf(t, poolID) // a claimed wrapper keeps the pool's marker
+	require.Len(t, inner, 1)
+	st, err := os.Stat("/proc/" + strconv.Itoa(inner[0].PID) + "/environ")
+	require.NoError(t, err)
+	require.Equal(t, uint32(0), st.Sys().(*syscall.Stat_t).Uid, "the pooled wrapper is non-dumpable")
+	require.NotEqual(t, "T", stateOf(inner[0].PID), "the wrapper was never stopped")
+	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
+	out, _ := n.wait(t, i, "outcome", "s1")
+	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
+}
+
+// poolReady reads agentplane_sandbox_pool_size from a service's metrics
+// (-1 when they cannot be read).
+func poolReady(addr string) int {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, `agentplane_sandbox_pool_size{profile="scripted"} `); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
 }
 
 func stateOf(pid int) string {

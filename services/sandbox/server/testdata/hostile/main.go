@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -61,6 +62,12 @@ func hostile() int {
 	in, err := child.StdinPipe()
 	if err != nil || child.Start() != nil {
 		return 1
+	}
+	// No targets.json where it starts: nothing was written for a sandbox,
+	// so this is a pooled runtime, started before its wrapper's claim. It
+	// attacks its supervisor now, bound to no sandbox yet.
+	if _, err := os.Stat("targets.json"); errors.Is(err, fs.ErrNotExist) {
+		supervisor()
 	}
 	sc := bufio.NewScanner(os.Stdin)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
