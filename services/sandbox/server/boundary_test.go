@@ -164,37 +164,14 @@ func TestSupervisorOutOfReach(t *testing.T) {
 	sb := uniqueSandbox(t)
 	ws := targets(t, svc.root, sb, "/repo/supervisor", map[string]any{"supervisor": true})
 	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/supervisor"))
-	var rep struct {
-		Self    int               `json:"self"`
-		Parent  string            `json:"parent"`
-		Visible map[int]string    `json:"visible"`
-		Environ map[int]string    `json:"environ"`
-		Mem     map[int]string    `json:"mem"`
-		Cred    []int             `json:"cred"`
-		Stop    map[int]string    `json:"stop"`
-		Errors  map[string]string `json:"errors"`
-	}
+	var rep supervisorReport
 	require.Eventually(t, func() bool {
 		b, err := os.ReadFile(filepath.Join(ws, "supervisor-report.json"))
 		return err == nil && json.Unmarshal(b, &rep) == nil
 	}, 60*time.Second, 20*time.Millisecond, "the hostile runtime never reported")
 	t.Logf("what the runtime sees: self %d, parent %q, others %v, environ %v, memory %v", rep.Self, rep.Parent, rep.Visible, rep.Environ, rep.Mem)
-	require.Empty(t, rep.Errors)
-	require.NotEmpty(t, rep.Visible, "it sees at least its nested sandbox's init and its own child")
-	for pid, cmd := range rep.Visible {
-		args := strings.Fields(cmd)
-		require.False(t, len(args) > 1 && args[1] == "wrapper", "pid %d, visible from inside, is a wrapper: %q", pid, cmd)
-	}
-	require.Empty(t, rep.Stop, "no wrapper to stop")
-	require.Empty(t, rep.Cred, "a launch credential is readable from inside")
-	require.Equal(t, "bwrap", filepath.Base(strings.Fields(rep.Parent + " x")[0]), "the runtime's parent is its nested sandbox's init, not the wrapper: %q", rep.Parent)
-
-	inner := innerWrappersOf(t, sb)
-	require.Len(t, inner, 1)
-	st, err := os.Stat("/proc/" + strconv.Itoa(inner[0].PID) + "/environ")
-	require.NoError(t, err)
-	require.Equal(t, uint32(0), st.Sys().(*syscall.Stat_t).Uid, "the wrapper is non-dumpable: its /proc files are root's, which its sandbox does not map")
-	require.NotEqual(t, "T", stateOf(inner[0].PID), "the wrapper was never stopped")
+	rep.requireNothingInReach(t)
+	requireWrapperIntact(t, sb)
 
 	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
 	out, _ := n.wait(t, i, "outcome", "s1")
@@ -227,38 +204,61 @@ func TestPooledSupervisorOutOfReachBeforeItsClaim(t *testing.T) {
 	// A claimed wrapper keeps its pool's marker (decision 70): the harness
 	// finds it by that one.
 	t.Cleanup(func() { killSandbox(poolID) })
-	var rep struct {
-		Parent  string         `json:"parent"`
-		Visible map[int]string `json:"visible"`
-		Cred    []int          `json:"cred"`
-		Stop    map[int]string `json:"stop"`
-		Errors  map[string]string
-	}
+	var rep supervisorReport
 	b, err := os.ReadFile(reportFile)
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &rep))
-	require.Empty(t, rep.Errors)
-	for pid, cmd := range rep.Visible {
-		args := strings.Fields(cmd)
-		require.False(t, len(args) > 1 && args[1] == "wrapper", "pid %d, visible from the pool, is a wrapper: %q", pid, cmd)
-	}
-	require.Empty(t, rep.Stop, "no wrapper to stop")
-	require.Empty(t, rep.Cred)
-	require.Equal(t, "bwrap", filepath.Base(strings.Fields(rep.Parent + " x")[0]), "the pooled runtime's parent is its nested sandbox's init: %q", rep.Parent)
+	rep.requireNothingInReach(t)
 
 	sb := uniqueSandbox(t)
 	_, i := waitReady(t, svc, n, 0, route(sb, "s1", "/repo/pooled"))
 	ws := filepath.Join(svc.root, sb, "workspaces", process.WorkspaceName("/repo/pooled"))
 	require.FileExists(t, filepath.Join(ws, "supervisor-report.json"), "the route took the pooled sandbox, its workspace and all")
-	inner := innerWrappersOf(t, poolID) // a claimed wrapper keeps the pool's marker
-	require.Len(t, inner, 1)
-	st, err := os.Stat("/proc/" + strconv.Itoa(inner[0].PID) + "/environ")
-	require.NoError(t, err)
-	require.Equal(t, uint32(0), st.Sys().(*syscall.Stat_t).Uid, "the pooled wrapper is non-dumpable")
-	require.NotEqual(t, "T", stateOf(inner[0].PID), "the wrapper was never stopped")
+	requireWrapperIntact(t, poolID) // a claimed wrapper keeps the pool's marker
 	require.Equal(t, sandboxv1.DeliveryResult_DELIVERY_RESULT_SENT, deliver(t, svc, sb, "s1", "m1", "hello"))
 	out, _ := n.wait(t, i, "outcome", "s1")
 	require.Equal(t, "TURN_RESULT_SUCCEEDED", out.Reason)
+}
+
+// supervisorReport is what the hostile runtime saw of its supervisor
+// (testdata/hostile SupervisorReport).
+type supervisorReport struct {
+	Self    int               `json:"self"`
+	Parent  string            `json:"parent"`
+	Visible map[int]string    `json:"visible"`
+	Environ map[int]string    `json:"environ"`
+	Mem     map[int]string    `json:"mem"`
+	Cred    []int             `json:"cred"`
+	Stop    map[int]string    `json:"stop"`
+	Errors  map[string]string `json:"errors"`
+}
+
+// requireNothingInReach: the runtime saw its nested sandbox only, no
+// wrapper to stop and no launch credential anywhere.
+func (rep supervisorReport) requireNothingInReach(t *testing.T) {
+	t.Helper()
+	require.Empty(t, rep.Errors)
+	require.NotEmpty(t, rep.Visible, "it sees at least its nested sandbox's init and its own child")
+	for pid, cmd := range rep.Visible {
+		args := strings.Fields(cmd)
+		require.False(t, len(args) > 1 && args[1] == "wrapper", "pid %d, visible from inside, is a wrapper: %q", pid, cmd)
+	}
+	require.Empty(t, rep.Stop, "no wrapper to stop")
+	require.Empty(t, rep.Cred, "a launch credential is readable from inside")
+	require.Equal(t, "bwrap", filepath.Base(strings.Fields(rep.Parent + " x")[0]), "the runtime's parent is its nested sandbox's init, not the wrapper: %q", rep.Parent)
+}
+
+// requireWrapperIntact: the one wrapper carrying marker is non-dumpable
+// (its /proc files are root's, which its sandbox does not map) and was
+// never stopped.
+func requireWrapperIntact(t *testing.T, marker string) {
+	t.Helper()
+	inner := innerWrappersOf(t, marker)
+	require.Len(t, inner, 1)
+	st, err := os.Stat("/proc/" + strconv.Itoa(inner[0].PID) + "/environ")
+	require.NoError(t, err)
+	require.Equal(t, uint32(0), st.Sys().(*syscall.Stat_t).Uid, "the wrapper is non-dumpable")
+	require.NotEqual(t, "T", stateOf(inner[0].PID), "the wrapper was never stopped")
 }
 
 // poolReady reads agentplane_sandbox_pool_size from a service's metrics

@@ -62,7 +62,9 @@ func pooledCount(p *Provider) int {
 	return c.Ready + c.Starting
 }
 
-func waitPooledReady(t *testing.T, p *Provider) string {
+// waitPooledRunning waits for a pooled helper to run (it wrote "ready" in
+// its workspace) and returns its pool id.
+func waitPooledRunning(t *testing.T, p *Provider) string {
 	t.Helper()
 	var id string
 	require.Eventually(t, func() bool {
@@ -73,7 +75,14 @@ func waitPooledReady(t *testing.T, p *Provider) string {
 			}
 		}
 		return false
-	}, 20*time.Second, 10*time.Millisecond)
+	}, 20*time.Second, 10*time.Millisecond, "the pooled helper runs")
+	return id
+}
+
+// waitPooledReady is waitPooledRunning until the pool counts it ready too.
+func waitPooledReady(t *testing.T, p *Provider) string {
+	t.Helper()
+	id := waitPooledRunning(t, p)
 	require.Eventually(t, func() bool { return p.PoolSize()["helper"].Ready > 0 }, 20*time.Second, 10*time.Millisecond,
 		"it said it is ready on its claim socket")
 	return id
@@ -190,16 +199,7 @@ func TestPoolClaimsOnlyAReadyWrapper(t *testing.T) {
 	silent := poolShape("pooled", "/work/repo")
 	silent.Env = append(silent.Env, "HELPER_NOT_READY=1")
 	require.NoError(t, p.FillPool(ctx, "helper", silent))
-	var id string
-	require.Eventually(t, func() bool {
-		for _, d := range poolDirs(t, p) {
-			if _, err := os.Stat(filepath.Join(p.WorkspaceDir(d, "/work/repo"), "ready")); err == nil {
-				id = d
-				return true
-			}
-		}
-		return false
-	}, 20*time.Second, 10*time.Millisecond, "the pooled helper runs")
+	id := waitPooledRunning(t, p)
 	require.Equal(t, provider.PoolCount{Starting: 1}, p.PoolSize()["helper"])
 
 	spec := silent
