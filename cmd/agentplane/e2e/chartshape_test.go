@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -483,12 +482,8 @@ func TestChartShapedSession(t *testing.T) {
 	require.NotEmpty(t, procs[svcSandbox].metrics, "the chart serves the sandbox service's metrics")
 	require.Eventually(t, func() bool {
 		// The service serves /metrics a moment after its process starts.
-		resp, err := http.Get(procs[svcSandbox].metrics)
-		if err != nil {
-			return false
-		}
-		_ = resp.Body.Close()
-		return sum(scrape(t, procs[svcSandbox].metrics), "agentplane_sandbox_pool_size", `profile="scripted"`) == 1
+		m, err := tryScrape(procs[svcSandbox].metrics)
+		return err == nil && sum(m, "agentplane_sandbox_pool_size", `profile="scripted"`) == 1
 	}, time.Minute, 50*time.Millisecond, "the pool has a sandbox ready")
 	sess := s.create(t, "sbx-chart", "/work/chart-repo", secret)
 	events := s.turn(t, sess.GetSessionId(), "m1", "hello from the chart's shape")
